@@ -1,0 +1,118 @@
+"""The drafter interface and registry.
+
+A drafter proposes up to D tokens per sequence each round; the target verifies them
+(`specdec_tune.profiles.specdec`). One module per mechanism registers itself here with
+`@register("name")`; nothing outside the module names its class.
+
+Lifecycle for one batch of sequences (rows):
+  start(prompts)      once, with each row's prompt token ids
+  propose(request)    every round, with each live row's full token ids so far
+  keep_rows(indices)  when rows finish: keep only these rows, in this order
+
+Token lists only grow between rounds (accepted drafts and the bonus token are appended; a rejected
+draft never enters them), so a stateful drafter may diff the new lists against what it has seen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, ClassVar, Literal
+
+from specdec_tune import SpecdecError
+
+if TYPE_CHECKING:
+    import torch
+
+    from specdec_tune.profiles.models.loading import LoadedModel
+
+DraftKind = Literal["model_free", "serial", "parallel"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftRequest:
+    """One round's question to the drafter, for the rows still generating."""
+
+    token_ids: list[list[int]]  # per row: prompt + generated tokens, the last one not yet in the target's KV cache
+    max_tokens: list[int]  # per row: at most this many draft tokens (≤ D; smaller near max_new_tokens)
+    temperature: float  # 0 = greedy drafting
+    generator: torch.Generator | None = None  # for sampled drafts; None when temperature == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Draft:
+    """The drafter's answer: tokens per row (possibly fewer than asked, possibly none)."""
+
+    tokens: list[list[int]]
+    # probs[b, i, :] is the distribution token i of row b was drawn from: [B, max_len, V] float32.
+    # None means the proposals are deterministic (model-free, or greedy drafting): q is one-hot.
+    probs: torch.Tensor | None = None
+
+
+class Drafter(ABC):
+    """Proposes draft tokens for a batch of sequences. Subclasses register with `@register`."""
+
+    name: ClassVar[str]
+    kind: ClassVar[DraftKind]  # how it costs: lookups, D serial model steps, or one parallel pass
+
+    @abstractmethod
+    def start(self, prompts: list[list[int]]) -> None:
+        """Begin a new batch; row b's prompt is prompts[b]."""
+
+    @abstractmethod
+    def propose(self, request: DraftRequest) -> Draft:
+        """Propose up to request.max_tokens[b] tokens continuing request.token_ids[b]."""
+
+    def keep_rows(self, indices: list[int]) -> None:
+        """Drop finished rows; the kept rows are renumbered 0..len(indices)-1."""
+
+    def describe(self) -> dict[str, object]:
+        """Settings that identify this drafter in a profile (name, kind, options)."""
+        options = dataclasses.asdict(self.options) if dataclasses.is_dataclass(getattr(self, "options", None)) else {}
+        return {"name": self.name, "kind": self.kind, "options": options}
+
+
+_REGISTRY: dict[str, type[Drafter]] = {}
+
+
+def register(name: str):
+    """Class decorator: make a drafter available under `name`."""
+
+    def wrap(cls: type[Drafter]) -> type[Drafter]:
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return wrap
+
+
+def available() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def parse_options(cls: type, raw: dict[str, str]) -> object:
+    """Build the drafter's `Options` dataclass from string key=value pairs, strictly."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values: dict[str, object] = {}
+    for key, text in raw.items():
+        if key not in fields:
+            raise SpecdecError(
+                f"unknown drafter option {key!r}",
+                f"known options: {', '.join(sorted(fields)) or 'none'}",
+            )
+        default = fields[key].default
+        try:
+            values[key] = type(default)(text) if not isinstance(default, bool) else text.lower() in ("1", "true", "yes")
+        except ValueError:
+            raise SpecdecError(f"drafter option {key}={text!r} is not a {type(default).__name__}", "give a number") from None
+    return cls(**values)
+
+
+def create(name: str, target: LoadedModel, options: dict[str, str] | None = None) -> Drafter:
+    """Instantiate the drafter registered as `name` for `target`."""
+    from specdec_tune.profiles import drafters as _load_all  # noqa: F401  (registers the built-ins)
+
+    if name not in _REGISTRY:
+        raise SpecdecError(f"unknown drafter mechanism {name!r}", f"choose one of: {', '.join(available())}")
+    cls = _REGISTRY[name]
+    return cls(target, parse_options(cls.Options, options or {}))  # type: ignore[attr-defined]

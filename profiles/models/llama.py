@@ -1,0 +1,285 @@
+"""A Llama-family causal LM with a static, batched KV cache: the step a serving engine runs.
+
+Transformers loads the weights; this module runs them. The timed forward does no per-step
+allocation of the cache and no Python-side reshaping of it, so a small model's step time is the
+model's work, not framework overhead (DESIGN.md §3).
+
+The cache holds, for each row b, the keys and values of positions 0..len_b-1. A forward writes the T
+new tokens of row b at positions start_pos[b]..start_pos[b]+T-1 and lets query t see keys
+0..start_pos[b]+t. Slots past a row's length are free: rejecting draft tokens is just not advancing
+the length (rollback costs nothing), and padded tokens of a ragged batch write only to free slots.
+
+Covers the architectures whose forward is the Llama one up to small switches: llama, mistral
+(no sliding window), qwen2 (q/k/v bias), qwen3 (q/k RMSNorm).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdec_tune import SpecdecError
+
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool = False  # qwen2
+    qk_norm: bool = False  # qwen3
+    eos_token_ids: tuple[int, ...] = ()
+
+    @property
+    def group_size(self) -> int:
+        """G: query heads per KV head."""
+        return self.num_heads // self.num_kv_heads
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> ModelConfig:
+        """Read a Hugging Face `config.json` dict; refuse what this forward would get wrong."""
+        model_type = hf.get("model_type", "?")
+        if model_type not in SUPPORTED_ARCHITECTURES:
+            raise SpecdecError(
+                f"unsupported model architecture {model_type!r}",
+                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}",
+            )
+        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ("default", None):
+            raise SpecdecError(f"unsupported rope scaling {rope_type!r} in {model_type} config", "use a model with default RoPE")
+        if hf.get("sliding_window") and hf.get("use_sliding_window", model_type == "mistral"):
+            raise SpecdecError("sliding-window attention is not supported", "use a model without sliding_window")
+        heads = hf["num_attention_heads"]
+        eos = hf.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        return cls(
+            model_type=model_type,
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10000.0)),
+            max_position_embeddings=hf.get("max_position_embeddings", 2048),
+            tie_word_embeddings=hf.get("tie_word_embeddings", False),
+            attention_bias=hf.get("attention_bias", model_type == "qwen2"),
+            qk_norm=model_type == "qwen3",
+            eos_token_ids=eos_ids,
+        )
+
+
+class KVCache:
+    """Preallocated keys and values: k[layer], v[layer] are [B, H_kv, capacity, head_dim]."""
+
+    def __init__(self, config: ModelConfig, num_layers: int, batch: int, capacity: int, dtype, device) -> None:
+        shape = (batch, config.num_kv_heads, capacity, config.head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.capacity = capacity
+
+    @property
+    def batch(self) -> int:
+        return self.k[0].shape[0]
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keep only these rows (finished sequences leave the batch); one copy per row change."""
+        self.k = [k.index_select(0, rows) for k in self.k]
+        self.v = [v.index_select(0, rows) for v in self.v]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * self.weight.float()).to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE in the Hugging Face (rotate-half) layout. x: [B, T, H, hd]; cos/sin: [B, T, 1, hd]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, c: ModelConfig) -> None:
+        super().__init__()
+        self.c = c
+        self.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=c.attention_bias)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.attention_bias)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.attention_bias)
+        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
+        if c.qk_norm:
+            self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+            self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+
+    def forward(self, x, cos, sin, k_cache, v_cache, rows, slots, mask):
+        # x: [B, T, hidden]; rows/slots: [B, T] cache coordinates of the new tokens; mask: [B, 1, T, L]
+        B, T, _ = x.shape
+        c = self.c
+        q = self.q_proj(x).view(B, T, c.num_heads, c.head_dim)
+        k = self.k_proj(x).view(B, T, c.num_kv_heads, c.head_dim)
+        v = self.v_proj(x).view(B, T, c.num_kv_heads, c.head_dim)
+        if c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        k_cache[rows, :, slots] = k.to(k_cache.dtype)  # advanced indices first: target is [B, T, H_kv, hd]
+        v_cache[rows, :, slots] = v.to(v_cache.dtype)
+        L = mask.shape[-1]
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k_cache[:, :, :L], v_cache[:, :, :L], attn_mask=mask, enable_gqa=True
+        )  # [B, H, T, hd]
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, c: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(c)
+        self.mlp = MLP(c)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+    def forward(self, x, cos, sin, k_cache, v_cache, rows, slots, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, rows, slots, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class CausalLM(nn.Module):
+    """Embedding, decoder layers, final norm, LM head; forward over a static KV cache."""
+
+    def __init__(self, config: ModelConfig, layers: nn.ModuleList | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = layers if layers is not None else nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self._rope_cache: tuple[int, torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    def truncated(self, num_layers: int) -> CausalLM:
+        """The first `num_layers` layers with this model's final norm and head, sharing weights."""
+        return self.sublayers(list(range(num_layers)))
+
+    def sublayers(self, layer_ids: list[int]) -> CausalLM:
+        """These layers (in order) with this model's embedding, final norm and head, sharing weights."""
+        n = self.config.num_layers
+        if not layer_ids or any(not 0 <= i < n for i in layer_ids) or sorted(set(layer_ids)) != layer_ids:
+            raise SpecdecError(f"draft layers {layer_ids} are not increasing ids in 0..{n - 1}", "pick distinct layers of the target")
+        c = dataclasses.replace(self.config, num_layers=len(layer_ids))
+        draft = CausalLM(c, layers=nn.ModuleList(self.layers[i] for i in layer_ids))
+        draft.embed_tokens, draft.norm, draft.lm_head = self.embed_tokens, self.norm, self.lm_head
+        return draft
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        return KVCache(self.config, len(self.layers), batch, capacity, self.dtype, self.device)
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin for positions [B, T] -> [B, T, 1, head_dim], from a table grown on demand."""
+        need = int(positions.max()) + 1
+        if self._rope_cache is None or self._rope_cache[0] < need:
+            size = max(need, 4096)
+            c = self.config
+            inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim))
+            angles = torch.outer(torch.arange(size, dtype=torch.float64), inv_freq)
+            angles = torch.cat((angles, angles), dim=-1)  # [size, hd]
+            self._rope_cache = (size, angles.cos().to(self.device), angles.sin().to(self.device))
+        _, cos, sin = self._rope_cache
+        return cos[positions].unsqueeze(2).to(self.dtype), sin[positions].unsqueeze(2).to(self.dtype)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache,
+        start_pos: torch.Tensor,
+        logits: str = "all",
+    ) -> torch.Tensor:
+        """Run T new tokens per row on top of the cache.
+
+        tokens: [B, T] int64; start_pos: [B] int64, row b's tokens go to positions start_pos[b]+t.
+        logits: "all" -> [B, T, V] float32, "hidden" -> final-normed hidden [B, T, hidden], "none" -> None.
+        """
+        B, T = tokens.shape
+        if int(start_pos.max()) + T > cache.capacity:
+            raise SpecdecError(
+                f"sequence needs {int(start_pos.max()) + T} KV slots but the cache holds {cache.capacity}",
+                "shorten the prompt or max_new_tokens",
+            )
+        offsets = torch.arange(T, device=tokens.device)
+        positions = start_pos[:, None] + offsets  # [B, T]
+        L = int(positions.max()) + 1  # keys 0..L-1 are visible to some query
+        mask = (torch.arange(L, device=tokens.device)[None, None, :] <= positions[:, :, None]).unsqueeze(1)  # [B,1,T,L]
+        rows = torch.arange(B, device=tokens.device)[:, None].expand(B, T)
+        cos, sin = self._rope(positions)
+        x = self.embed_tokens(tokens)
+        for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
+            x = layer(x, cos, sin, k_cache, v_cache, rows, positions, mask)
+        if logits == "none":
+            return None  # type: ignore[return-value]
+        x = self.norm(x)
+        if logits == "hidden":
+            return x
+        return self.lm_head(x).float()
+
+
+def weights_numel(model: nn.Module) -> int:
+    """Parameters counted once (tied embeddings are one tensor)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def init_random(model: CausalLM, seed: int = 0) -> CausalLM:
+    """Random weights at the scale a trained model has (for timing and unit tests, not quality)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name:
+                p.fill_(1.0)
+            elif p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
+            else:
+                p.zero_()
+    return model

@@ -1,0 +1,278 @@
+"""The speculative decoding loop: the reference the profiler measures with.
+
+One round for a batch of rows (each row: prompt + tokens generated so far; the target's KV cache
+holds every token but the last):
+  1. the drafter proposes k_b ≤ D tokens for row b (model-free drafters may propose fewer, or none);
+  2. one target forward over [last token, d_1..d_k] per row (padded to the longest draft) gives
+     the target's distribution p_0..p_k at each position;
+  3. verification accepts a prefix d_1..d_n and emits one more token from the target (the bonus on
+     full acceptance, the correction otherwise): n+1 tokens per row per target forward;
+  4. the KV cache length advances by 1+n; the rejected drafts' slots are simply reused (rollback).
+
+Verification:
+  greedy (temperature 0): accept d_i while d_i == argmax p_{i-1}; emit argmax p_n.
+  sampled (Leviathan et al. 2023, Chen et al. 2023): accept d_i with probability min(1, p(d_i)/q(d_i));
+  on the first rejection emit a sample of norm(max(p - q, 0)); after full acceptance sample p_k.
+  q is the draft's distribution; a deterministic proposal has q = one-hot(d_i), so it is accepted
+  with probability p(d_i) and the residual is p with d_i removed. Output is distributed as the target's.
+
+Counters follow vLLM's names (`num_drafts`, `num_draft_tokens`, `num_accepted_tokens`,
+`num_accepted_tokens_per_pos`), counted over rounds that had a draft. Rounds without a draft are
+counted too (`num_rounds`, `num_emitted_tokens`): throughput depends on tokens per target forward
+over all rounds, which is smaller than vLLM's mean acceptance length when drafts are sometimes empty.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+import torch
+
+from specdec_tune import SpecdecError
+from specdec_tune.profiles.drafters.base import Draft, Drafter, DraftRequest
+from specdec_tune.profiles.models.llama import CausalLM
+
+
+@dataclasses.dataclass
+class SpecCounters:
+    """Acceptance counts over (row, round) pairs; `merge` adds two runs."""
+
+    max_draft_len: int
+    num_drafts: int = 0  # row-rounds that had ≥ 1 draft token
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = dataclasses.field(default_factory=list)  # [i]: drafts with d_1..d_{i+1} accepted
+    num_reached_per_pos: list[int] = dataclasses.field(default_factory=list)  # [i]: drafts that proposed d_{i+1} with d_1..d_i accepted
+    num_rounds: int = 0  # row-rounds, with or without a draft (= target forwards per row)
+    num_emitted_tokens: int = 0  # tokens appended to the outputs
+
+    def __post_init__(self) -> None:
+        self.num_accepted_tokens_per_pos = self.num_accepted_tokens_per_pos or [0] * self.max_draft_len
+        self.num_reached_per_pos = self.num_reached_per_pos or [0] * self.max_draft_len
+
+    def record(self, draft_len: int, num_accepted: int, num_emitted: int) -> None:
+        self.num_rounds += 1
+        self.num_emitted_tokens += num_emitted
+        if draft_len == 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += draft_len
+        self.num_accepted_tokens += num_accepted
+        for i in range(num_accepted):
+            self.num_accepted_tokens_per_pos[i] += 1
+        for i in range(min(num_accepted + 1, draft_len)):
+            self.num_reached_per_pos[i] += 1
+
+    def merge(self, other: SpecCounters) -> SpecCounters:
+        n = max(self.max_draft_len, other.max_draft_len)
+
+        def add(a: list[int], b: list[int]) -> list[int]:
+            return [x + y for x, y in zip(a + [0] * (n - len(a)), b + [0] * (n - len(b)))]
+
+        return SpecCounters(
+            max_draft_len=n,
+            num_drafts=self.num_drafts + other.num_drafts,
+            num_draft_tokens=self.num_draft_tokens + other.num_draft_tokens,
+            num_accepted_tokens=self.num_accepted_tokens + other.num_accepted_tokens,
+            num_accepted_tokens_per_pos=add(self.num_accepted_tokens_per_pos, other.num_accepted_tokens_per_pos),
+            num_reached_per_pos=add(self.num_reached_per_pos, other.num_reached_per_pos),
+            num_rounds=self.num_rounds + other.num_rounds,
+            num_emitted_tokens=self.num_emitted_tokens + other.num_emitted_tokens,
+        )
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """vLLM's figure: 1 + accepted / drafts, over rounds that had a draft only."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    @property
+    def tokens_per_target_forward(self) -> float:
+        """Tokens emitted per row-round over all rounds: the AL that belongs in the throughput formula."""
+        return self.num_emitted_tokens / self.num_rounds if self.num_rounds else 0.0
+
+    def conditional_acceptance(self) -> list[float | None]:
+        """a_k = P(d_k accepted | d_1..d_{k-1} accepted, d_k proposed); None where never reached."""
+        return [a / r if r else None for a, r in zip(self.num_accepted_tokens_per_pos, self.num_reached_per_pos)]
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    tokens: list[list[int]]  # generated tokens per prompt, prompt excluded, in input order
+    counters: SpecCounters
+    target_forwards: int  # batched target forward calls (prefill excluded)
+    draft_s: float  # wall time inside drafter.propose
+    verify_s: float  # wall time inside the target's verification forwards
+    total_s: float  # whole decode, prefill excluded
+
+
+# ---------------------------------------------------------------------------- verification
+
+
+def verify_greedy(logits: torch.Tensor, drafts: torch.Tensor, draft_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy acceptance.
+
+    logits: [B, 1+K, V]; drafts: [B, K] (padding past draft_lens is ignored); draft_lens: [B].
+    Returns num_accepted [B] (0..draft_lens) and the next token [B] (argmax after the accepted prefix).
+    """
+    B, K = drafts.shape
+    target = logits.argmax(-1)  # [B, 1+K]
+    offered = torch.arange(K, device=drafts.device)[None, :] < draft_lens[:, None]  # [B, K]
+    match = (drafts == target[:, :K]) & offered
+    num_accepted = match.long().cumprod(dim=1).sum(dim=1)  # [B]
+    next_token = target.gather(1, num_accepted[:, None]).squeeze(1)
+    return num_accepted, next_token
+
+
+def accept_probability(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    """min(1, p(x) / q(x)): the chance to keep a draft token x drawn from q when the target says p."""
+    return torch.clamp(p_x / q_x.clamp_min(1e-30), max=1.0)
+
+
+def verify_sampled(
+    logits: torch.Tensor,
+    drafts: torch.Tensor,
+    draft_lens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    temperature: float,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rejection sampling. draft_probs: [B, K, V] or None for one-hot (deterministic) proposals."""
+    B, K = drafts.shape
+    p = torch.softmax(logits / temperature, dim=-1)  # [B, 1+K, V]
+    if K:
+        p_x = p[:, :K].gather(2, drafts[:, :, None]).squeeze(2)  # [B, K]
+        q_x = draft_probs.gather(2, drafts[:, :, None]).squeeze(2) if draft_probs is not None else torch.ones_like(p_x)
+        u = torch.rand((B, K), generator=generator, device=logits.device)
+        offered = torch.arange(K, device=drafts.device)[None, :] < draft_lens[:, None]
+        keep = (u < accept_probability(p_x, q_x)) & offered
+        num_accepted = keep.long().cumprod(dim=1).sum(dim=1)
+    else:
+        num_accepted = torch.zeros(B, dtype=torch.long, device=logits.device)
+
+    rows = torch.arange(B, device=logits.device)
+    dist = p[rows, num_accepted].clone()  # [B, V]: p_n
+    rejected = num_accepted < draft_lens  # the emitted token replaces a rejected draft: use the residual
+    if rejected.any():
+        idx = num_accepted.clamp(max=max(K - 1, 0))
+        if draft_probs is not None:
+            q = draft_probs[rows, idx]  # [B, V]
+        else:
+            q = torch.zeros_like(dist).scatter_(1, drafts[rows, idx][:, None], 1.0)
+        residual = (dist - q).clamp_min(0.0)
+        mass = residual.sum(-1, keepdim=True)
+        # p == q exactly leaves no residual mass; then any p-sample is correct (the branch has probability 0).
+        residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), dist)
+        dist = torch.where(rejected[:, None], residual, dist)
+    next_token = torch.multinomial(dist, 1, generator=generator).squeeze(1)
+    return num_accepted, next_token
+
+
+# ---------------------------------------------------------------------------- the loop
+
+
+def _pad(rows: Sequence[Sequence[int]], width: int, device) -> torch.Tensor:
+    out = torch.zeros((len(rows), width), dtype=torch.long)
+    for b, r in enumerate(rows):
+        out[b, : len(r)] = torch.tensor(r, dtype=torch.long)
+    return out.to(device)
+
+
+@torch.inference_mode()
+def generate(
+    target: CausalLM,
+    prompts: Sequence[Sequence[int]],
+    *,
+    drafter: Drafter | None = None,
+    num_draft_tokens: int = 0,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    seed: int = 0,
+    stop_token_ids: Sequence[int] = (),
+) -> GenerationResult:
+    """Generate for a batch of prompts with speculative decoding (or plainly, with no drafter / D = 0)."""
+    if drafter is not None and num_draft_tokens < 1:
+        raise SpecdecError(f"draft length D = {num_draft_tokens} is invalid with a drafter", "use D ≥ 1, or no drafter for plain decoding")
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise SpecdecError("every prompt needs at least one token", "drop empty prompts")
+    if temperature < 0:
+        raise SpecdecError(f"temperature {temperature} is negative", "use 0 for greedy or a positive value")
+    D = num_draft_tokens if drafter is not None else 0
+    device = target.device
+    generator = torch.Generator(device=device).manual_seed(seed) if temperature > 0 else None
+    stop = set(stop_token_ids)
+
+    B = len(prompts)
+    capacity = max(len(p) for p in prompts) + max_new_tokens + D + 1
+    cache = target.new_cache(B, capacity)
+    seqs = [list(p) for p in prompts]
+    cache_len = torch.tensor([len(p) - 1 for p in prompts], dtype=torch.long, device=device)
+    if int(cache_len.max()) > 0:  # prefill: everything but the last prompt token
+        target(_pad([p[:-1] for p in prompts], int(cache_len.max()), device), cache, torch.zeros_like(cache_len), logits="none")
+    if drafter is not None:
+        drafter.start([list(p) for p in prompts])
+
+    counters = SpecCounters(max_draft_len=D)
+    outputs: list[list[int]] = [[] for _ in range(B)]
+    live = list(range(B))  # input index of each cache row
+    forwards, draft_s, verify_s = 0, 0.0, 0.0
+    t_start = time.perf_counter()
+    while live:
+        max_tokens = [min(D, max_new_tokens - len(outputs[i]) - 1) for i in live]
+        t0 = time.perf_counter()
+        if D > 0:
+            draft = drafter.propose(  # type: ignore[union-attr]
+                DraftRequest([seqs[i] for i in live], max_tokens, temperature, generator)
+            )
+            _check_draft(draft, max_tokens)
+        else:
+            draft = Draft(tokens=[[] for _ in live])
+        t1 = time.perf_counter()
+        K = max(len(d) for d in draft.tokens)
+        draft_lens = torch.tensor([len(d) for d in draft.tokens], dtype=torch.long, device=device)
+        drafts = _pad(draft.tokens, K, device)  # [B, K]
+        tokens = torch.cat([torch.tensor([[seqs[i][-1]] for i in live], device=device), drafts], dim=1)  # [B, 1+K]
+        logits = target(tokens, cache, cache_len)  # [B, 1+K, V]
+        if temperature == 0:
+            num_accepted, next_token = verify_greedy(logits, drafts, draft_lens)
+        else:
+            probs = draft.probs[:, :K] if draft.probs is not None else None
+            num_accepted, next_token = verify_sampled(logits, drafts, draft_lens, probs, temperature, generator)
+        forwards += 1
+        t2 = time.perf_counter()
+        draft_s += t1 - t0
+        verify_s += t2 - t1
+
+        keep = []
+        for row, i in enumerate(live):
+            n = int(num_accepted[row])
+            emitted = draft.tokens[row][:n] + [int(next_token[row])]
+            emitted = emitted[: max_new_tokens - len(outputs[i])]
+            for j, tok in enumerate(emitted):
+                if tok in stop:
+                    emitted = emitted[: j + 1]
+                    break
+            counters.record(len(draft.tokens[row]), n, len(emitted))
+            outputs[i].extend(emitted)
+            seqs[i].extend(emitted)
+            if len(outputs[i]) < max_new_tokens and emitted[-1] not in stop:
+                keep.append(row)
+        cache_len = cache_len + 1 + num_accepted
+        if len(keep) < len(live):
+            rows = torch.tensor(keep, dtype=torch.long, device=device)
+            cache.keep_rows(rows)
+            cache_len = cache_len.index_select(0, rows)
+            live = [live[r] for r in keep]
+            if drafter is not None and live:
+                drafter.keep_rows(keep)
+    total_s = time.perf_counter() - t_start
+    return GenerationResult(outputs, counters, forwards, draft_s, verify_s, total_s)
+
+
+def _check_draft(draft: Draft, max_tokens: list[int]) -> None:
+    if len(draft.tokens) != len(max_tokens):
+        raise SpecdecError(f"drafter returned {len(draft.tokens)} rows for {len(max_tokens)}", "fix the drafter's propose()")
+    for b, (d, m) in enumerate(zip(draft.tokens, max_tokens)):
+        if len(d) > max(m, 0):
+            raise SpecdecError(f"drafter proposed {len(d)} tokens for row {b}, more than the {m} allowed", "fix the drafter's propose()")
