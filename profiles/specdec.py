@@ -25,6 +25,7 @@ over all rounds, which is smaller than vLLM's mean acceptance length when drafts
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Sequence
 
@@ -100,11 +101,16 @@ class SpecCounters:
 @dataclasses.dataclass
 class GenerationResult:
     tokens: list[list[int]]  # generated tokens per prompt, prompt excluded, in input order
-    counters: SpecCounters
+    per_prompt: list[SpecCounters]  # acceptance counters per prompt, in input order
     target_forwards: int  # batched target forward calls (prefill excluded)
     draft_s: float  # wall time inside drafter.propose
     verify_s: float  # wall time inside the target's verification forwards
     total_s: float  # whole decode, prefill excluded
+
+    @property
+    def counters(self) -> SpecCounters:
+        """All prompts' counters added."""
+        return functools.reduce(SpecCounters.merge, self.per_prompt)
 
 
 # ---------------------------------------------------------------------------- verification
@@ -213,7 +219,7 @@ def generate(
     if drafter is not None:
         drafter.start([list(p) for p in prompts])
 
-    counters = SpecCounters(max_draft_len=D)
+    counters = [SpecCounters(max_draft_len=D) for _ in range(B)]
     outputs: list[list[int]] = [[] for _ in range(B)]
     live = list(range(B))  # input index of each cache row
     forwards, draft_s, verify_s = 0, 0.0, 0.0
@@ -253,7 +259,7 @@ def generate(
                 if tok in stop:
                     emitted = emitted[: j + 1]
                     break
-            counters.record(len(draft.tokens[row]), n, len(emitted))
+            counters[i].record(len(draft.tokens[row]), n, len(emitted))
             outputs[i].extend(emitted)
             seqs[i].extend(emitted)
             if len(outputs[i]) < max_new_tokens and emitted[-1] not in stop:

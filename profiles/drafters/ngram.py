@@ -27,7 +27,7 @@ from specdec_tune import SpecdecError
 from specdec_tune.profiles.drafters.base import Draft, DraftRequest, Drafter, register
 
 if TYPE_CHECKING:
-    from specdec_tune.profiles.models.llama import CausalLM
+    from specdec_tune.profiles.models.loading import LoadedModel
 
 
 def find_ngram_match(tokens: np.ndarray, min_n: int, max_n: int) -> tuple[int, int]:
@@ -78,7 +78,7 @@ class NgramDrafter(Drafter):
                     "use 1 <= prompt_lookup_min <= prompt_lookup_max, e.g. prompt_lookup_min=2 prompt_lookup_max=5",
                 )
 
-    def __init__(self, target: CausalLM | None, options: Options) -> None:
+    def __init__(self, target: LoadedModel | None, options: Options) -> None:
         self.target = target  # unused: prompt lookup needs no model
         self.options = options
 

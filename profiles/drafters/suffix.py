@@ -39,7 +39,7 @@ from specdec_tune.profiles.drafters.base import Draft, DraftRequest, Drafter, re
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from specdec_tune.profiles.models.llama import CausalLM
+    from specdec_tune.profiles.models.loading import LoadedModel
 
 _TOKEN_SPAN = 1 << 32  # edge key = node * _TOKEN_SPAN + token, so token ids must lie in [0, 2**32)
 _ROOT = 0
@@ -142,7 +142,7 @@ class SuffixDrafter(Drafter):
                     "use a value in [0, 1], e.g. 0.1",
                 )
 
-    def __init__(self, target: CausalLM | None, options: Options) -> None:
+    def __init__(self, target: LoadedModel | None, options: Options) -> None:
         self.target = target  # unused: suffix decoding needs no model
         self.options = options
         self._rows: list[SuffixTrie] = []
