@@ -48,14 +48,19 @@ class SpecCounters:
     num_reached_per_pos: list[int] = dataclasses.field(default_factory=list)  # [i]: drafts that proposed d_{i+1} with d_1..d_i accepted
     num_rounds: int = 0  # row-rounds, with or without a draft (= target forwards per row)
     num_emitted_tokens: int = 0  # tokens appended to the outputs
+    # rounds[L][n]: row-rounds that proposed L tokens and had n accepted (L, n in 0..max_draft_len)
+    rounds: list[list[int]] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.num_accepted_tokens_per_pos = self.num_accepted_tokens_per_pos or [0] * self.max_draft_len
-        self.num_reached_per_pos = self.num_reached_per_pos or [0] * self.max_draft_len
+        n = self.max_draft_len
+        self.num_accepted_tokens_per_pos = self.num_accepted_tokens_per_pos or [0] * n
+        self.num_reached_per_pos = self.num_reached_per_pos or [0] * n
+        self.rounds = self.rounds or [[0] * (n + 1) for _ in range(n + 1)]
 
     def record(self, draft_len: int, num_accepted: int, num_emitted: int) -> None:
         self.num_rounds += 1
         self.num_emitted_tokens += num_emitted
+        self.rounds[draft_len][num_accepted] += 1
         if draft_len == 0:
             return
         self.num_drafts += 1
@@ -69,8 +74,12 @@ class SpecCounters:
     def merge(self, other: SpecCounters) -> SpecCounters:
         n = max(self.max_draft_len, other.max_draft_len)
 
-        def add(a: list[int], b: list[int]) -> list[int]:
-            return [x + y for x, y in zip(a + [0] * (n - len(a)), b + [0] * (n - len(b)))]
+        def add(a: list[int], b: list[int], size: int = n) -> list[int]:
+            return [x + y for x, y in zip(a + [0] * (size - len(a)), b + [0] * (size - len(b)))]
+
+        def add_rows(a: list[list[int]], b: list[list[int]]) -> list[list[int]]:
+            pad = [[]] * (n + 1)
+            return [add(x, y, n + 1) for x, y in zip(a + pad[len(a):], b + pad[len(b):])]
 
         return SpecCounters(
             max_draft_len=n,
@@ -81,6 +90,7 @@ class SpecCounters:
             num_reached_per_pos=add(self.num_reached_per_pos, other.num_reached_per_pos),
             num_rounds=self.num_rounds + other.num_rounds,
             num_emitted_tokens=self.num_emitted_tokens + other.num_emitted_tokens,
+            rounds=add_rows(self.rounds, other.rounds),
         )
 
     @property
@@ -92,6 +102,23 @@ class SpecCounters:
     def tokens_per_target_forward(self) -> float:
         """Tokens emitted per row-round over all rounds: the AL that belongs in the throughput formula."""
         return self.num_emitted_tokens / self.num_rounds if self.num_rounds else 0.0
+
+    def derived_at(self, draft_len: int) -> tuple[float, float]:
+        """(tokens per target forward, vLLM mean AL) had every round been capped at D = draft_len.
+
+        Exact for drafters whose first D proposals do not depend on D (chains, prompt lookup): a round
+        that proposed L and had n accepted would have proposed min(L, D) and had min(n, D) accepted.
+        """
+        D = draft_len
+        rounds = drafted = accepted = 0
+        for L, row in enumerate(self.rounds):
+            for n, count in enumerate(row):
+                rounds += count
+                drafted += count if min(L, D) > 0 else 0
+                accepted += count * min(n, D)
+        if not rounds:
+            return 1.0, 1.0
+        return 1.0 + accepted / rounds, (1.0 + accepted / drafted) if drafted else 1.0
 
     def conditional_acceptance(self) -> list[float | None]:
         """a_k = P(d_k accepted | d_1..d_{k-1} accepted, d_k proposed); None where never reached."""

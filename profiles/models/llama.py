@@ -41,7 +41,8 @@ class ModelConfig:
     rope_theta: float
     max_position_embeddings: int
     tie_word_embeddings: bool
-    attention_bias: bool = False  # qwen2
+    attention_bias: bool = False  # q/k/v biases: always for qwen2, per config for llama and qwen3
+    o_bias: bool = False  # o_proj bias: llama and qwen3 with attention_bias
     qk_norm: bool = False  # qwen3
     eos_token_ids: tuple[int, ...] = ()
 
@@ -65,7 +66,15 @@ class ModelConfig:
             raise SpecdecError(f"unsupported rope scaling {rope_type!r} in {model_type} config", "use a model with default RoPE")
         if hf.get("sliding_window") and hf.get("use_sliding_window", model_type == "mistral"):
             raise SpecdecError("sliding-window attention is not supported", "use a model without sliding_window")
+        if hf.get("mlp_bias"):
+            raise SpecdecError(f"MLP biases (mlp_bias) in the {model_type} config are not supported", "use a model without mlp_bias")
+        act = hf.get("hidden_act", "silu")
+        if act not in ("silu", "swish"):
+            raise SpecdecError(f"activation {act!r} in the {model_type} config is not supported", "this forward runs SiLU-gated MLPs")
         heads = hf["num_attention_heads"]
+        # Biases as transformers builds them: qwen2 always has q/k/v biases (no o_proj bias), mistral none,
+        # llama and qwen3 put one on q/k/v and o_proj when attention_bias is set.
+        bias = {"qwen2": True, "mistral": False}.get(model_type, bool(hf.get("attention_bias", False)))
         eos = hf.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         return cls(
@@ -81,7 +90,8 @@ class ModelConfig:
             rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10000.0)),
             max_position_embeddings=hf.get("max_position_embeddings", 2048),
             tie_word_embeddings=hf.get("tie_word_embeddings", False),
-            attention_bias=hf.get("attention_bias", model_type == "qwen2"),
+            attention_bias=bias,
+            o_bias=bias and model_type in ("llama", "qwen3"),
             qk_norm=model_type == "qwen3",
             eos_token_ids=eos_ids,
         )
@@ -131,7 +141,7 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=c.attention_bias)
         self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.attention_bias)
         self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.attention_bias)
-        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
+        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_bias)
         if c.qk_norm:
             self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
@@ -211,7 +221,8 @@ class CausalLM(nn.Module):
         if not layer_ids or any(not 0 <= i < n for i in layer_ids) or sorted(set(layer_ids)) != layer_ids:
             raise SpecdecError(f"draft layers {layer_ids} are not increasing ids in 0..{n - 1}", "pick distinct layers of the target")
         c = dataclasses.replace(self.config, num_layers=len(layer_ids))
-        draft = CausalLM(c, layers=nn.ModuleList(self.layers[i] for i in layer_ids))
+        with torch.device("meta"):  # the embedding, norm and head made here are replaced by this model's
+            draft = CausalLM(c, layers=nn.ModuleList(self.layers[i] for i in layer_ids))
         draft.embed_tokens, draft.norm, draft.lm_head = self.embed_tokens, self.norm, self.lm_head
         return draft
 

@@ -1,0 +1,56 @@
+"""Timing a callable the way the profile reports it: warm-up, repeats, median and spread.
+
+On CUDA, each repeat is bracketed by CUDA events (device time, no host sync inside the region);
+on CPU, by `time.perf_counter`. Either way the numbers are milliseconds per call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    repeats: int
+
+    def as_dict(self) -> dict[str, float | int]:
+        return dataclasses.asdict(self)
+
+
+def _quantile(sorted_ms: list[float], q: float) -> float:
+    if len(sorted_ms) == 1:
+        return sorted_ms[0]
+    return statistics.quantiles(sorted_ms, n=10, method="inclusive")[int(q * 10) - 1]
+
+
+def time_call(fn: Callable[[], object], *, device: torch.device, warmup: int = 2, repeats: int = 7,
+              min_total_ms: float = 0.0) -> Timing:
+    """Median over `repeats` calls after `warmup` calls; repeats grow until they span `min_total_ms`."""
+    for _ in range(warmup):
+        fn()
+    samples: list[float] = []
+    use_events = device.type == "cuda"
+    if use_events:
+        torch.cuda.synchronize(device)
+    while len(samples) < repeats or (sum(samples) < min_total_ms and len(samples) < 10 * repeats):
+        if use_events:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - t0) * 1e3)
+    samples.sort()
+    return Timing(statistics.median(samples), _quantile(samples, 0.1), _quantile(samples, 0.9), len(samples))

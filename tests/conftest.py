@@ -1,0 +1,94 @@
+"""Shared fixtures: tiny random Llama-family checkpoints saved as Hugging Face folders, and the gpu marker."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+# The GGUF -> safetensors conversion cache is the one normal use shares; a test that must not touch it
+# points SPECDEC_TUNE_CACHE elsewhere with monkeypatch.
+os.environ.setdefault("SPECDEC_TUNE_CACHE", str(Path.home() / ".cache" / "specdec-tune"))
+
+TINY = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    tie_word_embeddings=False,
+)
+
+
+def build_hf_model(kind: str = "llama", tied: bool = False, seed: int = 0, **overrides):
+    """A tiny random transformers model of `kind` (llama, mistral, qwen2, qwen3), float32, eval mode.
+
+    Weights are re-drawn at the scale of a trained model (norm gains and biases non-trivial), so a
+    forward that skips a bias, a norm or a rotation gives visibly different logits.
+    """
+    import transformers
+
+    config_cls = {
+        "llama": transformers.LlamaConfig,
+        "mistral": transformers.MistralConfig,
+        "qwen2": transformers.Qwen2Config,
+        "qwen3": transformers.Qwen3Config,
+    }[kind]
+    extra = {"head_dim": 8} if kind == "qwen3" else {}  # Qwen3Config defaults head_dim to 128
+    if kind == "mistral":
+        extra["sliding_window"] = None
+    config = config_cls(**{**TINY, **extra, "tie_word_embeddings": tied, **overrides})
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
+            elif "norm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+            else:  # biases
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def hf_variant_dir(tmp_path_factory):
+    """Factory: hf_variant_dir(kind, tied=False, **config overrides) -> a saved folder (built once per session)."""
+    made: dict[tuple, Path] = {}
+
+    def make(kind: str = "llama", tied: bool = False, **overrides) -> Path:
+        key = (kind, tied, tuple(sorted(overrides.items())))
+        if key not in made:
+            folder = tmp_path_factory.mktemp(f"{kind}{'-tied' if tied else ''}")
+            build_hf_model(kind, tied, **overrides).save_pretrained(folder, safe_serialization=True)
+            made[key] = folder
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def build_hf():
+    """build_hf(kind, tied=False, seed=0, **config overrides) -> an in-memory transformers model."""
+    return build_hf_model
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_dir(hf_variant_dir) -> Path:
+    """A tiny random Llama (vocab 64, 3 layers, 4 heads / 2 KV heads) saved with safetensors."""
+    return hf_variant_dir("llama")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)

@@ -1,0 +1,269 @@
+"""The speculative loop on tiny random models: counters by hand, greedy losslessness, and the
+distribution that rejection sampling produces (with tests that the check can fail)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from specdec_tune import SpecdecError
+from specdec_tune.profiles import specdec
+from specdec_tune.profiles.drafters.base import Draft, Drafter, DraftRequest
+from specdec_tune.profiles.drafters.draft_model import DraftModelDrafter
+from specdec_tune.profiles.drafters.ngram import NgramDrafter
+from specdec_tune.profiles.drafters.suffix import SuffixDrafter
+from specdec_tune.profiles.models.llama import CausalLM, ModelConfig, init_random
+from specdec_tune.profiles.models.loading import LoadedModel, ModelRef
+from specdec_tune.profiles.specdec import SpecCounters, generate, verify_greedy
+
+
+def tiny_model(vocab: int = 32, layers: int = 2, seed: int = 0, head_scale: float = 1.0) -> CausalLM:
+    c = ModelConfig(model_type="llama", vocab_size=vocab, hidden_size=32, intermediate_size=64, num_layers=layers,
+                    num_heads=4, num_kv_heads=2, head_dim=8, rms_norm_eps=1e-6, rope_theta=10000.0,
+                    max_position_embeddings=512, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = init_random(CausalLM(c), seed=seed).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(head_scale)
+    return model
+
+
+def loaded(model: CausalLM) -> LoadedModel:
+    ref = ModelRef("tiny", "hf", "llama", "float32", "c", "w", model.config.num_layers)
+    return LoadedModel(model=model, tokenizer=None, ref=ref)
+
+
+class ScriptedDrafter(Drafter):
+    """Proposes the reference continuation (or a wrong token in its place): known acceptance."""
+
+    name, kind = "scripted", "model_free"
+
+    def __init__(self, reference: dict[tuple[int, ...], list[int]], wrong: bool, vocab: int) -> None:
+        self.reference, self.wrong, self.vocab = reference, wrong, vocab
+
+    def start(self, prompts):
+        self.prompts = [tuple(p) for p in prompts]
+
+    def keep_rows(self, indices):
+        self.prompts = [self.prompts[i] for i in indices]
+
+    def propose(self, request: DraftRequest) -> Draft:
+        out = []
+        for prompt, seq, k in zip(self.prompts, request.token_ids, request.max_tokens):
+            done = len(seq) - len(prompt)
+            true = self.reference[prompt][done : done + k]
+            out.append([(t + 1) % self.vocab for t in true] if self.wrong else true)
+        return Draft(tokens=out)
+
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 7, 7], [9, 3, 9, 3, 9, 3, 9], [4]]
+
+
+@pytest.fixture(scope="module")
+def target() -> CausalLM:
+    return tiny_model()
+
+
+@pytest.fixture(scope="module")
+def reference(target) -> dict[tuple[int, ...], list[int]]:
+    out = generate(target, PROMPTS, max_new_tokens=64)
+    return {tuple(p): t for p, t in zip(PROMPTS, out.tokens)}
+
+
+def test_perfect_draft_gives_al_one_plus_d(target, reference):
+    out = generate(target, PROMPTS, drafter=ScriptedDrafter(reference, False, 32), num_draft_tokens=3, max_new_tokens=64)
+    c = out.counters
+    # 64 = 16 rounds x (3 accepted + 1 bonus) per prompt
+    assert (c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens) == (64, 192, 192)
+    assert c.num_accepted_tokens_per_pos == [64, 64, 64]
+    assert c.mean_acceptance_length == 4.0 and c.tokens_per_target_forward == 4.0
+    assert c.conditional_acceptance() == [1.0, 1.0, 1.0]
+    assert out.target_forwards == 16
+    assert [tuple(t) for t in out.tokens] == [tuple(reference[tuple(p)]) for p in PROMPTS]
+
+
+def test_perfect_draft_near_the_end(target, reference):
+    # max_new 10, D 3: rounds draft 3, 3, then 1 (room for one draft plus the bonus) -> 7 drafted, 7 accepted.
+    out = generate(target, PROMPTS[:1], drafter=ScriptedDrafter(reference, False, 32), num_draft_tokens=3, max_new_tokens=10)
+    c = out.counters
+    assert (c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens, c.num_rounds) == (3, 7, 7, 3)
+    assert c.mean_acceptance_length == pytest.approx(1 + 7 / 3)
+    assert out.tokens[0] == reference[tuple(PROMPTS[0])][:10]
+
+
+def test_always_wrong_draft_gives_al_one(target, reference):
+    out = generate(target, PROMPTS, drafter=ScriptedDrafter(reference, True, 32), num_draft_tokens=3, max_new_tokens=64)
+    c = out.counters
+    # per prompt: 61 rounds with 3 drafts, then 2, then 1, then a round with no room for a draft
+    assert (c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens, c.num_rounds) == (4 * 63, 4 * 186, 0, 4 * 64)
+    assert c.mean_acceptance_length == 1.0 and c.tokens_per_target_forward == 1.0
+    assert c.num_accepted_tokens_per_pos == [0, 0, 0]
+    assert [tuple(t) for t in out.tokens] == [tuple(reference[tuple(p)]) for p in PROMPTS]
+
+
+def test_counters_by_hand():
+    c = SpecCounters(max_draft_len=3)
+    c.record(draft_len=3, num_accepted=1, num_emitted=2)
+    c.record(draft_len=2, num_accepted=2, num_emitted=3)
+    c.record(draft_len=0, num_accepted=0, num_emitted=1)
+    assert (c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens, c.num_rounds, c.num_emitted_tokens) == (2, 5, 3, 3, 6)
+    assert c.num_accepted_tokens_per_pos == [2, 1, 0]
+    # d3 is reached only when d1 and d2 were accepted and a third draft existed: never here
+    assert c.num_reached_per_pos == [2, 2, 0]
+    assert c.mean_acceptance_length == 1 + 3 / 2  # vLLM: over rounds with a draft
+    assert c.tokens_per_target_forward == 2.0  # over all rounds
+    assert c.conditional_acceptance() == [1.0, 0.5, None]
+    assert c.rounds[3][1] == c.rounds[2][2] == c.rounds[0][0] == 1 and sum(map(sum, c.rounds)) == 3
+    assert c.derived_at(1) == (pytest.approx(1 + 2 / 3), 2.0)  # capped at D=1: one token accepted in each drafted round
+    assert c.derived_at(3) == (2.0, 2.5)
+    assert c.merge(c).derived_at(3) == (2.0, 2.5)
+
+
+def test_verify_greedy_rule():
+    V = 5
+    # target argmax per position: [2, 3, 4, 0]
+    logits = torch.full((2, 4, V), -1.0)
+    for i, t in enumerate([2, 3, 4, 0]):
+        logits[:, i, t] = 1.0
+    drafts = torch.tensor([[2, 3, 1], [2, 3, 4]])
+    n, nxt = verify_greedy(logits, drafts, torch.tensor([3, 2]))
+    assert n.tolist() == [2, 2]  # row 0 rejects d3; row 1 offered only 2
+    assert nxt.tolist() == [4, 4]
+
+
+@pytest.mark.parametrize("make", ["ngram", "suffix", "draft_model"])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_greedy_lossless_tiny(target, reference, make, batch):
+    drafter = {
+        "ngram": lambda: NgramDrafter(None, NgramDrafter.Options(prompt_lookup_min=1, prompt_lookup_max=3)),
+        "suffix": lambda: SuffixDrafter(None, SuffixDrafter.Options()),
+        "draft_model": lambda: DraftModelDrafter(loaded(target), DraftModelDrafter.Options(layers=1)),
+    }[make]()
+    outs = []
+    for i in range(0, len(PROMPTS), batch):
+        outs += generate(target, PROMPTS[i : i + batch], drafter=drafter, num_draft_tokens=4, max_new_tokens=64).tokens
+    assert outs == [reference[tuple(p)] for p in PROMPTS]
+
+
+def test_stop_token_ends_row_and_others_continue(target, reference):
+    stop = reference[tuple(PROMPTS[0])][5]
+    out = generate(target, PROMPTS, drafter=ScriptedDrafter(reference, False, 32), num_draft_tokens=3,
+                   max_new_tokens=64, stop_token_ids=[stop])
+    for p, toks in zip(PROMPTS, out.tokens):
+        ref = reference[tuple(p)]
+        cut = ref.index(stop) + 1 if stop in ref else len(ref)
+        assert toks == ref[:cut]
+
+
+def test_bad_arguments(target):
+    with pytest.raises(SpecdecError, match="draft length"):
+        generate(target, PROMPTS, drafter=NgramDrafter(None, NgramDrafter.Options()), num_draft_tokens=0)
+    with pytest.raises(SpecdecError, match="at least one token"):
+        generate(target, [[]])
+    with pytest.raises(SpecdecError, match="temperature"):
+        generate(target, PROMPTS, temperature=-1.0)
+
+
+class OverlongDrafter(ScriptedDrafter):
+    def propose(self, request):
+        return Draft(tokens=[[1] * (m + 1) for m in request.max_tokens])
+
+
+def test_drafter_breaking_its_contract_is_reported(target, reference):
+    with pytest.raises(SpecdecError, match="more than the"):
+        generate(target, PROMPTS, drafter=OverlongDrafter(reference, False, 32), num_draft_tokens=2)
+
+
+# ---------------------------------------------------------------------------- rejection sampling
+
+V_SMALL, N_SAMPLES, T = 8, 6000, 1.0
+PROMPT = [3, 1, 4, 1, 5]
+
+
+@pytest.fixture(scope="module")
+def peaked_target() -> CausalLM:
+    return tiny_model(vocab=V_SMALL, layers=2, seed=1, head_scale=3.0)
+
+
+@pytest.fixture(scope="module")
+def exact_marginals(peaked_target) -> tuple[np.ndarray, np.ndarray]:
+    """P(x1) and P(x2) = sum_x1 P(x1) P(x2 | x1) from the target's own softmax."""
+    m = peaked_target
+    with torch.no_grad():
+        p1 = torch.softmax(m(torch.tensor([PROMPT]), m.new_cache(1, 16), torch.zeros(1, dtype=torch.long))[0, -1] / T, -1)
+        rows = torch.tensor([PROMPT + [x] for x in range(V_SMALL)])
+        p2_given = torch.softmax(m(rows, m.new_cache(V_SMALL, 16), torch.zeros(V_SMALL, dtype=torch.long))[:, -1] / T, -1)
+    return p1.double().numpy(), (p1[:, None] * p2_given).sum(0).double().numpy()
+
+
+class FixedDrafter(ScriptedDrafter):
+    """Deterministic proposals (q is one-hot): always [2, 5, ...]."""
+
+    def __init__(self):
+        pass
+
+    def start(self, prompts):
+        pass
+
+    def keep_rows(self, indices):
+        pass
+
+    def propose(self, request):
+        return Draft(tokens=[[2, 5, 2, 5][:m] for m in request.max_tokens])
+
+
+def sampled_pvalues(target, drafter) -> tuple[float, float]:
+    out = generate(target, [PROMPT] * N_SAMPLES, drafter=drafter, num_draft_tokens=2, max_new_tokens=3, temperature=T, seed=7)
+    firsts = np.bincount([t[0] for t in out.tokens], minlength=V_SMALL)
+    seconds = np.bincount([t[1] for t in out.tokens], minlength=V_SMALL)
+    return firsts, seconds
+
+
+def chi2_p(counts: np.ndarray, probs: np.ndarray) -> float:
+    expected = probs / probs.sum() * counts.sum()
+    keep = expected >= 5  # pool rare cells: the chi-square approximation needs expected counts >= 5
+    obs = np.append(counts[keep], counts[~keep].sum())
+    exp = np.append(expected[keep], expected[~keep].sum())
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    exp = exp * obs.sum() / exp.sum()  # exact totals despite float rounding
+    return float(chisquare(obs, exp).pvalue)
+
+
+def drafters_for(target):
+    return {
+        "draft_model": DraftModelDrafter(loaded(target), DraftModelDrafter.Options(layers=1)),
+        "fixed": FixedDrafter(),
+    }
+
+
+@pytest.mark.parametrize("which", ["draft_model", "fixed"])
+def test_rejection_sampling_matches_target_distribution(peaked_target, exact_marginals, which):
+    firsts, seconds = sampled_pvalues(peaked_target, drafters_for(peaked_target)[which])
+    assert chi2_p(firsts, exact_marginals[0]) > 1e-3
+    assert chi2_p(seconds, exact_marginals[1]) > 1e-3
+
+
+def test_plain_sampling_matches_target_distribution(peaked_target, exact_marginals):
+    out = generate(peaked_target, [PROMPT] * N_SAMPLES, max_new_tokens=2, temperature=T, seed=3)
+    assert chi2_p(np.bincount([t[0] for t in out.tokens], minlength=V_SMALL), exact_marginals[0]) > 1e-3
+    assert chi2_p(np.bincount([t[1] for t in out.tokens], minlength=V_SMALL), exact_marginals[1]) > 1e-3
+
+
+@pytest.mark.parametrize(
+    "perturbation",
+    [
+        lambda p_x, q_x: torch.ones_like(p_x),  # accept every draft
+        lambda p_x, q_x: torch.clamp(1.5 * p_x / q_x.clamp_min(1e-30), max=1.0),  # accept too often
+        lambda p_x, q_x: torch.clamp(p_x / q_x.clamp_min(1e-30), max=1.0) ** 2,  # accept too rarely
+    ],
+    ids=["accept-all", "too-often", "too-rarely"],
+)
+@pytest.mark.parametrize("which", ["draft_model", "fixed"])
+def test_the_distribution_test_catches_a_perturbed_rule(peaked_target, exact_marginals, monkeypatch, perturbation, which):
+    """A test of the test: with a wrong acceptance rule, the same check must fail."""
+    monkeypatch.setattr(specdec, "accept_probability", perturbation)
+    firsts, seconds = sampled_pvalues(peaked_target, drafters_for(peaked_target)[which])
+    assert min(chi2_p(firsts, exact_marginals[0]), chi2_p(seconds, exact_marginals[1])) < 1e-3
