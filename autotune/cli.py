@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -111,10 +112,97 @@ def _not_yet(stage: str) -> None:
     raise SpecdecError(f"`specdec-tune {stage}` is not available in this version", "use `specdec-tune decode` to measure acceptance for now")
 
 
-@app.command(epilog="Example:\n\n  specdec-tune profile --target ./my-model --drafter ngram --drafter draft_model")
-def profile() -> None:
-    """Measure the target, its drafters and the device; writes artifacts/profile.json."""
-    _not_yet("profile")
+def _int_list(text: str, what: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise SpecdecError(f"{what} {text!r} is not a comma-separated list of integers", f"write it like {what} 1,2,4,8") from None
+
+
+def _float_list(text: str, what: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise SpecdecError(f"{what} {text!r} is not a comma-separated list of numbers", f"write it like {what} 0,0.7") from None
+
+
+@app.command(epilog="Examples:\n\n  specdec-tune profile\n\n"
+             "  specdec-tune profile --target ./my-model --drafter ngram --drafter draft_model:layers=6 --budget-minutes 30\n\n"
+             "  specdec-tune profile --batch 1,4,16 --ctx 256,2048 --max-draft-len 7 --out artifacts/profile-h200")
+def profile(
+    target: TargetOpt = "smollm2-135m",
+    drafter: Annotated[list[str], typer.Option("--drafter", "-m", help="Drafter to profile, NAME or NAME:KEY=VALUE,... (repeatable). Default: ngram, suffix, draft_model.")] = [],  # noqa: B006
+    prompts: PromptsOpt = "default",
+    prompts_per_domain: Annotated[int, typer.Option(help="Profiling prompts per domain for acceptance.")] = 3,
+    new_tokens: Annotated[int, typer.Option(help="Tokens generated per prompt in acceptance runs.")] = 64,
+    temperatures: Annotated[str, typer.Option(help="Temperatures for acceptance, comma-separated (0 = greedy).")] = "0,0.7",
+    batch: Annotated[str, typer.Option("--batch", help="Batch buckets, comma-separated.")] = "1,2,4,8,16",
+    ctx: Annotated[str, typer.Option("--ctx", help="KV-cache length buckets, comma-separated.")] = "128,512",
+    max_draft_len: Annotated[int, typer.Option(help="D_max: the longest draft measured.")] = 15,
+    quant: Annotated[str, typer.Option(help="Drafter weight formats to measure acceptance with (fp8, nvfp4; 'none' for neither).")] = "fp8,nvfp4",
+    dtype: DtypeOpt = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for profile.json and the measurement log.")] = Path("artifacts/profile"),
+    budget_minutes: Annotated[float, typer.Option(help="Wall-clock budget; the least important phases are skipped (and noted) past it.")] = 15.0,
+    seed: Annotated[int, typer.Option(help="Seed for sampled acceptance runs and synthetic inputs.")] = 0,
+    force: Annotated[bool, typer.Option(help="Measure again even if a profile with the same fingerprint exists.")] = False,
+    trust_remote_code: TrustOpt = False,
+) -> None:
+    """Measure the target, its drafters and the device; writes OUT/profile.json (resumable: a killed run continues)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from specdec_tune.profiles.profiler import Profiler, ProfileSettings
+
+    formats = tuple(f for f in quant.split(",") if f and f != "none")
+    from specdec_tune.kernels.quant import QUANT_FORMATS
+
+    for f in formats:
+        if f not in QUANT_FORMATS:
+            raise SpecdecError(f"unknown quantization format {f!r}", f"use {', '.join(QUANT_FORMATS)}")
+    settings = ProfileSettings(
+        target=target, drafters=tuple(drafter) or ProfileSettings.drafters, prompts=prompts, prompts_per_domain=prompts_per_domain,
+        new_tokens=new_tokens, temperatures=_float_list(temperatures, "--temperatures"), batch_buckets=_int_list(batch, "--batch"),
+        ctx_buckets=_int_list(ctx, "--ctx"), max_draft_len=max_draft_len, quant_formats=formats, dtype=dtype, device=device,
+        out_dir=out, budget_minutes=budget_minutes, seed=seed, force=force, trust_remote_code=trust_remote_code,
+    )
+    columns = (TextColumn("{task.description:<11}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=False) as bar:
+        tasks: dict[str, int] = {}
+
+        def tick(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(phase, total=total)
+            bar.update(tasks[phase], completed=done, total=total)
+
+        profiler = Profiler(settings, progress=tick)
+        result = profiler.run()
+    _print_profile_summary(result, out / "profile.json")
+
+
+def _print_profile_summary(result, path: Path) -> None:
+    from specdec_tune.profiles.profiler import summary
+
+    facts = summary(result)
+    D_max = result.workload.max_draft_len
+    mechanisms = sorted({m for m, _ in facts["al"]})
+    domains = ["all"] + [d for d in result.workload.domains]
+    table = Table(title=f"tokens per target forward at D={D_max}, greedy (measured)")
+    table.add_column("domain")
+    for m in mechanisms:
+        table.add_column(m, justify="right")
+    for d in domains:
+        table.add_row(d, *[f"{facts['al'][(m, d)]:.2f}" if (m, d) in facts["al"] else "-" for m in mechanisms])
+    console.print(table)
+    bounds = Table(title=f"per batch bucket (ctx {facts['ctx']}; measured verify times)")
+    for col in ("batch", "verify knee 1+D", "speedup bound", "at D", "mechanism"):
+        bounds.add_column(col, justify="right")
+    for B, (bound, D, m) in facts["bounds"].items():
+        bounds.add_row(str(B), str(facts["knees"].get(B)), f"{bound:.2f}x", str(D), m)
+    console.print(bounds)
+    console.print("speedup bound = tokens per forward x T_verif(B,1) / T_verif(B,1+D): draft and host time left out")
+    for note in result.notes:
+        console.print(f"note: {note}", markup=False)
+    console.print(f"wrote {path}", markup=False)
 
 
 @app.command(epilog="Example:\n\n  specdec-tune search --profile artifacts/profile.json")

@@ -104,21 +104,27 @@ class SpecCounters:
         return self.num_emitted_tokens / self.num_rounds if self.num_rounds else 0.0
 
     def derived_at(self, draft_len: int) -> tuple[float, float]:
-        """(tokens per target forward, vLLM mean AL) had every round been capped at D = draft_len.
+        """(tokens per target forward, vLLM mean AL) for a run at D = draft_len, derived from this run's rounds.
 
-        Exact for drafters whose first D proposals do not depend on D (chains, prompt lookup): a round
-        that proposed L and had n accepted would have proposed min(L, D) and had min(n, D) accepted.
+        A round that had n drafts accepted emitted n+1 tokens in one forward. At a smaller D the same
+        n+1 tokens take ceil((n+1)/(D+1)) forwards: the drafter keeps proposing the continuation it
+        would have proposed anyway. That is exact for greedy chain drafters (a greedy draft model's
+        continuation after accepting its own tokens is the same chain) and close for lookup drafters.
+        It corrects what a per-round cap min(n, D) gets wrong: long accepted runs are fewer rounds at
+        D_max than at small D, so capping each round undercounts AL at small D.
         """
         D = draft_len
-        rounds = drafted = accepted = 0
+        tokens = rounds = drafted = 0
         for L, row in enumerate(self.rounds):
             for n, count in enumerate(row):
-                rounds += count
-                drafted += count if min(L, D) > 0 else 0
-                accepted += count * min(n, D)
+                forwards = count * (-(-(n + 1) // (D + 1)) if D > 0 else n + 1)
+                tokens += count * (n + 1)
+                rounds += forwards
+                drafted += forwards if L > 0 and D > 0 else 0
         if not rounds:
             return 1.0, 1.0
-        return 1.0 + accepted / rounds, (1.0 + accepted / drafted) if drafted else 1.0
+        accepted = tokens - rounds
+        return tokens / rounds, (1.0 + accepted / drafted) if drafted else 1.0
 
     def conditional_acceptance(self) -> list[float | None]:
         """a_k = P(d_k accepted | d_1..d_{k-1} accepted, d_k proposed); None where never reached."""

@@ -116,7 +116,8 @@ def test_counters_by_hand():
     assert c.tokens_per_target_forward == 2.0  # over all rounds
     assert c.conditional_acceptance() == [1.0, 0.5, None]
     assert c.rounds[3][1] == c.rounds[2][2] == c.rounds[0][0] == 1 and sum(map(sum, c.rounds)) == 3
-    assert c.derived_at(1) == (pytest.approx(1 + 2 / 3), 2.0)  # capped at D=1: one token accepted in each drafted round
+    # at D=1 the 2-token and 3-token rounds take 1 and 2 forwards; the undrafted round 1: 6 tokens in 4 forwards
+    assert c.derived_at(1) == (1.5, pytest.approx(1 + 2 / 3))
     assert c.derived_at(3) == (2.0, 2.5)
     assert c.merge(c).derived_at(3) == (2.0, 2.5)
 

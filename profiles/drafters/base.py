@@ -66,6 +66,10 @@ class Drafter(ABC):
     def keep_rows(self, indices: list[int]) -> None:
         """Drop finished rows; the kept rows are renumbered 0..len(indices)-1."""
 
+    def with_quantized_weights(self, fmt: str) -> Drafter:
+        """A copy whose weights are fake-quantized to `fmt` (kernels.quant); the original is untouched."""
+        raise SpecdecError(f"the {self.name} drafter has no weights to quantize", "quantize only model-based drafters")
+
     def describe(self) -> dict[str, object]:
         """Settings that identify this drafter in a profile (name, kind, options)."""
         options = dataclasses.asdict(self.options) if dataclasses.is_dataclass(getattr(self, "options", None)) else {}

@@ -12,6 +12,7 @@ the next round's catch-up overwrites their slots.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import torch
@@ -48,6 +49,14 @@ class DraftModelDrafter(Drafter):
         # Per row, the cache holds seq[:checked] (known to match) followed by `unchecked` (drafts that may be rejected).
         self.checked: list[int] = []
         self.unchecked: list[list[int]] = []
+
+    def with_quantized_weights(self, fmt: str) -> DraftModelDrafter:
+        from specdec_tune.kernels.quant import quantize_linear_weights
+
+        twin = copy.copy(self)
+        twin.model = quantize_linear_weights(self.model, fmt)  # a deep copy: the target's shared weights stay exact
+        twin.cache = None
+        return twin
 
     def start(self, prompts: list[list[int]]) -> None:
         self.capacity = 0
