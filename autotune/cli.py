@@ -136,7 +136,7 @@ def profile(
     prompts_per_domain: Annotated[int, typer.Option(help="Profiling prompts per domain for acceptance.")] = 3,
     new_tokens: Annotated[int, typer.Option(help="Tokens generated per prompt in acceptance runs.")] = 64,
     temperatures: Annotated[str, typer.Option(help="Temperatures for acceptance, comma-separated (0 = greedy).")] = "0,0.7",
-    batch: Annotated[str, typer.Option("--batch", help="Batch buckets, comma-separated.")] = "1,2,4,8,16",
+    batch: Annotated[str, typer.Option("--batch", help="Batch buckets, comma-separated (default 1..16 on CPU, 1..256 on a GPU).")] = "",
     ctx: Annotated[str, typer.Option("--ctx", help="KV-cache length buckets, comma-separated.")] = "128,512",
     max_draft_len: Annotated[int, typer.Option(help="D_max: the longest draft measured.")] = 15,
     quant: Annotated[str, typer.Option(help="Drafter weight formats to measure acceptance with (fp8, nvfp4; 'none' for neither).")] = "fp8,nvfp4",
@@ -200,6 +200,8 @@ def _print_profile_summary(result, path: Path) -> None:
         bounds.add_row(str(B), str(facts["knees"].get(B)), f"{bound:.2f}x", str(D), m)
     console.print(bounds)
     console.print("speedup bound = tokens per forward x T_verif(B,1) / T_verif(B,1+D): draft and host time left out")
+    for B, share in facts["gemm_share"].items():
+        console.print(f"B={B}: the target's linear layers (micro-curve) are {share:.0%} of the measured one-token verify step")
     for note in result.notes:
         console.print(f"note: {note}", markup=False)
     console.print(f"wrote {path}", markup=False)

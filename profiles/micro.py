@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec_tune import SpecdecError
-from specdec_tune.profiles.models.llama import ModelConfig
+from specdec_tune.profiles.models.llama import ModelConfig, gqa_attention
 from specdec_tune.profiles.timing import time_call
 
 KNEE_TOLERANCE = 1.25  # a curve is "flat" while y stays within this factor of its first value
@@ -57,7 +57,7 @@ def verify_attention_inputs(
 
 def verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The model's attention call: q [B, H, T, hd], k/v [B, H_kv, L, hd], bool mask [B, 1, T, L] -> [B, H, T, hd]."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    return gqa_attention(q, k, v, mask)
 
 
 def attention_curve(

@@ -47,7 +47,7 @@ class ProfileSettings:
     prompts_per_domain: int = 3
     new_tokens: int = 64
     temperatures: tuple[float, ...] = (0.0, 0.7)
-    batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16)
+    batch_buckets: tuple[int, ...] = ()  # () = 1..16 on CPU, 1..256 on a GPU (powers of two)
     ctx_buckets: tuple[int, ...] = (128, 512)
     max_draft_len: int = 15
     check_draft_lens: tuple[int, ...] = ()  # direct runs to check derived AL against; () = D_max/4 and D_max/2
@@ -70,7 +70,7 @@ class ProfileSettings:
     def validate(self) -> None:
         if self.max_draft_len < 1:
             raise SpecdecError(f"--max-draft-len {self.max_draft_len} must be at least 1", "use 1 or more (default 15)")
-        for name, values in (("--batch", self.batch_buckets), ("--ctx", self.ctx_buckets)):
+        for name, values in (("--batch", self.batch_buckets or (1,)), ("--ctx", self.ctx_buckets)):
             if not values or min(values) < 1 or list(values) != sorted(set(values)):
                 raise SpecdecError(f"{name} buckets {list(values)} must be distinct increasing positive integers", f"e.g. {name} 1,2,4,8")
         if any(not 0 < d < self.max_draft_len for d in self.check_draft_lens):
@@ -160,9 +160,12 @@ def _is_oom(e: BaseException) -> bool:
 class Profiler:
     def __init__(self, settings: ProfileSettings, progress=None) -> None:
         settings.validate()
+        self.device = resolve_device(settings.device)
+        if not settings.batch_buckets:
+            largest = 256 if self.device.type == "cuda" else 16
+            settings = dataclasses.replace(settings, batch_buckets=tuple(2**i for i in range(largest.bit_length())))
         self.s = settings
         self.progress = progress  # callable(phase: str, done: int, total: int) or None
-        self.device = resolve_device(settings.device)
         self.target = load_model(settings.target, dtype=settings.dtype, device=str(self.device), trust_remote_code=settings.trust_remote_code)
         self.model = self.target.model
         self.drafters: dict[str, Drafter] = {}
@@ -485,6 +488,10 @@ def summary(profile: Profile) -> dict:
                     bound = a.tokens_per_forward[D] * verify[(B, 1)] / t  # draft and host cost left out: an upper bound
                     best = max(best, (bound, D, a.mechanism))
         bounds[B] = best
+    gemm = micro.linear_forward_curve([p.model_dump() for p in profile.micro if p.kind == "linear"], profile.target["num_layers"]) \
+        if any(p.kind == "linear" for p in profile.micro) else []
+    gemm_ms = {p["m"]: p["median_ms"] for p in gemm}
+    gemm_share = {B: gemm_ms[B] / verify[(B, 1)] for B in profile.workload.batch_buckets if B in gemm_ms and verify.get((B, 1))}
     knees = {B: micro.knee([{"t": t, "ms": verify[(B, t)]} for t in range(1, D_max + 2) if verify.get((B, t))], "t", "ms")
              for B in profile.workload.batch_buckets}
-    return {"al": al, "bounds": bounds, "knees": knees, "ctx": ctx}
+    return {"al": al, "bounds": bounds, "knees": knees, "ctx": ctx, "gemm_share": gemm_share}

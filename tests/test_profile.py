@@ -1,0 +1,180 @@
+"""profile: adaptive sampling, the measurement log, the profile schema, and end-to-end runs on the demo
+target (reuse on a matching fingerprint, resume after SIGKILL)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from specdec_tune import SpecdecError
+from specdec_tune.profiles.profiler import ProfileSettings, Profiler, adaptive_sample, fill_curve
+from specdec_tune.profiles.schema import SCHEMA_VERSION, load_profile
+from specdec_tune.profiles.store import MeasurementLog
+
+# ---------------------------------------------------------------------------- adaptive sampling
+
+
+def test_adaptive_sampling_finds_the_bend_and_skips_flat_stretches():
+    curve = lambda x: 10.0 if x <= 6 else 10.0 + 5.0 * (x - 6)  # flat, then compute-bound  # noqa: E731
+    calls = []
+    measured = adaptive_sample(lambda x: calls.append(x) or curve(x), 1, 16, 0.03, [1, 2, 4, 8, 16])
+    assert 6 in measured and 7 in measured  # both sides of the bend were measured
+    assert len(calls) == len(set(calls)) < 16  # each point once, and not all of them
+    filled = fill_curve(measured, range(1, 17))
+    assert [x for x, _, _ in filled] == list(range(1, 17))
+    for x, y, source in filled:
+        assert source == ("measured" if x in measured else "interpolated")
+        assert y == pytest.approx(curve(x), rel=0.03)
+
+
+def test_adaptive_sampling_stops_at_infeasible_points():
+    measured = adaptive_sample(lambda x: None if x >= 9 else float(x), 1, 16, 0.03, [1, 2, 4, 8, 16])
+    assert measured[16] is None
+    filled = dict((x, (y, s)) for x, y, s in fill_curve(measured, range(1, 17)))
+    assert filled[16] == (None, "infeasible")
+    assert filled[12][1] == "infeasible"  # no measured point to its right: not interpolated
+    assert filled[3] == (3.0, "interpolated")
+
+
+# ---------------------------------------------------------------------------- measurement log
+
+
+def test_log_resumes_and_survives_a_torn_line(tmp_path):
+    log = MeasurementLog(tmp_path, "f" * 64)
+    log.put("a", {"x": 1})
+    assert log.measure("a", lambda: pytest.fail("measured twice")) == {"x": 1}
+    with open(log.path, "a") as f:
+        f.write('{"key": "b", "val')  # a kill in the middle of a write
+    again = MeasurementLog(tmp_path, "f" * 64)
+    assert again.resumed == 1 and "b" not in again
+    again.put("b", [2])
+    third = MeasurementLog(tmp_path, "f" * 64)
+    assert third.get("a") == {"x": 1} and third.get("b") == [2]
+
+
+def test_log_of_another_fingerprint_is_not_read(tmp_path):
+    MeasurementLog(tmp_path, "a" * 64).put("k", 1)
+    assert "k" not in MeasurementLog(tmp_path, "b" * 64)
+
+
+# ---------------------------------------------------------------------------- schema
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "not found"),
+        ("{not json", "not valid JSON"),
+        ('{"a": 1}', "no schema_version"),
+        ("[1, 2]", "no schema_version"),
+        (json.dumps({"schema_version": SCHEMA_VERSION + 1}), "schema version"),
+        (json.dumps({"schema_version": SCHEMA_VERSION, "tool_version": "x"}), "not a valid profile"),
+    ],
+)
+def test_bad_profiles_are_refused_with_one_line(tmp_path, content, message):
+    path = tmp_path / "profile.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(SpecdecError, match=message) as e:
+        load_profile(path)
+    assert "\n" not in str(e.value)
+
+
+def test_bad_settings():
+    with pytest.raises(SpecdecError, match="buckets"):
+        ProfileSettings(batch_buckets=(4, 2)).validate()
+    with pytest.raises(SpecdecError, match="max-draft-len"):
+        ProfileSettings(max_draft_len=0).validate()
+    with pytest.raises(SpecdecError, match="check draft lengths"):
+        ProfileSettings(max_draft_len=3, check_draft_lens=(3,)).validate()
+    assert ProfileSettings(max_draft_len=15).checks == (3, 7)
+
+
+# ---------------------------------------------------------------------------- end to end on the demo target
+
+SMALL = dict(batch_buckets=(1, 2), ctx_buckets=(32,), max_draft_len=3, prompts_per_domain=1, new_tokens=8,
+             temperatures=(0.0,), budget_minutes=10.0)
+SMALL_CLI = ["--batch", "1,2", "--ctx", "32", "--max-draft-len", "3", "--prompts-per-domain", "1", "--new-tokens", "8",
+             "--temperatures", "0", "--quant", "none", "--drafter", "ngram", "--drafter", "suffix"]
+
+
+@pytest.mark.demo
+def test_profile_end_to_end_and_reuse(tmp_path):
+    settings = ProfileSettings(**SMALL, drafters=("ngram", "draft_model:layers=1"), quant_formats=("fp8",), out_dir=tmp_path)
+    first = Profiler(settings).run()
+    loaded = load_profile(tmp_path / "profile.json")
+    assert loaded == first
+    # every batch x 1+D x ctx point is present, measured or interpolated, with its source
+    assert {(p.batch, p.tokens) for p in first.verify} == {(b, t) for b in (1, 2) for t in (1, 2, 3, 4)}
+    assert all(p.source in ("measured", "interpolated") and p.median_ms > 0 for p in first.verify)
+    assert {(p.mechanism, p.batch, p.draft_len) for p in first.draft} == {(m, b, d) for m in ("ngram", "draft_model") for b in (1, 2) for d in (1, 2, 3)}
+    # the serial drafter's cost grows with D; a lookup's barely does
+    dm = {p.draft_len: p.median_ms for p in first.draft if p.mechanism == "draft_model" and p.batch == 1}
+    assert dm[3] > 2 * dm[1]
+    # acceptance per mechanism x domain, derived AL for every D, checks at smaller D, emulated FP8
+    domains = set(first.workload.domains)
+    greedy = {(a.mechanism, a.domain) for a in first.acceptance if a.quant == "none"}
+    assert greedy == {(m, d) for m in ("ngram", "draft_model") for d in domains | {"all"}}
+    ngram_all = next(a for a in first.acceptance if a.mechanism == "ngram" and a.domain == "all")
+    assert len(ngram_all.tokens_per_forward) == 4 and ngram_all.tokens_per_forward[0] == 1.0
+    assert [c.draft_len for c in ngram_all.checks] == [1]
+    assert any(a.quant == "fp8" and a.quant_source == "emulated" for a in first.acceptance)
+    assert {p.kind for p in first.micro} == {"attention", "linear"}
+    assert {p.mechanism for p in first.host} == {"plain", "ngram", "draft_model"}
+
+    # a second run with the same fingerprint reuses the file: nothing measured again
+    log_lines = sum(1 for _ in next(tmp_path.glob("measurements-*.jsonl")).open())
+    again = Profiler(settings).run()
+    assert again.created_at == first.created_at
+    assert sum(1 for _ in next(tmp_path.glob("measurements-*.jsonl")).open()) == log_lines
+    # other settings, other fingerprint
+    assert Profiler(ProfileSettings(**{**SMALL, "new_tokens": 9}, drafters=("ngram",), out_dir=tmp_path)).fingerprint != first.fingerprint
+
+
+def _cli(out: Path) -> list[str]:
+    return [sys.executable, "-m", "specdec_tune.autotune.cli", "profile", "--out", str(out), *SMALL_CLI]
+
+
+@pytest.mark.demo
+def test_profile_resumes_after_sigkill(tmp_path):
+    killed, clean = tmp_path / "killed", tmp_path / "clean"
+    proc = subprocess.Popen(_cli(killed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    log_lines: list[str] = []
+    while time.monotonic() < deadline and proc.poll() is None:
+        logs = list(killed.glob("measurements-*.jsonl"))
+        if logs:
+            log_lines = [line for line in logs[0].read_text().splitlines() if line.endswith("}")]
+            if len(log_lines) >= 3:
+                break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "profile.json").exists()
+    before = {json.loads(line)["key"]: json.loads(line)["value"] for line in log_lines}
+
+    subprocess.run(_cli(killed), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(_cli(clean), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    resumed = load_profile(killed / "profile.json")
+    after = {}
+    for line in next(killed.glob("measurements-*.jsonl")).read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        after.setdefault(entry["key"], entry["value"])  # first value logged for each key
+    # nothing measured before the kill was measured again or lost
+    assert all(after[k] == v for k, v in before.items())
+    assert len(after) == sum(1 for line in next(killed.glob("measurements-*.jsonl")).read_text().splitlines() if line.endswith("}"))
+    # acceptance (greedy, deterministic) is identical to an uninterrupted run
+    reference = load_profile(clean / "profile.json")
+    assert [a.model_dump() for a in resumed.acceptance] == [a.model_dump() for a in reference.acceptance]
+    assert resumed.fingerprint == reference.fingerprint
