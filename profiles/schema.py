@@ -22,12 +22,7 @@ class Record(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class TimingPoint(Record):
-    """T_verif(B, 1+D, ctx): one target forward over `batch` rows x `tokens` new tokens on a KV cache of `ctx`."""
-
-    batch: int
-    tokens: int  # 1 + D
-    ctx: int
+class Timed(Record):
     median_ms: Optional[float]  # None when infeasible (out of memory)
     p10_ms: Optional[float] = None
     p90_ms: Optional[float] = None
@@ -35,7 +30,15 @@ class TimingPoint(Record):
     source: Source
 
 
-class DraftPoint(Record):
+class TimingPoint(Timed):
+    """T_verif(B, 1+D, ctx): one target forward over `batch` rows x `tokens` new tokens on a KV cache of `ctx`."""
+
+    batch: int
+    tokens: int  # 1 + D
+    ctx: int
+
+
+class DraftPoint(Timed):
     """T_draft(B, D): one propose() call as the mechanism runs it (serial steps, one pass, or lookups)."""
 
     mechanism: str
@@ -43,11 +46,6 @@ class DraftPoint(Record):
     batch: int
     draft_len: int
     ctx: int
-    median_ms: Optional[float]
-    p10_ms: Optional[float] = None
-    p90_ms: Optional[float] = None
-    repeats: int = 0
-    source: Source
 
 
 class HostPoint(Record):

@@ -43,6 +43,20 @@ def test_adaptive_sampling_stops_at_infeasible_points():
     assert filled[3] == (3.0, "interpolated")
 
 
+def test_a_point_slower_than_a_larger_one_is_measured_again():
+    from specdec_tune.profiles.profiler import _remeasure_outliers
+
+    timings = {1: {"median_ms": 10.0}, 2: {"median_ms": 30.0}, 4: {"median_ms": 12.0}, 8: {"median_ms": 20.0}}
+    again = []
+
+    def measure(x):
+        again.append(x)
+        timings[x] = {"median_ms": 11.0}
+
+    _remeasure_outliers(timings, measure)
+    assert again == [2] and timings[2]["median_ms"] == 11.0
+
+
 # ---------------------------------------------------------------------------- measurement log
 
 
@@ -178,3 +192,33 @@ def test_profile_resumes_after_sigkill(tmp_path):
     reference = load_profile(clean / "profile.json")
     assert [a.model_dump() for a in resumed.acceptance] == [a.model_dump() for a in reference.acceptance]
     assert resumed.fingerprint == reference.fingerprint
+
+
+def test_out_of_memory_is_recorded_as_infeasible():
+    """A forward that runs out of memory at 1+D >= 3 leaves those points infeasible instead of crashing."""
+    import torch
+
+    from specdec_tune.profiles.models.llama import CausalLM, ModelConfig, init_random
+
+    c = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=4,
+                    num_kv_heads=2, head_dim=8, rms_norm_eps=1e-6, rope_theta=1e4, max_position_embeddings=256, tie_word_embeddings=False)
+    model = init_random(CausalLM(c)).eval()
+
+    class Oom(torch.nn.Module):
+        config = model.config
+
+        def new_cache(self, *a):
+            return model.new_cache(*a)
+
+        def forward(self, tokens, cache, start, logits="all"):
+            if tokens.shape[1] >= 3 and logits != "none":
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            return model(tokens, cache, start, logits)
+
+    profiler = Profiler.__new__(Profiler)
+    profiler.model, profiler.device, profiler.s = Oom(), torch.device("cpu"), ProfileSettings(max_draft_len=7)
+    timings = profiler._verify_cell(B=2, ctx=16, t_max=8, seeds=[1, 2, 4, 8])
+    assert timings[1]["median_ms"] > 0 and timings[2]["median_ms"] > 0
+    assert all(timings[t] is None for t in timings if t >= 3)
+    filled = fill_curve({t: (v["median_ms"] if v else None) for t, v in timings.items()}, range(1, 9))
+    assert [s for _, _, s in filled] == ["measured", "measured"] + ["infeasible"] * 6
