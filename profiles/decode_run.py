@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import torch
 
@@ -108,7 +107,7 @@ def run(settings: DecodeSettings) -> dict:
 
 
 def summarize(counters: list[SpecCounters], prompts: int, tokens: int, seconds: float | None) -> dict:
-    c = functools.reduce(SpecCounters.merge, counters)
+    c = SpecCounters.total(counters)
     return {
         "prompts": prompts,
         "num_drafts": c.num_drafts,

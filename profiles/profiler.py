@@ -25,7 +25,7 @@ import torch
 
 from specdec_tune import SpecdecError, __version__
 from specdec_tune.profiles import micro
-from specdec_tune.profiles.calibration import load_calibration
+from specdec_tune.profiles.calibration import CalibrationSet, load_calibration
 from specdec_tune.profiles.drafters import Drafter, DraftRequest, create
 from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint, resolve_device
 from specdec_tune.profiles.models.loading import LoadedModel, load_model
@@ -398,8 +398,8 @@ class Profiler:
                 for D in s.checks:
                     if not budget.allows(f"AL check {name} D={D}"):
                         continue
-                    direct = _merge(self._run_counters(drafter, D, 0.0, log, f"check/{name}/{D}")).tokens_per_target_forward
-                    derived = _merge(per_prompt).derived_at(D)[0]
+                    direct = SpecCounters.total(self._run_counters(drafter, D, 0.0, log, f"check/{name}/{D}")).tokens_per_target_forward
+                    derived = SpecCounters.total(per_prompt).derived_at(D)[0]
                     rel = (derived - direct) / direct
                     checks.append({"draft_len": D, "derived": derived, "direct": direct, "rel_diff": rel, "flagged": abs(rel) > FLAG_REL_DIFF})
             source = "measured" if fmt == "none" else "emulated"
@@ -412,7 +412,7 @@ class Profiler:
         return records
 
     def _acceptance_record(self, name, fmt, source, domain, temp, counters: list[SpecCounters], checks) -> dict:
-        c = _merge(counters)
+        c = SpecCounters.total(counters)
         derived = [c.derived_at(D) for D in range(self.s.max_draft_len + 1)]
         return {
             "mechanism": name, "quant": fmt, "quant_source": source, "domain": domain, "temperature": temp,
@@ -464,17 +464,8 @@ class Profiler:
         return [{k: v for k, v in p.items() if k not in ("tokens", "gflop", "achieved_gflops")} for p in points]
 
 
-def _merge(counters: list[SpecCounters]) -> SpecCounters:
-    total = counters[0]
-    for c in counters[1:]:
-        total = total.merge(c)
-    return total
-
-
-def _per_domain(cal, n: int):
+def _per_domain(cal: CalibrationSet, n: int) -> CalibrationSet:
     """The first n prompts of each domain (in the set's order)."""
-    from specdec_tune.profiles.calibration import CalibrationSet
-
     picked, counts = [], {}
     for p in cal.prompts:
         if counts.get(p.domain, 0) < n:

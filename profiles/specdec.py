@@ -71,6 +71,11 @@ class SpecCounters:
         for i in range(min(num_accepted + 1, draft_len)):
             self.num_reached_per_pos[i] += 1
 
+    @staticmethod
+    def total(counters: Sequence[SpecCounters]) -> SpecCounters:
+        """Several runs' counters added."""
+        return functools.reduce(SpecCounters.merge, counters)
+
     def merge(self, other: SpecCounters) -> SpecCounters:
         n = max(self.max_draft_len, other.max_draft_len)
 
@@ -143,7 +148,7 @@ class GenerationResult:
     @property
     def counters(self) -> SpecCounters:
         """All prompts' counters added."""
-        return functools.reduce(SpecCounters.merge, self.per_prompt)
+        return SpecCounters.total(self.per_prompt)
 
 
 # ---------------------------------------------------------------------------- verification
