@@ -1,0 +1,70 @@
+"""The cost model on a recorded demo profile (replay: no model is loaded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specdec_tune import SpecdecError
+from specdec_tune.autotune.cost_model import CostModel
+from specdec_tune.profiles.schema import load_profile
+
+PROFILE = Path(__file__).parent / "data" / "demo_profile.json"
+
+
+@pytest.fixture(scope="module")
+def model() -> CostModel:
+    return CostModel(load_profile(PROFILE))
+
+
+def test_formula_by_hand(model):
+    p = model.profile
+    verify = next(v.median_ms for v in p.verify if v.batch == 4 and v.tokens == 4 and v.ctx == 128)
+    draft = next(d.median_ms for d in p.draft if d.mechanism == "ngram" and d.batch == 4 and d.draft_len == 3)
+    host = next(h.host_ms_per_round for h in p.host if h.mechanism == "ngram" and h.batch == 4)
+    tpf = next(a.tokens_per_forward[3] for a in p.acceptance if a.mechanism == "ngram" and a.domain == "all" and a.temperature == 0 and a.quant == "none")
+    base = 4 / (next(v.median_ms for v in p.verify if v.batch == 4 and v.tokens == 1 and v.ctx == 128)
+                + next(h.host_ms_per_round for h in p.host if h.mechanism == "plain" and h.batch == 4))
+    pred = model.predict(4, 3, "ngram")
+    assert pred.tokens_per_s.value == pytest.approx(1e3 * 4 * tpf / (verify + draft + host))
+    assert pred.speedup.value == pytest.approx(4 * tpf / (verify + draft + host) / base)
+    assert pred.per_user_tokens_per_s.value == pytest.approx(pred.tokens_per_s.value / 4)
+
+
+def test_no_speculation_is_the_baseline(model):
+    for B in (1, 8):
+        pred = model.predict(B, 0, "suffix")
+        assert pred.mechanism == "none" and pred.speedup.value == pytest.approx(1.0)
+
+
+def test_sources_follow_the_inputs(model):
+    assert model.verify_ms(4, 1).source == "measured"
+    assert model.verify_ms(3, 1).source == "interpolated"  # between the 2 and 4 buckets
+    assert model.verify_ms(64, 1).source == "modeled"  # beyond the largest bucket
+    assert model.tokens_per_forward("ngram", "none", 15).source == "measured"  # D_max was run
+    assert model.tokens_per_forward("ngram", "none", 3).source == "measured"  # checked directly
+    assert model.tokens_per_forward("ngram", "none", 5).source == "modeled"  # derived from the D_max rounds
+    assert model.draft_ms("draft_model", "fp8", 1, 3).source == "modeled"  # FP8 not run on this CPU
+    assert model.tokens_per_forward("draft_model", "fp8", 15).source == "interpolated"  # emulated weights
+    assert model.predict(3, 2, "ngram").speedup.source in ("interpolated", "modeled")
+
+
+def test_the_optimum_is_a_schedule_not_one_draft_length(model):
+    """On this CPU profile: speculate at batch 1, less as the batch grows, not at all at 16."""
+    best = {B: model.best(B) for B in model.profile.workload.batch_buckets}
+    assert best[1].draft_len >= 1 and best[1].speedup.value > 1.05
+    assert best[16].draft_len == 0
+    assert best[1].draft_len >= best[4].draft_len >= best[16].draft_len
+    assert len({b.draft_len for b in best.values()}) > 1
+
+
+def test_unknown_inputs_are_refused(model):
+    with pytest.raises(SpecdecError, match="no acceptance"):
+        model.tokens_per_forward("eagle3", "none", 3)
+    with pytest.raises(SpecdecError, match="beyond the profiled"):
+        model.verify_ms(1, 40)
+    with pytest.raises(SpecdecError, match="not a profiled bucket"):
+        CostModel(model.profile, ctx=999)
+    with pytest.raises(SpecdecError, match="no acceptance for domain"):
+        CostModel(model.profile, temperature=0.3)
