@@ -170,6 +170,18 @@ def _is_oom(e: BaseException) -> bool:
     return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
 
 
+def _time_unless_oom(fn, device: torch.device, warmup: int = 2) -> dict | None:
+    """time_call's figures, or None when the call runs out of memory (recorded as infeasible)."""
+    try:
+        return time_call(fn, device=device, warmup=warmup, repeats=5).as_dict()
+    except (torch.OutOfMemoryError, RuntimeError) as e:
+        if not _is_oom(e):
+            raise
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return None
+
+
 class Profiler:
     def __init__(self, settings: ProfileSettings, progress=None) -> None:
         settings.validate()
@@ -297,15 +309,8 @@ class Profiler:
 
         def measure(t: int) -> float | None:
             tokens = torch.randint(0, m.config.vocab_size, (B, t), generator=g).to(dev)
-            try:
-                timing = time_call(lambda: m(tokens, cache, start), device=dev, warmup=2, repeats=5)
-            except (torch.OutOfMemoryError, RuntimeError) as e:
-                if not _is_oom(e):
-                    raise
-                timings[t] = None
-                return None
-            timings[t] = timing.as_dict()
-            return timing.median_ms
+            timings[t] = _time_unless_oom(lambda: m(tokens, cache, start), dev)
+            return timings[t]["median_ms"] if timings[t] else None
 
         adaptive_sample(measure, 1, t_max, self.s.interp_tolerance, seeds)
         _remeasure_outliers(timings, measure)
@@ -352,15 +357,8 @@ class Profiler:
                     r.append(int(torch.randint(0, 1000, (1,), generator=g)))
                 drafter.propose(DraftRequest(rows, [D] * B, 0.0))
 
-            try:
-                timing = time_call(step, device=self.device, warmup=1, repeats=5)
-            except (torch.OutOfMemoryError, RuntimeError) as e:
-                if not _is_oom(e):
-                    raise
-                timings[D] = None
-                return None
-            timings[D] = timing.as_dict()
-            return timing.median_ms
+            timings[D] = _time_unless_oom(step, self.device, warmup=1)
+            return timings[D]["median_ms"] if timings[D] else None
 
         adaptive_sample(measure, 1, self.s.max_draft_len, self.s.interp_tolerance, [1, 2, 4, 8])
         return timings

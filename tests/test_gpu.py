@@ -1,0 +1,46 @@
+"""GPU paths: CUDA-event timing, the forward on CUDA against CPU, a small profile on CUDA. Skipped without CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec_tune.profiles.models.llama import CausalLM, ModelConfig, init_random
+from specdec_tune.profiles.timing import time_call
+
+pytestmark = pytest.mark.gpu
+
+
+def tiny() -> CausalLM:
+    c = ModelConfig(model_type="llama", vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                    num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=1e4, max_position_embeddings=512, tie_word_embeddings=False)
+    return init_random(CausalLM(c)).eval()
+
+
+def test_cuda_event_timing():
+    dev = torch.device("cuda")
+    x = torch.randn(2048, 2048, device=dev)
+    t = time_call(lambda: x @ x, device=dev, repeats=5)
+    assert t.median_ms > 0 and t.p10_ms <= t.median_ms <= t.p90_ms
+
+
+def test_forward_on_cuda_matches_cpu():
+    cpu_model = tiny()
+    gpu_model = tiny().cuda()
+    tokens = torch.randint(0, 128, (3, 9))
+    start = torch.zeros(3, dtype=torch.long)
+    with torch.inference_mode():
+        ref = cpu_model(tokens, cpu_model.new_cache(3, 32), start)
+        out = gpu_model(tokens.cuda(), gpu_model.new_cache(3, 32), start.cuda()).cpu()
+    assert torch.allclose(out, ref, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.demo
+def test_small_profile_on_cuda(tmp_path):
+    from specdec_tune.profiles.profiler import ProfileSettings, Profiler
+
+    settings = ProfileSettings(device="cuda", batch_buckets=(1, 4), ctx_buckets=(64,), max_draft_len=3, prompts_per_domain=1,
+                               new_tokens=8, temperatures=(0.0,), drafters=("ngram",), quant_formats=(), out_dir=tmp_path)
+    profile = Profiler(settings).run()
+    assert profile.device["kind"] == "cuda" and profile.device["capability"]
+    assert all(p.median_ms and p.median_ms > 0 for p in profile.verify if p.source == "measured")
