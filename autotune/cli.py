@@ -207,10 +207,41 @@ def _print_profile_summary(result, path: Path) -> None:
     console.print(f"wrote {path}", markup=False)
 
 
-@app.command(epilog="Example:\n\n  specdec-tune search --profile artifacts/profile.json")
-def search() -> None:
-    """Choose mechanism, draft length per batch bucket, quantization and tile policy; writes plan.json."""
-    _not_yet("search")
+@app.command(epilog="Examples:\n\n  specdec-tune search\n\n"
+             "  specdec-tune search --profile artifacts/profile/profile.json --min-user-tps 30 --trials 500\n\n"
+             "  specdec-tune search --storage sqlite:////shared/study.db   # several workers, one study")
+def search(
+    profile: Annotated[Path, typer.Option("--profile", "-p", help="profile.json written by `specdec-tune profile`.")] = Path("artifacts/profile/profile.json"),
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for plan.json (and the default SQLite study).")] = Path("artifacts"),
+    trials: Annotated[int, typer.Option(help="Optuna trials (the study is filled up to this count; reruns add only what is missing).")] = 300,
+    seed: Annotated[int, typer.Option(help="Sampler seed: the same profile and seed give the same plan.")] = 0,
+    min_user_tps: Annotated[float, typer.Option("--min-user-tps", help="Per-user rate floor (tokens/s) in every batch bucket.")] = 0.0,
+    mechanism: Annotated[list[str], typer.Option("--mechanism", "-m", help="Only these mechanisms (repeatable); default: all profiled.")] = [],  # noqa: B006
+    storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL (sqlite:///..., postgresql://..., or a JournalStorage file via journal:PATH).")] = None,
+) -> None:
+    """Choose the mechanism and draft length per batch bucket from a profile; writes OUT/plan.json."""
+    from specdec_tune.autotune.search import SearchSettings, search as run_search
+    from specdec_tune.profiles.records import sha256_file
+    from specdec_tune.profiles.schema import load_profile
+
+    if trials < 1:
+        raise SpecdecError(f"--trials {trials} must be at least 1", "pass --trials 100 or more")
+    loaded = load_profile(profile)
+    settings = SearchSettings(trials=trials, seed=seed, min_user_tokens_per_s=min_user_tps, mechanisms=tuple(mechanism),
+                              storage=storage, out_dir=out)
+    plan = run_search(loaded, sha256_file(profile), settings)
+    table = Table(title=f"plan: {plan['mechanism']} (weights {plan['quant']}), max D {plan['max_draft_len']}")
+    for col in ("batch", "D", "speedup", "tok/s", "tok/s/user", "source", "next best D (loss)"):
+        table.add_column(col, justify="right")
+    for b in plan["buckets"]:
+        pred = b["predicted"]
+        table.add_row(str(b["batch"]), str(b["draft_len"]), f"{pred['speedup']['value']:.2f}x", f"{pred['tokens_per_s']['value']:.0f}",
+                      f"{pred['per_user_tokens_per_s']['value']:.1f}", pred["speedup"]["source"],
+                      f"{b['rationale']['next_best']['draft_len']} ({b['rationale']['next_best']['loss_pct']:.1f}%)")
+    console.print(table)
+    st = plan["study"]
+    console.print(f"study: {st['trials']} trials of a {st['space_size']}-point space; {st['gap_pct']:.2f}% below the exhaustive optimum", markup=False)
+    console.print(f"wrote {out / 'plan.json'}", markup=False)
 
 
 @app.command(epilog="Example:\n\n  specdec-tune export --plan artifacts/plan.json --out artifacts/bundle")
