@@ -213,24 +213,26 @@ def _print_profile_summary(result, path: Path) -> None:
 def search(
     profile: Annotated[Path, typer.Option("--profile", "-p", help="profile.json written by `specdec-tune profile`.")] = Path("artifacts/profile/profile.json"),
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for plan.json (and the default SQLite study).")] = Path("artifacts"),
-    trials: Annotated[int, typer.Option(help="Optuna trials (the study is filled up to this count; reruns add only what is missing).")] = 300,
+    trials: Annotated[int, typer.Option(help="Optuna trials, 0 = 100 per batch bucket, at least 300 (the study is filled up to this count; reruns add only what is missing).")] = 0,
     seed: Annotated[int, typer.Option(help="Sampler seed: the same profile and seed give the same plan.")] = 0,
     min_user_tps: Annotated[float, typer.Option("--min-user-tps", help="Per-user rate floor (tokens/s) in every batch bucket.")] = 0.0,
     mechanism: Annotated[list[str], typer.Option("--mechanism", "-m", help="Only these mechanisms (repeatable); default: all profiled.")] = [],  # noqa: B006
     storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL (sqlite:///..., postgresql://..., or a JournalStorage file via journal:PATH).")] = None,
+    device: Annotated[Optional[str], typer.Option(help="Plan for this device from the hardware table (a100, h100, h200, b200, l40s, mi300x): times are modeled.")] = None,
 ) -> None:
     """Choose the mechanism and draft length per batch bucket from a profile; writes OUT/plan.json."""
     from specdec_tune.autotune.search import SearchSettings, search as run_search
     from specdec_tune.profiles.records import sha256_file
     from specdec_tune.profiles.schema import load_profile
 
-    if trials < 1:
-        raise SpecdecError(f"--trials {trials} must be at least 1", "pass --trials 100 or more")
+    if trials < 0:
+        raise SpecdecError(f"--trials {trials} must not be negative", "pass --trials 0 for the default, or a count")
     loaded = load_profile(profile)
     settings = SearchSettings(trials=trials, seed=seed, min_user_tokens_per_s=min_user_tps, mechanisms=tuple(mechanism),
-                              storage=storage, out_dir=out)
+                              storage=storage, out_dir=out, device=device)
     plan = run_search(loaded, sha256_file(profile), settings)
-    table = Table(title=f"plan: {plan['mechanism']} (weights {plan['quant']}), max D {plan['max_draft_len']}")
+    where = f"{plan['device']['name']} ({plan['device']['times']})"
+    table = Table(title=f"plan for {where}: {plan['mechanism']} (weights {plan['quant']}), max D {plan['max_draft_len']}")
     for col in ("batch", "D", "speedup", "tok/s", "tok/s/user", "source", "next best D (loss)"):
         table.add_column(col, justify="right")
     for b in plan["buckets"]:

@@ -8,7 +8,8 @@ subject to a per-user rate floor in every bucket. Engine constraints are part of
   - vLLM's ranges start at batch 1 and each K is capped at `num_speculative_tokens` (the maximum):
     any schedule satisfies that once the smallest bucket is 1.
 Optuna's TPE sampler searches the space (SQLite under the run's folder by default; any Optuna storage
-URL lets several workers fill one study). `exhaustive` finds the exact optimum by decomposition
+URL lets several workers fill one study); its best schedule is then polished bucket by bucket with the
+drafter and the schedule's maximum held. `exhaustive` finds the exact optimum by decomposition
 (buckets are independent once mechanism, format and the schedule's maximum are fixed): it is how the
 study is checked, and the plan records the gap.
 """
@@ -30,7 +31,7 @@ SLO_PENALTY = 10.0  # objective units lost per unit of relative per-user-rate sh
 
 @dataclasses.dataclass(frozen=True)
 class SearchSettings:
-    trials: int = 300
+    trials: int = 0  # 0 = 100 per batch bucket, at least 300
     seed: int = 0
     min_user_tokens_per_s: float = 0.0  # per-user rate floor in every bucket
     mechanisms: tuple[str, ...] = ()  # () = every profiled mechanism
@@ -38,6 +39,7 @@ class SearchSettings:
     storage: str | None = None  # Optuna storage URL; None = sqlite under out_dir
     study_name: str = ""  # "" = named after the profile and these settings
     out_dir: Path = Path("artifacts")
+    device: str | None = None  # plan for this hardware-table device instead of the profiled one (times modeled)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +70,9 @@ class Space:
                              for m, q in self.pairs for D in range(cost.max_draft_len + 1)) < floor:
                 raise SpecdecError(f"no setting reaches {floor:g} tokens/s per user at batch {B}",
                                    "lower --min-user-tps or drop that batch bucket")
+
+    def trials(self) -> int:
+        return self.s.trials or max(300, 100 * len(self.buckets))
 
     def size(self) -> int:
         return len(self.pairs) * (self.cost.max_draft_len + 1) ** (len(self.buckets) - 1)  # D at the smallest bucket is fixed by the rest
@@ -125,9 +130,12 @@ def run_study(space: Space, storage: str, settings: SearchSettings, n_trials: in
     study = optuna.create_study(study_name=settings.study_name, storage=open_storage(storage), direction="maximize",
                                 sampler=sampler, load_if_exists=True)
     done = sum(1 for t in study.trials if t.state.is_finished())
-    if n_trials is None:  # fill the study up to settings.trials: a rerun or a resumed run adds only what is missing
-        n_trials = max(0, settings.trials - done)
     labels = [f"{m}/{q}" for m, q in space.pairs]
+    if done == 0:  # start from "no speculation" for every drafter: the plan never loses to plain decoding
+        for label in labels:
+            study.enqueue_trial({"drafter": label, **{f"D_at_batch_{B}": 0 for B in space.buckets}})
+    if n_trials is None:  # fill the study up to its trial count: a rerun or a resumed run adds only what is missing
+        n_trials = max(0, space.trials() - done)
     D_max = space.cost.max_draft_len
 
     def objective(trial) -> float:
@@ -145,6 +153,13 @@ def best_of(study, space: Space) -> Candidate:
     t = study.best_trial
     m, q = t.params["drafter"].split("/")
     return Candidate(m, q, tuple(t.user_attrs["schedule"]))
+
+
+def polish(space: Space, c: Candidate) -> Candidate:
+    """Best D per bucket with the drafter and the schedule's maximum held: no bucket alone can do better."""
+    top = c.schedule[0]
+    rest = [max(range(top + 1), key=lambda D, B=B: (space.bucket_score(B, D, c.mechanism, c.quant), -D)) for B in space.buckets[1:]]
+    return Candidate(c.mechanism, c.quant, (top, *rest))
 
 
 def _rationale(space: Space, c: Candidate, B: int, D: int) -> dict:
@@ -168,7 +183,7 @@ def _rationale(space: Space, c: Candidate, B: int, D: int) -> dict:
 
 
 def build_plan(profile: Profile, profile_hash: str, space: Space, c: Candidate, *, study, exhaustive_value: float, storage: str,
-               settings: SearchSettings) -> dict:
+               settings: SearchSettings, sampled_value: float) -> dict:
     value = space.score(c)
     buckets = []
     for B, D in zip(space.buckets, c.schedule):
@@ -186,11 +201,14 @@ def build_plan(profile: Profile, profile_hash: str, space: Space, c: Candidate, 
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "profile": {"fingerprint": profile.fingerprint, "sha256": profile_hash, "device": profile.device.get("name"),
                     "target": profile.target},
+        "device": {"name": profile.device.get("name"), "projected_from": profile.device.get("projected_from"),
+                   "times": "modeled (hardware table)" if profile.device.get("projected_from") else "measured"},
+        "notes": list(profile.notes),
         "objective": {"kind": "mean speedup over buckets", "min_user_tokens_per_s": settings.min_user_tokens_per_s},
         "mechanism": c.mechanism, "quant": c.quant, "max_draft_len": max(c.schedule),
         "buckets": buckets,
         "study": {"storage": storage, "name": settings.study_name, "trials": len(study.trials), "space_size": space.size(),
-                  "best_value": value, "exhaustive_value": exhaustive_value,
+                  "best_sampled_value": sampled_value, "best_value": value, "exhaustive_value": exhaustive_value,
                   "gap_pct": 100 * (exhaustive_value - value) / exhaustive_value if exhaustive_value else 0.0, "seed": settings.seed},
         "settings_hash": sha256_json(dataclasses.asdict(settings) | {"out_dir": None, "storage": None}),
     }
@@ -200,12 +218,21 @@ def search(profile: Profile, profile_hash: str, settings: SearchSettings) -> dic
     if not settings.study_name:
         key = sha256_json([profile.fingerprint, dataclasses.asdict(settings) | {"out_dir": None, "storage": None, "trials": None}])
         settings = dataclasses.replace(settings, study_name=f"specdec-tune-{key[:12]}")
+    if settings.device:
+        from specdec_tune.autotune.hardware import get_device_spec
+        from specdec_tune.autotune.projection import project
+
+        spec = get_device_spec(settings.device)
+        profile = project(profile, spec)
+        settings = dataclasses.replace(settings, quant_formats=tuple(f for f in ("none", "fp8", "nvfp4") if f in spec.formats))
     space = Space(CostModel(profile), settings)
     storage = settings.storage or f"sqlite:///{(settings.out_dir / 'study.db').resolve()}"
     settings.out_dir.mkdir(parents=True, exist_ok=True)
     study = run_study(space, storage, settings)
     exact, exact_value = space.exhaustive()
-    chosen = best_of(study, space)
-    plan = build_plan(profile, profile_hash, space, chosen, study=study, exhaustive_value=exact_value, storage=storage, settings=settings)
+    sampled = best_of(study, space)
+    chosen = polish(space, sampled)
+    plan = build_plan(profile, profile_hash, space, chosen, study=study, exhaustive_value=exact_value, storage=storage, settings=settings,
+                      sampled_value=space.score(sampled))
     write_json(settings.out_dir / "plan.json", plan)
     return plan

@@ -1,0 +1,100 @@
+"""Planning for a device you do not have: project a measured profile onto a hardware-table entry.
+
+Acceptance does not depend on the device and is kept as measured. Every time is replaced by a
+roofline model of the same step on the other device, and labelled `modeled`:
+
+    T_step(B, T, ctx) = max(FLOPs / peak_bf16, bytes / bandwidth) + kernels x launch_s
+    FLOPs  = 2 * params_read * B*T  +  layers * 4 * B*T * ctx * H*hd       (GEMMs + attention)
+    bytes  = 2 * params_read  +  layers * B * (ctx+T) * 2 * H_kv*hd * 2    (bf16 weights + KV cache)
+
+The model's shapes come from the profile's linear micro-curve (the target's real layer shapes).
+A serial draft model costs D single-token steps of its own layers; lookups stay at their measured
+host time (they run on the host CPU) but are labelled modeled, as is the host overhead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from specdec_tune import SpecdecError
+from specdec_tune.autotune.hardware import DeviceSpec, roofline_ms
+from specdec_tune.profiles.schema import Profile
+
+LAUNCH_S = 4e-6  # per kernel under CUDA-graph replay (an assumption, not a datasheet figure)
+KERNELS_PER_LAYER = 10  # norms, fused qkv, rope, cache write, attention, o, norm, gate_up, act, down
+GPU_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+    layers: int
+    layer_params: int  # per decoder layer, linear weights only
+    head_params: int
+    q_width: int  # H * hd
+    kv_width: int  # H_kv * hd
+
+
+def shapes_from_profile(profile: Profile) -> Shapes:
+    linear = {p.layer: (p.in_features, p.out_features) for p in profile.micro if p.kind == "linear"}
+    if not {"qkv", "o", "gate_up", "down", "lm_head"} <= set(linear):
+        raise SpecdecError("the profile has no layer shapes (linear micro-curve)",
+                           "re-run `specdec-tune profile` without skipping its micro phase")
+    q_width = linear["o"][0]
+    return Shapes(
+        layers=int(profile.target["num_layers"]),
+        layer_params=sum(i * o for name, (i, o) in linear.items() if name != "lm_head"),
+        head_params=linear["lm_head"][0] * linear["lm_head"][1],
+        q_width=q_width, kv_width=(linear["qkv"][1] - q_width) // 2,
+    )
+
+
+WEIGHT_BYTES = {"none": 2.0, "fp8": 1.0 + 4 / 4096, "nvfp4": 0.5 + 1 / 16}  # bf16; e4m3 + row scales; e2m1 + block scales
+GEMM_DTYPE = {"none": "bf16", "fp8": "fp8", "nvfp4": "nvfp4"}
+
+
+def step_ms(spec: DeviceSpec, s: Shapes, layers: int, batch: int, tokens: int, ctx: int, quant: str = "none") -> float:
+    rows = batch * tokens
+    params = layers * s.layer_params + s.head_params
+    flops = 2 * params * rows + layers * 4 * rows * ctx * s.q_width
+    kv_bytes = layers * batch * (ctx + tokens) * 2 * s.kv_width * 2
+    launches = layers * KERNELS_PER_LAYER + 4
+    return roofline_ms(spec, flops, WEIGHT_BYTES[quant] * params + kv_bytes, GEMM_DTYPE[quant]) + 1e3 * launches * LAUNCH_S
+
+
+def project(profile: Profile, spec: DeviceSpec) -> Profile:
+    """The profile as the device `spec` would have measured it, per the model above (times: modeled)."""
+    s = shapes_from_profile(profile)
+    w = profile.workload
+    buckets = GPU_BATCH_BUCKETS if spec.capability is not None or spec.gfx else tuple(w.batch_buckets)
+    verify = [{"batch": B, "tokens": t, "ctx": ctx, "median_ms": step_ms(spec, s, s.layers, B, t, ctx), "source": "modeled"}
+              for ctx in w.ctx_buckets for B in buckets for t in range(1, w.max_draft_len + 2)]
+    drafters = {d.name: d for d in profile.drafters}
+    draft = []
+    for p in profile.draft:
+        if p.batch != w.batch_buckets[0] or p.quant != "none":
+            continue
+        info = drafters[p.mechanism]
+        layers = (info.model or {}).get("layers")
+        for quant in [q for q in info.quant_formats if q in spec.formats] if layers else ["none"]:
+            for b in buckets:
+                if layers:  # serial model steps on the device: one catch-up + D-1 drafting steps
+                    ms = p.draft_len * step_ms(spec, s, layers, b, 1, p.ctx, quant)
+                else:  # host-side lookups: linear in the rows, from the measured per-row time
+                    ms = (p.median_ms or 0.0) * b / p.batch
+                draft.append({"mechanism": p.mechanism, "quant": quant, "batch": b, "draft_len": p.draft_len, "ctx": p.ctx,
+                              "median_ms": ms, "source": "modeled"})
+    host_by_mech: dict[str, list] = {}
+    for h in profile.host:
+        host_by_mech.setdefault(h.mechanism, []).append(h)
+    host = []
+    for mech, points in host_by_mech.items():
+        per_row = max(h.host_ms_per_round / h.batch for h in points)  # bookkeeping scales with rows
+        for b in buckets:
+            host.append({"mechanism": mech, "batch": b, "draft_len": points[0].draft_len, "host_ms_per_round": per_row * b,
+                         "round_ms": 0.0, "rounds": 0, "source": "modeled"})
+    data = profile.model_dump(mode="json")
+    data.update(verify=verify, draft=draft, host=host, device={**spec.as_record(), "projected_from": profile.device.get("name")},
+                workload={**data["workload"], "batch_buckets": list(buckets)},
+                notes=[*profile.notes, f"projected onto {spec.name}: every time is modeled from the hardware table (acceptance measured on {profile.device.get('name')})"],
+                timing_shapes=f"{profile.timing_shapes}; times projected by a roofline model")
+    return Profile.model_validate(data)
