@@ -201,7 +201,7 @@ def _print_profile_summary(result, path: Path) -> None:
     console.print(bounds)
     console.print("speedup bound = tokens per forward x T_verif(B,1) / T_verif(B,1+D): draft and host time left out")
     for B, share in facts["gemm_share"].items():
-        console.print(f"B={B}: the target's linear layers (micro-curve) are {share:.0%} of the measured one-token verify step")
+        console.print(f"B={B}: the target's linear layers (measured micro-curve) are {share:.0%} of the measured one-token verify step")
     for note in result.notes:
         console.print(f"note: {note}", markup=False)
     console.print(f"wrote {path}", markup=False)

@@ -25,6 +25,9 @@ class MeasurementLog:
                 except (ValueError, KeyError, TypeError):
                     continue  # a torn line from a killed run
         self.resumed = len(self._done)
+        if self.path.exists() and self.path.stat().st_size and not self.path.read_bytes().endswith(b"\n"):
+            with open(self.path, "a") as f:  # a kill left a torn last line: later records start on a fresh one
+                f.write("\n")
 
     def __contains__(self, key: str) -> bool:
         return key in self._done
@@ -35,9 +38,6 @@ class MeasurementLog:
     def put(self, key: str, value) -> None:
         line = json.dumps({"key": key, "value": value}, sort_keys=True)
         with open(self.path, "a") as f:
-            # A kill can leave a torn last line; start on a fresh line so this record parses.
-            if f.tell() > 0 and not self.path.read_bytes().endswith(b"\n"):
-                f.write("\n")
             f.write(line + "\n")
             f.flush()
             os.fsync(f.fileno())

@@ -291,11 +291,6 @@ class CausalLM(nn.Module):
         return self.lm_head(x).float()
 
 
-def weights_numel(model: nn.Module) -> int:
-    """Parameters counted once (tied embeddings are one tensor)."""
-    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-
-
 def init_random(model: CausalLM, seed: int = 0) -> CausalLM:
     """Random weights at the scale a trained model has (for timing and unit tests, not quality)."""
     g = torch.Generator().manual_seed(seed)
