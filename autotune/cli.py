@@ -209,14 +209,21 @@ def _print_profile_summary(result, path: Path) -> None:
 
 @app.command(epilog="Examples:\n\n  specdec-tune search\n\n"
              "  specdec-tune search --profile artifacts/profile/profile.json --min-user-tps 30 --trials 500\n\n"
-             "  specdec-tune search --storage sqlite:////shared/study.db   # several workers, one study")
+             "  specdec-tune search --objective throughput --min-user-tps 40   # most tokens/s per GPU at 40 tok/s per user\n\n"
+             "  specdec-tune search --objective pareto                          # the throughput / per-user front (NSGA-II)\n\n"
+             "  specdec-tune search --device h200                               # plan for a GPU you do not have (modeled)\n\n"
+             "  specdec-tune search --storage journal:/shared/study.journal     # several workers, one study")
 def search(
     profile: Annotated[Path, typer.Option("--profile", "-p", help="profile.json written by `specdec-tune profile`.")] = Path("artifacts/profile/profile.json"),
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for plan.json (and the default SQLite study).")] = Path("artifacts"),
-    trials: Annotated[int, typer.Option(help="Optuna trials, 0 = 100 per batch bucket, at least 300 (the study is filled up to this count; reruns add only what is missing).")] = 0,
+    objective: Annotated[str, typer.Option(help="speedup (mean over batch buckets), throughput (tokens/s per device at the chosen "
+                                                "max batch), per-user (per-user tokens/s at it), or pareto (both, NSGA-II).")] = "speedup",
+    trials: Annotated[int, typer.Option(help="Optuna trials; 0 = the objective's default (the study is filled up to this count; reruns add only what is missing).")] = 0,
     seed: Annotated[int, typer.Option(help="Sampler seed: the same profile and seed give the same plan.")] = 0,
-    min_user_tps: Annotated[float, typer.Option("--min-user-tps", help="Per-user rate floor (tokens/s) in every batch bucket.")] = 0.0,
+    min_user_tps: Annotated[float, typer.Option("--min-user-tps", help="Per-user rate floor (tokens/s).")] = 0.0,
+    min_tps: Annotated[float, typer.Option("--min-tps", help="Tokens/s-per-device floor (per-user and pareto objectives).")] = 0.0,
     mechanism: Annotated[list[str], typer.Option("--mechanism", "-m", help="Only these mechanisms (repeatable); default: all profiled.")] = [],  # noqa: B006
+    tile_rows: Annotated[int, typer.Option("--tile-rows", help="Attention tile rows for the aligned tile policy; 0 = the device's.")] = 0,
     storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL (sqlite:///..., postgresql://..., or a JournalStorage file via journal:PATH).")] = None,
     device: Annotated[Optional[str], typer.Option(help="Plan for this device from the hardware table (a100, h100, h200, b200, l40s, mi300x): times are modeled.")] = None,
 ) -> None:
@@ -225,24 +232,35 @@ def search(
     from specdec_tune.profiles.records import sha256_file
     from specdec_tune.profiles.schema import load_profile
 
-    if trials < 0:
-        raise SpecdecError(f"--trials {trials} must not be negative", "pass --trials 0 for the default, or a count")
+    for name, value in (("--trials", trials), ("--min-user-tps", min_user_tps), ("--min-tps", min_tps), ("--tile-rows", tile_rows)):
+        if value < 0:
+            raise SpecdecError(f"{name} {value:g} must not be negative", f"pass {name} 0 for the default, or a positive value")
     loaded = load_profile(profile)
-    settings = SearchSettings(trials=trials, seed=seed, min_user_tokens_per_s=min_user_tps, mechanisms=tuple(mechanism),
-                              storage=storage, out_dir=out, device=device)
+    settings = SearchSettings(objective=objective, trials=trials, seed=seed, min_user_tokens_per_s=min_user_tps, min_tokens_per_s=min_tps,
+                              mechanisms=tuple(mechanism), tile_rows=tile_rows, storage=storage, out_dir=out, device=device)
     plan = run_search(loaded, sha256_file(profile), settings)
     where = f"{plan['device']['name']} ({plan['device']['times']})"
-    table = Table(title=f"plan for {where}: {plan['mechanism']} (weights {plan['quant']}), max D {plan['max_draft_len']}")
-    for col in ("batch", "D", "speedup", "tok/s", "tok/s/user", "source", "next best D (loss)"):
+    table = Table(title=f"plan for {where}: {plan['mechanism']} (weights {plan['quant']}), max D {plan['max_draft_len']}, "
+                        f"max batch {plan['max_batch']}, tile policy {plan['tile']['policy']}")
+    for col in ("batch", "D", "speedup", "tok/s", "tok/s/user", "tok/fwd", "source", "why", "next D"):
         table.add_column(col, justify="right")
     for b in plan["buckets"]:
-        pred = b["predicted"]
+        pred, why = b["predicted"], b["rationale"]
+        nxt = why["next_best"]
         table.add_row(str(b["batch"]), str(b["draft_len"]), f"{pred['speedup']['value']:.2f}x", f"{pred['tokens_per_s']['value']:.0f}",
-                      f"{pred['per_user_tokens_per_s']['value']:.1f}", pred["speedup"]["source"],
-                      f"{b['rationale']['next_best']['draft_len']} ({b['rationale']['next_best']['loss_pct']:.1f}%)")
+                      f"{pred['per_user_tokens_per_s']['value']:.1f}", f"{pred['tokens_per_forward']['value']:.3f}", pred["speedup"]["source"],
+                      f"g{why['guideline']}" if why["guideline"] != "engine" else "engine",
+                      f"{nxt['draft_len']} (-{nxt['loss_pct']:.1f}%)" if nxt else "-")
     console.print(table)
+    console.print("why: the guideline that set D (g1 compute-bound GEMMs, g2/g3 attention tile, g4 draft cost, engine: "
+                  "TensorRT-LLM's smallest key carries max_draft_len); next D: the runner-up and its predicted loss", markup=False)
     st = plan["study"]
-    console.print(f"study: {st['trials']} trials of a {st['space_size']}-point space; {st['gap_pct']:.2f}% below the exhaustive optimum", markup=False)
+    line = f"study: {st['trials']} trials over a {st['space_size']}-point space"
+    if "gap_pct" in st:
+        line += f"; {st['gap_pct']:.2f}% below the exhaustive optimum"
+    if "study_found" in plan["pareto"]:
+        line += f"; Pareto front: {len(plan['pareto']['study'])} points found, {plan['pareto']['study_found']} of the {len(plan['pareto']['exact'])} exact"
+    console.print(line, markup=False)
     console.print(f"wrote {out / 'plan.json'}", markup=False)
 
 

@@ -4,7 +4,8 @@ Acceptance does not depend on the device and is kept as measured. Every time is 
 roofline model of the same step on the other device, and labelled `modeled`:
 
     T_step(B, T, ctx) = max(FLOPs / peak_bf16, bytes / bandwidth) + kernels x launch_s
-    FLOPs  = 2 * params_read * B*T  +  layers * 4 * B*T * ctx * H*hd       (GEMMs + attention)
+    FLOPs  = 2 * params_read * B*T  +  layers * 4 * B*T' * ctx * H*hd      (GEMMs + attention)
+    T'     = ceil(G*T / tile) * tile / G                                     (query rows padded to the tile)
     bytes  = 2 * params_read  +  layers * B * (ctx+T) * 2 * H_kv*hd * 2    (bf16 weights + KV cache)
 
 The model's shapes come from the profile's linear micro-curve (the target's real layer shapes).
@@ -15,6 +16,7 @@ host time (they run on the host CPU) but are labelled modeled, as is the host ov
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.hardware import DeviceSpec, roofline_ms
@@ -32,6 +34,10 @@ class Shapes:
     head_params: int
     q_width: int  # H * hd
     kv_width: int  # H_kv * hd
+
+    @property
+    def group(self) -> int:  # G, query heads per KV head
+        return max(1, self.q_width // self.kv_width)
 
 
 def shapes_from_profile(profile: Profile) -> Shapes:
@@ -55,7 +61,8 @@ GEMM_DTYPE = {"none": "bf16", "fp8": "fp8", "nvfp4": "nvfp4"}
 def step_ms(spec: DeviceSpec, s: Shapes, layers: int, batch: int, tokens: int, ctx: int, quant: str = "none") -> float:
     rows = batch * tokens
     params = layers * s.layer_params + s.head_params
-    flops = 2 * params * rows + layers * 4 * rows * ctx * s.q_width
+    padded_tokens = math.ceil(s.group * tokens / spec.attention_tile_rows) * spec.attention_tile_rows / s.group
+    flops = 2 * params * rows + layers * 4 * batch * padded_tokens * ctx * s.q_width
     kv_bytes = layers * batch * (ctx + tokens) * 2 * s.kv_width * 2
     launches = layers * KERNELS_PER_LAYER + 4
     return roofline_ms(spec, flops, WEIGHT_BYTES[quant] * params + kv_bytes, GEMM_DTYPE[quant]) + 1e3 * launches * LAUNCH_S

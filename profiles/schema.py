@@ -115,6 +115,7 @@ class DrafterInfo(Record):
     options: dict
     model: Optional[dict] = None  # ModelRef of a draft model, when it has its own weights
     quant_formats: list[str] = ["none"]
+    draft_len_multiple: int = 1  # D must be a multiple of this (MTP: the checkpoint's layer count)
 
 
 class Workload(Record):

@@ -11,7 +11,9 @@ import pytest
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.cli import main
 from specdec_tune.autotune.cost_model import CostModel
-from specdec_tune.autotune.search import SearchSettings, Space, open_storage, run_study, search
+from specdec_tune.autotune.search import SearchSettings, search
+from specdec_tune.autotune.space import Candidate, Space, non_dominated
+from specdec_tune.autotune.study import open_storage, run_study
 from specdec_tune.profiles.schema import load_profile
 
 PROFILE_PATH = Path(__file__).parent / "data" / "demo_profile.json"
@@ -45,9 +47,7 @@ def test_exhaustive_is_exact_on_a_small_space(profile):
     space = Space(cost, SearchSettings(mechanisms=("ngram",)))
     space.buckets = space.buckets[:3]
     best, value = space.exhaustive()
-    from specdec_tune.autotune.search import Candidate
-
-    brute = max(space.score(Candidate("ngram", "none", space.repair(list(s))))
+    brute = max(space.score(Candidate("ngram", "none", "free", 4, space.repair(list(s))))
                 for s in itertools.product(range(cost.max_draft_len + 1), repeat=3))
     assert value == pytest.approx(brute)
 
@@ -62,28 +62,157 @@ def test_same_profile_and_seed_give_the_same_plan(profile, tmp_path):
     assert again["study"]["trials"] == 60 and strip(again) == strip(a)
 
 
-def _worker(journal: str, name: str) -> None:
+def _worker(storage: str, name: str) -> None:
     profile = load_profile(PROFILE_PATH)
     settings = SearchSettings(seed=0, study_name=name, trials=300)
-    run_study(Space(CostModel(profile), settings), f"journal:{journal}", settings, n_trials=25)
+    run_study(Space(CostModel(profile), settings), storage, settings, n_trials=25)
 
 
-def test_two_workers_fill_one_journal_study(tmp_path):
-    journal = str(tmp_path / "study.journal")
+def _two_workers_fill_one_study(storage: str, name: str) -> None:
     ctx = multiprocessing.get_context("spawn")
-    workers = [ctx.Process(target=_worker, args=(journal, "shared")) for _ in range(2)]
+    workers = [ctx.Process(target=_worker, args=(storage, name)) for _ in range(2)]
     for w in workers:
         w.start()
     for w in workers:
-        w.join(120)
+        w.join(180)
         assert w.exitcode == 0
     import optuna
 
-    study = optuna.load_study(study_name="shared", storage=open_storage(f"journal:{journal}"))
+    study = optuna.load_study(study_name=name, storage=open_storage(storage))
     numbers = [t.number for t in study.trials]
     # 50 sampled + the enqueued no-speculation starts (each worker enqueues them on an empty study; both may)
     assert sorted(numbers) == list(range(len(numbers))) and 50 <= len(numbers) <= 50 + 2 * 3  # none lost, none duplicated
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+    assert len({t._trial_id for t in study.trials}) == len(numbers)
+
+
+def test_two_workers_fill_one_journal_study(tmp_path):
+    _two_workers_fill_one_study(f"journal:{tmp_path / 'study.journal'}", "shared")
+
+
+@pytest.fixture(scope="module")
+def postgres_url():
+    """A throwaway PostgreSQL server on loopback (initdb + pg_ctl), where the binaries and driver exist.
+
+    CI sets SPECDEC_TUNE_REQUIRE_POSTGRES=1, which turns a missing server into a failure instead of a skip.
+    """
+    import os
+    import shutil
+    import socket
+    import subprocess
+    import tempfile
+
+    required = os.environ.get("SPECDEC_TUNE_REQUIRE_POSTGRES") == "1"
+    initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
+    missing = "PostgreSQL server binaries (initdb, pg_ctl)" if not (initdb and pg_ctl) else None
+    try:
+        import psycopg2  # noqa: F401
+    except ImportError:
+        missing = missing or "the psycopg2 driver"
+    if missing:
+        (pytest.fail if required else pytest.skip)(f"no {missing} here")
+    root = Path(tempfile.mkdtemp(prefix="specdec-pg-", dir="/tmp"))
+    as_user: list[str] = []
+    if os.geteuid() == 0:  # the server refuses to run as root
+        as_user = ["runuser", "-u", "postgres", "--"]
+        shutil.chown(root, "postgres")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    subprocess.run([*as_user, initdb, "-D", str(root / "db"), "-A", "trust", "-U", "postgres"], check=True, capture_output=True)
+    subprocess.run([*as_user, pg_ctl, "-D", str(root / "db"), "-l", str(root / "log"), "-w", "-t", "60", "-o",
+                    f"-p {port} -k {root} -c listen_addresses=127.0.0.1", "start"], check=True, capture_output=True)
+    try:
+        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*as_user, pg_ctl, "-D", str(root / "db"), "-m", "immediate", "stop"], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_two_workers_fill_one_postgresql_study(postgres_url):
+    _two_workers_fill_one_study(postgres_url, "shared-pg")
+
+
+def test_search_runs_on_a_postgresql_storage(profile, tmp_path, postgres_url):
+    plan = search(profile, "h", SearchSettings(trials=60, seed=0, out_dir=tmp_path, storage=postgres_url))
+    assert plan["study"]["storage"].startswith("postgresql") and plan["study"]["trials"] == 60
+    assert not (tmp_path / "study.db").exists()
+
+
+def test_unreachable_storage_is_one_line(capsys, tmp_path):
+    code = main(["search", "--profile", str(PROFILE_PATH), "--out", str(tmp_path), "--storage", "postgresql+psycopg2://u@127.0.0.1:1/x"])
+    err = capsys.readouterr().err
+    assert code == 1 and "cannot open the study storage" in err and err.count("\n") == 1
+    assert not (tmp_path / "plan.json").exists()
+
+
+@pytest.mark.parametrize("objective", ["throughput", "per-user"])
+def test_cap_objectives_reach_the_exhaustive_optimum(profile, tmp_path, objective):
+    floors = {"throughput": dict(min_user_tokens_per_s=50.0), "per-user": dict(min_tokens_per_s=300.0)}[objective]
+    plan = search(profile, "h", SearchSettings(objective=objective, seed=0, out_dir=tmp_path, **floors))
+    assert plan["study"]["gap_pct"] <= 1.0 and plan["study"]["trials"] <= 0.5 * plan["study"]["space_size"]
+    at_cap = plan["buckets"][-1]
+    assert at_cap["batch"] == plan["max_batch"] and [b["batch"] for b in plan["buckets"]] == [1, 2, 4, 8, 16][:len(plan["buckets"])]
+    cost = CostModel(profile)
+    # the floor holds at the cap, and no larger cap meets it: that is the throughput-at-a-floor answer
+    pred = at_cap["predicted"]
+    if objective == "throughput":
+        assert pred["per_user_tokens_per_s"]["value"] >= 50.0
+        larger = [B for B in profile.workload.batch_buckets if B > plan["max_batch"]]
+        assert all(max(cost.predict(B, D, m).per_user_tokens_per_s.value for m in cost.mechanisms for D in range(16)) < 50.0 for B in larger)
+    else:  # the reverse: the most per-user rate that still gives 300 tokens/s per device
+        assert pred["tokens_per_s"]["value"] >= 300.0
+        smaller = [B for B in profile.workload.batch_buckets if B < plan["max_batch"]]
+        assert all(max(cost.predict(B, D, m).tokens_per_s.value for m in cost.mechanisms for D in range(16)) < 300.0 for B in smaller)
+
+
+def test_pareto_front_is_exact_and_the_study_covers_it(profile, tmp_path):
+    plan = search(profile, "h", SearchSettings(objective="pareto", seed=1, out_dir=tmp_path))
+    exact = [(p["tokens_per_s"]["value"], p["per_user_tokens_per_s"]["value"]) for p in plan["pareto"]["exact"]]
+    # brute force: every operating point is on the front or dominated by a point of it
+    cost = CostModel(profile)
+    every = [cost.predict(B, D, m) for B in profile.workload.batch_buckets for m in cost.mechanisms for D in range(16)]
+    for p in every:
+        t, u = p.tokens_per_s.value, p.per_user_tokens_per_s.value
+        assert any(et >= t - 1e-9 and eu >= u - 1e-9 for et, eu in exact)
+    assert non_dominated(exact) == exact and len(exact) >= 3
+    assert plan["pareto"]["study_found"] == len(exact) and plan["pareto"]["study_worst_gap_pct"] == 0.0
+    chosen = (plan["buckets"][-1]["predicted"]["tokens_per_s"]["value"], plan["buckets"][-1]["predicted"]["per_user_tokens_per_s"]["value"])
+    assert chosen in exact
+    assert plan["study"]["trials"] <= 0.5 * plan["study"]["space_size"]
+
+
+def test_tile_policy_is_searched_where_the_tile_makes_a_difference(profile, tmp_path):
+    cost = CostModel(profile)
+    cpu = Space(cost, SearchSettings())
+    assert cpu.group == 3 and cpu.tile_rows == 1 and cpu.policies == ["free"]  # CPU: no tile, the policy is neutral
+    tiled = Space(cost, SearchSettings(tile_rows=16))
+    assert tiled.allowed("ngram", "aligned") == [0, 15] and tiled.policies == ["free", "aligned"]  # 3 x 16 rows = 3 tiles
+    assert tiled.tiles(15) == {"query_rows_per_kv_head": 48, "tiles": 3, "fill": 1.0}
+    plan = search(profile, "h", SearchSettings(tile_rows=16, seed=0, out_dir=tmp_path))
+    assert plan["tile"]["policies_searched"] == ["free", "aligned"] and plan["tile"]["rows"] == 16
+    allowed = {"free": set(range(16)), "aligned": {0, 15}}[plan["tile"]["policy"]]
+    assert {b["draft_len"] for b in plan["buckets"]} <= allowed
+    assert "tile(s) of 16" in plan["buckets"][0]["rationale"]["text"]
+
+
+def test_mtp_draft_length_is_a_multiple_of_its_layers(profile, tmp_path):
+    drafters = [d.model_copy(update={"draft_len_multiple": 3}) if d.name == "suffix" else d for d in profile.drafters]
+    mtp_like = profile.model_copy(update={"drafters": drafters})
+    space = Space(CostModel(mtp_like), SearchSettings(mechanisms=("suffix",)))
+    assert space.allowed("suffix", "free") == [0, 3, 6, 9, 12, 15]
+    plan = search(mtp_like, "h", SearchSettings(mechanisms=("suffix",), seed=0, trials=200, out_dir=tmp_path))
+    assert all(b["draft_len"] % 3 == 0 for b in plan["buckets"]) and max(b["draft_len"] for b in plan["buckets"]) > 0
+
+
+def test_rationale_names_a_guideline_and_the_runner_up(profile, tmp_path):
+    plan = search(profile, "h", SearchSettings(seed=0, trials=100, out_dir=tmp_path))
+    for b in plan["buckets"]:
+        why = b["rationale"]
+        assert why["guideline"] in (1, 2, 3, 4, 5, "engine") and why["text"]
+        assert why["next_best"]["loss_pct"] >= -1e-9  # the runner-up is never better than the choice
+        assert why["next_mechanism"]["loss_pct"] >= -1e-9
+        assert why["figures"]["tokens_per_forward"] == b["predicted"]["tokens_per_forward"]["value"]
 
 
 @pytest.mark.parametrize(
@@ -92,6 +221,9 @@ def test_two_workers_fill_one_journal_study(tmp_path):
         (["--mechanism", "eagle3"], "not in the profile"),
         (["--min-user-tps", "100000"], "no setting reaches"),
         (["--trials", "-1"], "--trials -1"),
+        (["--objective", "latency"], "unknown objective"),
+        (["--min-tps", "100"], "--min-tps is a floor"),
+        (["--objective", "throughput", "--min-user-tps", "100000"], "no batch size and setting reach"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(capsys, tmp_path, argv, message):

@@ -1,0 +1,138 @@
+"""plan.json: the chosen schedule with its predicted figures, the reason for each D, and the Pareto set.
+
+Rationale per bucket names the guideline of DESIGN.md §1 that set D:
+  1 the target's GEMMs turn compute-bound (verifying 1+D tokens stops being nearly free)
+  2 attention: one tile of R rows holds D up to R/G − 1 (G query heads per KV head)
+  3 tile alignment: G·(1+D) a whole number of tiles
+  4 low latency: the draft cost caps D
+  5 the measured acceptance: it stops growing, or still pays at the longest draft
+and, where an engine rule set it instead, that rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+
+from specdec_tune import __version__
+from specdec_tune.autotune.cost_model import Figure, Prediction
+from specdec_tune.autotune.space import Candidate, Space
+from specdec_tune.profiles.records import sha256_json
+from specdec_tune.profiles.schema import Profile
+
+PLAN_SCHEMA_VERSION = 2
+
+
+def _fig(f: Figure) -> dict:
+    return {"value": f.value, "source": f.source}
+
+
+def _predicted(p: Prediction) -> dict:
+    return {"tokens_per_s": _fig(p.tokens_per_s), "per_user_tokens_per_s": _fig(p.per_user_tokens_per_s), "speedup": _fig(p.speedup),
+            "tokens_per_forward": _fig(p.tokens_per_forward), "verify_ms": _fig(p.verify_ms), "draft_ms": _fig(p.draft_ms),
+            "host_ms": _fig(p.host_ms)}
+
+
+def _loss_pct(own: float, other: float) -> float:
+    return 100 * (own - other) / own if own else 0.0
+
+
+def rationale(space: Space, c: Candidate, B: int, D: int) -> dict:
+    """Why this D at this batch: the deciding guideline, the figures behind it, the next-best alternatives."""
+    cost, m, q = space.cost, c.mechanism, c.quant
+    p = space.predict(B, D, m, q)
+    one_ms = cost.verify_ms(B, 1).value
+    cost_ratio = cost.verify_ms(B, 1 + max(D, 1)).value / one_ms
+    round_ms = p.verify_ms.value + p.draft_ms.value + p.host_ms.value
+    draft_share = p.draft_ms.value / round_ms
+    own = space.bucket_score(B, D, m, q)
+    allowed = space.allowed(m, c.tile_policy)
+    lines = [f"D={D}: {p.tokens_per_forward.value:.3f} tokens per target forward; verifying {1 + D} tokens costs {cost_ratio:.2f}x one "
+             f"(M = {B * (1 + D)} GEMM rows)" if D else f"speculation off at batch {B}"]
+    longer = [d for d in allowed if d > D]
+    better_alone = max(allowed, key=lambda d: (space.bucket_score(B, d, m, q), -d))
+    if D and B == space.buckets[0] and D > better_alone:
+        guideline = "engine"
+        lines.append(f"alone this bucket would take D={better_alone}; TensorRT-LLM's smallest key carries the schedule's maximum")
+    elif not longer:
+        guideline = 5
+        lines.append(f"the longest allowed draft: measured acceptance still pays at D={D}")
+    else:  # what the next longer draft would add, as shares of this round
+        n = space.predict(B, longer[0], m, q)
+        tpf_gain = n.tokens_per_forward.value / p.tokens_per_forward.value - 1
+        verify_gain = (n.verify_ms.value - p.verify_ms.value) / round_ms
+        draft_gain = (n.draft_ms.value + n.host_ms.value - p.draft_ms.value - p.host_ms.value) / round_ms
+        if c.tile_policy == "aligned":
+            guideline = 3
+        elif D and tpf_gain < 0.005:
+            guideline = 5
+        else:
+            guideline = 1 if verify_gain >= draft_gain else 4
+        lines.append(f"D={longer[0]} would add {tpf_gain:+.1%} tokens per forward against {verify_gain:+.1%} verify and "
+                     f"{draft_gain:+.1%} draft+host time per round")
+    tile = space.tiles(D)
+    if space.tile_rows > 1:
+        lines.append(f"attention: G·(1+D) = {tile['query_rows_per_kv_head']} query rows per KV head in {tile['tiles']} tile(s) of "
+                     f"{space.tile_rows} ({tile['fill']:.0%} full); one tile holds D up to {space.tile_rows}/G − 1 = "
+                     f"{space.tile_rows // space.group - 1} (guidelines 2, 3)")
+    else:
+        lines.append("no attention tile on this device: guidelines 2 and 3 are neutral")
+    others = sorted(((space.bucket_score(B, d, m, q), d) for d in allowed if d != D), reverse=True)
+    rivals = [(max(space.bucket_score(B, d, m2, q2) for d in space.allowed(m2, c.tile_policy)), m2, q2)
+              for m2, q2 in space.pairs if m2 != m]
+    out = {"guideline": guideline, "text": "; ".join(lines),
+           "figures": {"tokens_per_forward": p.tokens_per_forward.value, "verify_ms": p.verify_ms.value, "draft_ms": p.draft_ms.value,
+                       "host_ms": p.host_ms.value, "verify_cost_vs_one_token": cost_ratio, "draft_share": draft_share, **tile},
+           "next_best": {"draft_len": others[0][1], "loss_pct": _loss_pct(own, others[0][0])} if others else None}
+    if rivals:
+        score, m2, q2 = max(rivals)
+        out["next_mechanism"] = {"mechanism": m2, "quant": q2, "loss_pct": _loss_pct(own, score)}  # guideline 5
+    return out
+
+
+def _point(space: Space, c: Candidate) -> dict:
+    p = space.at_cap(c)
+    return {"mechanism": p.mechanism, "quant": p.quant, "max_batch": p.batch, "draft_len": p.draft_len, "tile_policy": c.tile_policy,
+            "tokens_per_s": _fig(p.tokens_per_s), "per_user_tokens_per_s": _fig(p.per_user_tokens_per_s)}
+
+
+def front_coverage(space: Space, found: list[Candidate], exact: list[Candidate]) -> dict:
+    """How close a sampled front comes to the exact one: the exact points it holds, and for the others the
+    worst shortfall of the best sampled point at the same cap (on the weaker of the two objectives)."""
+    have = [space.at_cap(c) for c in found]
+    hits, worst = 0, 0.0
+    for c in exact:
+        e = space.at_cap(c)
+        ratios = [min(p.tokens_per_s.value / e.tokens_per_s.value, p.per_user_tokens_per_s.value / e.per_user_tokens_per_s.value)
+                  for p in have if p.batch == e.batch]
+        best = max(ratios, default=0.0)
+        hits += best >= 1 - 1e-12
+        worst = max(worst, 1 - best)
+    return {"study_found": hits, "study_worst_gap_pct": 100 * worst}
+
+
+def build_plan(profile: Profile, profile_hash: str, space: Space, c: Candidate, *, settings, storage: str, study_summary: dict,
+               study_front: list[Candidate] | None) -> dict:
+    served = space.served(c.max_batch)
+    buckets = [{"batch": B, "draft_len": D, "predicted": _predicted(space.predict(B, D, c.mechanism, c.quant)),
+                "rationale": rationale(space, c, B, D)} for B, D in zip(served, c.schedule)]
+    exact = space.pareto_front()
+    pareto = {"exact": [_point(space, x) for x in exact], "method": "every operating point (drafter, cap, D at the cap) through the cost model"}
+    if study_front is not None:
+        pareto |= {"study": [_point(space, x) for x in study_front], **front_coverage(space, study_front, exact)}
+    unserved = [B for B in space.buckets if B > c.max_batch]
+    return {
+        "schema_version": PLAN_SCHEMA_VERSION, "tool_version": __version__,
+        "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "profile": {"fingerprint": profile.fingerprint, "sha256": profile_hash, "device": profile.device.get("name"), "target": profile.target},
+        "device": {"name": profile.device.get("name"), "projected_from": profile.device.get("projected_from"),
+                   "times": "modeled (hardware table)" if profile.device.get("projected_from") else "measured"},
+        "notes": list(profile.notes) + ([f"batch buckets {unserved} are above the chosen cap (max_num_seqs {c.max_batch})"] if unserved else []),
+        "objective": {"kind": settings.objective, "min_user_tokens_per_s": settings.min_user_tokens_per_s, "min_tokens_per_s": settings.min_tokens_per_s},
+        "mechanism": c.mechanism, "quant": c.quant, "max_draft_len": max(c.schedule), "max_batch": c.max_batch,
+        "tile": {"policy": c.tile_policy, "rows": space.tile_rows, "group": space.group, "policies_searched": space.policies},
+        "buckets": buckets,
+        "pareto": pareto,
+        "study": {"storage": storage, "name": settings.study_name, "seed": settings.seed, "space_size": space.size(), **study_summary},
+        "settings_hash": sha256_json(dataclasses.asdict(settings) | {"out_dir": None, "storage": None}),
+    }

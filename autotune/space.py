@@ -1,0 +1,244 @@
+"""The search space of `specdec-tune search` and the objectives over it, answered by the cost model.
+
+A candidate deployment is one drafter (mechanism and weight format: one per deployment), a tile
+policy, a serving cap `max_batch` (vLLM's `max_num_seqs`) and D per batch bucket up to the cap.
+Engine constraints are part of the space, not checked afterwards:
+  - TensorRT-LLM: the `draft_len_schedule` value at the smallest key equals `max_draft_len`, so the
+    smallest bucket carries the schedule's maximum (a sampled schedule is repaired to satisfy it);
+  - vLLM: ranges start at batch 1 and each K is capped at `num_speculative_tokens` (the maximum), which
+    every schedule satisfies once the smallest bucket is 1;
+  - MTP: K is a multiple of the checkpoint's layer count (`draft_len_multiple` of the drafter);
+  - tile policy `aligned`: D > 0 only where G·(1+D), the query rows one KV head verifies, is a whole
+    number of attention tiles (guideline 3); `free` takes any D.
+SGLang has no per-batch table; the exporter turns the schedule into launch bands.
+
+Objectives (all from predictions; each figure keeps its measured/interpolated/modeled source):
+  speedup     mean predicted speedup over the buckets, with a per-user-rate floor in every bucket
+  throughput  tokens/s per device at the cap, with the per-user-rate floor at the cap
+  per-user    per-user tokens/s at the cap, with a tokens/s-per-device floor at the cap
+  pareto      both of the last two at once (NSGA-II); the plan carries the front
+A floor missed by a relative shortfall s costs SLO_PENALTY·s in the (unitless) objective.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from specdec_tune import SpecdecError
+from specdec_tune.autotune.cost_model import CostModel, Prediction
+
+OBJECTIVES = ("speedup", "throughput", "per-user", "pareto")
+TILE_POLICIES = ("free", "aligned")
+SLO_PENALTY = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    mechanism: str
+    quant: str
+    tile_policy: str
+    max_batch: int  # the serving cap: buckets above it are not served
+    schedule: tuple[int, ...]  # D per batch bucket up to the cap, in bucket order
+
+
+def attention_group(profile) -> int:
+    """G, query heads per KV head, from the target's projection shapes in the linear micro-curve."""
+    shapes = {p.layer: (p.in_features, p.out_features) for p in profile.micro if p.kind == "linear"}
+    if "o" not in shapes or "qkv" not in shapes:
+        return 1
+    q_width = shapes["o"][0]
+    kv_width = (shapes["qkv"][1] - q_width) // 2
+    return max(1, q_width // kv_width) if kv_width > 0 else 1
+
+
+def attention_tile_rows(profile) -> int:
+    """The attention kernel's query tile on the profiled (or projected) device; 1 where there is none (CPU)."""
+    from specdec_tune.autotune.hardware import find_device_spec
+
+    device = profile.device
+    if device.get("attention_tile_rows"):
+        return int(device["attention_tile_rows"])
+    spec = find_device_spec(str(device.get("name", ""))) if device.get("kind") != "cpu" else None
+    return spec.attention_tile_rows if spec else 1
+
+
+class Space:
+    """The feasible choices and the objectives, over one cost model."""
+
+    def __init__(self, cost: CostModel, settings) -> None:
+        self.cost, self.s = cost, settings
+        if settings.objective not in OBJECTIVES:
+            raise SpecdecError(f"unknown objective {settings.objective!r}", f"use one of {', '.join(OBJECTIVES)}")
+        profile = cost.profile
+        self.buckets = list(profile.workload.batch_buckets)
+        known = cost.mechanisms
+        for m in settings.mechanisms:
+            if m not in known:
+                raise SpecdecError(f"mechanism {m!r} is not in the profile", f"profiled: {', '.join(known)}; re-run profile with --drafter {m}")
+        self.mechanisms = list(settings.mechanisms) or known
+        self.pairs = [(m, q) for m in self.mechanisms for q in settings.quant_formats if q in cost.quants(m)]
+        if not self.pairs:
+            raise SpecdecError("no mechanism was profiled with the requested weight formats", "add --quant none or profile the formats")
+        self.group = attention_group(profile)
+        self.tile_rows = settings.tile_rows or attention_tile_rows(profile)
+        self.multiple = {d.name: max(1, d.draft_len_multiple) for d in profile.drafters}
+        self.policies = ["free"]
+        if any(self.allowed(m, "aligned") != self.allowed(m, "free") and len(self.allowed(m, "aligned")) > 1 for m, _ in self.pairs):
+            self.policies.append("aligned")
+        self.caps = self.buckets if settings.objective != "speedup" else self.buckets[-1:]
+        self._pred: dict[tuple[int, int, str, str], Prediction] = {}
+        self._check_floors()
+
+    # ------------------------------------------------------------------ constraints
+
+    def allowed(self, mechanism: str, policy: str) -> list[int]:
+        """The draft lengths this mechanism may use under this tile policy (0, no speculation, always)."""
+        step = self.multiple.get(mechanism, 1)
+        ds = [D for D in range(self.cost.max_draft_len + 1) if D % step == 0]
+        if policy == "aligned":
+            ds = [D for D in ds if D == 0 or (self.group * (1 + D)) % self.tile_rows == 0]
+        return ds
+
+    def tiles(self, D: int) -> dict:
+        rows = self.group * (1 + D)
+        n = math.ceil(rows / self.tile_rows)
+        return {"query_rows_per_kv_head": rows, "tiles": n, "fill": rows / (n * self.tile_rows)}
+
+    def _check_floors(self) -> None:
+        s, every = self.s, [(m, q, D) for m, q in self.pairs for D in self.allowed(m, "free")]
+        if s.objective == "speedup" and s.min_user_tokens_per_s:
+            for B in self.buckets:
+                if max(self.predict(B, D, m, q).per_user_tokens_per_s.value for m, q, D in every) < s.min_user_tokens_per_s:
+                    raise SpecdecError(f"no setting reaches {s.min_user_tokens_per_s:g} tokens/s per user at batch {B}",
+                                       "lower --min-user-tps or drop that batch bucket")
+        if s.objective in ("throughput", "per-user", "pareto"):
+            points = [self.predict(B, D, m, q) for B in self.caps for m, q, D in every]
+            feasible = [p for p in points if p.per_user_tokens_per_s.value >= s.min_user_tokens_per_s and p.tokens_per_s.value >= s.min_tokens_per_s]
+            if not feasible:
+                raise SpecdecError(f"no batch size and setting reach {s.min_user_tokens_per_s:g} tokens/s per user together with "
+                                   f"{s.min_tokens_per_s:g} tokens/s per device", "lower --min-user-tps or --min-tps")
+
+    @staticmethod
+    def repair(schedule: list[int]) -> tuple[int, ...]:
+        """TensorRT-LLM: the smallest bucket carries the schedule's maximum."""
+        return (max(schedule), *schedule[1:])
+
+    def snap(self, D: int, mechanism: str, policy: str) -> int:
+        """The largest allowed draft length not above D."""
+        return max(d for d in self.allowed(mechanism, policy) if d <= D)
+
+    # ------------------------------------------------------------------ objectives
+
+    def predict(self, B: int, D: int, m: str, q: str) -> Prediction:
+        key = (B, D, m, q)
+        if key not in self._pred:
+            self._pred[key] = self.cost.predict(B, D, m, q)
+        return self._pred[key]
+
+    def bucket_score(self, B: int, D: int, m: str, q: str) -> float:
+        """Speedup at one bucket, less the per-user-floor penalty."""
+        p = self.predict(B, D, m, q)
+        floor = self.s.min_user_tokens_per_s
+        shortfall = max(0.0, floor - p.per_user_tokens_per_s.value) / floor if floor else 0.0
+        return p.speedup.value - SLO_PENALTY * shortfall
+
+    def served(self, cap: int) -> list[int]:
+        return [B for B in self.buckets if B <= cap]
+
+    def schedule_score(self, c: Candidate) -> float:
+        """Mean speedup over the served buckets (the `speedup` objective)."""
+        served = self.served(c.max_batch)
+        return sum(self.bucket_score(B, D, c.mechanism, c.quant) for B, D in zip(served, c.schedule)) / len(served)
+
+    def at_cap(self, c: Candidate) -> Prediction:
+        return self.predict(c.max_batch, c.schedule[len(self.served(c.max_batch)) - 1], c.mechanism, c.quant)
+
+    def cap_value(self, p: Prediction) -> float:
+        """The single-objective value of an operating point, relative to plain decoding, less floor penalties."""
+        s = self.s
+        if s.objective == "per-user":
+            value = p.per_user_tokens_per_s.value / self.cost.baseline_tokens_per_s(self.buckets[0]).value * self.buckets[0]
+            floor, have = s.min_tokens_per_s, p.tokens_per_s.value
+        else:
+            value = p.tokens_per_s.value / self.cost.baseline_tokens_per_s(self.buckets[-1]).value
+            floor, have = s.min_user_tokens_per_s, p.per_user_tokens_per_s.value
+        return value - (SLO_PENALTY * max(0.0, floor - have) / floor if floor else 0.0)
+
+    def cap_score(self, c: Candidate) -> float:
+        return self.cap_value(self.at_cap(c))
+
+    def score(self, c: Candidate) -> float:
+        return self.schedule_score(c) if self.s.objective == "speedup" else self.cap_score(c)
+
+    # ------------------------------------------------------------------ exact answers
+
+    def fill(self, m: str, q: str, policy: str, cap: int, held: dict[int, int] | None = None) -> Candidate:
+        """The best schedule up to `cap` for one drafter and policy, with some buckets' D held.
+
+        Buckets are independent once the schedule's maximum (carried by the smallest bucket) is fixed:
+        enumerate that maximum, then take each bucket's best D below it.
+        """
+        held = held or {}
+        served = self.served(cap)
+        allowed = self.allowed(m, policy)
+        best: tuple[float, Candidate] | None = None
+        for top in allowed:
+            if any(D > top for D in held.values()) or (served[0] in held and held[served[0]] != top):
+                continue
+            rest = [held[B] if B in held else max((D for D in allowed if D <= top), key=lambda D, B=B: (self.bucket_score(B, D, m, q), -D))
+                    for B in served[1:]]
+            cand = Candidate(m, q, policy, cap, (top, *rest))
+            value = self.schedule_score(cand)
+            if best is None or value > best[0] + 1e-12:
+                best = (value, cand)
+        assert best is not None, "D = 0 is always allowed"
+        return best[1]
+
+    def operating_points(self, caps: list[int] | None = None):
+        """Every (drafter, policy, cap, D at the cap): the whole space of the cap objectives."""
+        for m, q in self.pairs:
+            for policy in self.policies:
+                for cap in self.caps if caps is None else caps:
+                    for D in self.allowed(m, policy):
+                        yield m, q, policy, cap, D
+
+    def exhaustive(self) -> tuple[Candidate, float]:
+        if self.s.objective == "speedup":
+            cands = [self.fill(m, q, policy, self.buckets[-1]) for m, q in self.pairs for policy in self.policies]
+            best = max(cands, key=self.rank)
+            return best, self.score(best)
+        values = {op: self.cap_value(self.predict(op[3], op[4], op[0], op[1])) for op in self.operating_points()}
+        top = max(values.values())
+        best = max((self.fill(m, q, policy, cap, {cap: D}) for (m, q, policy, cap, D), v in values.items() if v >= top - 1e-12), key=self.rank)
+        return best, self.score(best)
+
+    def rank(self, c: Candidate) -> tuple:
+        """Order among candidates: the objective, then (for ties at the cap) the schedule below it, then
+        the aligned policy (fewer kernel variants), then the shorter maximum draft."""
+        return round(self.score(c), 12), self.schedule_score(c), c.tile_policy == "aligned", -max(c.schedule)
+
+    def size(self) -> int:
+        if self.s.objective == "speedup":  # D at the smallest bucket is fixed by the rest
+            return sum(len(self.allowed(m, p)) ** (len(self.buckets) - 1) for m, _ in self.pairs for p in self.policies)
+        return sum(1 for _ in self.operating_points())
+
+    def pareto_front(self, caps: set[int] | None = None) -> list[Candidate]:
+        """The exact front of (tokens/s per device, per-user tokens/s) over the operating points at these caps
+        (default: every bucket), one candidate per point: the best-ranked of those that reach it."""
+        points: dict[tuple[float, float], list[tuple]] = {}
+        for m, q, policy, cap, D in self.operating_points(sorted(caps or self.buckets)):
+            p = self.predict(cap, D, m, q)
+            points.setdefault((p.tokens_per_s.value, p.per_user_tokens_per_s.value), []).append((m, q, policy, cap, D))
+        return [max((self.fill(m, q, policy, cap, {cap: D}) for m, q, policy, cap, D in points[xy]), key=self.rank)
+                for xy in non_dominated(list(points))]
+
+
+def non_dominated(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(throughput, per-user rate) points no other point beats on both, by throughput descending."""
+    front, best_user = [], float("-inf")
+    for tps, user in sorted(points, key=lambda xy: (-xy[0], -xy[1])):
+        if user > best_user:
+            front.append((tps, user))
+            best_user = user
+    return front
