@@ -108,10 +108,6 @@ def decode(
         console.print(f"lossless: {result['lossless']['identical_prompts']}/{result['lossless']['prompts']} prompts identical to plain greedy")
 
 
-def _not_yet(stage: str) -> None:
-    raise SpecdecError(f"`specdec-tune {stage}` is not available in this version", "use `specdec-tune decode` to measure acceptance for now")
-
-
 def _int_list(text: str, what: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(",") if x.strip())
@@ -264,16 +260,119 @@ def search(
     console.print(f"wrote {out / 'plan.json'}", markup=False)
 
 
-@app.command(epilog="Example:\n\n  specdec-tune export --plan artifacts/plan.json --out artifacts/bundle")
-def export() -> None:
-    """Write the deployment bundle: engine configs, kernels, manifest, report."""
-    _not_yet("export")
+VllmVersion = Annotated[Optional[str], typer.Option("--vllm-version", help="vLLM version targeted (default: the tool's).")]
+TrtllmVersion = Annotated[Optional[str], typer.Option("--trtllm-version", help="TensorRT-LLM version targeted.")]
+SglangVersion = Annotated[Optional[str], typer.Option("--sglang-version", help="SGLang version targeted.")]
 
 
-@app.command(epilog="Example:\n\n  specdec-tune check artifacts/bundle")
-def check() -> None:
-    """Tell whether a bundle still matches the model, drafter, engine and GPU (exit 0 when fresh)."""
-    _not_yet("check")
+def _version_overrides(vllm: str | None, trtllm: str | None, sglang: str | None) -> tuple[tuple[str, str], ...]:
+    return tuple((k, v) for k, v in (("vllm", vllm), ("trtllm", trtllm), ("sglang", sglang)) if v)
+
+
+def _measure_settings(prompts: int, new_tokens: int, tolerance: float):
+    from specdec_tune.exporters.validate import MeasureSettings
+
+    for name, value in (("--lossless-prompts", prompts), ("--new-tokens", new_tokens)):
+        if value < 1:
+            raise SpecdecError(f"{name} {value} must be at least 1", f"pass {name} 1 or more")
+    if tolerance <= 0:
+        raise SpecdecError(f"--tolerance {tolerance:g} must be positive", "pass a percentage such as --tolerance 15")
+    return MeasureSettings(prompts=prompts, new_tokens=new_tokens, tolerance_pct=tolerance)
+
+
+LosslessPrompts = Annotated[int, typer.Option("--lossless-prompts", help="Held-back prompts for the lossless gate.")]
+NewTokens = Annotated[int, typer.Option("--new-tokens", help="Tokens generated per prompt in the gate and the throughput check.")]
+Tolerance = Annotated[float, typer.Option("--tolerance", help="Largest relative error (%) of predicted against measured throughput.")]
+
+
+@app.command(epilog="Examples:\n\n  specdec-tune export\n\n"
+             "  specdec-tune export --plan artifacts/plan.json --out artifacts/bundle --vllm-version 0.32.0\n\n"
+             "  specdec-tune export --configs-only   # a plan for another device: configs and report, nothing measured here")
+def export(
+    plan: Annotated[Path, typer.Option("--plan", help="plan.json written by `specdec-tune search`.")] = Path("artifacts/plan.json"),
+    profile: Annotated[Path, typer.Option("--profile", "-p", help="The profile the plan was searched on.")] = Path("artifacts/profile/profile.json"),
+    out: Annotated[Path, typer.Option("--out", "-o", help="Bundle folder (replaced atomically).")] = Path("artifacts/bundle"),
+    engine_model: Annotated[Optional[str], typer.Option("--engine-model", help="The target as the engines load it (path or hub id).")] = None,
+    vllm_version: VllmVersion = None,
+    trtllm_version: TrtllmVersion = None,
+    sglang_version: SglangVersion = None,
+    configs_only: Annotated[bool, typer.Option("--configs-only", help="Skip the lossless gate and the throughput check.")] = False,
+    lossless_prompts: LosslessPrompts = 8,
+    new_tokens: NewTokens = 32,
+    tolerance: Tolerance = 15.0,
+) -> None:
+    """Write the deployment bundle: engine configs, manifest, report, validation (it must pass to be written)."""
+    from specdec_tune.exporters.bundle import ExportSettings, export as run_export
+
+    settings = ExportSettings(plan=plan, profile=profile, out=out, versions=_version_overrides(vllm_version, trtllm_version, sglang_version),
+                              engine_model=engine_model, measure=_measure_settings(lossless_prompts, new_tokens, tolerance),
+                              skip_measure=configs_only)
+    manifest = run_export(settings)
+    table = Table(title=f"bundle {out}: {manifest['plan']['mechanism']}, schedule {manifest['plan']['schedule']}")
+    for col in ("engine", "version", "files", "decisions"):
+        table.add_column(col)
+    for name, e in manifest["engines"].items():
+        table.add_row(name, e["version"], ", ".join(e["files"]) or "-", "; ".join(e["decisions"]))
+    console.print(table)
+    v = manifest["validation"]
+    console.print(f"validated: configs ok; lossless {v['lossless'] if v['lossless'] is not None else 'skipped'}; worst throughput error "
+                  + (f"{v['throughput_worst_error_pct']:+.1f}%" if v["throughput_worst_error_pct"] is not None else "not measured"), markup=False)
+    console.print(f"wrote {out} ({len(manifest['files'])} files)", markup=False)
+
+
+@app.command(epilog="Examples:\n\n  specdec-tune validate artifacts/bundle\n\n  specdec-tune validate artifacts/bundle --configs-only")
+def validate(
+    bundle: Annotated[Path, typer.Argument(help="The bundle folder.")] = Path("artifacts/bundle"),
+    configs_only: Annotated[bool, typer.Option("--configs-only", help="Hashes and engine configs only; nothing measured.")] = False,
+    lossless_prompts: LosslessPrompts = 8,
+    new_tokens: NewTokens = 32,
+    tolerance: Tolerance = 15.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Check a bundle again: file hashes, engine configs, lossless gate, predicted vs measured throughput."""
+    from specdec_tune.exporters.bundle import validate_bundle
+
+    result = validate_bundle(bundle, None if configs_only else _measure_settings(lossless_prompts, new_tokens, tolerance))
+    if as_json:
+        print(json.dumps(result, indent=2))
+    else:
+        console.print(result["hashes"], markup=False)
+        for c in result["configs"]:
+            console.print(f"{c['engine']}: {c['checked_with']}: {'ok' if not c['errors'] else '; '.join(c['errors'])}", markup=False)
+        if "lossless" in result:
+            console.print(f"lossless: {'passed' if result['lossless']['passed'] else 'FAILED'}", markup=False)
+        tp = result.get("throughput", {})
+        for r in tp.get("buckets", []):
+            console.print(f"batch {r['batch']} D={r['draft_len']}: predicted {r['predicted_tokens_per_s']:.0f} measured "
+                          f"{r['measured_tokens_per_s']:.0f} tokens/s ({r['error_pct']:+.1f}%)", markup=False)
+    if not result["passed"]:
+        raise SpecdecError(f"bundle {bundle} fails validation", "see the lines above; re-profile and re-export")
+
+
+@app.command(epilog="Examples:\n\n  specdec-tune check artifacts/bundle\n\n  specdec-tune check artifacts/bundle --json --vllm-version 0.33.0\n\n"
+             "Exit codes: 0 fresh, 3 stale (each changed factor is named), 1 error.")
+def check(
+    bundle: Annotated[Path, typer.Argument(help="The bundle folder.")] = Path("artifacts/bundle"),
+    target: Annotated[Optional[str], typer.Option("--target", "-t", help="Where the target model is on this machine (default: the path the bundle records).")] = None,
+    vllm_version: VllmVersion = None,
+    trtllm_version: TrtllmVersion = None,
+    sglang_version: SglangVersion = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (for CI).")] = False,
+) -> None:
+    """Tell whether a bundle still matches the model, drafter, engine and GPU (exit 0 fresh, 3 stale)."""
+    from specdec_tune.exporters.bundle import STALE_EXIT_CODE, check_bundle
+
+    result = check_bundle(bundle, target=target, versions=_version_overrides(vllm_version, trtllm_version, sglang_version))
+    if as_json:
+        print(json.dumps(result, indent=2))
+    else:
+        for c in result["changed"]:
+            console.print(f"stale: {c['factor']}: {c['was']} -> {c['now']}", markup=False)
+        for u in result["unverified"]:
+            console.print(f"not checked: {u['factor']}: {u['why']}", markup=False)
+        console.print(f"{bundle}: {'fresh' if result['fresh'] else 'stale'}", markup=False)
+    if not result["fresh"]:
+        raise typer.Exit(STALE_EXIT_CODE)
 
 
 def _fail(line: str) -> None:
@@ -283,8 +382,8 @@ def _fail(line: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI and map failures to one line and an exit code."""
     try:
-        app(args=argv, standalone_mode=False, prog_name="specdec-tune")
-        return 0
+        code = app(args=argv, standalone_mode=False, prog_name="specdec-tune")
+        return code if isinstance(code, int) else 0  # typer.Exit(n) comes back as n without standalone mode
     except SpecdecError as e:
         if _state["debug"]:
             raise

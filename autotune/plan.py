@@ -121,6 +121,10 @@ def build_plan(profile: Profile, profile_hash: str, space: Space, c: Candidate, 
     if study_front is not None:
         pareto |= {"study": [_point(space, x) for x in study_front], **front_coverage(space, study_front, exact)}
     unserved = [B for B in space.buckets if B > c.max_batch]
+    # the best one D for every bucket (what an engine without a per-batch table runs), for fallbacks and comparison
+    single = max(space.allowed(c.mechanism, c.tile_policy),
+                 key=lambda D: (space.schedule_score(dataclasses.replace(c, schedule=(D,) * len(served))), -D))
+    single_value = space.schedule_score(dataclasses.replace(c, schedule=(single,) * len(served)))
     return {
         "schema_version": PLAN_SCHEMA_VERSION, "tool_version": __version__,
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -129,9 +133,10 @@ def build_plan(profile: Profile, profile_hash: str, space: Space, c: Candidate, 
                    "times": "modeled (hardware table)" if profile.device.get("projected_from") else "measured"},
         "notes": list(profile.notes) + ([f"batch buckets {unserved} are above the chosen cap (max_num_seqs {c.max_batch})"] if unserved else []),
         "objective": {"kind": settings.objective, "min_user_tokens_per_s": settings.min_user_tokens_per_s, "min_tokens_per_s": settings.min_tokens_per_s},
-        "mechanism": c.mechanism, "quant": c.quant, "max_draft_len": max(c.schedule), "max_batch": c.max_batch,
+        "mechanism": c.mechanism, "quant": c.quant, "max_draft_len": max(c.schedule), "max_batch": c.max_batch, "ctx": space.cost.ctx,
         "tile": {"policy": c.tile_policy, "rows": space.tile_rows, "group": space.group, "policies_searched": space.policies},
         "buckets": buckets,
+        "single_draft_len": {"draft_len": single, "mean_speedup": single_value, "schedule_mean_speedup": space.schedule_score(c)},
         "pareto": pareto,
         "study": {"storage": storage, "name": settings.study_name, "seed": settings.seed, "space_size": space.size(), **study_summary},
         "settings_hash": sha256_json(dataclasses.asdict(settings) | {"out_dir": None, "storage": None}),

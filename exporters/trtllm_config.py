@@ -1,0 +1,81 @@
+"""TensorRT-LLM (PyTorch backend): the YAML for `trtllm-serve M --config cfg.yaml` (or `LLM(**yaml)`)."""
+
+from __future__ import annotations
+
+import yaml
+
+from specdec_tune.exporters.engines import Engine, EngineFiles, ExportContext, register
+from specdec_tune.exporters.schedule import to_trtllm
+from specdec_tune.exporters.versions import gate
+
+# decoding_type spelled as the pydantic discriminator literals in llm_args.py (the docs' "DraftTarget" is not one).
+DECODING_TYPES = {"ngram": "NGram", "suffix": "SA", "draft_model": "Draft_Target", "eagle3": "Eagle3", "mtp": "MTP",
+                  "dflash": "DFlash", "dspark": "DSpark"}
+STATIC_ONLY = {"dspark"}  # DSpark keeps its block size (= max_draft_len) fixed
+
+
+def _mechanism_fields(ctx: ExportContext) -> dict:
+    o = ctx.drafter.get("options", {})
+    if ctx.mechanism == "ngram":
+        return {"max_matching_ngram_size": int(o.get("prompt_lookup_max", 5)), "is_keep_all": True, "is_use_oldest": True,
+                "is_public_pool": True}
+    if ctx.mechanism == "suffix":
+        return {"max_matching_ngram_size": -1}
+    return {"speculative_model": ctx.drafter_model} if ctx.drafter_model else {}
+
+
+def render(ctx: ExportContext) -> EngineFiles:
+    version = ctx.versions["trtllm"]
+    decisions, gates = [], []
+    config: dict = {"max_batch_size": ctx.max_batch}
+    if not ctx.speculates:
+        decisions.append("the plan speculates at no batch size: no speculative_config")
+        return EngineFiles({"config.yaml": _dump(config)}, config, decisions, gates)
+    decoding_type = DECODING_TYPES[ctx.mechanism]
+    gates.append(gate("trtllm", f"decoding_type:{decoding_type}", version))
+    spec = {"decoding_type": decoding_type, "max_draft_len": ctx.max_draft_len, **_mechanism_fields(ctx)}
+    if ctx.mechanism == "suffix":
+        decisions.append("suffix decoding maps to SA (TensorRT-LLM's suffix-automaton drafter): same idea, its acceptance was not profiled")
+    table = to_trtllm(ctx.schedule)
+    g = gate("trtllm", "draft_len_schedule", version)
+    gates.append(g)
+    graph_sizes = sorted({b for b, _ in ctx.schedule if b <= ctx.max_batch})
+    if len(table) > 1 or max(table) < ctx.max_batch:  # a real schedule (or speculation off above some batch)
+        if ctx.mechanism in STATIC_ONLY:
+            decisions.append(f"{decoding_type} cannot change its draft length at run time: static max_draft_len {ctx.max_draft_len}")
+        elif g["emitted"]:
+            spec["draft_len_schedule"] = table
+            graph_sizes = sorted(set(graph_sizes) | set(table))
+            decisions.append(f"draft_len_schedule {table} (keys are inclusive batch upper bounds; above {max(table)} speculation is off)")
+        else:
+            spec["max_draft_len"] = max(ctx.plan["single_draft_len"]["draft_len"], 1)
+            decisions.append(f"TensorRT-LLM {version} has no draft_len_schedule (since {g['since']}): static max_draft_len = the plan's best single D")
+    config["speculative_config"] = spec
+    config["cuda_graph_config"] = {"enable_padding": True, "batch_sizes": graph_sizes}
+    if decoding_type in ("NGram", "Draft_Target"):
+        config["disable_overlap_scheduler"] = True  # as TensorRT-LLM's own NGram and Draft/Target examples run
+    decisions.append(f"CUDA graphs captured at batch sizes {graph_sizes}")
+    return EngineFiles({"config.yaml": _dump(config)}, config, decisions, gates)
+
+
+def rules(config: dict) -> list[str]:
+    """llm_args.py's validation of draft_len_schedule, and the CUDA graphs the schedule needs."""
+    spec, out = config.get("speculative_config"), []
+    if not spec or "draft_len_schedule" not in spec:
+        return out
+    table = {int(k): v for k, v in spec["draft_len_schedule"].items()}
+    if table[min(table)] != spec["max_draft_len"]:
+        out.append("the value at the smallest draft_len_schedule key must equal max_draft_len")
+    if any(v > spec["max_draft_len"] for v in table.values()):
+        out.append("a draft_len_schedule value exceeds max_draft_len")
+    graphs = set(config.get("cuda_graph_config", {}).get("batch_sizes", []))
+    if not set(table) <= graphs:
+        out.append(f"CUDA-graph batch sizes {sorted(graphs)} miss schedule keys {sorted(set(table) - graphs)}")
+    return out
+
+
+def _dump(config: dict) -> str:
+    return "# trtllm-serve <model> --config config.yaml\n" + yaml.safe_dump(config, sort_keys=False)
+
+
+register(Engine("trtllm", "trtllm", "trtllm-config.schema.json", render, rules))

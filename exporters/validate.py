@@ -1,0 +1,122 @@
+"""Proof that a bundle is right before it ships: configs against each engine's rules, the losslessness
+gate, and predicted against measured throughput on the local device.
+
+    configs     each engine document against the engine's own config classes where the engine is
+                importable, else the versioned JSON Schema under schemas/ plus the engine's cross-field rules
+    lossless    the plan's mechanism at each D > 0 of the schedule, on held-back prompts, fp32: greedy
+                speculative output token for token equal to plain greedy output
+    throughput  decode tokens/s at each bucket's batch with its D (the profile's dtype, every row decoding
+                the full length), against the plan's prediction; relative error per bucket
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+
+import jsonschema
+
+from specdec_tune import SpecdecError
+from specdec_tune.exporters.engines import Engine, load_schema
+
+
+def check_document(engine: Engine, document: dict | None) -> dict:
+    """One engine's config: the engine's classes where importable, else the schema; always its rules."""
+    if document is None:
+        return {"engine": engine.name, "checked_with": "nothing to check (no config for this plan)", "errors": []}
+    errors = [f"{'/'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}"
+              for e in jsonschema.Draft202012Validator(load_schema(engine)).iter_errors(document)]
+    checked_with = f"JSON Schema {engine.schema}"
+    if engine.native_check is not None:
+        try:
+            checked_with = engine.native_check(document)
+        except ImportError:
+            pass  # the engine is not installed here: the schema stands in
+        except Exception as e:  # noqa: BLE001 - the engine's own validation error, whatever its type
+            errors.append(f"{engine.name} rejects it: {e}")
+    errors += engine.rules(document)
+    return {"engine": engine.name, "checked_with": checked_with + " + cross-field rules", "errors": errors}
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasureSettings:
+    prompts: int = 8  # held-back prompts for the lossless gate
+    new_tokens: int = 32
+    tolerance_pct: float = 15.0
+    repeats: int = 3  # timed runs per bucket after one warm-up (median)
+    seed: int = 0
+
+
+def _prompts(target, n: int, new_tokens: int, max_draft: int, split: str = "held_back") -> list[list[int]]:
+    from specdec_tune.profiles.decode_run import select_prompts
+    from specdec_tune.profiles.prompts import encode_prompts
+
+    chosen = select_prompts("default", split, n)
+    return encode_prompts(target.tokenizer, chosen, context_tokens=target.model.config.max_position_embeddings,
+                          max_new_tokens=new_tokens, max_draft_tokens=max_draft)
+
+
+def _drafter(plan: dict, profile, target):
+    from specdec_tune.profiles.drafters import create
+
+    info = next((d for d in profile.drafters if d.name == plan["mechanism"]), None)
+    if info is None:
+        raise SpecdecError(f"the profile has no drafter {plan['mechanism']!r}", "export with the profile the plan was searched on")
+    options = {k: str(v) for k, v in info.options.items() if v not in ("", None)}
+    drafter = create(plan["mechanism"], target, options)
+    return drafter.with_quantized_weights(plan["quant"]) if plan["quant"] != "none" else drafter
+
+
+def lossless_gate(plan: dict, profile, s: MeasureSettings) -> dict:
+    from specdec_tune.profiles.decode_run import decode_prompts
+    from specdec_tune.profiles.models.loading import load_model
+
+    ds = sorted({b["draft_len"] for b in plan["buckets"] if b["draft_len"] > 0})
+    if not ds:
+        return {"passed": True, "draft_lens": [], "note": "the plan never speculates"}
+    target = load_model(profile.target["path"], dtype="float32")
+    drafter = _drafter(plan, profile, target)
+    ids = _prompts(target, s.prompts, s.new_tokens, max(ds))
+    stop = list(target.model.config.eos_token_ids)
+    kwargs = dict(max_new_tokens=s.new_tokens, temperature=0.0, seed=s.seed, stop_token_ids=stop)
+    plain, _, _ = decode_prompts(target, ids, len(ids), **kwargs)
+    runs = []
+    for D in ds:
+        spec, _, _ = decode_prompts(target, ids, len(ids), drafter=drafter, num_draft_tokens=D, **kwargs)
+        same = sum(a == b for a, b in zip(spec, plain))
+        runs.append({"draft_len": D, "prompts": len(ids), "identical": same})
+    return {"passed": all(r["identical"] == r["prompts"] for r in runs), "dtype": "float32", "split": "held_back", "runs": runs}
+
+
+def throughput_check(plan: dict, profile, s: MeasureSettings) -> dict:
+    """Measured decode tokens/s per bucket against the plan, at the plan's context length (this device)."""
+    from specdec_tune.profiles.decode_run import decode_prompts
+    from specdec_tune.profiles.models.loading import load_model
+
+    if plan["device"].get("projected_from"):
+        return {"checked": False, "why": f"the plan is for {plan['device']['name']} (modeled), not this device"}
+    target = load_model(profile.target["path"], dtype=profile.device.get("dtype", "auto"))
+    drafter = _drafter(plan, profile, target)
+    # Prompts at least as long as the plan's context bucket less half the new tokens, cut to that length from
+    # the left (the chat template's reply header stays last): the KV cache then averages the predicted context.
+    length = max(1, plan["ctx"] - s.new_tokens // 2)
+    pool = [ids[-length:] for ids in _prompts(target, 400, s.new_tokens, plan["max_draft_len"], split="all") if len(ids) >= length]
+    if not pool:
+        return {"checked": False, "why": f"no calibration prompt reaches the plan's context of {plan['ctx']} tokens"}
+    rows = []
+    for b in plan["buckets"]:
+        B, D = b["batch"], b["draft_len"]
+        ids = [pool[i % len(pool)] for i in range(B)]
+        kwargs = dict(drafter=drafter if D else None, num_draft_tokens=D, max_new_tokens=s.new_tokens, temperature=0.0, seed=s.seed,
+                      stop_token_ids=())  # every row decodes the full length
+        runs = []
+        for _ in range(1 + s.repeats):  # one warm-up, then the median of the repeats
+            tokens, _, seconds = decode_prompts(target, ids, B, **kwargs)
+            runs.append(sum(len(t) for t in tokens) / seconds)
+        measured = statistics.median(runs[1:])
+        predicted = b["predicted"]["tokens_per_s"]["value"]
+        rows.append({"batch": B, "draft_len": D, "predicted_tokens_per_s": predicted, "predicted_source": b["predicted"]["tokens_per_s"]["source"],
+                     "measured_tokens_per_s": measured, "error_pct": 100 * (predicted - measured) / measured})
+    worst = max(rows, key=lambda r: abs(r["error_pct"]))
+    return {"checked": True, "tolerance_pct": s.tolerance_pct, "new_tokens": s.new_tokens, "buckets": rows,
+            "passed": abs(worst["error_pct"]) <= s.tolerance_pct, "worst": {"batch": worst["batch"], "error_pct": worst["error_pct"]}}

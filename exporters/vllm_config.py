@@ -1,0 +1,94 @@
+"""vLLM: `speculative_config` for `vllm serve --speculative-config` / `LLM(speculative_config=...)`."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from specdec_tune.exporters.engines import Engine, EngineFiles, ExportContext, register
+from specdec_tune.exporters.schedule import to_vllm
+from specdec_tune.exporters.versions import gate
+
+METHODS = {"ngram": "ngram", "suffix": "suffix", "draft_model": "draft_model", "eagle3": "eagle3", "mtp": "mtp",
+           "dflash": "dflash", "dspark": "dspark"}
+
+
+def _mechanism_fields(ctx: ExportContext) -> dict:
+    o = ctx.drafter.get("options", {})
+    if ctx.mechanism == "ngram":
+        return {"prompt_lookup_min": int(o.get("prompt_lookup_min", 5)), "prompt_lookup_max": int(o.get("prompt_lookup_max", 5))}
+    if ctx.mechanism == "suffix":
+        return {"suffix_decoding_max_tree_depth": int(o.get("max_tree_depth", 24)),
+                "suffix_decoding_max_spec_factor": float(o.get("max_spec_factor", 1.0)),
+                "suffix_decoding_min_token_prob": float(o.get("min_token_prob", 0.1))}
+    fields = {"model": ctx.drafter_model} if ctx.drafter_model else {}
+    if ctx.mechanism == "draft_model":
+        fields["draft_tensor_parallel_size"] = 1
+    if ctx.quant == "fp8":
+        fields["quantization"] = "fp8"
+    return fields
+
+
+def render(ctx: ExportContext) -> EngineFiles:
+    version = ctx.versions["vllm"]
+    decisions, gates = [], []
+    serve = ["vllm", "serve", ctx.target_model, "--max-num-seqs", str(ctx.max_batch)]
+    if not ctx.speculates:
+        decisions.append("the plan speculates at no batch size: no speculative_config")
+        return EngineFiles({"serve.sh": _script(serve)}, None, decisions, gates)
+    g = gate("vllm", f"method:{METHODS[ctx.mechanism]}", version)
+    gates.append(g)
+    config = {"method": METHODS[ctx.mechanism], "num_speculative_tokens": ctx.max_draft_len, **_mechanism_fields(ctx)}
+    if not g["emitted"]:
+        decisions.append(f"vLLM {version} predates method {config['method']!r} (since {g['since']}): the config needs a newer vLLM")
+    ranges = to_vllm(ctx.schedule)
+    g = gate("vllm", "num_speculative_tokens_per_batch_size", version)
+    gates.append(g)
+    if len(ranges) > 1 and g["emitted"]:
+        config["num_speculative_tokens_per_batch_size"] = ranges
+        decisions.append(f"per-batch K as ranges {ranges}; num_speculative_tokens {ctx.max_draft_len} is the maximum")
+    elif len(ranges) > 1:
+        single = ctx.plan["single_draft_len"]["draft_len"]
+        config["num_speculative_tokens"] = max(single, 1)
+        decisions.append(f"vLLM {version} has no per-batch table (since {g['since']}): static K = {max(single, 1)}, the plan's best single D")
+    else:
+        decisions.append(f"one K ({ctx.max_draft_len}) for every batch size: no per-batch table needed")
+    serve += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
+    files = {"speculative_config.json": json.dumps(config, indent=2) + "\n", "serve.sh": _script(serve)}
+    return EngineFiles(files, config, decisions, gates)
+
+
+def _script(argv: list[str]) -> str:
+    return "#!/usr/bin/env sh\n# vLLM serve command for this plan\nexec " + " ".join(shlex.quote(a) for a in argv) + "\n"
+
+
+def rules(config: dict) -> list[str]:
+    """SpeculativeConfig's own validation of the fields this exporter writes."""
+    out = []
+    if config.get("prompt_lookup_min", 0) > config.get("prompt_lookup_max", 1 << 30):
+        out.append("prompt_lookup_min exceeds prompt_lookup_max")
+    ranges = config.get("num_speculative_tokens_per_batch_size")
+    if ranges:
+        if ranges[0][0] != 1:
+            out.append("the first batch-size range must start at 1")
+        for (lo1, hi1, _), (lo2, _, _) in zip(ranges, ranges[1:]):
+            if lo2 <= hi1:
+                out.append(f"ranges overlap at batch {lo2}")
+        out += [f"range [{lo}, {hi}] is empty" for lo, hi, _ in ranges if hi < lo]
+        if max(k for *_, k in ranges) > config["num_speculative_tokens"]:
+            out.append("a range's K exceeds num_speculative_tokens (vLLM would cap it)")
+    return out
+
+
+def native_check(config: dict) -> str:
+    """Construct vLLM's own SpeculativeConfig from the fields this exporter writes (vLLM installed)."""
+    from vllm.config import SpeculativeConfig
+
+    known = set(getattr(SpeculativeConfig, "__dataclass_fields__", {})) or set(getattr(SpeculativeConfig, "model_fields", {}))
+    unknown = sorted(set(config) - known)
+    if unknown:
+        raise ValueError(f"fields vLLM does not know: {unknown}")
+    return "vllm.config.SpeculativeConfig fields"
+
+
+register(Engine("vllm", "vllm", "vllm-speculative-config.schema.json", render, rules, native_check))
