@@ -1,6 +1,7 @@
 """`export`, `validate` and `check`: the bundle, its manifest, and whether it still matches.
 
     bundle/
+      README.md            how each engine takes its files, and the decisions made for this plan
       manifest.json        every file's sha256; staleness factors; inputs' hashes; figure sources; validation summary
       validation.json      engine config checks, lossless gate, predicted vs measured throughput
       inputs/              plan.json and profile.json the bundle was made from
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from specdec_tune import SpecdecError, __version__
 from specdec_tune.exporters.engines import ENGINE_MODEL_IDS, ExportContext, load_engines
-from specdec_tune.exporters.report import write_report
+from specdec_tune.exporters.report import bundle_readme, write_report
 from specdec_tune.exporters.validate import MeasureSettings, check_document, lossless_gate, throughput_check
 from specdec_tune.exporters.versions import DEFAULT_VERSIONS, parse_version
 from specdec_tune.profiles.records import read_json, sha256_file, sha256_json, write_json
@@ -141,6 +142,7 @@ def export(s: ExportSettings) -> dict:
         shutil.copyfile(s.plan, staging / "inputs" / "plan.json")
         shutil.copyfile(s.profile, staging / "inputs" / "profile.json")
         write_report(staging / "report", plan, profile, engines, validation)
+        (staging / "README.md").write_text(bundle_readme(plan, engines))
         manifest = {
             "schema_version": BUNDLE_SCHEMA_VERSION, "tool_version": __version__,
             "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

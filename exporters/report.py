@@ -128,3 +128,21 @@ def write_report(folder: Path, plan: dict, profile, engines: dict, validation: d
         lines.append(f"- throughput not measured: {tp['why']}")
     lines += ["", *[f"![{name}]({name})" for name in PLOTS], ""]
     (folder / "report.md").write_text("\n".join(lines))
+
+
+def bundle_readme(plan: dict, engines: dict) -> str:
+    """The bundle's README: how each engine takes its files, and what it could not express."""
+    schedule = ", ".join(f"B≤{b['batch']}: D={b['draft_len']}" for b in plan["buckets"])
+    out = [f"# Deployment bundle: {plan['mechanism']} speculative decoding", "",
+           f"Schedule ({plan['device']['name']}, times {plan['device']['times']}): {schedule}; max batch {plan['max_batch']}.", "",
+           "- `vllm/`: `sh vllm/serve.sh`, or `LLM(..., speculative_config=json.load(open('vllm/speculative_config.json')))`.",
+           "- `trtllm/`: `trtllm-serve <model> --config trtllm/config.yaml`.",
+           "- `sglang/`: SGLang has no per-batch draft-length table. `sglang/launch.sh` lists one server per concurrency band "
+           "(route each band's traffic to its server); where the algorithm allows, it also lists one adaptive server "
+           "(`--speculative-adaptive`), which picks steps by acceptance, not by batch size.",
+           "- `speculators/`: `config.json` for a learned drafter's folder (absent for model-free drafters).",
+           "- `report/report.md`: predictions, the reason for each D, plots; `validation.json`: what was checked and measured.",
+           "- `manifest.json`: file hashes and the factors `specdec-tune check` compares (exit 3 when stale).", "", "## Decisions", ""]
+    for name, e in engines.items():
+        out += [f"- {name} {e['version']}: {d}" for d in e["decisions"]]
+    return "\n".join(out) + "\n"
