@@ -28,7 +28,7 @@ from specdec_tune.profiles import micro
 from specdec_tune.profiles.calibration import CalibrationSet, load_calibration
 from specdec_tune.profiles.drafters import Drafter, DraftRequest, create
 from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint, resolve_device
-from specdec_tune.profiles.models.loading import LoadedModel, load_model
+from specdec_tune.profiles.models.loading import LoadedModel, load_model, model_folder, weights_hash
 from specdec_tune.profiles.prompts import encode_prompts
 from specdec_tune.profiles.records import sha256_json, write_json
 from specdec_tune.profiles.schema import SCHEMA_VERSION, Profile, load_profile
@@ -227,9 +227,13 @@ class Profiler:
         for name, d in self.drafters.items():
             desc = d.describe()
             model = getattr(d, "model", None)
+            ref = None
+            if model is not None:
+                ref = {"layers": len(model.layers), "shares_target_weights": model.embed_tokens is self.model.embed_tokens}
+                if desc["options"].get("model"):  # its own checkpoint: its hash makes a bundle stale when it changes
+                    ref["weights_hash"] = weights_hash(model_folder(desc["options"]["model"])[3])
             infos.append({
-                "name": name, "kind": desc["kind"], "options": desc["options"],
-                "model": {"layers": len(model.layers), "shares_target_weights": model.embed_tokens is self.model.embed_tokens} if model is not None else None,
+                "name": name, "kind": desc["kind"], "options": desc["options"], "model": ref,
                 "quant_formats": ["none", *self.s.quant_formats] if d.kind != "model_free" else ["none"],
             })
         return infos

@@ -266,3 +266,13 @@ def test_lossless_gate_fails_on_a_drafter_that_corrupts_the_target(monkeypatch):
     honest = {"mechanism": "ngram", "quant": "none", "buckets": [{"batch": 1, "draft_len": 3}]}
     profile.drafters = [types.SimpleNamespace(name="ngram", options={"prompt_lookup_min": 1, "prompt_lookup_max": 3})]
     assert lossless_gate(honest, profile, MeasureSettings(prompts=2, new_tokens=16))["passed"]
+
+
+def test_check_names_a_changed_drafter_checkpoint(bundle, tiny_hf_dir, capsys):
+    _make_fresh_here(bundle)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["drafter"] = {"name": "draft_model", "options": {"model": str(tiny_hf_dir)}, "model": {"weights_hash": "0" * 64}}
+    write_json(bundle / "manifest.json", manifest)
+    assert main(["check", str(bundle), "--json"]) == STALE_EXIT_CODE
+    changed = {c["factor"] for c in json.loads(capsys.readouterr().out)["changed"]}
+    assert "drafter_weights" in changed
