@@ -249,7 +249,7 @@ def build_record(args, config, k1, window, target, chosen, ids, exported, schedu
 
     method = config.get("method")
     if "summary" in ours:
-        record["ours"] = {"drafter": "ngram", "drafter_settings": ours["drafter_settings"], "num_draft_tokens": k1,
+        record["ours"] = {"drafter": "ngram", "drafter_settings": ours["drafter_settings"], "K": k1, "batch_size": 1,
                           **ours["summary"], "lossless_vs_plain": agreement(ours["spec_tokens"], plain),
                           "spec_s": ours["spec_s"], "plain_s": ours["plain_s"]}
     cmp: dict = {"vllm_version": exported.get("vllm_version"), "method": method, "K": k1, "window": list(window)}

@@ -34,10 +34,12 @@ import traceback
 import typing
 
 # Before vLLM is imported: keep the engine core in this process (one process, no spawn), take a
-# small KV cache, and never reach for a model hub.
+# small KV cache (GiB), leave thread placement to the OS (pinning OpenMP to a core another process
+# keeps busy slows decoding many times over on a small shared machine), and never reach for a hub.
 for _key, _value in {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "VLLM_NO_USAGE_STATS": "1",

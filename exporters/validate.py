@@ -56,7 +56,7 @@ def _prompts(target, n: int, new_tokens: int, max_draft: int, split: str = "held
                           max_new_tokens=new_tokens, max_draft_tokens=max_draft)
 
 
-def _drafter(plan: dict, profile, target):
+def plan_drafter(plan: dict, profile, target):
     from specdec_tune.profiles.drafters import create
 
     info = next((d for d in profile.drafters if d.name == plan["mechanism"]), None)
@@ -75,7 +75,7 @@ def lossless_gate(plan: dict, profile, s: MeasureSettings) -> dict:
     if not ds:
         return {"passed": True, "draft_lens": [], "note": "the plan never speculates"}
     target = load_model(profile.target["path"], dtype="float32")
-    drafter = _drafter(plan, profile, target)
+    drafter = plan_drafter(plan, profile, target)
     ids = _prompts(target, s.prompts, s.new_tokens, max(ds))
     stop = list(target.model.config.eos_token_ids)
     kwargs = dict(max_new_tokens=s.new_tokens, temperature=0.0, seed=s.seed, stop_token_ids=stop)
@@ -88,32 +88,42 @@ def lossless_gate(plan: dict, profile, s: MeasureSettings) -> dict:
     return {"passed": all(r["identical"] == r["prompts"] for r in runs), "dtype": "float32", "split": "held_back", "runs": runs}
 
 
+def context_prompts(target, ctx: int, new_tokens: int, max_draft: int, split: str) -> list[list[int]]:
+    """Calibration prompts at least ctx − new_tokens/2 tokens long, cut to that length from the left (the
+    chat template's reply header stays last), so that the KV cache averages `ctx` over the decode."""
+    length = max(1, ctx - new_tokens // 2)
+    return [ids[-length:] for ids in _prompts(target, 1000, new_tokens, max_draft, split=split) if len(ids) >= length]
+
+
+def measure_decode(target, drafter, ids: list[list[int]], D: int, new_tokens: int, repeats: int, seed: int = 0) -> dict:
+    """Decode tokens/s of one batch (every row decodes the full length), median of `repeats` after a warm-up,
+    and the tokens per target forward of the last run."""
+    from specdec_tune.profiles.decode_run import decode_prompts
+    from specdec_tune.profiles.specdec import SpecCounters
+
+    kwargs = dict(drafter=drafter if D else None, num_draft_tokens=D, max_new_tokens=new_tokens, temperature=0.0, seed=seed, stop_token_ids=())
+    rates = []
+    for _ in range(1 + repeats):
+        tokens, counters, seconds = decode_prompts(target, ids, len(ids), **kwargs)
+        rates.append(sum(len(t) for t in tokens) / seconds)
+    return {"tokens_per_s": statistics.median(rates[1:]), "tokens_per_forward": SpecCounters.total(counters).tokens_per_target_forward}
+
+
 def throughput_check(plan: dict, profile, s: MeasureSettings) -> dict:
     """Measured decode tokens/s per bucket against the plan, at the plan's context length (this device)."""
-    from specdec_tune.profiles.decode_run import decode_prompts
     from specdec_tune.profiles.models.loading import load_model
 
     if plan["device"].get("projected_from"):
         return {"checked": False, "why": f"the plan is for {plan['device']['name']} (modeled), not this device"}
     target = load_model(profile.target["path"], dtype=profile.device.get("dtype", "auto"))
-    drafter = _drafter(plan, profile, target)
-    # Prompts at least as long as the plan's context bucket less half the new tokens, cut to that length from
-    # the left (the chat template's reply header stays last): the KV cache then averages the predicted context.
-    length = max(1, plan["ctx"] - s.new_tokens // 2)
-    pool = [ids[-length:] for ids in _prompts(target, 400, s.new_tokens, plan["max_draft_len"], split="all") if len(ids) >= length]
+    drafter = plan_drafter(plan, profile, target)
+    pool = context_prompts(target, plan["ctx"], s.new_tokens, plan["max_draft_len"], "all")
     if not pool:
         return {"checked": False, "why": f"no calibration prompt reaches the plan's context of {plan['ctx']} tokens"}
     rows = []
     for b in plan["buckets"]:
         B, D = b["batch"], b["draft_len"]
-        ids = [pool[i % len(pool)] for i in range(B)]
-        kwargs = dict(drafter=drafter if D else None, num_draft_tokens=D, max_new_tokens=s.new_tokens, temperature=0.0, seed=s.seed,
-                      stop_token_ids=())  # every row decodes the full length
-        runs = []
-        for _ in range(1 + s.repeats):  # one warm-up, then the median of the repeats
-            tokens, _, seconds = decode_prompts(target, ids, B, **kwargs)
-            runs.append(sum(len(t) for t in tokens) / seconds)
-        measured = statistics.median(runs[1:])
+        measured = measure_decode(target, drafter, [pool[i % len(pool)] for i in range(B)], D, s.new_tokens, s.repeats, s.seed)["tokens_per_s"]
         predicted = b["predicted"]["tokens_per_s"]["value"]
         rows.append({"batch": B, "draft_len": D, "predicted_tokens_per_s": predicted, "predicted_source": b["predicted"]["tokens_per_s"]["source"],
                      "measured_tokens_per_s": measured, "error_pct": 100 * (predicted - measured) / measured})

@@ -369,7 +369,7 @@ class Profiler:
 
     # ------------------------------------------------------------------ acceptance
 
-    def _run_counters(self, drafter: Drafter, D: int, temperature: float, log: MeasurementLog, key: str) -> list[SpecCounters]:
+    def run_counters(self, drafter: Drafter, D: int, temperature: float, log: MeasurementLog, key: str) -> list[SpecCounters]:
         """Per-prompt counters over the profiling prompts, one logged unit per batch."""
         out: list[SpecCounters] = []
         B = self.s.acceptance_batch
@@ -394,13 +394,13 @@ class Profiler:
                 continue
             drafter = self.drafters[name] if fmt == "none" else self.drafters[name].with_quantized_weights(fmt)
             key = f"acceptance/{name}/{fmt}/{temp}"
-            per_prompt = self._run_counters(drafter, s.max_draft_len, temp, log, key)
+            per_prompt = self.run_counters(drafter, s.max_draft_len, temp, log, key)
             checks = []
             if fmt == "none" and temp == 0.0:
                 for D in s.checks:
                     if not budget.allows(f"AL check {name} D={D}"):
                         continue
-                    direct = SpecCounters.total(self._run_counters(drafter, D, 0.0, log, f"check/{name}/{D}")).tokens_per_target_forward
+                    direct = SpecCounters.total(self.run_counters(drafter, D, 0.0, log, f"check/{name}/{D}")).tokens_per_target_forward
                     derived = SpecCounters.total(per_prompt).derived_at(D)[0]
                     rel = (derived - direct) / direct
                     checks.append({"draft_len": D, "derived": derived, "direct": direct, "rel_diff": rel, "flagged": abs(rel) > FLAG_REL_DIFF})
