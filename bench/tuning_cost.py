@@ -31,12 +31,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def run(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        settings = ProfileSettings(out_dir=Path(tmp) / "profile", force=True, **args.profile_overrides)
+        folder = args.keep or Path(tmp)
+        settings = ProfileSettings(out_dir=folder / "profile", force=True, **args.profile_overrides)
         profile, calls, profile_s = counted(lambda: Profiler(settings).run())
         target_layers = profile.target["num_layers"]
-        profile_path = Path(tmp) / "profile" / "profile.json"
         t0 = time.perf_counter()
-        search(profile, sha256_file(profile_path), SearchSettings(seed=0, out_dir=Path(tmp) / "search"))
+        search(profile, sha256_file(folder / "profile" / "profile.json"), SearchSettings(seed=0, out_dir=folder))
         search_s = time.perf_counter() - t0
     result = {"source": "measured", "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in args.profile_overrides.items()},
               "profile_s": profile_s, "search_s": search_s, "target_forwards": calls[target_layers],
@@ -56,6 +56,7 @@ def run(args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "tuning_cost.json")
+    ap.add_argument("--keep", type=Path, default=None, help="keep profile/profile.json, plan.json and the study under this folder")
     ap.add_argument("--quick", action="store_true", help="a reduced profile: ngram only, batches 1-2, D_max 3, 1 prompt per domain")
     args = ap.parse_args(argv)
     args.profile_overrides = ({"drafters": ("ngram",), "batch_buckets": (1, 2), "ctx_buckets": (64,), "max_draft_len": 3, "prompts_per_domain": 1,

@@ -44,6 +44,7 @@ NOTES = [
     "Our loop caps a round's draft at the tokens still allowed (max_new_tokens - generated - 1); vLLM drafts K and truncates the output, so its last rounds can count accepted tokens that are not emitted.",
     "Greedy outputs of two engines can differ after a near-tie in the logits (different kernels, batch shapes); the n-gram drafts then follow different text.",
     "vllm_tokens_per_forward_derived = output tokens / (output tokens - accepted drafts): one forward per emitted token that was not an accepted draft, prefill included.",
+    "ours_replayed_in_vllm_rounds replays our ngram drafter with vLLM's round structure on our greedy output (extended by K tokens); where the outputs agree, equal counters mean the drafting rules agree.",
 ]
 
 
@@ -156,19 +157,55 @@ def run_vllm(vllm_python: Path, job: dict, workdir: Path, name: str, timeout: fl
 
 
 def run_ours(target, ids: list[list[int]], k: int, window: tuple[int, int], max_new_tokens: int, stop: list[int]) -> dict:
-    """Our loop, batch 1: the ngram drafter at K (when K > 0) and plain greedy decoding."""
+    """Our loop, batch 1: plain greedy and the ngram drafter at K (when K > 0).
+
+    Plain greedy runs K tokens past max_new_tokens: the replay below needs the continuation that
+    vLLM's last rounds verify (vLLM drafts K there and counts acceptances past max_tokens).
+    """
     from specdec_tune.profiles.decode_run import decode_prompts, summarize
     from specdec_tune.profiles.drafters import create
 
     kwargs = dict(max_new_tokens=max_new_tokens, temperature=0.0, seed=0, stop_token_ids=stop)
-    plain, _, plain_s = decode_prompts(target, ids, 1, **kwargs)
-    out: dict = {"plain_tokens": plain, "plain_s": plain_s}
+    reference, _, plain_s = decode_prompts(target, ids, 1, **{**kwargs, "max_new_tokens": max_new_tokens + k})
+    out: dict = {"plain_tokens": [r[:max_new_tokens] for r in reference], "reference": reference, "plain_s": plain_s}
     if k > 0:
         drafter = create("ngram", target, {"prompt_lookup_min": str(window[0]), "prompt_lookup_max": str(window[1])})
         tokens, counters, seconds = decode_prompts(target, ids, 1, drafter=drafter, num_draft_tokens=k, **kwargs)
         out.update(spec_tokens=tokens, counters=counters, spec_s=seconds, drafter_settings=drafter.describe(),
                    summary=summarize(counters, len(ids), sum(len(t) for t in tokens), seconds))
+        out["replay"] = [replay_vllm_rounds(drafter, p, r, k, max_new_tokens, stop) for p, r in zip(ids, reference)]
     return out
+
+
+def replay_vllm_rounds(drafter, prompt: list[int], reference: list[int], k: int, max_new_tokens: int, stop: list[int]) -> dict:
+    """Our ngram drafter's counters under vLLM's round structure, verified against a known greedy output.
+
+    vLLM emits the first token from the prefill without a draft, then each round drafts up to K
+    tokens (not capped by the tokens still allowed), accepts the prefix that matches greedy decoding,
+    and adds one token; acceptances past max_tokens are counted, the tokens are cut from the output.
+    Where vLLM's output equals `reference`, this reproduces its counters when the drafting rule agrees.
+    """
+    from specdec_tune.profiles.drafters import DraftRequest
+
+    seq, pos = list(prompt) + reference[:1], 1
+    drafts = drafted = accepted = 0
+    per_pos = [0] * k
+    while pos < max_new_tokens and seq[-1] not in stop and pos < len(reference):
+        draft = drafter.propose(DraftRequest([seq], [k], 0.0, None)).tokens[0]
+        n = common_prefix(draft, reference[pos : pos + len(draft)])
+        if draft:
+            drafts, drafted, accepted = drafts + 1, drafted + len(draft), accepted + n
+            for i in range(n):
+                per_pos[i] += 1
+        emitted = reference[pos : pos + n + 1]
+        for j, tok in enumerate(emitted):
+            if tok in stop:
+                emitted = emitted[: j + 1]
+                break
+        seq += emitted
+        pos += len(emitted)
+    return {"num_drafts": drafts, "num_draft_tokens": drafted, "num_accepted_tokens": accepted, "num_accepted_tokens_per_pos": per_pos,
+            "mean_acceptance_length": 1.0 + accepted / drafts if drafts else None}
 
 
 # ---------------------------------------------------------------------------- comparison
@@ -193,7 +230,7 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> dict:
     }
 
 
-def vllm_summary(run: dict, plain: list[list[int]]) -> dict:
+def vllm_summary(run: dict, plain: list[list[int]] | None) -> dict:
     """What the record keeps of one engine run (token ids are compared, not stored)."""
     keep = ("ok", "error", "traceback_tail", "log_tail", "returncode", "speculative_config_input", "speculative_config_check",
             "engine_args", "counters", "mean_acceptance_length", "acceptance_rate", "mean_draft_len", "output_tokens",
@@ -205,12 +242,14 @@ def vllm_summary(run: dict, plain: list[list[int]]) -> dict:
         forwards = emitted - c["num_accepted_tokens"]
         out["vllm_tokens_per_forward_derived"] = emitted / forwards if forwards > 0 else None
         out["tokens_per_s"] = emitted / run["generate_s"] if run.get("generate_s") else None
-        out["vs_our_plain_greedy"] = agreement(run["outputs"], plain)
+        if plain is not None:
+            out["vs_our_plain_greedy"] = agreement(run["outputs"], plain)
     return out
 
 
 def build_record(args, config, k1, window, target, chosen, ids, exported, schedule_run, schedule_used, ours, timing) -> dict:
-    plain = ours["plain_tokens"]
+    ours = ours or {}
+    plain = ours.get("plain_tokens")
     ex = vllm_summary(exported, plain)
     record: dict = {
         "schema": SCHEMA,
@@ -231,7 +270,7 @@ def build_record(args, config, k1, window, target, chosen, ids, exported, schedu
             "speculative_config_check": exported.get("speculative_config_check"),
         },
         "runs": {"exported": ex},
-        "ours": None,
+        "ours": {"error": ours["error"]} if "error" in ours else None,
         "comparison": {},
         "per_prompt": [],
         "timing": timing,
@@ -252,12 +291,26 @@ def build_record(args, config, k1, window, target, chosen, ids, exported, schedu
         record["ours"] = {"drafter": "ngram", "drafter_settings": ours["drafter_settings"], "K": k1, "batch_size": 1,
                           **ours["summary"], "lossless_vs_plain": agreement(ours["spec_tokens"], plain),
                           "spec_s": ours["spec_s"], "plain_s": ours["plain_s"]}
+    if "replay" in ours:
+        tot = {key: sum(r[key] for r in ours["replay"]) for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
+        tot["num_accepted_tokens_per_pos"] = [sum(col) for col in zip(*(r["num_accepted_tokens_per_pos"] for r in ours["replay"]))]
+        tot["mean_acceptance_length"] = 1.0 + tot["num_accepted_tokens"] / tot["num_drafts"] if tot["num_drafts"] else None
+        record["ours_replayed_in_vllm_rounds"] = {
+            "what": "our ngram drafter under vLLM's round structure (prefill token undrafted, K uncapped at the tail), "
+                    "verified against our plain greedy output extended by K tokens",
+            **tot,
+        }
     cmp: dict = {"vllm_version": exported.get("vllm_version"), "method": method, "K": k1, "window": list(window)}
-    if exported.get("ok"):
+    if exported.get("ok") and plain is not None:
         cmp["mean_acceptance_length"] = {"vllm": ex.get("mean_acceptance_length"),
                                          "ours": record["ours"]["mean_acceptance_length"] if record["ours"] else None}
         if record["ours"] and ex.get("mean_acceptance_length") is not None:
             cmp["mean_acceptance_length"]["vllm_minus_ours"] = ex["mean_acceptance_length"] - record["ours"]["mean_acceptance_length"]
+        if "ours_replayed_in_vllm_rounds" in record:
+            replayed = record["ours_replayed_in_vllm_rounds"]
+            cmp["mean_acceptance_length"]["ours_replayed_in_vllm_rounds"] = replayed["mean_acceptance_length"]
+            keys = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos")
+            cmp["replay_counters_equal_vllm"] = all(replayed[key] == ex["counters"][key] for key in keys)
         cmp["tokens_per_forward"] = {"ours": record["ours"]["tokens_per_target_forward"] if record["ours"] else None,
                                      "vllm_derived": ex.get("vllm_tokens_per_forward_derived")}
         cmp["vllm_greedy_vs_our_plain_greedy"] = ex["vs_our_plain_greedy"]
@@ -267,11 +320,18 @@ def build_record(args, config, k1, window, target, chosen, ids, exported, schedu
 
     per_request = exported.get("per_request") or [None] * len(ids)
     for i, p in enumerate(chosen.prompts):
-        row = {"id": p.id, "domain": p.domain, "prompt_tokens": len(ids[i]), "our_plain_tokens": len(plain[i])}
+        row = {"id": p.id, "domain": p.domain, "prompt_tokens": len(ids[i])}
+        if plain is None:
+            record["per_prompt"].append(row)
+            continue
+        row["our_plain_tokens"] = len(plain[i])
         if "counters" in ours:
             c = ours["counters"][i]
             row["ours"] = {"num_drafts": c.num_drafts, "num_accepted_tokens": c.num_accepted_tokens,
-                           "mean_acceptance_length": c.mean_acceptance_length}
+                           "mean_acceptance_length": c.mean_acceptance_length if c.num_drafts else None}
+            r = ours["replay"][i]
+            row["ours_replayed_in_vllm_rounds"] = {"num_drafts": r["num_drafts"], "num_accepted_tokens": r["num_accepted_tokens"],
+                                                   "mean_acceptance_length": r["mean_acceptance_length"]}
         if exported.get("ok"):
             v = per_request[i] or {}
             row["vllm"] = {"num_drafts": v.get("num_spec_steps"), "num_accepted_tokens": v.get("num_accepted_draft_tokens"),
@@ -314,16 +374,23 @@ def print_table(record: dict) -> None:
         if not run.get("ok"):
             print(f"{'vllm ' + name:<26}  FAILED: {run.get('error')}")
             continue
-        c, a = run["counters"], run["vs_our_plain_greedy"]
+        c, a = run["counters"], run.get("vs_our_plain_greedy")
         rows.append(("vllm " + name, c["num_drafts"], c["num_draft_tokens"], c["num_accepted_tokens"], run["mean_acceptance_length"],
-                     run.get("vllm_tokens_per_forward_derived"), f"{a['identical_prompts']}/{a['prompts']}"))
+                     run.get("vllm_tokens_per_forward_derived"), f"{a['identical_prompts']}/{a['prompts']}" if a else "-"))
     o = record["ours"]
-    if o:
+    if o and "error" in o:
+        print(f"{'ours':<26}  FAILED: {o['error']}")
+    elif o:
         a = o["lossless_vs_plain"]
         rows.append(("ours ngram (batch 1)", o["num_drafts"], o["num_draft_tokens"], o["num_accepted_tokens"], o["mean_acceptance_length"],
                      o["tokens_per_target_forward"], f"{a['identical_prompts']}/{a['prompts']}"))
+    r = record.get("ours_replayed_in_vllm_rounds")
+    if r:
+        rows.append(("ours, vLLM's rounds", r["num_drafts"], r["num_draft_tokens"], r["num_accepted_tokens"], r["mean_acceptance_length"], None, ""))
     for name, d, dt, acc, al, tpf, same in rows:
         print(f"{name:<26}{d:>8}{dt:>9}{acc:>10}{_fmt(al):>9}{_fmt(tpf):>9}{same:>15}")
+    if "replay_counters_equal_vllm" in record["comparison"]:
+        print(f"replayed counters equal vLLM's: {record['comparison']['replay_counters_equal_vllm']}")
     t = record["timing"]
     print(f"wall {t['total_s']:.1f} s (vLLM runs {t['vllm_s']:.1f} s, our loop {t['ours_s']:.1f} s)")
 
@@ -395,15 +462,22 @@ def main(argv: list[str] | None = None) -> int:
         vllm_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    torch.manual_seed(0)
-    ours = run_ours(target, ids, k1, window, args.max_new_tokens, stop)
+    ours = None  # nothing to compare with when vLLM could not run the config
+    if exported.get("ok"):
+        from specdec_tune import SpecdecError
+
+        torch.manual_seed(0)
+        try:
+            ours = run_ours(target, ids, k1, window, args.max_new_tokens, stop)
+        except SpecdecError as e:
+            ours = {"error": str(e)}
     ours_s = time.perf_counter() - t0
     timing = {"total_s": time.perf_counter() - t_start, "vllm_s": vllm_s, "ours_s": ours_s}
     record = build_record(args, config, k1, window, target, chosen, ids, exported, schedule_run, schedule_used, ours, timing)
     write_json_atomic(args.out, record)
     print_table(record)
     print(f"wrote {args.out}")
-    failed = not exported.get("ok") or (schedule_run is not None and not schedule_run.get("ok"))
+    failed = not exported.get("ok") or (schedule_run is not None and not schedule_run.get("ok")) or (ours is not None and "error" in ours)
     return 1 if failed else 0
 
 

@@ -27,7 +27,7 @@ def encode_prompts(tokenizer, prompts: CalibrationSet, *, chat: bool = True, con
         if len(ids) + max_new_tokens + max_draft_tokens + 1 > context_tokens:
             raise SpecdecError(
                 f"prompt {p.id} has {len(ids)} tokens; with {max_new_tokens} new ones it exceeds the {context_tokens}-token context",
-                "shorten the prompt or lower --max-new-tokens",
+                "shorten the prompt or generate fewer new tokens (--new-tokens, --max-new-tokens)",
             )
         out.append(ids)
     return out

@@ -66,6 +66,9 @@ def test_acceptance_lengths_recorded_on_both_sides(quick_record):
     assert ours["lossless_vs_plain"]["fraction_identical"] == 1.0
     agreement = quick_record["comparison"]["vllm_greedy_vs_our_plain_greedy"]
     assert agreement["prompts"] == 2 and 0.0 <= agreement["fraction_identical"] <= 1.0
+    if agreement["fraction_identical"] == 1.0:
+        # same text on both sides: our drafter replayed with vLLM's rounds must reproduce vLLM's counters
+        assert quick_record["comparison"]["replay_counters_equal_vllm"] is True
 
 
 def test_per_batch_schedule_run_matches_the_field(quick_record):
