@@ -389,6 +389,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         _fail(f"error: {e}")
         return 1
+    except OSError as e:  # a full disk, a permission, a vanished folder: name it, no traceback
+        if _state["debug"]:
+            raise
+        where = f" ({e.filename})" if e.filename else ""
+        _fail(f"error: {e.strerror or e}{where} (check the path, its permissions and the free disk space; completed measurements are kept)")
+        return 1
     except typer.Exit as e:
         return e.exit_code
     except (typer.Abort, KeyboardInterrupt):

@@ -7,10 +7,13 @@ package's), driven through `bench/vllm_runner.py` in a subprocess, one engine at
   1. "exported" run: the speculative config as given, greedy, max_num_seqs=1 (batch 1, as our loop);
   2. "per_batch_schedule" run, when this vLLM has `num_speculative_tokens_per_batch_size`: the config's
      own schedule, or [[1, 1, K], [2, N, 1]], with all N prompts in one batch;
-  3. our own loop (`ngram` drafter, same K and window, same prompts, greedy, fp32), and plain greedy.
+  3. our own loop (`ngram` drafter, same K and window, same prompts, greedy, fp32), and plain greedy;
+  4. a replay of our drafter with vLLM's round structure on our greedy output: where the two engines'
+     outputs agree, its counters equal vLLM's exactly when the drafting rules agree.
 
 Both sides report vLLM's figure, mean acceptance length = 1 + accepted / drafts over the rounds that
-had a draft. Writes a JSON record (atomically) and prints a short table.
+had a draft. Writes a JSON record (atomically) and prints a short table. Exit status: 0 when every
+run worked, 1 when one failed (the record says why), 2 when the vLLM virtualenv is missing.
 
     python bench/vllm_engine_check.py [--speculative-config FILE] [--num-prompts 16] [--max-new-tokens 64]
                                       [--vllm-python .venv-vllm/bin/python] [--out bench/results/vllm_cpu_ngram.json] [--quick]

@@ -26,6 +26,7 @@ Exit status: 0 on success, 1 when the engine failed, 2 on unusable input.
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
 import os
 import sys
@@ -191,10 +192,8 @@ def run(job: dict) -> dict:
     t_start = time.perf_counter()
     result: dict = {"ok": False, "error": None, "vllm_version": getattr(vllm, "__version__", "unknown"), "python": sys.version.split()[0]}
     try:
-        import torch
-
-        result["torch_version"] = torch.__version__
-    except ImportError:
+        result["torch_version"] = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
         pass
     described = describe_speculative_config_class()
     result["speculative_config_fields"] = described["fields"]
@@ -221,7 +220,6 @@ def run(job: dict) -> dict:
         temperature=0.0,
         max_tokens=int(job["max_tokens"]),
         stop_token_ids=[int(t) for t in job.get("stop_token_ids", [])] or None,
-        seed=int(job.get("seed", 0)),
     )
     prompts = [{"prompt_token_ids": [int(t) for t in p]} for p in job["prompts"]]
     try:

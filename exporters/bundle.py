@@ -105,6 +105,7 @@ def export(s: ExportSettings) -> dict:
     versions = _versions(s.versions)
     ctx = _context(plan, profile, s, versions)
     out = s.out
+    _refuse_foreign_folder(out)
     staging = out.parent / f".{out.name}.staging-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     try:
@@ -163,15 +164,24 @@ def export(s: ExportSettings) -> dict:
     return manifest
 
 
+def _refuse_foreign_folder(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or (not (out / "manifest.json").is_file() and any(out.iterdir()))):
+        raise SpecdecError(f"{out} exists and is not a bundle", "choose an empty or new folder with --out")
+
+
 def _swap_into_place(staging: Path, out: Path) -> None:
-    """Replace OUT by the staged bundle with renames: a reader never sees half a bundle."""
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
-    if out.exists():
-        if not (out / "manifest.json").is_file() and any(out.iterdir()):
-            raise SpecdecError(f"{out} exists and is not a bundle", "choose an empty or new folder with --out")
-        out.rename(old)
-    staging.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
+    """Replace OUT by the staged bundle with renames, under a lock: a reader never sees half a bundle, and
+    two exports into one folder land one after the other."""
+    import fcntl
+
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        if out.exists():
+            _refuse_foreign_folder(out)
+            out.rename(old)
+        staging.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------- reading a bundle

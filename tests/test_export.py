@@ -195,7 +195,7 @@ def test_reexport_replaces_the_bundle_whole(plan_path, bundle):
         read_manifest(bundle)
     export(ExportSettings(plan=plan_path, profile=PROFILE_PATH, out=bundle, skip_measure=True))
     read_manifest(bundle)
-    assert not (bundle / "report" / "stale.txt").exists() and not list(bundle.parent.glob(".bundle.*"))
+    assert not (bundle / "report" / "stale.txt").exists() and not list(bundle.parent.glob(".bundle.staging-*"))
 
 
 def test_export_refuses_a_plan_from_another_profile(plan_path, tmp_path, capsys):

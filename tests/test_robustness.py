@@ -111,3 +111,40 @@ def test_bad_input_is_one_line_nonzero_and_leaves_nothing(files, tmp_path, capsy
 def test_case_count_matches_the_readme():
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     assert f"| bad input to every command | {len(CASES)} |" in readme
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_old_bundle(files, tmp_path, capsys, monkeypatch):
+    import errno
+
+    out = tmp_path / "bundle"
+    assert main(["export", "--plan", str(files / "plan" / "plan.json"), "--profile", str(PROFILE), "--out", str(out), "--configs-only"]) == 0
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    capsys.readouterr()
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(args[0]) if args else None)
+
+    monkeypatch.setattr("specdec_tune.exporters.report.write_report", full)
+    monkeypatch.setattr("specdec_tune.exporters.bundle.write_report", full)
+    code = main(["export", "--plan", str(files / "plan" / "plan.json"), "--profile", str(PROFILE), "--out", str(out), "--configs-only"])
+    err = capsys.readouterr().err
+    assert code == 1 and "No space left on device" in err and err.count("\n") == 1
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # the previous bundle is untouched
+    assert not list(tmp_path.glob(".bundle.staging-*")) + list(tmp_path.glob(".bundle.old-*"))  # nothing left behind
+
+
+def test_two_exports_into_one_folder(files, tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "bundle"
+    cmd = [sys.executable, "-m", "specdec_tune.autotune.cli", "export", "--plan", str(files / "plan" / "plan.json"), "--profile", str(PROFILE),
+           "--out", str(out), "--configs-only"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    codes = [p.wait(300) for p in procs]
+    assert 0 in codes  # at least one lands; the other lands too or fails with one line
+    for p, code in zip(procs, codes):
+        if code:
+            assert p.stderr.read().count("\n") == 1
+    assert main(["validate", str(out), "--configs-only"]) == 0
+    assert not list(tmp_path.glob(".bundle.staging-*")) + list(tmp_path.glob(".bundle.old-*"))
