@@ -1,6 +1,11 @@
 """The cost model of DESIGN.md §1, answered from a recorded profile (the `replay` backend).
 
     TPS(B, D)      = B · AL(D) / (T_verif(B, 1+D) + T_draft(B, D) + T_host(B, D))
+    T_verif(B, 1+D) is the expected cost of the round's width: a batch verifies 1 + the longest proposal
+    among its rows, and model-free drafters often propose fewer than D tokens. With P(L) the share of
+    rounds that proposed L tokens at D_max (the profile's round histogram), a row's width is min(L, D) and
+        E[T_verif] = Σ_w (F(w)^B − F(w−1)^B) · T_verif(B, 1+w),   F(w) = P(min(L, D) ≤ w),
+    rows taken as independent. A drafter that always proposes D reduces to T_verif(B, 1+D).
     per-user rate  = TPS(B, D) / B
     speedup        = TPS(B, D) / TPS(B, 0),   TPS(B, 0) = B / (T_verif(B, 1) + T_host(B, 0))
 
@@ -122,6 +127,27 @@ class CostModel:
         points = self._host.get(mechanism) or self._host.get("plain")
         return _interp_in_batch(points, batch) if points else Figure(0.0, "modeled")
 
+    def round_verify_ms(self, mechanism: str, quant: str, batch: int, draft_len: int) -> Figure:
+        """Expected verify time of a round at draft length D: the batch verifies its longest proposal."""
+        record = self._al.get((mechanism, quant))
+        if record is None or not record.rounds:
+            return self.verify_ms(batch, 1 + draft_len)
+        share = [sum(row) for row in record.rounds]  # rounds that proposed L tokens, L = 0..D_max
+        total = sum(share)
+        if total == 0 or share[-1] == total:  # always the full draft: no spread to model
+            return self.verify_ms(batch, 1 + draft_len)
+        cdf = [sum(share[: min(w, len(share) - 1) + 1]) / total if w < draft_len else 1.0 for w in range(draft_len + 1)]
+        expected, previous = 0.0, 0.0
+        sources = []
+        for w in range(draft_len + 1):
+            p_max = cdf[w] ** batch - previous
+            previous = cdf[w] ** batch
+            if p_max > 1e-12:
+                t = self.verify_ms(batch, 1 + w)
+                expected += p_max * t.value
+                sources.append(t.source)
+        return Figure(expected, weakest("modeled", *sources))
+
     def tokens_per_forward(self, mechanism: str, quant: str, draft_len: int) -> Figure:
         record = self._al.get((mechanism, quant))
         if record is None:
@@ -145,7 +171,7 @@ class CostModel:
         if D == 0:  # no speculation: the mechanism and its weights play no part
             mechanism, quant = "none", "none"
         tpf = self.tokens_per_forward(mechanism, quant, D) if D else Figure(1.0, "measured")
-        verify = self.verify_ms(batch, 1 + D)
+        verify = self.round_verify_ms(mechanism, quant, batch, D) if D else self.verify_ms(batch, 1)
         draft = self.draft_ms(mechanism, quant, batch, D)
         host = self.host_ms(mechanism if D else "plain", batch)
         round_ms = verify.value + draft.value + host.value

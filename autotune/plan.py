@@ -77,7 +77,8 @@ def rationale(space: Space, c: Candidate, B: int, D: int) -> dict:
                      f"{space.tile_rows // space.group - 1} (guidelines 2, 3)")
     else:
         lines.append("no attention tile on this device: guidelines 2 and 3 are neutral")
-    others = sorted(((space.bucket_score(B, d, m, q), d) for d in allowed if d != D), reverse=True)
+    # the runner-up among the draft lengths this schedule allows (TensorRT-LLM: none above its maximum)
+    others = sorted(((space.bucket_score(B, d, m, q), d) for d in allowed if d != D and d <= max(c.schedule)), reverse=True)
     rivals = [(max(space.bucket_score(B, d, m2, q2) for d in space.allowed(m2, c.tile_policy)), m2, q2)
               for m2, q2 in space.pairs if m2 != m]
     out = {"guideline": guideline, "text": "; ".join(lines),

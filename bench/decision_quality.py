@@ -6,7 +6,7 @@ For every batch bucket it decodes at every D in 0..D_max (the oracle sweep) and 
   (c) the engine's usual default K  (d) the tuned plan  (e) the oracle: the best measured D at that bucket
 and the cost model's predicted tokens/s and tokens per forward against the measured ones at every point.
 
-    python bench/decision_quality.py                      # demo pair on this machine (about 25 minutes on 2 cores)
+    python bench/decision_quality.py                      # demo pair on this machine (about 15 minutes on 2 cores)
     python bench/decision_quality.py --profile P --quick  # a reduced run (the test uses it)
 
 Writes bench/results/decision_quality.json and prints a table.
@@ -15,6 +15,7 @@ Writes bench/results/decision_quality.json and prints a table.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -54,15 +55,21 @@ def run(args) -> dict:
     target = load_model(profile.target["path"], dtype=profile.device.get("dtype", "auto"))
     drafter = plan_drafter(plan, profile, target)
     pool = context_prompts(target, plan["ctx"], args.new_tokens, d_max, "held_back")
-    if len(pool) < max(b["batch"] for b in buckets):
+    if len(pool) < max(args.rows, *(b["batch"] for b in buckets)):
         raise SpecdecError(f"only {len(pool)} held-back prompts reach the context {plan['ctx']}", "use fewer or smaller batches")
     sweep: dict = {}
+    reused = json.loads(args.reuse_sweep.read_text()) if args.reuse_sweep else None
+    measured = {(p["batch"], p["draft_len"]): p for p in reused["sweep"]} if reused else {}
 
     def oracle_sweep() -> None:
         for b in buckets:
             B = b["batch"]
             for D in range(d_max + 1):
-                m = measure_decode(target, drafter, pool[:B], D, args.new_tokens, args.repeats, args.seed)
+                if (B, D) in measured:  # measured before, by this script: the measurements do not depend on the model
+                    m = {"tokens_per_s": measured[(B, D)]["measured_tokens_per_s"], "tokens_per_forward": measured[(B, D)]["measured_tokens_per_forward"]}
+                else:
+                    rows = max(B, args.rows)  # small batches decode several batches, so that AL is not one prompt's
+                    m = measure_decode(target, drafter, pool[:rows], D, args.new_tokens, args.repeats, args.seed, batch_size=B)
                 p = cost.predict(B, D, mech, quant)
                 sweep[(B, D)] = {"batch": B, "draft_len": D, "measured_tokens_per_s": m["tokens_per_s"],
                                  "measured_tokens_per_forward": m["tokens_per_forward"], "predicted_tokens_per_s": p.tokens_per_s.value,
@@ -72,6 +79,8 @@ def run(args) -> dict:
 
     _, calls, sweep_s = counted(oracle_sweep)
     sweep_forwards = calls[len(target.model.layers)]
+    if reused:  # the sweep's cost is the one its measurement took
+        sweep_s, sweep_forwards = reused["cost"]["oracle_sweep_s"], reused["cost"]["oracle_sweep_target_forwards"]
     batches = [b["batch"] for b in buckets]
     tps = lambda B, D: sweep[(B, D)]["measured_tokens_per_s"]  # noqa: E731
     single = max(range(d_max + 1), key=lambda D: (statistics.mean(tps(B, D) / tps(B, 0) for B in batches), -D))
@@ -94,7 +103,7 @@ def run(args) -> dict:
     mean_ratio = lambda key: statistics.mean(r["vs_no_spec"][key] for r in rows)  # noqa: E731
     return {
         "source": "measured", "profile": str(args.profile), "device": profile.device.get("name"), "dtype": profile.device.get("dtype"),
-        "mechanism": mech, "quant": quant, "ctx": plan["ctx"], "split": "held_back", "new_tokens": args.new_tokens, "repeats": args.repeats,
+        "mechanism": mech, "quant": quant, "ctx": plan["ctx"], "split": "held_back", "new_tokens": args.new_tokens, "repeats": args.repeats, "rows": args.rows,
         "max_draft_len": d_max, "engine_default_k": default_k, "best_single_draft_len_measured": single,
         "plan_schedule": [[b["batch"], b["draft_len"]] for b in buckets], "buckets": rows, "sweep": points,
         "fidelity": {"tokens_per_s_median_err_pct": 100 * statistics.median(tps_err), "tokens_per_s_worst_err_pct": 100 * max(tps_err),
@@ -102,13 +111,14 @@ def run(args) -> dict:
                      "plan_tokens_per_s_err_pct": [100 * _rel_err(p["predicted_tokens_per_s"], p["measured_tokens_per_s"]) for p in plan_points]},
         "targets": {"plan_min_vs_oracle": min(r["vs_oracle"]["plan"] for r in rows), "plan_mean_speedup": mean_ratio("plan"),
                     "single_d_mean_speedup": mean_ratio("single_d"), "plan_beats_single_d": mean_ratio("plan") > mean_ratio("single_d")},
+        "sweep_reused_from": str(args.reuse_sweep) if args.reuse_sweep else None,
         "cost": {"search_s": search_s, "oracle_sweep_s": sweep_s, "oracle_sweep_target_forwards": sweep_forwards},
     }
 
 
 def table(result: dict) -> str:
     lines = [f"decision quality: {result['mechanism']} on {result['device']} ({result['dtype']}), held-back prompts, ctx {result['ctx']}, "
-             f"{result['new_tokens']} new tokens, median of {result['repeats']}",
+             f"{result['new_tokens']} new tokens, at least {result['rows']} prompts per point, median of {result['repeats']} after a warm-up",
              "| batch | plan D | oracle D | no spec | single D | engine default | plan | oracle | plan / oracle | plan / no spec |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["buckets"]:
@@ -130,14 +140,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", type=Path, default=ROOT / "tests" / "data" / "demo_profile.json")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "decision_quality.json")
     ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--rows", type=int, default=8, help="prompts decoded per point at least (in batches of the bucket's size)")
     ap.add_argument("--max-batch", type=int, default=1 << 30)
     ap.add_argument("--max-draft-len", type=int, default=1 << 30)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--reuse-sweep", type=Path, default=None, help="take the measured points from an earlier result of this script "
+                    "(same profile, prompts and settings) and recompute the plan and the predictions")
     ap.add_argument("--quick", action="store_true", help="batches up to 2, D up to 2, 8 tokens, 1 repeat")
     args = ap.parse_args(argv)
     if args.quick:
-        args.max_batch, args.max_draft_len, args.new_tokens, args.repeats = 2, 2, 8, 1
+        args.max_batch, args.max_draft_len, args.new_tokens, args.repeats, args.rows = 2, 2, 8, 1, 2
     try:
         result = run(args)
     except SpecdecError as e:

@@ -219,24 +219,22 @@ def validate_bundle(bundle: Path, measure: MeasureSettings | None) -> dict:
     """Hashes, engine configs again, and (with `measure`) the lossless gate and throughput on this machine."""
     import json
 
+    import yaml
+
     manifest = read_manifest(bundle)
     engines = load_engines()
     result: dict = {"hashes": f"{len(manifest['files'])} files match the manifest", "configs": []}
-    documents = {"vllm": "speculative_config.json", "trtllm": "config.yaml", "sglang": "bands.json", "speculators": "config.json"}
     for name, entry in manifest["engines"].items():
-        rel = f"{entry['folder']}/{documents[name]}"
+        engine = engines.get(name)
+        if engine is None:
+            raise SpecdecError(f"the manifest names an unknown engine {name!r}", "re-export the bundle with this version")
+        rel = f"{entry['folder']}/{engine.document}"
         if rel not in manifest["files"]:
-            result["configs"].append(check_document(engines[name], None))
+            result["configs"].append(check_document(engine, None))
             continue
         text = (Path(bundle) / rel).read_text()
-        if rel.endswith(".yaml"):
-            import yaml
-
-            document = yaml.safe_load(text)
-            document = {k: v for k, v in document.items()} if isinstance(document, dict) else document
-        else:
-            document = json.loads(text)
-        result["configs"].append(check_document(engines[name], document))
+        document = yaml.safe_load(text) if rel.endswith(".yaml") else json.loads(text)
+        result["configs"].append(check_document(engine, document))
     if measure is not None:
         plan = read_plan(Path(bundle) / "inputs" / "plan.json")
         profile = load_profile(Path(bundle) / "inputs" / "profile.json")

@@ -51,6 +51,7 @@ class EngineFiles:
 class Engine:
     name: str
     folder: str
+    document: str  # the file in its folder that holds the checked config
     schema: str  # file name under schemas/
     render: Callable[[ExportContext], EngineFiles]
     rules: Callable[[dict], list[str]]  # the engine's cross-field rules a schema cannot state; returns violations

@@ -78,4 +78,4 @@ def rules(doc: dict) -> list[str]:
     return out
 
 
-register(Engine("sglang", "sglang", "sglang-bands.schema.json", render, rules))
+register(Engine("sglang", "sglang", "bands.json", "sglang-bands.schema.json", render, rules))

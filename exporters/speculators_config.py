@@ -46,4 +46,4 @@ def rules(config: dict) -> list[str]:
     return []
 
 
-register(Engine("speculators", "speculators", "speculators-config.schema.json", render, rules))
+register(Engine("speculators", "speculators", "config.json", "speculators-config.schema.json", render, rules))

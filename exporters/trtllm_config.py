@@ -78,4 +78,4 @@ def _dump(config: dict) -> str:
     return "# trtllm-serve <model> --config config.yaml\n" + yaml.safe_dump(config, sort_keys=False)
 
 
-register(Engine("trtllm", "trtllm", "trtllm-config.schema.json", render, rules))
+register(Engine("trtllm", "trtllm", "config.yaml", "trtllm-config.schema.json", render, rules))

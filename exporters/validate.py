@@ -95,16 +95,17 @@ def context_prompts(target, ctx: int, new_tokens: int, max_draft: int, split: st
     return [ids[-length:] for ids in _prompts(target, 1000, new_tokens, max_draft, split=split) if len(ids) >= length]
 
 
-def measure_decode(target, drafter, ids: list[list[int]], D: int, new_tokens: int, repeats: int, seed: int = 0) -> dict:
-    """Decode tokens/s of one batch (every row decodes the full length), median of `repeats` after a warm-up,
-    and the tokens per target forward of the last run."""
+def measure_decode(target, drafter, ids: list[list[int]], D: int, new_tokens: int, repeats: int, seed: int = 0,
+                   batch_size: int | None = None) -> dict:
+    """Decode tokens/s over `ids` in batches of `batch_size` (default: one batch; every row decodes the full
+    length), median of `repeats` after a warm-up, and the tokens per target forward of the last run."""
     from specdec_tune.profiles.decode_run import decode_prompts
     from specdec_tune.profiles.specdec import SpecCounters
 
     kwargs = dict(drafter=drafter if D else None, num_draft_tokens=D, max_new_tokens=new_tokens, temperature=0.0, seed=seed, stop_token_ids=())
     rates = []
     for _ in range(1 + repeats):
-        tokens, counters, seconds = decode_prompts(target, ids, len(ids), **kwargs)
+        tokens, counters, seconds = decode_prompts(target, ids, batch_size or len(ids), **kwargs)
         rates.append(sum(len(t) for t in tokens) / seconds)
     return {"tokens_per_s": statistics.median(rates[1:]), "tokens_per_forward": SpecCounters.total(counters).tokens_per_target_forward}
 

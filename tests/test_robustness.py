@@ -148,3 +148,28 @@ def test_two_exports_into_one_folder(files, tmp_path):
             assert p.stderr.read().count("\n") == 1
     assert main(["validate", str(out), "--configs-only"]) == 0
     assert not list(tmp_path.glob(".bundle.staging-*")) + list(tmp_path.glob(".bundle.old-*"))
+
+
+def test_search_killed_midway_resumes_to_the_same_plan(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cmd = [sys.executable, "-m", "specdec_tune.autotune.cli", "search", "--profile", str(PROFILE), "--trials", "400", "--seed", "5"]
+    whole = tmp_path / "whole"
+    assert subprocess.run([*cmd, "--out", str(whole)], capture_output=True, timeout=600).returncode == 0
+    cut = tmp_path / "cut"
+    proc = subprocess.Popen([*cmd, "--out", str(cut)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (cut / "study.db").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2.0)  # some trials in, the study not finished
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (cut / "plan.json").exists()
+    assert subprocess.run([*cmd, "--out", str(cut)], capture_output=True, timeout=600).returncode == 0
+    strip = lambda p: {k: v for k, v in json.loads(p.read_text()).items() if k not in ("created_at", "study")}  # noqa: E731
+    assert strip(cut / "plan.json") == strip(whole / "plan.json")
+    study = json.loads((cut / "plan.json").read_text())["study"]
+    assert study["trials"] >= 400 and study["gap_pct"] <= 1.0
