@@ -31,6 +31,7 @@ class SearchSettings:
     mechanisms: tuple[str, ...] = ()  # () = every profiled mechanism
     quant_formats: tuple[str, ...] = ("none",)
     tile_rows: int = 0  # attention tile for the tile policy; 0 = the device's
+    tie_tolerance: float = 0.02  # predicted differences below this share count as ties: the shorter draft wins
     storage: str | None = None  # Optuna storage URL; None = sqlite under out_dir
     study_name: str = ""  # "" = named after the profile and these settings
     out_dir: Path = Path("artifacts")
@@ -70,7 +71,9 @@ def search(profile: Profile, profile_hash: str, settings: SearchSettings) -> dic
     settings.out_dir.mkdir(parents=True, exist_ok=True)
     study = run_study(space, storage, settings)
     exact, exact_value = space.exhaustive()
-    summary = {"trials": len(study.trials), "trial_budget": trials_for(space, settings), "exhaustive_value": exact_value}
+    strict = space.strict_optimum()
+    summary = {"trials": len(study.trials), "trial_budget": trials_for(space, settings), "exhaustive_value": exact_value,
+               "strict_optimum_value": strict, "tie_tolerance": settings.tie_tolerance}
     if settings.objective == "pareto":
         front = front_of(study, space)  # polished: every drafter and D at each cap the study's front reached
         chosen = knee(space, space.pareto_front({c.max_batch for c in front}))
@@ -78,12 +81,12 @@ def search(profile: Profile, profile_hash: str, settings: SearchSettings) -> dic
         front = None
         sampled = best_of(study, space)
         chosen = sampled
-        if settings.objective == "speedup":  # best D per bucket with the drafter and the schedule's maximum held
-            chosen = space.fill(sampled.mechanism, sampled.quant, sampled.tile_policy, sampled.max_batch,
-                                {space.buckets[0]: sampled.schedule[0]})
+        if settings.objective == "speedup":  # the sampled drafter and policy, with D per bucket exact (the buckets decompose)
+            chosen = space.fill(sampled.mechanism, sampled.quant, sampled.tile_policy, sampled.max_batch)
         value = space.score(chosen)
         summary |= {"best_sampled_value": space.score(sampled), "best_value": value,
-                    "gap_pct": 100 * (exact_value - value) / exact_value if exact_value else 0.0}
+                    "gap_pct": 100 * (exact_value - value) / exact_value if exact_value else 0.0,
+                    "gap_to_strict_optimum_pct": 100 * (strict - space.strict_score(chosen)) / strict if strict else 0.0}
     plan = build_plan(profile, profile_hash, space, chosen, settings=settings, storage=storage, study_summary=summary, study_front=front)
     write_json(settings.out_dir / "plan.json", plan)
     return plan

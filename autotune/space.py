@@ -80,6 +80,7 @@ class Space:
         self.pairs = [(m, q) for m in self.mechanisms for q in settings.quant_formats if q in cost.quants(m)]
         if not self.pairs:
             raise SpecdecError("no mechanism was profiled with the requested weight formats", "add --quant none or profile the formats")
+        self.tie_tolerance = settings.tie_tolerance
         self.group = attention_group(profile)
         self.tile_rows = settings.tile_rows or attention_tile_rows(profile)
         self.multiple = {d.name: max(1, d.draft_len_multiple) for d in profile.drafters}
@@ -88,6 +89,7 @@ class Space:
             self.policies.append("aligned")
         self.caps = self.buckets if settings.objective != "speedup" else self.buckets[-1:]
         self._pred: dict[tuple[int, int, str, str], Prediction] = {}
+        self._best: dict[tuple, float] = {}
         self._check_floors()
 
     # ------------------------------------------------------------------ constraints
@@ -147,9 +149,9 @@ class Space:
         return [B for B in self.buckets if B <= cap]
 
     def schedule_score(self, c: Candidate) -> float:
-        """Mean speedup over the served buckets (the `speedup` objective)."""
+        """Mean speedup over the served buckets (the `speedup` objective), ties flattened (`bucket_value`)."""
         served = self.served(c.max_batch)
-        return sum(self.bucket_score(B, D, c.mechanism, c.quant) for B, D in zip(served, c.schedule)) / len(served)
+        return sum(self.bucket_value(B, D, c.mechanism, c.quant, c.tile_policy) for B, D in zip(served, c.schedule)) / len(served)
 
     def at_cap(self, c: Candidate) -> Prediction:
         return self.predict(c.max_batch, c.schedule[len(self.served(c.max_batch)) - 1], c.mechanism, c.quant)
@@ -177,16 +179,16 @@ class Space:
         """The best schedule up to `cap` for one drafter and policy, with some buckets' D held.
 
         Buckets are independent once the schedule's maximum (carried by the smallest bucket) is fixed:
-        enumerate that maximum, then take each bucket's best D below it.
+        enumerate that maximum, then take each bucket's best D below it; ties go to the shorter draft.
         """
         held = held or {}
         served = self.served(cap)
         allowed = self.allowed(m, policy)
         best: tuple[float, Candidate] | None = None
-        for top in allowed:
+        for top in allowed:  # ascending: an equal value keeps the shorter maximum
             if any(D > top for D in held.values()) or (served[0] in held and held[served[0]] != top):
                 continue
-            rest = [held[B] if B in held else max((D for D in allowed if D <= top), key=lambda D, B=B: (self.bucket_score(B, D, m, q), -D))
+            rest = [held[B] if B in held else max((D for D in allowed if D <= top), key=lambda D, B=B: (self.bucket_value(B, D, m, q, policy), -D))
                     for B in served[1:]]
             cand = Candidate(m, q, policy, cap, (top, *rest))
             value = self.schedule_score(cand)
@@ -195,6 +197,19 @@ class Space:
         assert best is not None, "D = 0 is always allowed"
         return best[1]
 
+    def bucket_value(self, B: int, D: int, m: str, q: str, policy: str = "free") -> float:
+        """The bucket's score with predicted differences below the tie tolerance flattened to the best.
+
+        Differences that small are inside the profile's own uncertainty (acceptance from a few dozen
+        prompts, timing spread of a few percent); flattening them lets the shorter draft win, which wastes
+        less verify work when the served workload accepts less than the calibration set did.
+        """
+        key = (B, m, q, policy)
+        if key not in self._best:
+            self._best[key] = max(self.bucket_score(B, d, m, q) for d in self.allowed(m, policy))
+        top, score = self._best[key], self.bucket_score(B, D, m, q)
+        return top if score >= top - self.tie_tolerance * abs(top) else score
+
     def operating_points(self, caps: list[int] | None = None):
         """Every (drafter, policy, cap, D at the cap): the whole space of the cap objectives."""
         for m, q in self.pairs:
@@ -202,6 +217,21 @@ class Space:
                 for cap in self.caps if caps is None else caps:
                     for D in self.allowed(m, policy):
                         yield m, q, policy, cap, D
+
+    def strict_optimum(self) -> float:
+        """The objective's exact maximum with no tie tolerance: what the tolerance costs is measured against it."""
+        saved, self.tie_tolerance = self.tie_tolerance, 0.0
+        try:
+            return self.exhaustive()[1]
+        finally:
+            self.tie_tolerance = saved
+
+    def strict_score(self, c: Candidate) -> float:
+        saved, self.tie_tolerance = self.tie_tolerance, 0.0
+        try:
+            return self.score(c)
+        finally:
+            self.tie_tolerance = saved
 
     def exhaustive(self) -> tuple[Candidate, float]:
         if self.s.objective == "speedup":

@@ -57,10 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "tuning_cost.json")
     ap.add_argument("--keep", type=Path, default=None, help="keep profile/profile.json, plan.json and the study under this folder")
-    ap.add_argument("--quick", action="store_true", help="a reduced profile: ngram only, batches 1-2, D_max 3, 1 prompt per domain")
+    ap.add_argument("--quick", action="store_true", help="a reduced profile: ngram only, batches 1-2, D_max 2, one HumanEval prompt, a 1-minute budget")
     args = ap.parse_args(argv)
-    args.profile_overrides = ({"drafters": ("ngram",), "batch_buckets": (1, 2), "ctx_buckets": (64,), "max_draft_len": 3, "prompts_per_domain": 1,
-                               "new_tokens": 8, "temperatures": (0.0,), "quant_formats": (), "acceptance_batch": 4, "budget_minutes": 5.0}
+    args.profile_overrides = ({"drafters": ("ngram",), "prompts": "humaneval", "batch_buckets": (1, 2), "ctx_buckets": (64,), "max_draft_len": 2,
+                               "prompts_per_domain": 1, "new_tokens": 8, "temperatures": (0.0,), "quant_formats": (), "acceptance_batch": 1,
+                               "budget_minutes": 1.0}
                               if args.quick else {})
     try:
         result = run(args)

@@ -44,6 +44,7 @@ class MeasureSettings:
     new_tokens: int = 32
     tolerance_pct: float = 15.0
     repeats: int = 3  # timed runs per bucket after one warm-up (median)
+    rows: int = 8  # prompts decoded per bucket at least, in batches of the bucket's size
     seed: int = 0
 
 
@@ -124,7 +125,9 @@ def throughput_check(plan: dict, profile, s: MeasureSettings) -> dict:
     rows = []
     for b in plan["buckets"]:
         B, D = b["batch"], b["draft_len"]
-        measured = measure_decode(target, drafter, [pool[i % len(pool)] for i in range(B)], D, s.new_tokens, s.repeats, s.seed)["tokens_per_s"]
+        n = max(B, s.rows)  # small batches decode several batches, so that AL is not one or two prompts'
+        measured = measure_decode(target, drafter, [pool[i % len(pool)] for i in range(n)], D, s.new_tokens, s.repeats, s.seed,
+                                  batch_size=B)["tokens_per_s"]
         predicted = b["predicted"]["tokens_per_s"]["value"]
         rows.append({"batch": B, "draft_len": D, "predicted_tokens_per_s": predicted, "predicted_source": b["predicted"]["tokens_per_s"]["source"],
                      "measured_tokens_per_s": measured, "error_pct": 100 * (predicted - measured) / measured})

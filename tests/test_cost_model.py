@@ -20,7 +20,12 @@ def model() -> CostModel:
 
 def test_formula_by_hand(model):
     p = model.profile
-    verify = next(v.median_ms for v in p.verify if v.batch == 4 and v.tokens == 4 and v.ctx == 128)
+    T = {v.tokens: v.median_ms for v in p.verify if v.batch == 4 and v.ctx == 128}
+    rec = next(a for a in p.acceptance if a.mechanism == "ngram" and a.domain == "all" and a.temperature == 0 and a.quant == "none")
+    share = [sum(r) for r in rec.rounds]  # rounds that proposed L tokens
+    F = [sum(share[: w + 1]) / sum(share) if w < 3 else 1.0 for w in range(4)]  # P(min(L, 3) <= w)
+    # the batch verifies 1 + its longest proposal: E[T] over the max of 4 rows' widths
+    verify = sum((F[w] ** 4 - (F[w - 1] ** 4 if w else 0.0)) * T[1 + w] for w in range(4))
     draft = next(d.median_ms for d in p.draft if d.mechanism == "ngram" and d.batch == 4 and d.draft_len == 3)
     host = next(h.host_ms_per_round for h in p.host if h.mechanism == "ngram" and h.batch == 4)
     tpf = next(a.tokens_per_forward[3] for a in p.acceptance if a.mechanism == "ngram" and a.domain == "all" and a.temperature == 0 and a.quant == "none")
