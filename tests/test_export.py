@@ -162,7 +162,9 @@ def test_bundle_tree_and_manifest(bundle, plan_path):
 
 def test_edited_file_fails_its_hash(bundle, capsys):
     path = bundle / "vllm" / "speculative_config.json"
-    path.write_text(path.read_text().replace('"num_speculative_tokens": 2', '"num_speculative_tokens": 9'))
+    config = json.loads(path.read_text())
+    config["num_speculative_tokens"] += 1
+    path.write_text(json.dumps(config, indent=2) + "\n")
     assert main(["validate", str(bundle), "--configs-only"]) == 1
     assert "does not match its hash" in capsys.readouterr().err
 
