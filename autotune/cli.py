@@ -246,10 +246,11 @@ def search(
         table.add_row(str(b["batch"]), str(b["draft_len"]), f"{pred['speedup']['value']:.2f}x", f"{pred['tokens_per_s']['value']:.0f}",
                       f"{pred['per_user_tokens_per_s']['value']:.1f}", f"{pred['tokens_per_forward']['value']:.3f}", pred["speedup"]["source"],
                       f"g{why['guideline']}" if why["guideline"] != "engine" else "engine",
-                      f"{nxt['draft_len']} (-{nxt['loss_pct']:.1f}%)" if nxt else "-")
+                      f"{nxt['draft_len']} ({-nxt['loss_pct']:+.1f}%)" if nxt else "-")
     console.print(table)
     console.print("why: the guideline that set D (g1 compute-bound GEMMs, g2/g3 attention tile, g4 draft cost, engine: "
-                  "TensorRT-LLM's smallest key carries max_draft_len); next D: the runner-up and its predicted loss", markup=False)
+                  "TensorRT-LLM's smallest key carries max_draft_len); next D: the runner-up and its predicted change (within the 2% tie "
+                  "tolerance the shorter draft wins)", markup=False)
     st = plan["study"]
     line = f"study: {st['trials']} trials over a {st['space_size']}-point space"
     if "gap_pct" in st:

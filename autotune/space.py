@@ -17,7 +17,9 @@ Objectives (all from predictions; each figure keeps its measured/interpolated/mo
   throughput  tokens/s per device at the cap, with the per-user-rate floor at the cap
   per-user    per-user tokens/s at the cap, with a tokens/s-per-device floor at the cap
   pareto      both of the last two at once (NSGA-II); the plan carries the front
-A floor missed by a relative shortfall s costs SLO_PENALTY·s in the (unitless) objective.
+A floor missed by a relative shortfall s costs SLO_PENALTY·s in the (unitless) objective. Within a
+bucket, predicted differences below the tie tolerance (2%) count as ties and the shorter draft wins
+(`bucket_value`); the plan reports what that costs against the strict optimum.
 """
 
 from __future__ import annotations
