@@ -17,13 +17,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from specdec_tune import SpecdecError
 from specdec_tune.profiles.profiler import Profiler, ProfileSettings
-from specdec_tune.profiles.records import write_json
 from specdec_tune.profiles.specdec import SpecCounters
 from specdec_tune.profiles.store import MeasurementLog
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import ROOT, run_and_write
+
 
 
 def run(args) -> dict:
@@ -60,14 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     args.drafter = args.drafter or ["ngram", "suffix"]
     if args.quick:
         args.max_draft_len, args.prompts_per_domain, args.new_tokens, args.drafter = 3, 1, 8, ["ngram"]
-    try:
-        result = run(args)
-    except SpecdecError as e:
-        print(f"error: {e}", file=sys.stderr)
+    result = run_and_write(run, args)
+    if result is None:
         return 1
-    write_json(args.out, result)
     for name, r in result["drafters"].items():
-        print(f"{name}: derived vs direct tokens per forward over D=1..{args.max_draft_len - 1}: median {r['median_abs_diff_pct']:.2f}%, "
+        print(f"{name}: derived (from the measured D_max run) vs directly measured tokens per forward over D=1..{args.max_draft_len - 1}: median {r['median_abs_diff_pct']:.2f}%, "
               f"worst {r['worst_abs_diff_pct']:.2f}%")
     return 0
 

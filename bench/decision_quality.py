@@ -27,12 +27,11 @@ from specdec_tune.autotune.cost_model import CostModel
 from specdec_tune.autotune.search import SearchSettings, search
 from specdec_tune.exporters.validate import context_prompts, measure_decode, plan_drafter
 from specdec_tune.profiles.models.loading import load_model
-from specdec_tune.profiles.records import sha256_file, write_json
+from specdec_tune.profiles.records import sha256_file
 from specdec_tune.profiles.schema import load_profile
 
-from forward_counter import counted
+from common import ROOT, counted, run_and_write, shown
 
-ROOT = Path(__file__).resolve().parent.parent
 # The K engines run when a user sets none or copies the docs' example: vLLM's n-gram and draft-model examples
 # use 5; suffix decoding defaults K to its tree depth (24); EAGLE-3 examples use 3; MTP defaults to its layer count (1).
 ENGINE_DEFAULT_K = {"ngram": 5, "draft_model": 5, "suffix": 24, "eagle3": 3, "mtp": 1, "dflash": 7, "dspark": 7}
@@ -102,7 +101,7 @@ def run(args) -> dict:
     plan_points = [sweep[(r["batch"], r["plan_draft_len"])] for r in rows]
     mean_ratio = lambda key: statistics.mean(r["vs_no_spec"][key] for r in rows)  # noqa: E731
     return {
-        "source": "measured", "profile": str(args.profile), "device": profile.device.get("name"), "dtype": profile.device.get("dtype"),
+        "source": "measured", "profile": shown(args.profile), "device": profile.device.get("name"), "dtype": profile.device.get("dtype"),
         "mechanism": mech, "quant": quant, "ctx": plan["ctx"], "split": "held_back", "new_tokens": args.new_tokens, "repeats": args.repeats, "rows": args.rows,
         "max_draft_len": d_max, "engine_default_k": default_k, "best_single_draft_len_measured": single,
         "plan_schedule": [[b["batch"], b["draft_len"]] for b in buckets], "buckets": rows, "sweep": points,
@@ -111,13 +110,13 @@ def run(args) -> dict:
                      "plan_tokens_per_s_err_pct": [100 * _rel_err(p["predicted_tokens_per_s"], p["measured_tokens_per_s"]) for p in plan_points]},
         "targets": {"plan_min_vs_oracle": min(r["vs_oracle"]["plan"] for r in rows), "plan_mean_speedup": mean_ratio("plan"),
                     "single_d_mean_speedup": mean_ratio("single_d"), "plan_beats_single_d": mean_ratio("plan") > mean_ratio("single_d")},
-        "sweep_reused_from": str(args.reuse_sweep) if args.reuse_sweep else None,
+        "sweep_reused_from": shown(args.reuse_sweep),
         "cost": {"search_s": search_s, "oracle_sweep_s": sweep_s, "oracle_sweep_target_forwards": sweep_forwards},
     }
 
 
 def table(result: dict) -> str:
-    lines = [f"decision quality: {result['mechanism']} on {result['device']} ({result['dtype']}), held-back prompts, ctx {result['ctx']}, "
+    lines = [f"decision quality (measured decode tokens/s; predictions from the cost model): {result['mechanism']} on {result['device']} ({result['dtype']}), held-back prompts, ctx {result['ctx']}, "
              f"{result['new_tokens']} new tokens, at least {result['rows']} prompts per point, median of {result['repeats']} after a warm-up",
              "| batch | plan D | oracle D | no spec | single D | engine default | plan | oracle | plan / oracle | plan / no spec |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -151,12 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.max_batch, args.max_draft_len, args.new_tokens, args.repeats, args.rows = 2, 2, 8, 1, 2
-    try:
-        result = run(args)
-    except SpecdecError as e:
-        print(f"error: {e}", file=sys.stderr)
+    result = run_and_write(run, args)
+    if result is None:
         return 1
-    write_json(args.out, result)
     text = table(result)
     args.out.with_suffix(".md").write_text(text + "\n")
     print(text)

@@ -1,7 +1,7 @@
 """What tuning costs: wall time and target forwards of `profile` + `search`, against the oracle sweep
 that bench/decision_quality.py runs (every D at every bucket, measured end to end).
 
-Target forwards are counted the same way in both (forward_counter.py): every call on the full-depth
+Target forwards are counted the same way in both (common.py): every call on the full-depth
 target is one forward; drafter forwards on a truncated copy are counted apart.
 
     python bench/tuning_cost.py                 # the default demo profile on this machine (about 10 minutes)
@@ -19,14 +19,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from specdec_tune import SpecdecError
 from specdec_tune.autotune.search import SearchSettings, search
 from specdec_tune.profiles.profiler import Profiler, ProfileSettings
-from specdec_tune.profiles.records import sha256_file, write_json
+from specdec_tune.profiles.records import sha256_file
 
-from forward_counter import counted
+from common import ROOT, counted, run_and_write
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(args) -> dict:
@@ -63,13 +61,10 @@ def main(argv: list[str] | None = None) -> int:
                                "prompts_per_domain": 1, "new_tokens": 8, "temperatures": (0.0,), "quant_formats": (), "acceptance_batch": 1,
                                "budget_minutes": 1.0}
                               if args.quick else {})
-    try:
-        result = run(args)
-    except SpecdecError as e:
-        print(f"error: {e}", file=sys.stderr)
+    result = run_and_write(run, args)
+    if result is None:
         return 1
-    write_json(args.out, result)
-    line = (f"profile {result['profile_s']:.0f} s + search {result['search_s']:.1f} s, {result['target_forwards']} target forwards "
+    line = (f"measured: profile {result['profile_s']:.0f} s + search {result['search_s']:.1f} s, {result['target_forwards']} target forwards "
             f"({result['drafter_forwards']} drafter forwards)")
     if "oracle" in result:
         line += (f"; oracle sweep {result['oracle']['wall_s']:.0f} s, {result['oracle']['target_forwards']} target forwards: "

@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import shown  # noqa: E402  (bench/ is this script's folder)
+
 REPO = Path(__file__).resolve().parents[1]
 RUNNER = Path(__file__).resolve().with_name("vllm_runner.py")
 DEFAULT_VENV = REPO / ".venv-vllm"
@@ -262,10 +264,10 @@ def build_record(args, config, k1, window, target, chosen, ids, exported, schedu
                      "our_batch_size": 1, "exported_run_max_num_seqs": 1},
         "target": dataclasses.asdict(target.ref),
         "speculative_config": config,
-        "speculative_config_source": args.speculative_config or f"default (ngram, K={DEFAULT_K}, window 2..5)",
+        "speculative_config_source": shown(args.speculative_config) or f"default (ngram, K={DEFAULT_K}, window 2..5)",
         "vllm": {
             "version": exported.get("vllm_version"),
-            "python": str(args.vllm_python),
+            "python": shown(args.vllm_python),
             "torch_version": exported.get("torch_version"),
             "speculative_config_fields": exported.get("speculative_config_fields"),
             "method_literals": exported.get("method_literals"),
