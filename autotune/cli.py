@@ -317,7 +317,8 @@ def export(
     console.print(table)
     v = manifest["validation"]
     console.print(f"validated: configs ok; lossless {v['lossless'] if v['lossless'] is not None else 'skipped'}; worst throughput error "
-                  + (f"{v['throughput_worst_error_pct']:+.1f}%" if v["throughput_worst_error_pct"] is not None else "not measured"), markup=False)
+                  + (f"{v['throughput_worst_error_pct']:+.1f}% at the device's current speed ({v['device_drift_pct']:.1f}% from profile time)"
+                     if v["throughput_worst_error_pct"] is not None else "not measured"), markup=False)
     console.print(f"wrote {out} ({len(manifest['files'])} files)", markup=False)
 
 
@@ -332,6 +333,7 @@ def validate(
 ) -> None:
     """Check a bundle again: file hashes, engine configs, lossless gate, predicted vs measured throughput."""
     from specdec_tune.exporters.bundle import validate_bundle
+    from specdec_tune.exporters.validate import describe_throughput_row
 
     result = validate_bundle(bundle, None if configs_only else _measure_settings(lossless_prompts, new_tokens, tolerance))
     if as_json:
@@ -344,8 +346,9 @@ def validate(
             console.print(f"lossless: {'passed' if result['lossless']['passed'] else 'FAILED'}", markup=False)
         tp = result.get("throughput", {})
         for r in tp.get("buckets", []):
-            console.print(f"batch {r['batch']} D={r['draft_len']}: predicted {r['predicted_tokens_per_s']:.0f} measured "
-                          f"{r['measured_tokens_per_s']:.0f} tokens/s ({r['error_pct']:+.1f}%)", markup=False)
+            console.print(describe_throughput_row(r), markup=False)
+        if tp.get("warning"):
+            console.print(f"warning: {tp['warning']}", markup=False)
     if not result["passed"]:
         raise SpecdecError(f"bundle {bundle} fails validation", "see the lines above; re-profile and re-export")
 

@@ -154,7 +154,8 @@ def export(s: ExportSettings) -> dict:
             "factors": staleness_factors(plan, profile, versions),
             "engines": engines, "figures": _figure_sources(plan),
             "validation": {"configs_ok": True, "lossless": validation["lossless"].get("passed"),
-                           "throughput_worst_error_pct": validation["throughput"].get("worst", {}).get("error_pct")},
+                           "throughput_worst_error_pct": validation["throughput"].get("worst", {}).get("error_pct"),
+                           "device_drift_pct": validation["throughput"].get("device_drift_pct")},
             "files": {str(p.relative_to(staging)): sha256_file(p) for p in sorted(staging.rglob("*")) if p.is_file()},
         }
         write_json(staging / "manifest.json", manifest)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specdec_tune.exporters.validate import describe_throughput_row
+
 PLOTS = ("verify_curve.png", "acceptance_by_domain.png", "speedup_by_bucket.png", "pareto_front.png")
 
 
@@ -121,9 +123,10 @@ def write_report(folder: Path, plan: dict, profile, engines: dict, validation: d
         lines.append(f"- lossless (fp32 greedy, held-back prompts): {'passed' if gate['passed'] else 'FAILED'} {runs}")
     tp = validation.get("throughput")
     if tp and tp.get("checked"):
-        lines.append(f"- predicted vs measured decode throughput (tolerance {tp['tolerance_pct']:g}%):")
-        lines += [f"  - batch {r['batch']}, D={r['draft_len']}: predicted {r['predicted_tokens_per_s']:.0f}, measured {r['measured_tokens_per_s']:.0f} "
-                  f"tokens/s ({r['error_pct']:+.1f}%)" for r in tp["buckets"]]
+        lines.append(f"- predicted vs measured decode throughput (tolerance {tp['tolerance_pct']:g}%, {tp['measured_rounds']}):")
+        lines += [f"  - {describe_throughput_row(r)}" for r in tp["buckets"]]
+        if tp.get("warning"):
+            lines.append(f"  - warning: {tp['warning']}")
     elif tp and "why" in tp:
         lines.append(f"- throughput not measured: {tp['why']}")
     lines += ["", *[f"![{name}]({name})" for name in PLOTS], ""]

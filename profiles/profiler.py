@@ -182,6 +182,38 @@ def _time_unless_oom(fn, device: torch.device, warmup: int = 2) -> dict | None:
         return None
 
 
+class VerifyStep:
+    """One target forward of B rows × t new tokens on a static KV cache already holding `ctx` random tokens,
+    as a serving engine runs it: the verify curve's unit of measurement."""
+
+    @torch.inference_mode()
+    def __init__(self, model, batch: int, ctx: int, max_tokens: int, seed: int = 0, device: torch.device | None = None) -> None:
+        self.model, self.batch = model, batch
+        self.device = device or next(model.parameters()).device
+        self.generator = torch.Generator().manual_seed(seed)
+        self.start = torch.full((batch,), ctx, dtype=torch.long, device=self.device)
+        try:
+            self.cache = model.new_cache(batch, ctx + max_tokens + 1)
+            prompt = torch.randint(0, model.config.vocab_size, (batch, ctx), generator=self.generator).to(self.device)
+            model(prompt, self.cache, torch.zeros(batch, dtype=torch.long, device=self.device), logits="none")
+            self.ready = True
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            if not _is_oom(e):
+                raise
+            self.ready = False  # infeasible at this batch and context
+
+    @torch.inference_mode()
+    def time(self, tokens: int) -> dict | None:
+        ids = torch.randint(0, self.model.config.vocab_size, (self.batch, tokens), generator=self.generator).to(self.device)
+        return _time_unless_oom(lambda: self.model(ids, self.cache, self.start), self.device)
+
+
+def time_verify_step(model, batch: int, ctx: int, tokens: int, seed: int = 0) -> dict | None:
+    """time_call's figures for one verify step (None when it does not fit in memory)."""
+    step = VerifyStep(model, batch, ctx, tokens, seed)
+    return step.time(tokens) if step.ready else None
+
+
 class Profiler:
     def __init__(self, settings: ProfileSettings, progress=None) -> None:
         settings.validate()
@@ -299,21 +331,13 @@ class Profiler:
 
     @torch.inference_mode()
     def _verify_cell(self, B: int, ctx: int, t_max: int, seeds: list[int]) -> dict[int, dict | None]:
-        m, dev = self.model, self.device
         timings: dict[int, dict | None] = {}
-        try:
-            cache = m.new_cache(B, ctx + t_max + 1)
-            g = torch.Generator().manual_seed(self.s.seed)
-            m(torch.randint(0, m.config.vocab_size, (B, ctx), generator=g).to(dev), cache, torch.zeros(B, dtype=torch.long, device=dev), logits="none")
-        except (torch.OutOfMemoryError, RuntimeError) as e:
-            if not _is_oom(e):
-                raise
+        step = VerifyStep(self.model, B, ctx, t_max, self.s.seed, self.device)
+        if not step.ready:
             return {1: None}
-        start = torch.full((B,), ctx, dtype=torch.long, device=dev)
 
         def measure(t: int) -> float | None:
-            tokens = torch.randint(0, m.config.vocab_size, (B, t), generator=g).to(dev)
-            timings[t] = _time_unless_oom(lambda: m(tokens, cache, start), dev)
+            timings[t] = step.time(t)
             return timings[t]["median_ms"] if timings[t] else None
 
         adaptive_sample(measure, 1, t_max, self.s.interp_tolerance, seeds)

@@ -144,6 +144,14 @@ class GenerationResult:
     draft_s: float  # wall time inside drafter.propose
     verify_s: float  # wall time inside the target's verification forwards
     total_s: float  # whole decode, prefill excluded
+    full_batch_s: float = 0.0  # wall time of the rounds in which every row was still decoding
+    full_batch_tokens: int = 0  # tokens emitted in those rounds
+
+    @property
+    def full_batch_tokens_per_s(self) -> float:
+        """Throughput at the batch size as a continuously batched server keeps it: rounds after the first row
+        finished (a static batch's tail, running fewer rows) are left out."""
+        return self.full_batch_tokens / self.full_batch_s if self.full_batch_s > 0 else 0.0
 
     @property
     def counters(self) -> SpecCounters:
@@ -261,6 +269,7 @@ def generate(
     outputs: list[list[int]] = [[] for _ in range(B)]
     live = list(range(B))  # input index of each cache row
     forwards, draft_s, verify_s = 0, 0.0, 0.0
+    full_batch_s, full_batch_tokens = 0.0, 0
     t_start = time.perf_counter()
     while live:
         max_tokens = [min(D, max_new_tokens - len(outputs[i]) - 1) for i in live]
@@ -288,7 +297,7 @@ def generate(
         draft_s += t1 - t0
         verify_s += t2 - t1
 
-        keep = []
+        keep, round_tokens = [], 0
         for row, i in enumerate(live):
             n = int(num_accepted[row])
             emitted = draft.tokens[row][:n] + [int(next_token[row])]
@@ -298,11 +307,15 @@ def generate(
                     emitted = emitted[: j + 1]
                     break
             counters[i].record(len(draft.tokens[row]), n, len(emitted))
+            round_tokens += len(emitted)
             outputs[i].extend(emitted)
             seqs[i].extend(emitted)
             if len(outputs[i]) < max_new_tokens and emitted[-1] not in stop:
                 keep.append(row)
         cache_len = cache_len + 1 + num_accepted
+        if len(live) == B:
+            full_batch_s += time.perf_counter() - t0
+            full_batch_tokens += round_tokens
         if len(keep) < len(live):
             rows = torch.tensor(keep, dtype=torch.long, device=device)
             cache.keep_rows(rows)
@@ -311,7 +324,7 @@ def generate(
             if drafter is not None and live:
                 drafter.keep_rows(keep)
     total_s = time.perf_counter() - t_start
-    return GenerationResult(outputs, counters, forwards, draft_s, verify_s, total_s)
+    return GenerationResult(outputs, counters, forwards, draft_s, verify_s, total_s, full_batch_s, full_batch_tokens)
 
 
 def _check_draft(draft: Draft, max_tokens: list[int]) -> None:

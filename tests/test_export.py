@@ -278,3 +278,47 @@ def test_check_names_a_changed_drafter_checkpoint(bundle, tiny_hf_dir, capsys):
     assert main(["check", str(bundle), "--json"]) == STALE_EXIT_CODE
     changed = {c["factor"] for c in json.loads(capsys.readouterr().out)["changed"]}
     assert "drafter_weights" in changed
+
+
+def test_throughput_gate_scales_by_device_speed_and_names_the_bucket(monkeypatch):
+    """The gate compares each bucket's measurement with the prediction at the device's current speed: a
+    uniformly slower machine passes with its drift reported; a wrong prediction fails at its bucket."""
+    import types
+
+    from specdec_tune.exporters import validate
+
+    measured = {(1, 3): 100.0, (4, 0): 300.0}
+    monkeypatch.setattr(validate, "measure_decode", lambda t, d, ids, D, *a, batch_size, **k: {"tokens_per_s": measured[(batch_size, D)]})
+    monkeypatch.setattr(validate, "device_speed_ratio", lambda *a, **k: {"ratio": 1.25})
+    monkeypatch.setattr(validate, "plan_drafter", lambda *a: None)
+    monkeypatch.setattr("specdec_tune.profiles.models.loading.load_model", lambda *a, **k: None)
+    monkeypatch.setattr(validate, "context_prompts", lambda *a: [[1, 2, 3]])
+    profile = types.SimpleNamespace(target={"path": "x"}, device={"dtype": "float32"})
+
+    def plan(tps_1, tps_4):
+        def bucket(B, D, tps):
+            return {"batch": B, "draft_len": D, "predicted": {"tokens_per_s": {"value": tps, "source": "measured"}}}
+        return {"device": {}, "ctx": 128, "max_draft_len": 3, "buckets": [bucket(1, 3, tps_1), bucket(4, 0, tps_4)]}
+
+    ok = validate.throughput_check(plan(125.0, 375.0), profile, validate.MeasureSettings())
+    assert ok["passed"] and [round(b["error_pct"], 6) for b in ok["buckets"]] == [0, 0]
+    assert [round(b["raw_error_pct"], 6) for b in ok["buckets"]] == [25, 25]
+    assert ok["device_drift_pct"] == pytest.approx(25) and "re-profile" in ok["warning"]
+    bad = validate.throughput_check(plan(125.0, 500.0), profile, validate.MeasureSettings())
+    assert not bad["passed"] and bad["worst"]["batch"] == 4 and bad["worst"]["error_pct"] == pytest.approx(100 * (400 - 300) / 300)
+
+
+def test_device_speed_ratio_times_the_profiled_step_again(tiny_hf_dir):
+    import types
+
+    from specdec_tune.exporters.validate import device_speed_ratio
+    from specdec_tune.profiles.models.loading import load_model
+    from specdec_tune.profiles.profiler import time_verify_step
+
+    target = load_model(str(tiny_hf_dir), dtype="float32")
+    now = time_verify_step(target.model, 1, 32, 1)["median_ms"]
+    point = types.SimpleNamespace(batch=1, tokens=1, ctx=32, median_ms=now * 1000, source="measured")
+    ratio = device_speed_ratio(target, types.SimpleNamespace(verify=[point]), 32)["ratio"]
+    assert 0 < ratio < 0.01  # "profiled" 1000x slower than now: this machine is far faster
+    assert device_speed_ratio(target, types.SimpleNamespace(verify=[]), 32) == {
+        "ratio": 1.0, "why": "the profile has no measured verify step at batch 1, ctx 32"}

@@ -148,6 +148,24 @@ def test_greedy_lossless_tiny(target, reference, make, batch):
     assert outs == [reference[tuple(p)] for p in PROMPTS]
 
 
+def test_full_batch_rounds_end_when_the_first_row_finishes(target, reference):
+    """Throughput at batch B counts only rounds with all B rows decoding (a continuously batched server's
+    steady state), not a static batch's tail running fewer rows."""
+
+    class HalfWrong(ScriptedDrafter):
+        def propose(self, request):
+            right = super().propose(request).tokens
+            return Draft(tokens=[[(t + 1) % self.vocab for t in d] if p in WRONG else d for p, d in zip(self.prompts, right)])
+
+    WRONG = {tuple(PROMPTS[2]), tuple(PROMPTS[3])}
+    out = generate(target, PROMPTS, drafter=HalfWrong(reference, False, 32), num_draft_tokens=3, max_new_tokens=64)
+    # rows 0, 1 emit 4 tokens a round and finish after 16 rounds; rows 2, 3 emit 1 a round meanwhile
+    assert out.full_batch_tokens == 2 * 64 + 2 * 16
+    assert 0 < out.full_batch_s < out.total_s
+    plain = generate(target, PROMPTS, max_new_tokens=64)
+    assert plain.full_batch_tokens == 4 * 64 and plain.full_batch_s <= plain.total_s
+
+
 def test_stop_token_ends_row_and_others_continue(target, reference):
     stop = reference[tuple(PROMPTS[0])][5]
     out = generate(target, PROMPTS, drafter=ScriptedDrafter(reference, False, 32), num_draft_tokens=3,
