@@ -203,6 +203,46 @@ def _print_profile_summary(result, path: Path) -> None:
     console.print(f"wrote {path}", markup=False)
 
 
+@app.command("train-drafter", epilog="Examples:\n\n  specdec-tune train-drafter --mechanism eagle3\n\n"
+             "  specdec-tune train-drafter --mechanism mtp --budget-minutes 5 --out heads/mtp-demo\n\n"
+             "  specdec-tune decode --drafter eagle3 --drafter-option model=heads/eagle3-demo -D 3 --prompts mtbench")
+def train_drafter(
+    mechanism: Annotated[str, typer.Option("--mechanism", "-m", help="Head to train: eagle3 or mtp.")] = "eagle3",
+    target: TargetOpt = "smollm2-135m",
+    prompts: PromptsOpt = "default",
+    budget_minutes: Annotated[float, typer.Option(help="Optimisation wall time; data preparation and AL measurements are reported apart.")] = 20.0,
+    new_tokens: Annotated[int, typer.Option(help="Tokens the target continues each training prompt with (the text the head learns).")] = 192,
+    max_prompts: Annotated[int, typer.Option(help="Training prompts from the profiling split (0 = all of them).")] = 0,
+    draft_vocab: Annotated[int, typer.Option(help="Most frequent tokens: EAGLE-3's draft vocabulary and MTP's loss shortlist (0 = the full vocabulary).")] = 8192,
+    ttt_steps: Annotated[int, typer.Option(help="Draft steps unrolled per position in training (training-time test).")] = 3,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, cosine over the budget).")] = 1e-3,
+    batch_tokens: Annotated[int, typer.Option(help="Padded tokens per optimizer step.")] = 2048,
+    eval_points: Annotated[int, typer.Option(help="AL measurements along the run on held-back MT-Bench prompts (the learning curve); 0 = none.")] = 4,
+    eval_prompts: Annotated[int, typer.Option(help="Held-back MT-Bench prompts per AL measurement.")] = 20,
+    seed: Annotated[int, typer.Option(help="Seed for initialisation and batch order.")] = 0,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Folder for the head (speculators layout). Default: this target's cached head, "
+                                                                    "the one --drafter eagle3 / mtp loads.")] = None,
+) -> None:
+    """Distil an EAGLE-3 or MTP head from the target on CPU and save it in the speculators layout."""
+    from specdec_tune.profiles.train_drafter import TrainSettings, train
+
+    settings = TrainSettings(mechanism=mechanism, target=target, prompts=prompts, max_prompts=max_prompts, new_tokens=new_tokens,
+                             draft_vocab=draft_vocab, ttt_steps=ttt_steps, lr=lr, batch_tokens=batch_tokens, budget_minutes=budget_minutes,
+                             eval_points=eval_points, eval_prompts=eval_prompts, seed=seed, out=out)
+    record = train(settings, progress=lambda line: console.print(line, markup=False))
+    if record["learning_curve"]:
+        table = Table(title=f"{mechanism} learning curve: AL at D=3 on held-back MT-Bench prompts (measured)")
+        for col in ("training tokens", "steps", "train s", "tokens/forward", "mean AL (vLLM)"):
+            table.add_column(col, justify="right")
+        for p in record["learning_curve"]:
+            table.add_row(str(p["training_tokens"]), str(p["steps"]), f"{p['train_s']:.0f}", f"{p['tokens_per_forward']:.3f}", f"{p['mean_al_vllm']:.3f}")
+        console.print(table)
+    t = record["train"]
+    console.print(f"trained {t['steps']} steps over {t['training_tokens']} tokens in {t['train_s']:.0f} s "
+                  f"(data prepared in {record['data']['prepare_s']:.0f} s)", markup=False)
+    console.print(f"wrote {record['folder']}", markup=False)
+
+
 @app.command(epilog="Examples:\n\n  specdec-tune search\n\n"
              "  specdec-tune search --profile artifacts/profile/profile.json --min-user-tps 30 --trials 500\n\n"
              "  specdec-tune search --objective throughput --min-user-tps 40   # most tokens/s per GPU at 40 tok/s per user\n\n"
@@ -298,6 +338,7 @@ def export(
     trtllm_version: TrtllmVersion = None,
     sglang_version: SglangVersion = None,
     configs_only: Annotated[bool, typer.Option("--configs-only", help="Skip the lossless gate and the throughput check.")] = False,
+    no_onnx: Annotated[bool, typer.Option("--no-onnx", help="Leave out the drafter's ONNX graph (drafters with a network of their own).")] = False,
     lossless_prompts: LosslessPrompts = 8,
     new_tokens: NewTokens = 32,
     tolerance: Tolerance = 15.0,
@@ -307,7 +348,7 @@ def export(
 
     settings = ExportSettings(plan=plan, profile=profile, out=out, versions=_version_overrides(vllm_version, trtllm_version, sglang_version),
                               engine_model=engine_model, measure=_measure_settings(lossless_prompts, new_tokens, tolerance),
-                              skip_measure=configs_only)
+                              skip_measure=configs_only, onnx_drafter=not no_onnx)
     manifest = run_export(settings)
     table = Table(title=f"bundle {out}: {manifest['plan']['mechanism']}, schedule {manifest['plan']['schedule']}")
     for col in ("engine", "version", "files", "decisions"):
@@ -342,6 +383,9 @@ def validate(
         console.print(result["hashes"], markup=False)
         for c in result["configs"]:
             console.print(f"{c['engine']}: {c['checked_with']}: {'ok' if not c['errors'] else '; '.join(c['errors'])}", markup=False)
+        k = result["kernels"]
+        console.print(f"kernels: {k['checked']} cubins checked against their manifest: " + ("ok" if not k["errors"] else "; ".join(k["errors"][:3])),
+                      markup=False)
         if "lossless" in result:
             console.print(f"lossless: {'passed' if result['lossless']['passed'] else 'FAILED'}", markup=False)
         tp = result.get("throughput", {})
@@ -379,6 +423,9 @@ def check(
         raise typer.Exit(STALE_EXIT_CODE)
 
 
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as shells report it
+
+
 def _fail(line: str) -> None:
     print(line, file=sys.stderr)  # one unwrapped line, whatever the terminal width
 
@@ -387,7 +434,10 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI and map failures to one line and an exit code."""
     try:
         code = app(args=argv, standalone_mode=False, prog_name="specdec-tune")
-        return code if isinstance(code, int) else 0  # typer.Exit(n) comes back as n without standalone mode
+        code = code if isinstance(code, int) else 0  # typer.Exit(n) comes back as n without standalone mode
+        if code == INTERRUPTED_EXIT_CODE:  # Ctrl-C, which typer turns into this code itself
+            _fail("interrupted")
+        return code
     except SpecdecError as e:
         if _state["debug"]:
             raise
@@ -403,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except (typer.Abort, KeyboardInterrupt):
         _fail("interrupted")
-        return 130
+        return INTERRUPTED_EXIT_CODE
     except TyperException as e:  # bad usage: unknown option, missing argument, wrong type
         e.show()
         return e.exit_code

@@ -87,6 +87,8 @@ def search(profile: Profile, profile_hash: str, settings: SearchSettings) -> dic
         summary |= {"best_sampled_value": space.score(sampled), "best_value": value,
                     "gap_pct": 100 * (exact_value - value) / exact_value if exact_value else 0.0,
                     "gap_to_strict_optimum_pct": 100 * (strict - space.strict_score(chosen)) / strict if strict else 0.0}
-    plan = build_plan(profile, profile_hash, space, chosen, settings=settings, storage=storage, study_summary=summary, study_front=front)
+    # the default study lives beside plan.json: recorded relative to it, so that the plan does not depend on where it was written
+    recorded_storage = settings.storage or "sqlite:///study.db (beside plan.json)"
+    plan = build_plan(profile, profile_hash, space, chosen, settings=settings, storage=recorded_storage, study_summary=summary, study_front=front)
     write_json(settings.out_dir / "plan.json", plan)
     return plan

@@ -25,7 +25,7 @@ from pathlib import Path
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.cost_model import CostModel
 from specdec_tune.autotune.search import SearchSettings, search
-from specdec_tune.exporters.validate import context_prompts, measure_decode, plan_drafter
+from specdec_tune.exporters.validate import DeviceSpeed, context_prompts, measure_decode, plan_drafter
 from specdec_tune.profiles.models.loading import load_model
 from specdec_tune.profiles.records import sha256_file
 from specdec_tune.profiles.schema import load_profile
@@ -57,6 +57,7 @@ def run(args) -> dict:
     if len(pool) < max(args.rows, *(b["batch"] for b in buckets)):
         raise SpecdecError(f"only {len(pool)} held-back prompts reach the context {plan['ctx']}", "use fewer or smaller batches")
     sweep: dict = {}
+    speed = DeviceSpeed(target, profile, plan["ctx"], args.seed)
     reused = json.loads(args.reuse_sweep.read_text()) if args.reuse_sweep else None
     measured = {(p["batch"], p["draft_len"]): p for p in reused["sweep"]} if reused else {}
 
@@ -65,14 +66,19 @@ def run(args) -> dict:
             B = b["batch"]
             for D in range(d_max + 1):
                 if (B, D) in measured:  # measured before, by this script: the measurements do not depend on the model
-                    m = {"tokens_per_s": measured[(B, D)]["measured_tokens_per_s"], "tokens_per_forward": measured[(B, D)]["measured_tokens_per_forward"]}
+                    old = measured[(B, D)]
+                    m = {"tokens_per_s": old["measured_tokens_per_s"], "tokens_per_forward": old["measured_tokens_per_forward"]}
+                    ratio = old.get("device_speed_ratio", 1.0)
                 else:
                     rows = max(B, args.rows)  # small batches decode several batches, so that AL is not one prompt's
-                    m = measure_decode(target, drafter, pool[:rows], D, args.new_tokens, args.repeats, args.seed, batch_size=B)
+                    # the device's speed against profile time, probed around each point (shared machines drift)
+                    m, ratio = speed.measure(lambda: measure_decode(target, drafter, pool[:rows], D, args.new_tokens, args.repeats, args.seed,
+                                                                    batch_size=B))
                 p = cost.predict(B, D, mech, quant)
                 sweep[(B, D)] = {"batch": B, "draft_len": D, "measured_tokens_per_s": m["tokens_per_s"],
                                  "measured_tokens_per_forward": m["tokens_per_forward"], "predicted_tokens_per_s": p.tokens_per_s.value,
-                                 "predicted_tokens_per_forward": p.tokens_per_forward.value, "predicted_source": p.tokens_per_s.source}
+                                 "predicted_tokens_per_forward": p.tokens_per_forward.value, "predicted_source": p.tokens_per_s.source,
+                                 "device_speed_ratio": ratio, "predicted_at_current_speed_tokens_per_s": p.tokens_per_s.value / ratio}
                 print(f"  B={B:3d} D={D:2d}: measured {m['tokens_per_s']:8.1f} tok/s (predicted {p.tokens_per_s.value:8.1f}), "
                       f"tokens/forward {m['tokens_per_forward']:.3f} (predicted {p.tokens_per_forward.value:.3f})", file=sys.stderr, flush=True)
 
@@ -96,7 +102,8 @@ def run(args) -> dict:
         row["vs_no_spec"] = {k: v / row["tokens_per_s"]["no_spec"] for k, v in row["tokens_per_s"].items()}
         rows.append(row)
     points = list(sweep.values())
-    tps_err = [_rel_err(p["predicted_tokens_per_s"], p["measured_tokens_per_s"]) for p in points]
+    tps_err = [_rel_err(p["predicted_at_current_speed_tokens_per_s"], p["measured_tokens_per_s"]) for p in points]
+    raw_err = [_rel_err(p["predicted_tokens_per_s"], p["measured_tokens_per_s"]) for p in points]
     al_err = [_rel_err(p["predicted_tokens_per_forward"], p["measured_tokens_per_forward"]) for p in points]
     plan_points = [sweep[(r["batch"], r["plan_draft_len"])] for r in rows]
     mean_ratio = lambda key: statistics.mean(r["vs_no_spec"][key] for r in rows)  # noqa: E731
@@ -105,9 +112,13 @@ def run(args) -> dict:
         "mechanism": mech, "quant": quant, "ctx": plan["ctx"], "split": "held_back", "new_tokens": args.new_tokens, "repeats": args.repeats, "rows": args.rows,
         "max_draft_len": d_max, "engine_default_k": default_k, "best_single_draft_len_measured": single,
         "plan_schedule": [[b["batch"], b["draft_len"]] for b in buckets], "buckets": rows, "sweep": points,
+        "measured_rounds": "rounds with every row of the batch decoding (a continuously batched server's steady state)",
         "fidelity": {"tokens_per_s_median_err_pct": 100 * statistics.median(tps_err), "tokens_per_s_worst_err_pct": 100 * max(tps_err),
+                     "unscaled_tokens_per_s_median_err_pct": 100 * statistics.median(raw_err), "unscaled_tokens_per_s_worst_err_pct": 100 * max(raw_err),
+                     "device_speed_ratio_range": [min(p["device_speed_ratio"] for p in points), max(p["device_speed_ratio"] for p in points)],
                      "tokens_per_forward_median_err_pct": 100 * statistics.median(al_err), "tokens_per_forward_worst_err_pct": 100 * max(al_err),
-                     "plan_tokens_per_s_err_pct": [100 * _rel_err(p["predicted_tokens_per_s"], p["measured_tokens_per_s"]) for p in plan_points]},
+                     "plan_tokens_per_s_err_pct": [100 * _rel_err(p["predicted_at_current_speed_tokens_per_s"], p["measured_tokens_per_s"])
+                                                   for p in plan_points]},
         "targets": {"plan_min_vs_oracle": min(r["vs_oracle"]["plan"] for r in rows), "plan_mean_speedup": mean_ratio("plan"),
                     "single_d_mean_speedup": mean_ratio("single_d"), "plan_beats_single_d": mean_ratio("plan") > mean_ratio("single_d")},
         "sweep_reused_from": shown(args.reuse_sweep),
@@ -126,8 +137,11 @@ def table(result: dict) -> str:
                      f"{t['engine_default']:.0f} (D={r['default_draft_len']}) | {t['plan']:.0f} | {t['oracle']:.0f} | {r['vs_oracle']['plan']:.3f} | "
                      f"{r['vs_no_spec']['plan']:.3f} |")
     f, g = result["fidelity"], result["targets"]
+    lo, hi = f["device_speed_ratio_range"]
     lines += ["", f"cost model vs measured over {len(result['sweep'])} points: tokens/s median {f['tokens_per_s_median_err_pct']:.1f}% "
-              f"(worst {f['tokens_per_s_worst_err_pct']:.1f}%), tokens per forward median {f['tokens_per_forward_median_err_pct']:.1f}% "
+              f"(worst {f['tokens_per_s_worst_err_pct']:.1f}%) with predictions scaled by the device's speed now against profile time "
+              f"(x{1 / hi:.3f} to x{1 / lo:.3f}; unscaled median {f['unscaled_tokens_per_s_median_err_pct']:.1f}%, worst "
+              f"{f['unscaled_tokens_per_s_worst_err_pct']:.1f}%), tokens per forward median {f['tokens_per_forward_median_err_pct']:.1f}% "
               f"(worst {f['tokens_per_forward_worst_err_pct']:.1f}%)",
               f"plan at least {100 * g['plan_min_vs_oracle']:.1f}% of the oracle in every bucket; mean speedup plan {g['plan_mean_speedup']:.3f}x "
               f"vs best single D {g['single_d_mean_speedup']:.3f}x"]

@@ -6,6 +6,8 @@
       validation.json      engine config checks, lossless gate, predicted vs measured throughput
       inputs/              plan.json and profile.json the bundle was made from
       vllm/ trtllm/ sglang/ speculators/   one folder per engine (engines.py registry)
+      kernels/             Triton kernels for the plan's shapes: sources, chosen configs, sm_90 / sm_100 cubins (artifacts.py)
+      drafter/             a networked drafter as ONNX, its onnxruntime parity, a TensorRT engine or its build command
       report/              report.md and its PNG plots
 
 The bundle is built in a staging folder beside OUT and renamed into place only once it validates, so
@@ -22,7 +24,8 @@ import shutil
 from pathlib import Path
 
 from specdec_tune import SpecdecError, __version__
-from specdec_tune.exporters.engines import ENGINE_MODEL_IDS, ExportContext, load_engines
+from specdec_tune.exporters.artifacts import check_shipped_kernels, installed_triton, ship_drafter_onnx, ship_kernels
+from specdec_tune.exporters.engines import ENGINE_MODEL_IDS, ExportContext, load_engines, load_schema_file
 from specdec_tune.exporters.report import bundle_readme, write_report
 from specdec_tune.exporters.validate import MeasureSettings, check_document, lossless_gate, throughput_check
 from specdec_tune.exporters.versions import DEFAULT_VERSIONS, parse_version
@@ -43,6 +46,17 @@ class ExportSettings:
     engine_model: str | None = None  # the target as engines should load it; default: its path (or hub id for the demo)
     measure: MeasureSettings = MeasureSettings()
     skip_measure: bool = False  # configs only: no lossless gate, no throughput check (recorded as skipped)
+    onnx_drafter: bool = True  # the drafter's ONNX graph (drafters with a network of their own)
+
+
+def _conform(document, schema_file: str, path: Path, what: str, fix: str) -> None:
+    """One line naming the first place a document leaves its JSON Schema (so that no later read can crash)."""
+    import jsonschema
+
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(load_schema_file(schema_file)).iter_errors(document))
+    if error is not None:
+        where = "/".join(map(str, error.absolute_path)) or "(top level)"
+        raise SpecdecError(f"{path} is not a valid {what}: at {where}, {error.message[:160]}", fix)
 
 
 def read_plan(path: Path) -> dict:
@@ -52,6 +66,7 @@ def read_plan(path: Path) -> dict:
     if plan["schema_version"] not in PLAN_SCHEMA_VERSIONS:
         raise SpecdecError(f"{path} has plan schema {plan['schema_version']}, this tool reads {PLAN_SCHEMA_VERSIONS}",
                            "re-run `specdec-tune search` with this version")
+    _conform(plan, "plan.schema.json", path, "plan", "re-run `specdec-tune search`; plans are not edited by hand")
     return plan
 
 
@@ -93,10 +108,11 @@ def staleness_factors(plan: dict, profile, versions: dict) -> dict:
         "kind": profile.device.get("kind"), "name": profile.device.get("name"), "capability": profile.device.get("capability")}
     return {"target_weights": profile.target["weights_hash"], "target_config": profile.target["config_hash"],
             "drafter": sha256_json(info.model_dump(mode="json")) if info else None, "device": device,
-            "engine_versions": versions, "tool_version": __version__}
+            "engine_versions": versions, "tool_version": __version__, "kernels_triton": installed_triton()}
 
 
 def export(s: ExportSettings) -> dict:
+    _recover_interrupted(s.out)
     plan = read_plan(s.plan)
     profile = load_profile(s.profile)
     profile_sha = sha256_file(s.profile)
@@ -122,6 +138,8 @@ def export(s: ExportSettings) -> dict:
         bad = [c for c in configs if c["errors"]]
         if bad:
             raise SpecdecError(f"the {bad[0]['engine']} config fails its check: {bad[0]['errors'][0]}", "report this with the plan.json")
+        kernels = ship_kernels(plan, profile, staging)
+        drafter_onnx = ship_drafter_onnx(plan, profile, staging) if s.onnx_drafter else {"skipped": "--no-onnx"}
         validation: dict = {"configs": configs}
         if s.skip_measure:
             validation["lossless"] = validation["throughput"] = {"skipped": "--configs-only"}
@@ -153,6 +171,11 @@ def export(s: ExportSettings) -> dict:
             "target": profile.target, "drafter": ctx.drafter, "device": plan["device"],
             "factors": staleness_factors(plan, profile, versions),
             "engines": engines, "figures": _figure_sources(plan),
+            "kernels": {"manifest": "kernels/manifest.json", "triton_version": kernels["triton_version"], "archs": kernels["archs"],
+                        "binaries": len(kernels["binaries"])} if "skipped" not in kernels else kernels,
+            "drafter_onnx": {k: drafter_onnx[k] for k in ("drafter", "quant", "files")} | {
+                "parity": {g: r["parity"]["parity_err"] for g, r in drafter_onnx["graphs"].items()},
+                "tensorrt": {g: r["tensorrt"].get("built", False) for g, r in drafter_onnx["graphs"].items()}} if "skipped" not in drafter_onnx else drafter_onnx,
             "validation": {"configs_ok": True, "lossless": validation["lossless"].get("passed"),
                            "throughput_worst_error_pct": validation["throughput"].get("worst", {}).get("error_pct"),
                            "device_drift_pct": validation["throughput"].get("device_drift_pct")},
@@ -168,6 +191,35 @@ def export(s: ExportSettings) -> dict:
 def _refuse_foreign_folder(out: Path) -> None:
     if out.exists() and (not out.is_dir() or (not (out / "manifest.json").is_file() and any(out.iterdir()))):
         raise SpecdecError(f"{out} exists and is not a bundle", "choose an empty or new folder with --out")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _recover_interrupted(out: Path) -> None:
+    """Clean up after an export killed mid-way (SIGKILL leaves its staging folder, or, between the two renames
+    of the swap, the previous bundle under its `.old-PID` name): put the previous bundle back, drop the rest."""
+    import fcntl
+
+    if not out.parent.is_dir() or not any(out.parent.glob(f".{out.name}.*-*")):
+        return
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for leftover in sorted(out.parent.glob(f".{out.name}.*-*")):
+            kind, _, pid = leftover.name.rpartition("-")
+            if not pid.isdigit() or not kind.endswith((".staging", ".old")) or _pid_alive(int(pid)):
+                continue
+            if kind.endswith(".old") and not out.exists():
+                leftover.rename(out)
+            else:
+                shutil.rmtree(leftover, ignore_errors=True)
 
 
 def _swap_into_place(staging: Path, out: Path) -> None:
@@ -196,6 +248,7 @@ def read_manifest(bundle: Path) -> dict:
     manifest = read_json(bundle / "manifest.json", "bundle manifest")
     if not isinstance(manifest, dict) or manifest.get("schema_version") != BUNDLE_SCHEMA_VERSION or not isinstance(manifest.get("files"), dict):
         raise SpecdecError(f"{bundle / 'manifest.json'} is not a version-{BUNDLE_SCHEMA_VERSION} bundle manifest", "re-export the bundle")
+    _conform(manifest, "manifest.schema.json", bundle / "manifest.json", "bundle manifest", "the bundle was tampered with: re-export it")
     root = bundle.resolve()
     for rel, digest in manifest["files"].items():
         path = bundle / rel
@@ -233,15 +286,22 @@ def validate_bundle(bundle: Path, measure: MeasureSettings | None) -> dict:
         if rel not in manifest["files"]:
             result["configs"].append(check_document(engine, None))
             continue
-        text = (Path(bundle) / rel).read_text()
-        document = yaml.safe_load(text) if rel.endswith(".yaml") else json.loads(text)
+        try:
+            text = (Path(bundle) / rel).read_bytes().decode("utf-8")
+            document = yaml.safe_load(text) if rel.endswith(".yaml") else json.loads(text)
+        except (yaml.YAMLError, ValueError) as e:  # ValueError: JSON and UTF-8 decoding errors
+            first = str(e).splitlines()[0]
+            raise SpecdecError(f"bundle file {rel} does not parse as plain data ({first})",
+                               "YAML tags and other constructors are refused: re-export the bundle") from None
         result["configs"].append(check_document(engine, document))
+    kernel_errors = check_shipped_kernels(Path(bundle), manifest)
+    result["kernels"] = {"errors": kernel_errors, "checked": (manifest.get("kernels") or {}).get("binaries", 0)}
     if measure is not None:
         plan = read_plan(Path(bundle) / "inputs" / "plan.json")
         profile = load_profile(Path(bundle) / "inputs" / "profile.json")
         result["lossless"] = lossless_gate(plan, profile, measure)
         result["throughput"] = throughput_check(plan, profile, measure)
-    result["passed"] = (all(not c["errors"] for c in result["configs"]) and result.get("lossless", {}).get("passed", True)
+    result["passed"] = (all(not c["errors"] for c in result["configs"]) and not kernel_errors and result.get("lossless", {}).get("passed", True)
                         and result.get("throughput", {}).get("passed", True))
     return result
 
@@ -292,6 +352,8 @@ def check_bundle(bundle: Path, *, target: str | None = None, versions: tuple[tup
             changed.append({"factor": f"engine.{engine}", "was": targeted, "now": now})
     if was["tool_version"] != __version__:
         changed.append({"factor": "tool_version", "was": was["tool_version"], "now": __version__})
+    if was.get("kernels_triton") and installed_triton() != was["kernels_triton"]:  # the cubins' launcher ABI is triton's
+        changed.append({"factor": "kernels_triton", "was": was["kernels_triton"], "now": installed_triton()})
     return {"bundle": str(bundle), "fresh": not changed, "changed": changed, "unverified": unverified}
 
 

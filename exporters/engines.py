@@ -72,5 +72,9 @@ def load_engines() -> dict[str, Engine]:
     return ENGINES
 
 
+def load_schema_file(name: str) -> dict:
+    return json.loads((SCHEMA_DIR / name).read_text())
+
+
 def load_schema(engine: Engine) -> dict:
-    return json.loads((SCHEMA_DIR / engine.schema).read_text())
+    return load_schema_file(engine.schema)

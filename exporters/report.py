@@ -144,6 +144,12 @@ def bundle_readme(plan: dict, engines: dict) -> str:
            "(route each band's traffic to its server); where the algorithm allows, it also lists one adaptive server "
            "(`--speculative-adaptive`), which picks steps by acceptance, not by batch size.",
            "- `speculators/`: `config.json` for a learned drafter's folder (absent for model-free drafters).",
+           "- `kernels/`: Triton verification-attention and acceptance kernels for the plan's shapes: sources, the chosen configs "
+           "(`kernel_table.json`: timed on a GPU, else chosen by the tile rules and labelled modeled) and cubins per architecture "
+           "(`sm_90/`, `sm_100/`) listed in `kernels/manifest.json`; `specdec_tune.kernels.aot.Launcher` runs a shipped cubin and "
+           "refuses one built for another architecture.",
+           "- `drafter/` (drafters with a network of their own): the drafter as ONNX with dynamic batch and draft length, its "
+           "onnxruntime parity in `export.json`, and the TensorRT engine or the `trtexec` command that builds it (`drafter/README.md`).",
            "- `report/report.md`: predictions, the reason for each D, plots; `validation.json`: what was checked and measured.",
            "- `manifest.json`: file hashes and the factors `specdec-tune check` compares (exit 3 when stale).", "", "## Decisions", ""]
     for name, e in engines.items():

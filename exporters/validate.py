@@ -15,9 +15,11 @@ import dataclasses
 import statistics
 
 import jsonschema
+import torch
 
 from specdec_tune import SpecdecError
 from specdec_tune.exporters.engines import Engine, load_schema
+from specdec_tune.profiles.timing import SpeedGuard, is_out_of_memory
 
 
 def check_document(engine: Engine, document: dict | None) -> dict:
@@ -121,20 +123,36 @@ def measure_decode(target, drafter, ids: list[list[int]], D: int, new_tokens: in
     return {"tokens_per_s": statistics.median(rates[1:]), "tokens_per_forward": SpecCounters.total(counters).tokens_per_target_forward}
 
 
-def device_speed_ratio(target, profile, ctx: int, seed: int = 0) -> dict:
-    """How fast this device runs the target now against when it was profiled: one verify step (batch 1, one
-    token, `ctx` cached) timed now, over the profile's measurement of the same step. Shared machines drift
-    (other tenants, clocks); a ratio above 1 means slower now."""
-    from specdec_tune.profiles.profiler import time_verify_step
+class DeviceSpeed:
+    """This device's speed now against profile time, probed around each measurement.
 
-    then = next((p.median_ms for p in profile.verify if (p.batch, p.tokens, p.ctx) == (1, 1, ctx) and p.source == "measured"), None)
-    if then is None:
-        return {"ratio": 1.0, "why": f"the profile has no measured verify step at batch 1, ctx {ctx}"}
-    timing = time_verify_step(target.model, 1, ctx, 1, seed=seed)
-    if timing is None:
-        return {"ratio": 1.0, "why": "the verify step does not fit in memory now"}
-    now = timing["median_ms"]
-    return {"ratio": now / then, "now_ms": now, "profiled_ms": then}
+    The probe is one verify step (batch 1, one token, `ctx` cached), the same step the profile measured.
+    Around a measurement it runs before and after (`SpeedGuard`: a measurement spoiled by a passing load is
+    repeated); the ratio of their mean to the profile's figure says how much slower (> 1) the device runs
+    now. Shared machines drift with other tenants and clocks: the gate compares at the current speed.
+    """
+
+    def __init__(self, target, profile, ctx: int, seed: int = 0) -> None:
+        from specdec_tune.profiles.profiler import VerifyStep
+
+        self.profiled_ms = next((p.median_ms for p in profile.verify if (p.batch, p.tokens, p.ctx) == (1, 1, ctx) and p.source == "measured"), None)
+        self.why = None if self.profiled_ms else f"the profile has no measured verify step at batch 1, ctx {ctx}"
+        step = VerifyStep(target.model, 1, ctx, 1, seed)
+        self.guard = SpeedGuard(probe=lambda: step.time(1)["median_ms"])
+
+    def measure(self, fn):
+        """(fn's result, speed ratio now / at profile time around it)."""
+        result, before, after = self.guard.run(fn)
+        return result, ((before + after) / 2 / self.profiled_ms) if self.profiled_ms else 1.0
+
+
+def _another_device(profiled: dict) -> str:
+    """How this device differs from the profiled one in what sets its speed ('' when it is the same kind)."""
+    from specdec_tune.profiles.fingerprint import device_fingerprint, resolve_device
+
+    here = device_fingerprint(resolve_device("cuda" if profiled.get("kind") == "cuda" and torch.cuda.is_available() else "cpu"), torch.float32)
+    return "; ".join(f"{key} {profiled.get(key)!r} there, {here.get(key)!r} here" for key in ("kind", "name", "threads")
+                     if key in profiled and profiled.get(key) != here.get(key))
 
 
 def throughput_check(plan: dict, profile, s: MeasureSettings) -> dict:
@@ -149,30 +167,48 @@ def throughput_check(plan: dict, profile, s: MeasureSettings) -> dict:
 
     if plan["device"].get("projected_from"):
         return {"checked": False, "why": f"the plan is for {plan['device']['name']} (modeled), not this device"}
+    other = _another_device(profile.device)
+    if other:
+        return {"checked": False, "why": f"the profile was measured on another device ({other}): throughput is checked where it was measured"}
     target = load_model(profile.target["path"], dtype=profile.device.get("dtype", "auto"))
     drafter = plan_drafter(plan, profile, target)
     pool = context_prompts(target, plan["ctx"], s.new_tokens, plan["max_draft_len"], "all")
     if not pool:
         return {"checked": False, "why": f"no calibration prompt reaches the plan's context of {plan['ctx']} tokens"}
+    speed = DeviceSpeed(target, profile, plan["ctx"], s.seed)
     rows = []
     for b in plan["buckets"]:
         B, D = b["batch"], b["draft_len"]
         n = B * -(-s.rows // B)  # small batches decode several batches, so that AL is not one or two prompts'
-        speed = device_speed_ratio(target, profile, plan["ctx"], s.seed)
-        measured = measure_decode(target, drafter, [pool[i % len(pool)] for i in range(n)], D, s.new_tokens, s.repeats, s.seed,
-                                  batch_size=B)["tokens_per_s"]
+        try:
+            measured, ratio = speed.measure(lambda: measure_decode(target, drafter, [pool[i % len(pool)] for i in range(n)], D, s.new_tokens,
+                                                                   s.repeats, s.seed, batch_size=B)["tokens_per_s"])
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            if not is_out_of_memory(e):
+                raise
+            rows.append({"batch": B, "draft_len": D, "infeasible": "out of memory on this device now"})
+            continue
         predicted = b["predicted"]["tokens_per_s"]["value"]
-        at_speed = predicted / speed["ratio"]
+        at_speed = predicted / ratio
         rows.append({"batch": B, "draft_len": D, "predicted_tokens_per_s": predicted, "predicted_source": b["predicted"]["tokens_per_s"]["source"],
-                     "device_speed_ratio": speed["ratio"], "predicted_at_current_speed_tokens_per_s": at_speed,
+                     "device_speed_ratio": ratio, "predicted_at_current_speed_tokens_per_s": at_speed,
                      "measured_tokens_per_s": measured, "raw_error_pct": 100 * (predicted - measured) / measured,
                      "error_pct": 100 * (at_speed - measured) / measured})
-    worst = max(rows, key=lambda r: abs(r["error_pct"]))
-    drift = max(abs(r["device_speed_ratio"] - 1) for r in rows) * 100
+    timed = [r for r in rows if "infeasible" not in r]
+    if not timed:
+        return {"checked": False, "why": "every bucket ran out of memory on this device", "buckets": rows}
+    worst = max(timed, key=lambda r: abs(r["error_pct"]))
+    drift = max(abs(r["device_speed_ratio"] - 1) for r in timed) * 100
     result = {"checked": True, "tolerance_pct": s.tolerance_pct, "new_tokens": s.new_tokens, "buckets": rows,
               "measured_rounds": "rounds with every row of the batch decoding (a continuously batched server's steady state)",
               "passed": abs(worst["error_pct"]) <= s.tolerance_pct, "worst": {"batch": worst["batch"], "error_pct": worst["error_pct"]},
               "device_drift_pct": drift}
+    if speed.why:
+        result["device_speed"] = f"not probed: {speed.why}"
+    if speed.guard.repeated:
+        result["repeated_after_a_speed_change"] = speed.guard.repeated
+    if len(timed) < len(rows):
+        result["infeasible_batches"] = [r["batch"] for r in rows if "infeasible" in r]
     if drift > s.tolerance_pct:
         result["warning"] = (f"this device runs the target {drift:.0f}% away from its speed at profile time: "
                              "re-profile on a quiet machine before trusting absolute figures")
@@ -181,6 +217,8 @@ def throughput_check(plan: dict, profile, s: MeasureSettings) -> dict:
 
 def describe_throughput_row(r: dict) -> str:
     """One bucket of the throughput check, as the report and the CLI print it."""
+    if "infeasible" in r:
+        return f"batch {r['batch']}, D={r['draft_len']}: infeasible ({r['infeasible']})"
     return (f"batch {r['batch']}, D={r['draft_len']}: predicted {r['predicted_tokens_per_s']:.0f} tokens/s "
             f"({r['predicted_at_current_speed_tokens_per_s']:.0f} at the device's current speed, x{1 / r['device_speed_ratio']:.3f}), "
             f"measured {r['measured_tokens_per_s']:.0f}: {r['error_pct']:+.1f}% ({r['raw_error_pct']:+.1f}% unscaled)")

@@ -34,7 +34,7 @@ from specdec_tune.profiles.records import sha256_json, write_json
 from specdec_tune.profiles.schema import SCHEMA_VERSION, Profile, load_profile
 from specdec_tune.profiles.specdec import SpecCounters, generate
 from specdec_tune.profiles.store import MeasurementLog
-from specdec_tune.profiles.timing import time_call
+from specdec_tune.profiles.timing import SpeedGuard, is_out_of_memory, time_call
 
 FLAG_REL_DIFF = 0.05  # derived vs direct AL: flag differences above this
 
@@ -166,16 +166,12 @@ def _remeasure_outliers(timings: dict[int, dict | None], measure, slack: float =
             measure(x)
 
 
-def _is_oom(e: BaseException) -> bool:
-    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
-
-
 def _time_unless_oom(fn, device: torch.device, warmup: int = 2) -> dict | None:
     """time_call's figures, or None when the call runs out of memory (recorded as infeasible)."""
     try:
         return time_call(fn, device=device, warmup=warmup, repeats=5).as_dict()
     except (torch.OutOfMemoryError, RuntimeError) as e:
-        if not _is_oom(e):
+        if not is_out_of_memory(e):
             raise
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -198,7 +194,7 @@ class VerifyStep:
             model(prompt, self.cache, torch.zeros(batch, dtype=torch.long, device=self.device), logits="none")
             self.ready = True
         except (torch.OutOfMemoryError, RuntimeError) as e:
-            if not _is_oom(e):
+            if not is_out_of_memory(e):
                 raise
             self.ready = False  # infeasible at this batch and context
 
@@ -264,11 +260,20 @@ class Profiler:
                 ref = {"layers": len(model.layers), "shares_target_weights": model.embed_tokens is self.model.embed_tokens}
                 if desc["options"].get("model"):  # its own checkpoint: its hash makes a bundle stale when it changes
                     ref["weights_hash"] = weights_hash(model_folder(desc["options"]["model"])[3])
+            head = getattr(d, "head", None)
+            if head is not None:  # a learned head over the target's hidden states (EAGLE-3, MTP)
+                ref = {"layers": 1, "hidden_layers": list(d.hidden_layers), "shares_target_weights": head.embed_tokens is self.model.embed_tokens,
+                       "weights_hash": getattr(d, "weights_hash", None)}
             infos.append({
                 "name": name, "kind": desc["kind"], "options": desc["options"], "model": ref,
                 "quant_formats": ["none", *self.s.quant_formats] if d.kind != "model_free" else ["none"],
+                "draft_len_multiple": d.draft_len_multiple,
             })
         return infos
+
+    def _guarded(self, measure):
+        """A timing cell measured at the device's quiet speed (SpeedGuard), re-run after a passing load."""
+        return self.guard.run(measure)[0]
 
     # ------------------------------------------------------------------ run
 
@@ -283,6 +288,8 @@ class Profiler:
                 return old
         log = MeasurementLog(self.s.out_dir, self.fingerprint)
         budget = Budget(self.s.budget_minutes)
+        probe = VerifyStep(self.model, 1, self.s.ctx_buckets[0], 1, self.s.seed, self.device)
+        self.guard = SpeedGuard(probe=lambda: probe.time(1)["median_ms"])
         verify = self._verify_curve(log)
         draft = self._draft_costs(log, budget)
         acceptance = self._acceptance(log, budget)
@@ -291,6 +298,11 @@ class Profiler:
         notes = [f"phase skipped for the time budget: {what}" for what in budget.skipped]
         notes += [f"derived AL differs from a direct run by more than {FLAG_REL_DIFF:.0%}: {a['mechanism']} D={c['draft_len']} "
                   f"(derived {c['derived']:.3f}, direct {c['direct']:.3f})" for a in acceptance for c in a["checks"] if c["flagged"]]
+        if self.guard.repeated:
+            notes.append(f"{self.guard.repeated} timing cells were measured again: the device ran more than "
+                         f"{self.guard.slack - 1:.0%} below its quietest speed around them (a shared machine)")
+        if self.guard.unsettled:
+            notes.append(f"{self.guard.unsettled} timing cells were kept although the device never settled: their times may be inflated")
         if self.device.type == "cpu":
             load = os.getloadavg()[0]
             if load > 1.5 * os.cpu_count():
@@ -320,7 +332,7 @@ class Profiler:
         cells = [(ctx, B) for ctx in s.ctx_buckets for B in s.batch_buckets]
         for i, (ctx, B) in enumerate(cells):
             self._tick("verify", i, len(cells))
-            measured = log.measure(f"verify/{B}/{ctx}", lambda: {str(t): v for t, v in self._verify_cell(B, ctx, t_max, seeds).items()})
+            measured = log.measure(f"verify/{B}/{ctx}", lambda: self._guarded(lambda: {str(t): v for t, v in self._verify_cell(B, ctx, t_max, seeds).items()}))
             timings = {int(t): v for t, v in measured.items()}
             for t, y, source in fill_curve({t: (v["median_ms"] if v else None) for t, v in timings.items()}, range(1, t_max + 1)):
                 extra = timings.get(t) or {}
@@ -354,7 +366,7 @@ class Profiler:
             self._tick("draft", i, len(cells))
             if not budget.allows(f"draft cost {name} B={B}"):
                 continue
-            timings = log.measure(f"draft/{name}/{B}/{ctx}", lambda: {str(d): t for d, t in self._draft_cell(self.drafters[name], B, ctx).items()})
+            timings = log.measure(f"draft/{name}/{B}/{ctx}", lambda: self._guarded(lambda: {str(d): t for d, t in self._draft_cell(self.drafters[name], B, ctx).items()}))
             measured = {int(d): (t["median_ms"] if t else None) for d, t in timings.items()}
             for d, y, source in fill_curve(measured, range(1, s.max_draft_len + 1)):
                 t = timings.get(str(d)) or {}
@@ -370,20 +382,42 @@ class Profiler:
             flat = flat + flat
         return [flat[b * 97 : b * 97 + ctx] for b in range(B)]
 
+    @torch.inference_mode()
+    def _context_states(self, drafter: Drafter, B: int, ctx: int) -> torch.Tensor | None:
+        """The target's hidden states at the drafter's layers over `_context_rows` [B, ctx, W], or None when it reads none."""
+        if not drafter.hidden_layers:
+            return None
+        rows = torch.tensor(self._context_rows(B, ctx), device=self.device)
+        cache = self.model.new_cache(B, ctx)
+        _, hidden = self.model.forward_capture(rows, cache, torch.zeros(B, dtype=torch.long, device=self.device),
+                                               tuple(drafter.hidden_layers), logits="none")
+        return hidden
+
     def _draft_cell(self, drafter: Drafter, B: int, ctx: int) -> dict[int, dict | None]:
-        """Steady state of a fully rejected round: each call appends one token, then drafts D."""
+        """Steady state of a fully rejected round: each call appends one token, then drafts D.
+
+        A drafter that reads target hidden states gets them as the loop passes them: the context's (ctx - 1
+        positions) with the untimed first call, then one verified position per call. Their values are the
+        target's real states of the context (the timing does not depend on them; the shapes are the loop's)."""
         timings: dict[int, dict | None] = {}
         g = torch.Generator().manual_seed(self.s.seed)
+        states = self._context_states(drafter, B, ctx)  # [B, ctx, W] or None
+
+        def request(rows: list[list[int]], D: int, first: bool) -> DraftRequest:
+            if states is None:
+                return DraftRequest(rows, [D] * B, 0.0)
+            hidden = states[:, : ctx - 1] if first else states[:, -1:]  # [B, n, W]
+            return DraftRequest(rows, [D] * B, 0.0, hidden_states=hidden, num_hidden=[hidden.shape[1]] * B)
 
         def measure(D: int) -> float | None:
             rows = self._context_rows(B, ctx)
             drafter.start([list(r) for r in rows])
-            drafter.propose(DraftRequest(rows, [D] * B, 0.0))  # catch up on the context, untimed
+            drafter.propose(request(rows, D, first=True))  # catch up on the context, untimed
 
             def step():
                 for r in rows:
                     r.append(int(torch.randint(0, 1000, (1,), generator=g)))
-                drafter.propose(DraftRequest(rows, [D] * B, 0.0))
+                drafter.propose(request(rows, D, first=False))
 
             timings[D] = _time_unless_oom(step, self.device, warmup=1)
             return timings[D]["median_ms"] if timings[D] else None
@@ -466,7 +500,7 @@ class Profiler:
                 res = generate(self.model, ids, drafter=self.drafters.get(name), num_draft_tokens=D, max_new_tokens=16)
                 return {"draft_s": res.draft_s, "verify_s": res.verify_s, "total_s": res.total_s, "forwards": res.target_forwards}
 
-            r = log.measure(f"host/{name}/{B}", run)
+            r = log.measure(f"host/{name}/{B}", lambda: self._guarded(run))
             points.append({"mechanism": name, "batch": B, "draft_len": D, "rounds": r["forwards"],
                            "host_ms_per_round": 1e3 * (r["total_s"] - r["draft_s"] - r["verify_s"]) / r["forwards"],
                            "round_ms": 1e3 * r["total_s"] / r["forwards"], "source": "measured"})

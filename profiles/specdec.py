@@ -8,6 +8,8 @@ holds every token but the last):
   3. verification accepts a prefix d_1..d_n and emits one more token from the target (the bonus on
      full acceptance, the correction otherwise): n+1 tokens per row per target forward;
   4. the KV cache length advances by 1+n; the rejected drafts' slots are simply reused (rollback).
+     A drafter that declares `hidden_layers` (EAGLE-3, MTP) receives, with its next request, the target's
+     hidden states at those layers for the 1+n verified positions (after prefill: for the prompt but its last token).
 
 Verification:
   greedy (temperature 0): accept d_i while d_i == argmax p_{i-1}; emit argmax p_n.
@@ -260,8 +262,18 @@ def generate(
     cache = target.new_cache(B, capacity)
     seqs = [list(p) for p in prompts]
     cache_len = torch.tensor([len(p) - 1 for p in prompts], dtype=torch.long, device=device)
+    layers = tuple(drafter.hidden_layers) if drafter is not None and D > 0 else ()
+    # Per live row: the target's hidden states [n, len(layers) * hidden] at the positions run since the last draft.
+    pending: list[torch.Tensor] = []
     if int(cache_len.max()) > 0:  # prefill: everything but the last prompt token
-        target(_pad([p[:-1] for p in prompts], int(cache_len.max()), device), cache, torch.zeros_like(cache_len), logits="none")
+        prefill = _pad([p[:-1] for p in prompts], int(cache_len.max()), device)
+        if layers:
+            _, hidden = target.forward_capture(prefill, cache, torch.zeros_like(cache_len), layers, logits="none")
+            pending = [hidden[b, : len(p) - 1] for b, p in enumerate(prompts)]
+        else:
+            target(prefill, cache, torch.zeros_like(cache_len), logits="none")
+    if layers and not pending:
+        pending = [torch.zeros((0, 0), device=device) for _ in prompts]
     if drafter is not None:
         drafter.start([list(p) for p in prompts])
 
@@ -275,8 +287,9 @@ def generate(
         max_tokens = [min(D, max_new_tokens - len(outputs[i]) - 1) for i in live]
         t0 = time.perf_counter()
         if D > 0:
+            hidden, num_hidden = _pad_hidden(pending) if layers else (None, None)
             draft = drafter.propose(  # type: ignore[union-attr]
-                DraftRequest([seqs[i] for i in live], max_tokens, temperature, generator)
+                DraftRequest([seqs[i] for i in live], max_tokens, temperature, generator, hidden, num_hidden)
             )
             _check_draft(draft, max_tokens)
         else:
@@ -286,7 +299,10 @@ def generate(
         draft_lens = torch.tensor([len(d) for d in draft.tokens], dtype=torch.long, device=device)
         drafts = _pad(draft.tokens, K, device)  # [B, K]
         tokens = torch.cat([torch.tensor([[seqs[i][-1]] for i in live], device=device), drafts], dim=1)  # [B, 1+K]
-        logits = target(tokens, cache, cache_len)  # [B, 1+K, V]
+        if layers:
+            logits, hidden = target.forward_capture(tokens, cache, cache_len, layers)  # [B, 1+K, V], [B, 1+K, W]
+        else:
+            logits = target(tokens, cache, cache_len)  # [B, 1+K, V]
         if temperature == 0:
             num_accepted, next_token = verify_greedy(logits, drafts, draft_lens)
         else:
@@ -313,6 +329,8 @@ def generate(
             if len(outputs[i]) < max_new_tokens and emitted[-1] not in stop:
                 keep.append(row)
         cache_len = cache_len + 1 + num_accepted
+        if layers:  # the verified positions: the last token and the n accepted drafts
+            pending = [hidden[row, : 1 + int(num_accepted[row])] for row in range(len(live))]
         if len(live) == B:
             full_batch_s += time.perf_counter() - t0
             full_batch_tokens += round_tokens
@@ -321,10 +339,22 @@ def generate(
             cache.keep_rows(rows)
             cache_len = cache_len.index_select(0, rows)
             live = [live[r] for r in keep]
+            pending = [pending[r] for r in keep] if layers else pending
             if drafter is not None and live:
                 drafter.keep_rows(keep)
     total_s = time.perf_counter() - t_start
     return GenerationResult(outputs, counters, forwards, draft_s, verify_s, total_s, full_batch_s, full_batch_tokens)
+
+
+def _pad_hidden(rows: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
+    """Per-row hidden states [n_b, W] -> left-aligned [B, max n_b, W] (zero padding) and the n_b."""
+    lens = [int(r.shape[0]) for r in rows]
+    width = max((int(r.shape[1]) for r in rows if r.shape[0]), default=0)
+    ref = next((r for r in rows if r.shape[0]), rows[0])
+    out = torch.zeros((len(rows), max(lens), width), dtype=ref.dtype, device=ref.device)
+    for b, r in enumerate(rows):
+        out[b, : lens[b]] = r
+    return out, lens
 
 
 def _check_draft(draft: Draft, max_tokens: list[int]) -> None:

@@ -85,6 +85,23 @@ def tiny_hf_dir(hf_variant_dir) -> Path:
     return hf_variant_dir("llama")
 
 
+@pytest.fixture
+def fixed_speed():
+    """A stand-in for exporters.validate.DeviceSpeed that reports one speed ratio and probes nothing."""
+
+    def make(ratio: float):
+        class Fixed:
+            def __init__(self, *args, **kwargs):
+                self.why, self.guard = None, type("Guard", (), {"repeated": 0})()
+
+            def measure(self, fn):
+                return fn(), ratio
+
+        return Fixed
+
+    return make
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -280,7 +280,7 @@ def test_check_names_a_changed_drafter_checkpoint(bundle, tiny_hf_dir, capsys):
     assert "drafter_weights" in changed
 
 
-def test_throughput_gate_scales_by_device_speed_and_names_the_bucket(monkeypatch):
+def test_throughput_gate_scales_by_device_speed_and_names_the_bucket(monkeypatch, fixed_speed):
     """The gate compares each bucket's measurement with the prediction at the device's current speed: a
     uniformly slower machine passes with its drift reported; a wrong prediction fails at its bucket."""
     import types
@@ -289,7 +289,7 @@ def test_throughput_gate_scales_by_device_speed_and_names_the_bucket(monkeypatch
 
     measured = {(1, 3): 100.0, (4, 0): 300.0}
     monkeypatch.setattr(validate, "measure_decode", lambda t, d, ids, D, *a, batch_size, **k: {"tokens_per_s": measured[(batch_size, D)]})
-    monkeypatch.setattr(validate, "device_speed_ratio", lambda *a, **k: {"ratio": 1.25})
+    monkeypatch.setattr(validate, "DeviceSpeed", fixed_speed(1.25))
     monkeypatch.setattr(validate, "plan_drafter", lambda *a: None)
     monkeypatch.setattr("specdec_tune.profiles.models.loading.load_model", lambda *a, **k: None)
     monkeypatch.setattr(validate, "context_prompts", lambda *a: [[1, 2, 3]])
@@ -308,17 +308,27 @@ def test_throughput_gate_scales_by_device_speed_and_names_the_bucket(monkeypatch
     assert not bad["passed"] and bad["worst"]["batch"] == 4 and bad["worst"]["error_pct"] == pytest.approx(100 * (400 - 300) / 300)
 
 
-def test_device_speed_ratio_times_the_profiled_step_again(tiny_hf_dir):
+def test_device_speed_probes_the_profiled_step_around_a_measurement(tiny_hf_dir):
     import types
 
-    from specdec_tune.exporters.validate import device_speed_ratio
+    from specdec_tune.exporters.validate import DeviceSpeed
     from specdec_tune.profiles.models.loading import load_model
     from specdec_tune.profiles.profiler import time_verify_step
 
     target = load_model(str(tiny_hf_dir), dtype="float32")
     now = time_verify_step(target.model, 1, 32, 1)["median_ms"]
     point = types.SimpleNamespace(batch=1, tokens=1, ctx=32, median_ms=now * 1000, source="measured")
-    ratio = device_speed_ratio(target, types.SimpleNamespace(verify=[point]), 32)["ratio"]
-    assert 0 < ratio < 0.01  # "profiled" 1000x slower than now: this machine is far faster
-    assert device_speed_ratio(target, types.SimpleNamespace(verify=[]), 32) == {
-        "ratio": 1.0, "why": "the profile has no measured verify step at batch 1, ctx 32"}
+    result, ratio = DeviceSpeed(target, types.SimpleNamespace(verify=[point]), 32).measure(lambda: "done")
+    assert result == "done" and 0 < ratio < 0.01  # "profiled" 1000x slower than now: this machine is far faster
+    unprobed = DeviceSpeed(target, types.SimpleNamespace(verify=[]), 32)
+    assert unprobed.measure(lambda: 1) == (1, 1.0) and unprobed.why == "the profile has no measured verify step at batch 1, ctx 32"
+
+
+def test_throughput_is_not_checked_against_a_profile_from_another_device():
+    import types
+
+    from specdec_tune.exporters.validate import MeasureSettings, throughput_check
+
+    profile = types.SimpleNamespace(target={"path": "x"}, device={"kind": "cpu", "name": "Another CPU 9000", "dtype": "float32"})
+    result = throughput_check({"device": {}, "ctx": 128, "max_draft_len": 3, "buckets": []}, profile, MeasureSettings())
+    assert result["checked"] is False and "'Another CPU 9000' there" in result["why"]

@@ -13,7 +13,9 @@ from specdec_tune.profiles.prompts import encode_prompts
 pytestmark = pytest.mark.demo
 
 NUM_PROMPTS, MAX_NEW, D = 40, 64, 3
-DRAFTER_OPTIONS = {"ngram": {}, "suffix": {}, "draft_model": {"layers": "2"}}  # 2 layers: the cheapest draft still exercises every rollback path
+# draft_model with 2 layers: the cheapest draft still exercises every rollback path. The learned heads run untrained
+# (random=1): losslessness does not depend on their quality, and a trained head is not committed.
+DRAFTER_OPTIONS = {"ngram": {}, "suffix": {}, "draft_model": {"layers": "2"}, "eagle3": {"random": "1"}, "mtp": {"random": "1"}}
 
 
 @pytest.fixture(scope="module")

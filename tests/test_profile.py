@@ -157,7 +157,8 @@ def _cli(out: Path) -> list[str]:
 
 
 @pytest.mark.demo
-def test_profile_resumes_after_sigkill(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "Ctrl-C"])
+def test_profile_resumes_after_sigkill(tmp_path, sig):
     killed, clean = tmp_path / "killed", tmp_path / "clean"
     proc = subprocess.Popen(_cli(killed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 240
@@ -170,8 +171,8 @@ def test_profile_resumes_after_sigkill(tmp_path):
                 break
         time.sleep(0.05)
     assert proc.poll() is None, "the run ended before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    os.kill(proc.pid, sig)
+    assert proc.wait() in ((130, -signal.SIGINT) if sig == signal.SIGINT else (-signal.SIGKILL,))
     assert not (killed / "profile.json").exists()
     before = {json.loads(line)["key"]: json.loads(line)["value"] for line in log_lines}
 
@@ -222,3 +223,15 @@ def test_out_of_memory_is_recorded_as_infeasible():
     assert all(timings[t] is None for t in timings if t >= 3)
     filled = fill_curve({t: (v["median_ms"] if v else None) for t, v in timings.items()}, range(1, 9))
     assert [s for _, _, s in filled] == ["measured", "measured"] + ["infeasible"] * 6
+
+
+def test_speed_guard_repeats_a_measurement_a_passing_load_spoiled():
+    from specdec_tune.profiles.timing import SpeedGuard
+
+    probes = iter([10.0, 10.0, 10.0, 13.0, 10.2, 10.1])  # quiet; a load arrives after the 2nd run; gone for the 3rd
+    runs = iter(["first", "second", "third"])
+    guard = SpeedGuard(probe=lambda: next(probes), pause_s=0)
+    assert guard.run(lambda: next(runs)) == ("first", 10.0, 10.0)
+    assert guard.run(lambda: next(runs)) == ("third", 10.2, 10.1) and guard.repeated == 1 and guard.unsettled == 0
+    busy = SpeedGuard(probe=iter([20.0] * 6).__next__, pause_s=0, quietest_ms=10.0)  # never back to its quiet 10 ms
+    assert busy.run(lambda: "kept")[0] == "kept" and busy.repeated == 2 and busy.unsettled == 1

@@ -4,6 +4,10 @@ fix), a non-zero exit, and leave no output behind. The README's robustness table
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +19,8 @@ from specdec_tune.profiles.records import sha256_file
 from specdec_tune.profiles.schema import load_profile
 
 PROFILE = Path(__file__).parent / "data" / "demo_profile.json"
+# Ctrl-C: the CLI's own exit code, or the signal itself when it lands while the interpreter is exiting
+INTERRUPTED = (130, -signal.SIGINT)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +41,11 @@ def files(tmp_path_factory):
     search(load_profile(PROFILE), sha256_file(PROFILE), SearchSettings(seed=0, trials=60, out_dir=d / "plan"))
     plan = json.loads((d / "plan" / "plan.json").read_text())
     (d / "oldplan.json").write_text(json.dumps(plan | {"schema_version": 1}))
+    (d / "badplan.json").write_text(json.dumps(plan | {"buckets": [{"batch": 0, "draft_len": 2}]}))
     export(ExportSettings(plan=d / "plan" / "plan.json", profile=PROFILE, out=d / "bundle", skip_measure=True))
+    (d / "oddmanifest").mkdir()
+    manifest = json.loads((d / "bundle" / "manifest.json").read_text())
+    (d / "oddmanifest" / "manifest.json").write_text(json.dumps(manifest | {"files": {}, "engines": {"vllm": "vllm"}}))
     (d / "nomanifest").mkdir()
     (d / "badmanifest").mkdir()
     (d / "badmanifest" / "manifest.json").write_text("{")
@@ -84,6 +94,7 @@ CASES = [
     (f"export --plan {{d}}/corrupt.json --profile {P} --out {{o}}", "not valid JSON"),
     (f"export --plan {P} --profile {P} --out {{o}}", "not a specdec-tune plan"),
     (f"export --plan {{d}}/oldplan.json --profile {P} --out {{o}}", "plan schema"),
+    (f"export --plan {{d}}/badplan.json --profile {P} --out {{o}}", "is not a valid plan: at buckets/0"),
     ("export --plan {d}/plan/plan.json --profile {d}/future.json --out {o}", "schema"),
     (f"export --plan {{d}}/plan/plan.json --profile {P} --out {{o}} --vllm-version banana --configs-only", "not a version"),
     (f"export --plan {{d}}/plan/plan.json --profile {P} --out {{o}} --tolerance 0", "--tolerance"),
@@ -91,6 +102,8 @@ CASES = [
     ("validate {d}/missing", "not found"),
     ("validate {d}/nomanifest --configs-only", "manifest"),
     ("validate {d}/badmanifest --configs-only", "not valid JSON"),
+    ("validate {d}/oddmanifest --configs-only", "is not a valid bundle manifest: at engines/vllm"),
+    ("check {d}/oddmanifest", "is not a valid bundle manifest"),
     ("check {d}/missing", "not found"),
     ("check {d}/badmanifest", "not valid JSON"),
 ]
@@ -134,9 +147,6 @@ def test_a_full_disk_is_one_line_and_keeps_the_old_bundle(files, tmp_path, capsy
 
 
 def test_two_exports_into_one_folder(files, tmp_path):
-    import subprocess
-    import sys
-
     out = tmp_path / "bundle"
     cmd = [sys.executable, "-m", "specdec_tune.autotune.cli", "export", "--plan", str(files / "plan" / "plan.json"), "--profile", str(PROFILE),
            "--out", str(out), "--configs-only"]
@@ -150,12 +160,8 @@ def test_two_exports_into_one_folder(files, tmp_path):
     assert not list(tmp_path.glob(".bundle.staging-*")) + list(tmp_path.glob(".bundle.old-*"))
 
 
-def test_search_killed_midway_resumes_to_the_same_plan(tmp_path):
-    import signal
-    import subprocess
-    import sys
-    import time
-
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "Ctrl-C"])
+def test_search_killed_midway_resumes_to_the_same_plan(tmp_path, sig):
     cmd = [sys.executable, "-m", "specdec_tune.autotune.cli", "search", "--profile", str(PROFILE), "--trials", "400", "--seed", "5"]
     whole = tmp_path / "whole"
     assert subprocess.run([*cmd, "--out", str(whole)], capture_output=True, timeout=600).returncode == 0
@@ -165,11 +171,155 @@ def test_search_killed_midway_resumes_to_the_same_plan(tmp_path):
     while not (cut / "study.db").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(2.0)  # some trials in, the study not finished
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    assert proc.poll() is None, "the search ended before it could be interrupted"
+    proc.send_signal(sig)
+    assert proc.wait() in (INTERRUPTED if sig == signal.SIGINT else (-signal.SIGKILL,))
     assert not (cut / "plan.json").exists()
     assert subprocess.run([*cmd, "--out", str(cut)], capture_output=True, timeout=600).returncode == 0
     strip = lambda p: {k: v for k, v in json.loads(p.read_text()).items() if k not in ("created_at", "study")}  # noqa: E731
     assert strip(cut / "plan.json") == strip(whole / "plan.json")
     study = json.loads((cut / "plan.json").read_text())["study"]
     assert study["trials"] >= 400 and study["gap_pct"] <= 1.0
+
+
+# ---------------------------------------------------------------------------- export interrupted; determinism
+
+
+def _bundle_bytes(out: Path) -> dict[str, bytes]:
+    """Every file of a bundle, the manifest without its one timestamp field."""
+    files = {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    manifest = json.loads(files.pop("manifest.json"))
+    manifest.pop("created_at")
+    return files | {"manifest.json": json.dumps(manifest, sort_keys=True).encode()}
+
+
+def _leftovers(folder: Path) -> list[Path]:
+    return list(folder.glob(".bundle.staging-*")) + list(folder.glob(".bundle.old-*"))
+
+
+@pytest.mark.demo
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "Ctrl-C"])
+def test_export_interrupted_keeps_the_previous_bundle_and_reexports_identically(files, tmp_path, sig):
+    out = tmp_path / "bundle"
+    cmd = [sys.executable, "-m", "specdec_tune.autotune.cli", "export", "--plan", str(files / "plan" / "plan.json"), "--profile", str(PROFILE),
+           "--out", str(out)]
+    assert subprocess.run([*cmd, "--configs-only"], capture_output=True, timeout=300).returncode == 0
+    first = _bundle_bytes(out)
+    proc = subprocess.Popen([*cmd, "--lossless-prompts", "2", "--new-tokens", "8"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".bundle.staging-*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)  # inside the measurements (the demo model is loading or decoding)
+    assert proc.poll() is None, "the export ended before it could be interrupted"
+    proc.send_signal(sig)
+    code = proc.wait(120)
+    if sig == signal.SIGINT:
+        assert code in INTERRUPTED and proc.stderr.read() == "interrupted\n"
+        assert not _leftovers(tmp_path)  # Ctrl-C cleans up on the way out
+    else:
+        assert code == -signal.SIGKILL and _leftovers(tmp_path)  # SIGKILL cannot: the next export does
+    assert _bundle_bytes(out) == first  # the previous bundle, whole
+    assert main(["validate", str(out), "--configs-only"]) == 0
+    assert subprocess.run([*cmd, "--configs-only"], capture_output=True, timeout=300).returncode == 0
+    assert not _leftovers(tmp_path)
+    assert _bundle_bytes(out) == first  # the same inputs give the same bytes
+
+
+def test_an_export_killed_between_its_renames_is_put_back(files, tmp_path):
+    """SIGKILL between moving the old bundle aside and moving the new one in leaves only `.old-PID`: the next
+    export restores it before anything else."""
+    out = tmp_path / "bundle"
+    export(ExportSettings(plan=files / "plan" / "plan.json", profile=PROFILE, out=out, skip_measure=True))
+    first = _bundle_bytes(out)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    out.rename(tmp_path / f".bundle.old-{dead}")
+    (tmp_path / f".bundle.staging-{dead}").mkdir()
+    with pytest.raises(Exception, match="unknown engine"):  # fails after recovery, before writing anything
+        export(ExportSettings(plan=files / "plan" / "plan.json", profile=PROFILE, out=out, versions=(("nope", "1"),), skip_measure=True))
+    assert _bundle_bytes(out) == first and not _leftovers(tmp_path)
+
+
+def test_same_profile_and_seed_give_byte_identical_plan_and_bundle(tmp_path):
+    """Timestamps aside (one field each: plan `created_at`, manifest `created_at`), nothing depends on the run
+    or on where it was written."""
+    texts = []
+    for name in ("a", "b"):
+        search(load_profile(PROFILE), sha256_file(PROFILE), SearchSettings(seed=3, trials=80, out_dir=tmp_path / name))
+        text = (tmp_path / name / "plan.json").read_text()
+        stamp = json.loads(text)["created_at"]
+        assert text.count(stamp) == 1
+        texts.append(text.replace(stamp, "T"))
+    assert texts[0] == texts[1]
+    bundles = {}
+    for name, plan in (("a1", "a"), ("a2", "a"), ("b", "b")):
+        export(ExportSettings(plan=tmp_path / plan / "plan.json", profile=PROFILE, out=tmp_path / f"bundle_{name}", skip_measure=True))
+        bundles[name] = _bundle_bytes(tmp_path / f"bundle_{name}")
+    assert bundles["a1"] == bundles["a2"]
+    # from the second plan: only the copied plan (its timestamp) and the manifest's hash of it differ
+    assert {k for k in bundles["a1"] if bundles["a1"][k] != bundles["b"][k]} == {"inputs/plan.json", "manifest.json"}
+
+
+def test_an_out_of_memory_bucket_is_recorded_as_infeasible(monkeypatch, fixed_speed):
+    import types
+
+    import torch
+
+    from specdec_tune.exporters import validate
+
+    def decode(t, d, ids, D, *a, batch_size, **k):
+        if batch_size >= 16:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return {"tokens_per_s": 100.0 * batch_size}
+
+    monkeypatch.setattr(validate, "measure_decode", decode)
+    monkeypatch.setattr(validate, "DeviceSpeed", fixed_speed(1.0))
+    monkeypatch.setattr(validate, "plan_drafter", lambda *a: None)
+    monkeypatch.setattr("specdec_tune.profiles.models.loading.load_model", lambda *a, **k: None)
+    monkeypatch.setattr(validate, "context_prompts", lambda *a: [[1, 2, 3]])
+    bucket = lambda B: {"batch": B, "draft_len": 0, "predicted": {"tokens_per_s": {"value": 100.0 * B, "source": "measured"}}}  # noqa: E731
+    plan = {"device": {}, "ctx": 128, "max_draft_len": 3, "buckets": [bucket(1), bucket(16)]}
+    result = validate.throughput_check(plan, types.SimpleNamespace(target={"path": "x"}, device={}), validate.MeasureSettings())
+    assert result["passed"] and result["infeasible_batches"] == [16]
+    assert result["buckets"][1] == {"batch": 16, "draft_len": 0, "infeasible": "out of memory on this device now"}
+    assert "infeasible" in validate.describe_throughput_row(result["buckets"][1])
+
+
+# ---------------------------------------------------------------------------- bundles crafted to run code
+
+
+def _forge(bundle: Path, rel: str, payload: bytes) -> None:
+    """Write a file into a bundle and re-sign the manifest, as an attacker who controls the folder would."""
+    (bundle / rel).write_bytes(payload)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["files"][rel] = sha256_file(bundle / rel)
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+
+
+PAYLOADS = {
+    "yaml python tag": ("trtllm/config.yaml", b'speculative_config: !!python/object/apply:os.system ["touch {marker}"]\n'),
+    "yaml new object": ("trtllm/config.yaml", b"x: !!python/object/new:subprocess.Popen [[touch, {marker}]]\n"),
+    "pickle as json": ("vllm/speculative_config.json", None),
+    "pickle as profile": ("inputs/profile.json", None),
+}
+
+
+@pytest.mark.parametrize("name", PAYLOADS)
+def test_a_bundle_crafted_to_run_code_is_refused(files, tmp_path, capsys, name):
+    import os
+    import pickle
+
+    marker = tmp_path / "pwned"
+    bundle = tmp_path / "bundle"
+    export(ExportSettings(plan=files / "plan" / "plan.json", profile=PROFILE, out=bundle, skip_measure=True))
+    rel, payload = PAYLOADS[name]
+    if payload is None:
+        class Evil:
+            def __reduce__(self):
+                return (os.system, (f"touch {marker}",))
+        payload = pickle.dumps(Evil())
+    _forge(bundle, rel, payload.replace(b"{marker}", str(marker).encode()))
+    argv = ["validate", str(bundle)] + (["--configs-only"] if rel != "inputs/profile.json" else ["--lossless-prompts", "1"])
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    assert not marker.exists()

@@ -12,6 +12,8 @@ from specdec_tune import SpecdecError
 from specdec_tune.profiles import specdec
 from specdec_tune.profiles.drafters.base import Draft, Drafter, DraftRequest
 from specdec_tune.profiles.drafters.draft_model import DraftModelDrafter
+from specdec_tune.profiles.drafters.eagle3 import Eagle3Drafter, new_eagle3_head
+from specdec_tune.profiles.drafters.mtp import MtpDrafter
 from specdec_tune.profiles.drafters.ngram import NgramDrafter
 from specdec_tune.profiles.drafters.suffix import SuffixDrafter
 from specdec_tune.profiles.models.llama import CausalLM, ModelConfig, init_random
@@ -134,13 +136,16 @@ def test_verify_greedy_rule():
     assert nxt.tolist() == [4, 4]
 
 
-@pytest.mark.parametrize("make", ["ngram", "suffix", "draft_model"])
+@pytest.mark.parametrize("make", ["ngram", "suffix", "draft_model", "eagle3", "eagle3-small-vocab", "mtp"])
 @pytest.mark.parametrize("batch", [1, 4])
 def test_greedy_lossless_tiny(target, reference, make, batch):
     drafter = {
         "ngram": lambda: NgramDrafter(None, NgramDrafter.Options(prompt_lookup_min=1, prompt_lookup_max=3)),
         "suffix": lambda: SuffixDrafter(None, SuffixDrafter.Options()),
         "draft_model": lambda: DraftModelDrafter(loaded(target), DraftModelDrafter.Options(layers=1)),
+        "eagle3": lambda: Eagle3Drafter(loaded(target), Eagle3Drafter.Options(random=True)),
+        "eagle3-small-vocab": lambda: Eagle3Drafter.from_head(new_eagle3_head(target, draft_vocab=list(range(0, 32, 2)))),
+        "mtp": lambda: MtpDrafter(loaded(target), MtpDrafter.Options(random=True)),
     }[make]()
     outs = []
     for i in range(0, len(PROMPTS), batch):
@@ -255,10 +260,12 @@ def drafters_for(target):
     return {
         "draft_model": DraftModelDrafter(loaded(target), DraftModelDrafter.Options(layers=1)),
         "fixed": FixedDrafter(),
+        # a reduced draft vocabulary: its probabilities are mapped into the target's through d2t
+        "eagle3": Eagle3Drafter.from_head(new_eagle3_head(target, draft_vocab=[0, 2, 3, 5, 7])),
     }
 
 
-@pytest.mark.parametrize("which", ["draft_model", "fixed"])
+@pytest.mark.parametrize("which", ["draft_model", "fixed", "eagle3"])
 def test_rejection_sampling_matches_target_distribution(peaked_target, exact_marginals, which):
     firsts, seconds = sampled_pvalues(peaked_target, drafters_for(peaked_target)[which])
     assert chi2_p(firsts, exact_marginals[0]) > 1e-3

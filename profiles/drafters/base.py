@@ -11,6 +11,10 @@ Lifecycle for one batch of sequences (rows):
 
 Token lists only grow between rounds (accepted drafts and the bonus token are appended; a rejected
 draft never enters them), so a stateful drafter may diff the new lists against what it has seen.
+
+A drafter that reads the target's hidden states (EAGLE-3, MTP) names the layers in `hidden_layers`; each
+request then carries the states of the positions the target ran since the previous request (after prefill:
+the prompt but its last token; after a round with n drafts accepted: the n+1 verified positions).
 """
 
 from __future__ import annotations
@@ -37,6 +41,13 @@ class DraftRequest:
     max_tokens: list[int]  # per row: at most this many draft tokens (≤ D; smaller near max_new_tokens)
     temperature: float  # 0 = greedy drafting
     generator: torch.Generator | None = None  # for sampled drafts; None when temperature == 0
+    # For drafters that declare `hidden_layers`: the target's hidden states at those layers (concatenated in that
+    # order) for the positions the target has run since the previous request, left-aligned and padded:
+    # [B, T_max, len(hidden_layers) * hidden]. Row b's first num_hidden[b] entries belong to token positions
+    # len(token_ids[b]) - 1 - num_hidden[b] .. len(token_ids[b]) - 2 (every token but the last is in the target's
+    # KV cache). None (and num_hidden None) for drafters that declare no layers.
+    hidden_states: torch.Tensor | None = None
+    num_hidden: list[int] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +65,10 @@ class Drafter(ABC):
 
     name: ClassVar[str]
     kind: ClassVar[DraftKind]  # how it costs: lookups, D serial model steps, or one parallel pass
+    # Target layers whose hidden states this drafter reads (see CausalLM.forward_capture for the ids):
+    # the loop then fills DraftRequest.hidden_states. Empty: the drafter reads tokens only.
+    hidden_layers: tuple[int, ...] = ()
+    draft_len_multiple: int = 1  # D must be a multiple of this (a multi-layer MTP checkpoint: its layer count)
 
     @abstractmethod
     def start(self, prompts: list[list[int]]) -> None:

@@ -54,13 +54,17 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, hf: dict) -> ModelConfig:
         """Read a Hugging Face `config.json` dict; refuse what this forward would get wrong."""
+        if not isinstance(hf, dict):
+            raise SpecdecError("the model config is not a JSON object", "give a Hugging Face config.json")
         model_type = hf.get("model_type", "?")
-        if model_type not in SUPPORTED_ARCHITECTURES:
+        if not isinstance(model_type, str) or model_type not in SUPPORTED_ARCHITECTURES:
             raise SpecdecError(
                 f"unsupported model architecture {model_type!r}",
                 f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}",
             )
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+        if not isinstance(rope, dict):
+            raise SpecdecError(f"rope_scaling in the {model_type} config is {rope!r}, not an object", "fix the config.json")
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in ("default", None):
             raise SpecdecError(f"unsupported rope scaling {rope_type!r} in {model_type} config", "use a model with default RoPE")
@@ -71,25 +75,42 @@ class ModelConfig:
         act = hf.get("hidden_act", "silu")
         if act not in ("silu", "swish"):
             raise SpecdecError(f"activation {act!r} in the {model_type} config is not supported", "this forward runs SiLU-gated MLPs")
-        heads = hf["num_attention_heads"]
+
+        def count(key: str, default: int | None = None) -> int:
+            value = hf.get(key) if hf.get(key) is not None else default
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SpecdecError(f"{key} in the {model_type} config is {value!r}, not a positive integer", "fix the config.json")
+            return value
+
+        def number(key: str, value: object) -> float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise SpecdecError(f"{key} in the {model_type} config is {value!r}, not a positive number", "fix the config.json")
+            return float(value)
+
+        hidden, heads = count("hidden_size"), count("num_attention_heads")
+        kv_heads = count("num_key_value_heads", heads)
+        if heads % kv_heads:
+            raise SpecdecError(f"{heads} attention heads do not split over {kv_heads} KV heads", "fix num_key_value_heads in the config.json")
         # Biases as transformers builds them: qwen2 always has q/k/v biases (no o_proj bias), mistral none,
         # llama and qwen3 put one on q/k/v and o_proj when attention_bias is set.
         bias = {"qwen2": True, "mistral": False}.get(model_type, bool(hf.get("attention_bias", False)))
         eos = hf.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        if not all(isinstance(e, int) and not isinstance(e, bool) for e in eos_ids):
+            raise SpecdecError(f"eos_token_id in the {model_type} config is {eos!r}, not token ids", "fix the config.json")
         return cls(
             model_type=model_type,
-            vocab_size=hf["vocab_size"],
-            hidden_size=hf["hidden_size"],
-            intermediate_size=hf["intermediate_size"],
-            num_layers=hf["num_hidden_layers"],
+            vocab_size=count("vocab_size"),
+            hidden_size=hidden,
+            intermediate_size=count("intermediate_size"),
+            num_layers=count("num_hidden_layers"),
             num_heads=heads,
-            num_kv_heads=hf.get("num_key_value_heads") or heads,
-            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-            rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10000.0)),
-            max_position_embeddings=hf.get("max_position_embeddings", 2048),
-            tie_word_embeddings=hf.get("tie_word_embeddings", False),
+            num_kv_heads=kv_heads,
+            head_dim=count("head_dim", hidden // heads or None),
+            rms_norm_eps=number("rms_norm_eps", hf.get("rms_norm_eps", 1e-6)),
+            rope_theta=number("rope_theta", rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+            max_position_embeddings=count("max_position_embeddings", 2048),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             attention_bias=bias,
             o_bias=bias and model_type in ("llama", "qwen3"),
             qk_norm=model_type == "qwen3",
@@ -162,8 +183,8 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
 
-    def forward(self, x, cos, sin, k_cache, v_cache, rows, slots, mask):
-        # x: [B, T, hidden]; rows/slots: [B, T] cache coordinates of the new tokens; mask: [B, 1, T, L]
+    def qkv(self, x, cos, sin):
+        """x: [B, T, in] -> rotated q [B, T, H, hd], rotated k and v [B, T, H_kv, hd]."""
         B, T, _ = x.shape
         c = self.c
         q = self.q_proj(x).view(B, T, c.num_heads, c.head_dim)
@@ -171,7 +192,13 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, c.num_kv_heads, c.head_dim)
         if c.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        return rotate(q, cos, sin), rotate(k, cos, sin), v
+
+    def forward(self, x, cos, sin, k_cache, v_cache, rows, slots, mask):
+        # x: [B, T, hidden]; rows/slots: [B, T] cache coordinates of the new tokens; mask: [B, 1, T, L]
+        B, T, _ = x.shape
+        c = self.c
+        q, k, v = self.qkv(x, cos, sin)
         k_cache[rows, :, slots] = k.to(k_cache.dtype)  # advanced indices first: target is [B, T, H_kv, hd]
         v_cache[rows, :, slots] = v.to(v_cache.dtype)
         L = mask.shape[-1]
@@ -245,16 +272,8 @@ class CausalLM(nn.Module):
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin for positions [B, T] -> [B, T, 1, head_dim], from a table grown on demand."""
-        need = int(positions.max()) + 1
-        if self._rope_cache is None or self._rope_cache[0] < need:
-            size = max(need, 4096)
-            c = self.config
-            inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim))
-            angles = torch.outer(torch.arange(size, dtype=torch.float64), inv_freq)
-            angles = torch.cat((angles, angles), dim=-1)  # [size, hd]
-            self._rope_cache = (size, angles.cos().to(self.device), angles.sin().to(self.device))
-        _, cos, sin = self._rope_cache
-        return cos[positions].unsqueeze(2).to(self.dtype), sin[positions].unsqueeze(2).to(self.dtype)
+        self._rope_cache, cos, sin = rope_lookup(self._rope_cache, self.config, positions, self.dtype, self.device)
+        return cos, sin
 
     def forward(
         self,
@@ -268,27 +287,78 @@ class CausalLM(nn.Module):
         tokens: [B, T] int64; start_pos: [B] int64, row b's tokens go to positions start_pos[b]+t.
         logits: "all" -> [B, T, V] float32, "hidden" -> final-normed hidden [B, T, hidden], "none" -> None.
         """
+        return self._run(tokens, cache, start_pos, logits, ())[0]
+
+    def forward_capture(
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache,
+        start_pos: torch.Tensor,
+        layer_ids: tuple[int, ...],
+        logits: str = "all",
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """`forward`, plus the hidden states at `layer_ids`, concatenated: [B, T, len(layer_ids) * hidden].
+
+        Layer id i < num_layers is the residual stream entering layer i (Hugging Face's hidden_states[i],
+        vLLM's EAGLE-3 auxiliary layer convention); id num_layers is the final-normed state the LM head reads.
+        """
+        n = len(self.layers)
+        if not layer_ids or any(not 0 <= i <= n for i in layer_ids):
+            raise SpecdecError(f"hidden-state layer ids {list(layer_ids)} are not in 0..{n}", f"pick ids of this {n}-layer model")
+        return self._run(tokens, cache, start_pos, logits, layer_ids)  # type: ignore[return-value]
+
+    def _run(self, tokens, cache, start_pos, logits: str, layer_ids: tuple[int, ...]):
         B, T = tokens.shape
-        if int(start_pos.max()) + T > cache.capacity:
-            raise SpecdecError(
-                f"sequence needs {int(start_pos.max()) + T} KV slots but the cache holds {cache.capacity}",
-                "shorten the prompt or max_new_tokens",
-            )
-        offsets = torch.arange(T, device=tokens.device)
-        positions = start_pos[:, None] + offsets  # [B, T]
-        L = int(positions.max()) + 1  # keys 0..L-1 are visible to some query
-        mask = (torch.arange(L, device=tokens.device)[None, None, :] <= positions[:, :, None]).unsqueeze(1)  # [B,1,T,L]
-        rows = torch.arange(B, device=tokens.device)[:, None].expand(B, T)
+        positions, mask, rows = step_coordinates(start_pos, T, cache.capacity)
         cos, sin = self._rope(positions)
         x = self.embed_tokens(tokens)
-        for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
+        captured: dict[int, torch.Tensor] = {}
+        for i, (layer, k_cache, v_cache) in enumerate(zip(self.layers, cache.k, cache.v)):
+            if i in layer_ids:
+                captured[i] = x
             x = layer(x, cos, sin, k_cache, v_cache, rows, positions, mask)
-        if logits == "none":
-            return None  # type: ignore[return-value]
-        x = self.norm(x)
-        if logits == "hidden":
-            return x
-        return self.lm_head(x).float()
+        hidden = None
+        if logits == "none" and len(self.layers) not in layer_ids:
+            out = None
+        else:
+            x = self.norm(x)
+            captured[len(self.layers)] = x
+            out = None if logits == "none" else x if logits == "hidden" else self.lm_head(x).float()
+        if layer_ids:
+            hidden = torch.cat([captured[i] for i in layer_ids], dim=-1)  # [B, T, len(layer_ids) * hidden]
+        return out, hidden
+
+
+def step_coordinates(start_pos: torch.Tensor, T: int, capacity: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where T new tokens per row go in a static cache: positions [B, T], the causal mask [B, 1, T, L]
+    (query t of row b sees keys 0..start_pos[b]+t) and the row index of each token [B, T]."""
+    B = start_pos.shape[0]
+    if int(start_pos.max()) + T > capacity:
+        raise SpecdecError(
+            f"sequence needs {int(start_pos.max()) + T} KV slots but the cache holds {capacity}",
+            "shorten the prompt or max_new_tokens",
+        )
+    positions = start_pos[:, None] + torch.arange(T, device=start_pos.device)  # [B, T]
+    L = int(positions.max()) + 1  # keys 0..L-1 are visible to some query
+    mask = (torch.arange(L, device=start_pos.device)[None, None, :] <= positions[:, :, None]).unsqueeze(1)  # [B,1,T,L]
+    rows = torch.arange(B, device=start_pos.device)[:, None].expand(B, T)
+    return positions, mask, rows
+
+
+def rope_lookup(table, config: ModelConfig, positions: torch.Tensor, dtype, device):
+    """(table, cos, sin): RoPE for positions [B, T] -> [B, T, 1, head_dim]; `table` is grown on demand and returned.
+
+    angle(p, j) = p / theta^(2j / head_dim) for j < head_dim / 2, repeated for the rotate-half layout.
+    """
+    need = int(positions.max()) + 1
+    if table is None or table[0] < need:
+        size = max(need, 4096)
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, config.head_dim, 2, dtype=torch.float64) / config.head_dim))
+        angles = torch.outer(torch.arange(size, dtype=torch.float64), inv_freq)
+        angles = torch.cat((angles, angles), dim=-1)  # [size, hd]
+        table = (size, angles.cos().to(device), angles.sin().to(device))
+    _, cos, sin = table
+    return table, cos[positions].unsqueeze(2).to(dtype), sin[positions].unsqueeze(2).to(dtype)
 
 
 def init_random(model: CausalLM, seed: int = 0) -> CausalLM:

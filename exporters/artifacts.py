@@ -1,0 +1,68 @@
+"""What the bundle carries besides engine configs: the tuned Triton kernels for the plan's shapes (AOT cubins
+per target architecture, `kernels.aot`) and, for a drafter with its own network, its ONNX graph with the
+onnxruntime parity check and a TensorRT engine or the command that builds one (`kernels.onnx_export`)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from specdec_tune import SpecdecError
+
+TARGET_ARCHS = ("sm_90", "sm_100")
+
+
+def ship_kernels(plan: dict, profile, staging: Path) -> dict:
+    """kernels/ in the bundle: configs for the plan's shapes (timed on a CUDA device, else chosen by the tile rules
+    and labelled modeled), compiled for TARGET_ARCHS. Returns the kernel manifest (paths relative to the bundle)."""
+    if importlib.util.find_spec("triton") is None:
+        return {"skipped": "triton is not installed here", "fix": "pip install triton, then export again"}
+    import torch
+
+    from specdec_tune.kernels import aot
+    from specdec_tune.kernels.autotune import ModelShapes
+
+    device = torch.device("cuda") if torch.cuda.is_available() and not plan["device"].get("projected_from") else None
+    dtype = {"float32": "float32", "float16": "float16"}.get(profile.target.get("dtype"), "bfloat16")
+    return aot.build_bundle_kernels(plan, staging, TARGET_ARCHS, shapes=ModelShapes.from_target(profile.target["path"]), dtype=dtype, device=device)
+
+
+def ship_drafter_onnx(plan: dict, profile, staging: Path) -> dict:
+    """drafter/ in the bundle for a drafter that is a network of its own (not for model-free ones)."""
+    from specdec_tune.exporters.validate import plan_drafter
+    from specdec_tune.profiles.models.llama import CausalLM
+    from specdec_tune.profiles.models.loading import load_model
+
+    info = next((d for d in profile.drafters if d.name == plan["mechanism"]), None)
+    if not plan["max_draft_len"] or info is None or info.kind == "model_free":
+        return {"skipped": f"{plan['mechanism']} has no network to export"}
+    target = load_model(profile.target["path"], dtype="float32")
+    network = getattr(plan_drafter(plan, profile, target), "model", None)
+    if not isinstance(network, CausalLM):
+        return {"skipped": f"ONNX export covers drafters that are causal LMs; {plan['mechanism']} is not one"}
+    from specdec_tune.kernels.onnx_export import export_drafter
+
+    try:
+        return export_drafter(network, staging / "drafter", name=plan["mechanism"], max_batch=plan["max_batch"],
+                              max_draft_len=plan["max_draft_len"], ctx=plan["ctx"], quant=plan["quant"])
+    except ImportError as e:
+        raise SpecdecError(f"exporting the drafter to ONNX needs {e.name}", "pip install onnx onnxscript onnxruntime, or export with --no-onnx") from None
+
+
+def check_shipped_kernels(bundle: Path, manifest: dict) -> list[str]:
+    """Errors in the bundle's kernels (empty when it holds, or when the bundle carries none)."""
+    entry = manifest.get("kernels") or {}
+    if "skipped" in entry or not entry:
+        return []
+    from specdec_tune.kernels import aot
+
+    return aot.check_kernel_manifest(bundle, aot.read_kernel_manifest(bundle))
+
+
+def installed_triton() -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        return None

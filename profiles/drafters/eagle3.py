@@ -1,0 +1,127 @@
+"""EAGLE-3 (Li et al. 2025): one decoder layer over the fused low/mid/high target states and the next token's embedding.
+
+  g_p    = fc([a_p; m_p; z_p])                          target states entering three layers, [3*H_t] -> [H]
+  x      = [input_layernorm(e(x_{p+1})); hidden_norm(h_p)]  [2H]: q/k/v read both
+  r      = h_p (or hidden_norm(h_p) with norm_before_residual) + attn(x)
+  c_p    = r + mlp(post_attention_layernorm(r))          carried to the next step (h = c_p there)
+  logits = lm_head(norm(c_p))                            over the draft vocabulary; target id = id + d2t[id]
+
+h_p = g_p at positions the target verified; at a draft step h is the previous step's c. This is vLLM's
+`llama_eagle3.py` forward and speculators' `Eagle3DraftModel` layout (weights `fc`, `layers.0.*`, `norm`,
+`lm_head`, `d2t`, `t2d`; the embedding is the target's unless the checkpoint carries one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from specdec_tune.profiles.drafters.base import register
+from specdec_tune.profiles.drafters.heads import DraftHead, HeadDrafter, default_aux_layers, head_layer_config
+from specdec_tune.profiles.models.llama import CausalLM, DecoderLayer, ModelConfig, RMSNorm
+from specdec_tune.profiles.models.loading import LoadedModel
+
+
+class Eagle3Layer(DecoderLayer):
+    """A Llama decoder layer whose attention reads [normed embedding; normed hidden] (2*hidden wide)."""
+
+    def __init__(self, c: ModelConfig, norm_before_residual: bool) -> None:
+        super().__init__(c)
+        attn = self.self_attn
+        attn.q_proj = nn.Linear(2 * c.hidden_size, c.num_heads * c.head_dim, bias=c.attention_bias)
+        attn.k_proj = nn.Linear(2 * c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.attention_bias)
+        attn.v_proj = nn.Linear(2 * c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.attention_bias)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.norm_before_residual = norm_before_residual
+
+    def mix(self, embeds: torch.Tensor, hidden: torch.Tensor, attend) -> torch.Tensor:
+        """embeds, hidden: [B, T, H] -> output before the final norm [B, T, H]; `attend` is the attention (cached or training)."""
+        normed = self.hidden_norm(hidden)
+        residual = normed if self.norm_before_residual else hidden
+        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # [B, T, 2H]
+        residual = residual + attend(x)
+        return residual + self.mlp(self.post_attention_layernorm(residual))
+
+
+class Eagle3Head(DraftHead):
+    def __init__(self, config: ModelConfig, *, target_hidden_size: int, aux_layers: tuple[int, ...], draft_vocab_size: int,
+                 norm_before_residual: bool, embed_tokens: nn.Embedding) -> None:
+        super().__init__()
+        self.config = config
+        self.hidden_layers = tuple(aux_layers)
+        self.target_hidden_size = target_hidden_size
+        self.norm_before_residual = norm_before_residual
+        H = config.hidden_size
+        self.fc = nn.Linear(len(aux_layers) * target_hidden_size, H, bias=False)
+        self.layers = nn.ModuleList([Eagle3Layer(config, norm_before_residual)])
+        self.norm = RMSNorm(H, config.rms_norm_eps)
+        self.lm_head = nn.Linear(H, draft_vocab_size, bias=False)
+        self.embed_tokens = embed_tokens
+        # d2t[i]: target id of draft id i minus i (speculators / vLLM); zeros = the full vocabulary, in order.
+        self.register_buffer("d2t", torch.zeros(draft_vocab_size, dtype=torch.long))
+
+    @property
+    def layer(self) -> nn.Module:
+        return self.layers[0]
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.lm_head.out_features
+
+    def combine(self, target_hidden: torch.Tensor) -> torch.Tensor:
+        return self.fc(target_hidden)
+
+    def features_with(self, tokens, hidden, attend):
+        carry = self.layers[0].mix(self.embed_tokens(tokens), hidden, attend)
+        return self.norm(carry), carry
+
+    def to_target_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids + self.d2t[ids]
+
+    def target_probs(self, q: torch.Tensor) -> torch.Tensor:
+        if self.draft_vocab_size == self.config.vocab_size and not bool(self.d2t.any()):
+            return q
+        out = q.new_zeros((q.shape[0], self.config.vocab_size))
+        ids = torch.arange(self.draft_vocab_size, device=q.device)
+        return out.index_copy_(1, self.to_target_ids(ids), q)
+
+
+def new_eagle3_head(target: CausalLM, *, draft_vocab: list[int] | None = None, aux_layers: tuple[int, ...] | None = None,
+                    seed: int = 0) -> Eagle3Head:
+    """A head of the default shape for `target`: its layer settings, its embedding (shared), and a draft vocabulary
+    `draft_vocab` (target ids, increasing; None = the full vocabulary). The head's own weights are random; the LM head
+    starts as the target's rows for the draft vocabulary, the norm as the target's final norm."""
+    c = head_layer_config(target.config)
+    ids = torch.tensor(draft_vocab if draft_vocab is not None else range(c.vocab_size), dtype=torch.long)
+    head = Eagle3Head(c, target_hidden_size=target.config.hidden_size,
+                      aux_layers=aux_layers or default_aux_layers(target.config.num_layers), draft_vocab_size=len(ids),
+                      norm_before_residual=False, embed_tokens=target.embed_tokens)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if name.startswith("embed_tokens"):
+                continue
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g) / p.shape[1] ** 0.5)
+            elif "norm" in name:
+                p.fill_(1.0)
+        head.lm_head.weight.copy_(target.lm_head.weight[ids])
+        head.norm.weight.copy_(target.norm.weight)
+        head.d2t.copy_(ids - torch.arange(len(ids)))
+    return head.to(device=target.device, dtype=target.dtype)
+
+
+@register("eagle3")
+class Eagle3Drafter(HeadDrafter):
+    @dataclasses.dataclass(frozen=True)
+    class Options:
+        model: str = ""  # speculators or Model-Optimizer EAGLE-3 folder; empty = this target's demo head (trained once, cached)
+        random: bool = False  # random weights of the default shape: for timing and losslessness checks only
+
+    def __init__(self, target: LoadedModel, options: Options) -> None:
+        from specdec_tune.profiles.drafters.checkpoints import resolve_head
+
+        head, weights_hash, options = resolve_head("eagle3", target, options)
+        super().__init__(head, options, weights_hash)

@@ -1,0 +1,209 @@
+"""Learned draft heads that read the target's hidden states (EAGLE-3, MTP): their layers and their drafting loop.
+
+A head drafts at sequence position p from two inputs: a hidden state h_p ([hidden]) and the embedding of
+token x_{p+1}; its output predicts x_{p+2} and carries a new hidden state c_p. For a sequence of N tokens
+(x_{N-1} not yet run by the target) one round of D serial steps is:
+
+  catch-up   every position p the target verified since the last round, with h_p = combine(target states at p)
+             and token x_{p+1}; writes the head's KV at p. The last one (p = N-2) gives d_1 and c_{N-2}.
+  step k≥2   position N-3+k with h = c of step k-1 and token d_{k-1}; gives d_k.
+
+The head's own static KV cache keeps positions 0..N-2 computed from target states; the draft steps write past
+them and are overwritten by the next catch-up (rollback is free, as in the target's cache).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import torch
+from torch import nn
+
+from specdec_tune import SpecdecError
+from specdec_tune.profiles.drafters.base import Draft, Drafter, DraftRequest
+from specdec_tune.profiles.models.llama import KVCache, ModelConfig, rope_lookup, step_coordinates
+
+
+def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's low / mid / high target layers when a checkpoint names none (vLLM's and speculators' default)."""
+    return (2, num_layers // 2, num_layers - 3) if num_layers > 4 else (0, num_layers // 2, num_layers - 1)
+
+
+class DraftHead(nn.Module):
+    """What the drafting loop needs from a head. Subclasses set `hidden_layers` and implement `layer`, `combine` and `features_with`."""
+
+    config: ModelConfig  # the head's transformer layer (vocab_size = the target's vocabulary)
+    hidden_layers: tuple[int, ...]  # target layers read (CausalLM.forward_capture ids)
+    embed_tokens: nn.Embedding  # usually the target's, shared
+    lm_head: nn.Linear  # its own (EAGLE-3, draft vocabulary) or the target's (MTP)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._rope_table = None
+
+    def combine(self, target_hidden: torch.Tensor) -> torch.Tensor:
+        """[B, T, len(hidden_layers) * target_hidden] -> the head's input hidden state [B, T, hidden]."""
+        raise NotImplementedError
+
+    @property
+    def layer(self) -> nn.Module:
+        """The head's decoder layer (its `self_attn` is the one attention the head runs)."""
+        raise NotImplementedError
+
+    def features_with(self, tokens: torch.Tensor, hidden: torch.Tensor, attend) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens [B, T] (x_{p+1}), hidden [B, T, hidden] (h_p), `attend` (x -> attention output) ->
+        (the state the LM head reads [B, T, hidden], the carried state [B, T, hidden])."""
+        raise NotImplementedError
+
+    def step_with(self, tokens: torch.Tensor, hidden: torch.Tensor, attend) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [B, T, draft_vocab] float32, carried state [B, T, hidden]); see `features_with`."""
+        features, carry = self.features_with(tokens, hidden, attend)
+        return self.lm_head(features).float(), carry
+
+    def step(self, tokens: torch.Tensor, hidden: torch.Tensor, cache: KVCache, start_pos: torch.Tensor,
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`step_with` at positions start_pos[b]+t, attending over (and writing to) the head's KV cache."""
+        positions, mask, rows, cos, sin = self._coordinates(start_pos, tokens.shape[1], cache)
+        attn = self.layer.self_attn
+
+        def attend(x: torch.Tensor) -> torch.Tensor:
+            return attn(x, cos, sin, cache.k[0], cache.v[0], rows, positions, mask)
+
+        return self.step_with(tokens, hidden, attend)
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin for positions [B, T] -> [B, T, 1, head_dim] in the head's dtype."""
+        p = next(self.parameters())
+        self._rope_table, cos, sin = rope_lookup(self._rope_table, self.config, positions, p.dtype, p.device)
+        return cos, sin
+
+    def to_target_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary ids -> target ids (identity unless the head has a reduced vocabulary)."""
+        return ids
+
+    def target_probs(self, q: torch.Tensor) -> torch.Tensor:
+        """A distribution over the draft vocabulary [B, V_draft] -> over the target's [B, V]."""
+        return q
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        p = next(self.parameters())
+        return KVCache(self.config, 1, batch, capacity, p.dtype, p.device)
+
+    def _coordinates(self, start_pos: torch.Tensor, T: int, cache: KVCache):
+        positions, mask, rows = step_coordinates(start_pos, T, cache.capacity)
+        return (positions, mask, rows, *self.rope(positions))
+
+
+def head_layer_config(target: ModelConfig, **changes) -> ModelConfig:
+    """The target's transformer settings for a one-layer head (what speculators' transformer_layer_config holds)."""
+    return dataclasses.replace(target, num_layers=1, o_bias=False, qk_norm=False, attention_bias=False, **changes)
+
+
+# ---------------------------------------------------------------------------- the drafter
+
+
+class HeadDrafter(Drafter):
+    """The drafting loop shared by every head (see the module docstring). Subclasses pick the head."""
+
+    kind = "serial"
+
+    def __init__(self, head: DraftHead, options: object, weights_hash: str | None) -> None:
+        self.head = head.eval().requires_grad_(False)
+        self.options = options
+        self.weights_hash = weights_hash
+        self.hidden_layers = tuple(head.hidden_layers)
+        self.cache: KVCache | None = None
+        self.capacity = 0
+        self.fed: list[int] = []  # per row: positions 0..fed-1 of the head's cache come from target states
+
+    @classmethod
+    def from_head(cls, head: DraftHead, weights_hash: str | None = None) -> HeadDrafter:
+        """This mechanism's drafter around a head already in memory (training, tests)."""
+        drafter = cls.__new__(cls)
+        HeadDrafter.__init__(drafter, head, cls.Options(), weights_hash)  # type: ignore[attr-defined]
+        return drafter
+
+    def describe(self) -> dict[str, object]:
+        out = super().describe()
+        out["hidden_layers"] = list(self.hidden_layers)
+        return out
+
+    def with_quantized_weights(self, fmt: str) -> HeadDrafter:
+        from specdec_tune.kernels.quant import quantize_linear_weights
+
+        twin = copy.copy(self)
+        twin.head = quantize_linear_weights(self.head, fmt)  # a deep copy: weights shared with the target stay exact
+        twin.cache = None
+        return twin
+
+    def start(self, prompts: list[list[int]]) -> None:
+        self.cache, self.capacity = None, 0
+        self.fed = [0] * len(prompts)
+
+    def keep_rows(self, indices: list[int]) -> None:
+        self.fed = [self.fed[i] for i in indices]
+        if self.cache is not None:
+            self.cache.keep_rows(torch.tensor(indices, dtype=torch.long, device=self.cache.k[0].device))
+
+    def _ensure_cache(self, rows: int, need: int) -> None:
+        if self.cache is None or self.cache.capacity < need:
+            old, self.cache = self.cache, self.head.new_cache(rows, max(need, 2 * self.capacity, 256))
+            self.capacity = self.cache.capacity
+            if old is not None:
+                for dst, src in zip(self.cache.k + self.cache.v, old.k + old.v):
+                    dst[:, :, : src.shape[2]] = src
+
+    @torch.inference_mode()
+    def propose(self, request: DraftRequest) -> Draft:
+        seqs, B, K = request.token_ids, len(request.token_ids), max(request.max_tokens)
+        if K == 0:
+            return Draft(tokens=[[] for _ in seqs])
+        if request.hidden_states is None or request.num_hidden is None:
+            raise SpecdecError(f"the {self.name} drafter needs the target's hidden states in each request",
+                               "run it through specdec.generate, which passes them")
+        counts = request.num_hidden
+        for b, (s, n) in enumerate(zip(seqs, counts)):
+            if len(s) - 1 - n != self.fed[b]:
+                raise SpecdecError(f"row {b}: hidden states for positions {len(s) - 1 - n}.. arrived, but the {self.name} head "
+                                   f"has run positions 0..{self.fed[b] - 1}", "pass the states of every position the target ran, once")
+        T = max(counts)
+        if T == 0:  # one-token prompts: no target state yet
+            return Draft(tokens=[[] for _ in seqs])
+        head = self.head
+        device = next(head.parameters()).device
+        self._ensure_cache(B, max(len(s) for s in seqs) + K + 1)
+
+        # Catch-up: positions fed[b]..len-2 with target states and tokens x_{p+1}.
+        tokens = torch.zeros((B, T), dtype=torch.long)
+        for b, (s, f) in enumerate(zip(seqs, self.fed)):
+            tokens[b, : len(s) - 1 - f] = torch.tensor(s[f + 1 :], dtype=torch.long)
+        start = torch.tensor(self.fed, dtype=torch.long, device=device)
+        dtype = next(head.parameters()).dtype
+        hidden = head.combine(request.hidden_states[:, :T].to(device=device, dtype=dtype))  # [B, T, hidden]
+        logits, carry = head.step(tokens.to(device), hidden, self.cache, start)
+        rows = torch.arange(B, device=device)
+        last = torch.tensor([max(n - 1, 0) for n in counts], device=device)
+        step_logits, carry = logits[rows, last], carry[rows, last][:, None]  # [B, V_draft], [B, 1, hidden]
+        pos = start + last + 1
+
+        drafted, probs = [], []
+        for step in range(K):
+            if request.temperature == 0:
+                token = head.to_target_ids(step_logits.argmax(-1))
+            else:
+                q = torch.softmax(step_logits / request.temperature, dim=-1)
+                token = head.to_target_ids(torch.multinomial(q, 1, generator=request.generator).squeeze(1))
+                probs.append(head.target_probs(q))
+            drafted.append(token)
+            if step + 1 < K:  # d_k at position N-2+k from its own carried state
+                logits, carry = head.step(token[:, None], carry, self.cache, pos)
+                step_logits = logits[:, 0]
+                pos = pos + 1
+        self.fed = [len(s) - 1 for s in seqs]
+        draft_tokens = torch.stack(drafted, dim=1).tolist()  # [B, K]
+        out = [d[:m] if n > 0 else [] for d, m, n in zip(draft_tokens, request.max_tokens, counts)]
+        return Draft(tokens=out, probs=torch.stack(probs, dim=1) if probs else None)
+
+
+__all__ = ["DraftHead", "HeadDrafter", "default_aux_layers", "head_layer_config"]

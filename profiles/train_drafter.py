@@ -1,0 +1,379 @@
+"""`specdec-tune train-drafter`: distil an EAGLE-3 or MTP head from the target on CPU, saved in the speculators layout.
+
+  specdec-tune train-drafter --mechanism eagle3                  # the demo target, 20-minute budget, cached for --drafter eagle3
+  specdec-tune train-drafter --mechanism mtp --budget-minutes 5 --out heads/mtp
+
+Data: the calibration set's profiling split only (the held-back split is never read for training), each prompt in
+the chat template and continued greedily by the target for `new_tokens` tokens: the text the head will be asked to
+draft. The target runs once over every sequence, recording the states the heads read (EAGLE-3's three auxiliary
+layers and the final-normed state; cached on disk, shared by both mechanisms). Soft labels are the target's
+distributions, recomputed per batch from the final state: p_t = softmax(W_v f_t) over the vocabulary v the head is
+trained on (EAGLE-3: its draft vocabulary, the `draft_vocab` most frequent tokens of the data; MTP: the same
+shortlist for the loss only, since it drafts with the target's full head).
+
+Loss (EAGLE-3's training-time test, used for both heads): the head unrolls `ttt_steps` steps at every position at once.
+  step 1 at p: h = combine(target states at p), token x_{p+1}             -> predicts x_{p+2}, label p_{p+1}
+  step k at p: h = carried state of step k-1 at p, token = its argmax     -> predicts x_{p+k+1}, label p_{p+k}
+  step k's query at p sits at position p+k-1 and sees step-1 keys at positions <= p and its own chain (steps 2..k at p),
+  exactly what it sees when drafting.
+  loss = sum_k decay^(k-1) * mean_p KL(p_label || softmax(logits_k))
+
+Schedule: AdamW, learning rate warmed up over the first 3% of the wall-clock budget and cosine-decayed to 10% at its
+end (the budget, not a step count, bounds the run). The learning curve measures AL at D = 3 on held-back MT-Bench
+prompts at `eval_points` moments; that time is outside the budget and reported apart.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from specdec_tune import SpecdecError
+from specdec_tune.profiles.calibration import load_calibration
+from specdec_tune.profiles.decode_run import select_prompts
+from specdec_tune.profiles.drafters.base import _REGISTRY
+from specdec_tune.profiles.drafters.checkpoints import save_head
+from specdec_tune.profiles.drafters.eagle3 import Eagle3Head, new_eagle3_head
+from specdec_tune.profiles.drafters.heads import DraftHead, default_aux_layers
+from specdec_tune.profiles.drafters.mtp import new_mtp_head
+from specdec_tune.profiles.models.llama import gqa_attention
+from specdec_tune.profiles.models.loading import LoadedModel, cache_root, cpu_has_native_bf16, load_model, model_folder
+from specdec_tune.profiles.prompts import encode_prompts
+from specdec_tune.profiles.records import sha256_json, write_json
+from specdec_tune.profiles.specdec import SpecCounters, generate
+
+log = logging.getLogger(__name__)
+MECHANISMS = ("eagle3", "mtp")
+EVAL_DRAFT_LEN = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSettings:
+    mechanism: str = "eagle3"
+    target: str = "smollm2-135m"
+    prompts: str = "default"  # calibration set; only its profiling split is read
+    max_prompts: int = 0  # 0 = the whole profiling split
+    new_tokens: int = 192  # the target's greedy continuation per prompt
+    draft_vocab: int = 8192  # most frequent tokens: EAGLE-3's draft vocabulary, MTP's loss shortlist; 0 = the full vocabulary
+    ttt_steps: int = 3  # unrolled draft steps per position
+    step_decay: float = 0.8  # loss weight of step k: decay^(k-1)
+    lr: float = 1e-3
+    batch_tokens: int = 2048  # padded tokens per optimizer step
+    budget_minutes: float = 20.0  # optimisation wall time (data preparation and AL measurements are reported apart)
+    eval_points: int = 4  # AL measurements along the run (the learning curve); 0 = none
+    eval_prompts: int = 20  # held-back MT-Bench prompts per measurement
+    eval_new_tokens: int = 64
+    seed: int = 0
+    out: Path | None = None  # None = this target's cached demo head (what --drafter eagle3 / mtp loads)
+
+    def validate(self) -> None:
+        if self.mechanism not in MECHANISMS:
+            raise SpecdecError(f"train-drafter trains {', '.join(MECHANISMS)}, not {self.mechanism!r}", "pass --mechanism eagle3 or mtp")
+        if self.budget_minutes <= 0 or self.new_tokens < 8 or self.ttt_steps < 1 or self.batch_tokens < 64 or self.lr <= 0:
+            raise SpecdecError("--budget-minutes, --lr must be positive, --new-tokens ≥ 8, --ttt-steps ≥ 1, --batch-tokens ≥ 64",
+                               "raise the value named")
+        if self.draft_vocab < 0 or self.eval_points < 0 or self.eval_prompts < 1:
+            raise SpecdecError("--draft-vocab and --eval-points must be ≥ 0, --eval-prompts ≥ 1", "fix the value named")
+
+    def key(self) -> str:
+        """What makes one trained head differ from another (not where it goes, not how it is measured)."""
+        fields = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("out", "eval_points", "eval_prompts", "eval_new_tokens")}
+        return sha256_json(fields)[:12]
+
+
+def demo_head_folder(settings: TrainSettings, target: LoadedModel) -> Path:
+    return cache_root() / "heads" / f"{settings.mechanism}-{target.ref.weights_hash[:12]}-{settings.key()}"
+
+
+def cached_demo_head(mechanism: str, target: LoadedModel) -> Path:
+    """This target's default-settings head folder; trained (once, within the default budget) when missing."""
+    settings = TrainSettings(mechanism=mechanism, target=target.ref.path)
+    folder = demo_head_folder(settings, target)
+    if not (folder / "config.json").is_file():
+        log.warning("no %s head for this target yet: training one (about %.0f minutes, once; cached in %s)",
+                    mechanism, settings.budget_minutes, folder)
+        train(settings)
+    return folder
+
+
+# ---------------------------------------------------------------------------- data
+
+
+@dataclasses.dataclass
+class TeacherData:
+    """Token sequences and the target's states at `layers` for every position, packed: row i is tokens[starts[i]:starts[i+1]]."""
+
+    tokens: torch.Tensor  # [N] int64
+    states: torch.Tensor  # [N, len(layers) * hidden] bfloat16
+    starts: list[int]
+    layers: tuple[int, ...]
+    prompts_fingerprint: str
+
+    def rows(self) -> int:
+        return len(self.starts) - 1
+
+
+def teacher_data(settings: TrainSettings, data_target: LoadedModel, progress: Callable[[str], None]) -> TeacherData:
+    """The profiling split's prompts continued by the target, with its states; cached on disk by content."""
+    from safetensors.torch import load_file, save_file
+
+    L = data_target.model.config.num_layers
+    layers = (*default_aux_layers(L), L)  # what both heads read: EAGLE-3's three layers and the final state
+    profile_split, _ = load_calibration(settings.prompts).split()  # never the held-back part
+    chosen = profile_split.take(settings.max_prompts) if settings.max_prompts else profile_split
+    key = sha256_json({"target": data_target.ref.weights_hash, "dtype": data_target.ref.dtype, "prompts": chosen.fingerprint(),
+                       "new_tokens": settings.new_tokens, "layers": layers})[:16]
+    path = cache_root() / "teacher" / f"{key}.safetensors"
+    if path.is_file():
+        saved = load_file(str(path))
+        starts = saved["starts"].tolist()
+        return TeacherData(saved["tokens"], saved["states"], starts, layers, chosen.fingerprint())
+    model, tok = data_target.model, data_target.tokenizer
+    ids = encode_prompts(tok, chosen, context_tokens=model.config.max_position_embeddings, max_new_tokens=settings.new_tokens)
+    stop = list(model.config.eos_token_ids)
+    partial = path.with_suffix(".sequences.json")  # continuations so far: a stopped run resumes here
+    seqs: list[list[int]] = json.loads(partial.read_text()) if partial.is_file() else []
+    path.parent.mkdir(parents=True, exist_ok=True)
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # similar lengths batch together
+    ids = [ids[i] for i in order]
+    for start in range(len(seqs), len(ids), 16):
+        out = generate(model, ids[start : start + 16], max_new_tokens=settings.new_tokens, stop_token_ids=stop)
+        seqs += [p + t for p, t in zip(ids[start : start + 16], out.tokens)]
+        write_json(partial, seqs)
+        progress(f"data: continued {len(seqs)}/{len(ids)} training prompts with the target")
+    tokens, states, starts = [], [], [0]
+    with torch.inference_mode():
+        for start in range(0, len(seqs), 8):
+            batch = seqs[start : start + 8]
+            width = max(len(s) for s in batch)
+            padded = torch.zeros((len(batch), width), dtype=torch.long)
+            for b, s in enumerate(batch):
+                padded[b, : len(s)] = torch.tensor(s)
+            cache = model.new_cache(len(batch), width)
+            _, hidden = model.forward_capture(padded.to(model.device), cache, torch.zeros(len(batch), dtype=torch.long, device=model.device),
+                                              layers, logits="none")
+            for b, s in enumerate(batch):
+                tokens.append(torch.tensor(s))
+                states.append(hidden[b, : len(s)].to("cpu", torch.bfloat16))
+                starts.append(starts[-1] + len(s))
+    data = TeacherData(torch.cat(tokens), torch.cat(states), starts, layers, chosen.fingerprint())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    save_file({"tokens": data.tokens, "states": data.states.contiguous(), "starts": torch.tensor(starts)}, str(tmp))
+    tmp.rename(path)
+    partial.unlink(missing_ok=True)
+    return data
+
+
+def vocabulary_shortlist(data: TeacherData, size: int, vocab_size: int, always: tuple[int, ...]) -> torch.Tensor:
+    """The `size` most frequent token ids of the data (plus `always`), increasing; all ids when size is 0 or ≥ the vocabulary."""
+    if size == 0 or size >= vocab_size:
+        return torch.arange(vocab_size)
+    counts = torch.bincount(data.tokens, minlength=vocab_size).float()
+    counts[list(always)] = float("inf")
+    return counts.topk(size).indices.sort().values
+
+
+def _batches(data: TeacherData, batch_tokens: int, generator: torch.Generator) -> list[list[int]]:
+    """Rows grouped by length into batches of about `batch_tokens` padded tokens, in random order."""
+    lengths = [data.starts[i + 1] - data.starts[i] for i in range(data.rows())]
+    order = sorted(range(data.rows()), key=lambda i: lengths[i])
+    batches, current = [], []
+    for i in order:
+        if current and (len(current) + 1) * lengths[i] > batch_tokens:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    perm = torch.randperm(len(batches), generator=generator).tolist()
+    return [batches[p] for p in perm]
+
+
+# ---------------------------------------------------------------------------- training-time test
+
+
+def ttt_mask(S: int, step: int, device) -> torch.Tensor:
+    """[1, 1, S, step*S] bool: step `step`'s query at p sees step-1 keys at positions <= p and steps 2..step at p."""
+    causal = torch.ones((S, S), dtype=torch.bool, device=device).tril()
+    eye = torch.eye(S, dtype=torch.bool, device=device)
+    return torch.cat([causal] + [eye] * (step - 1), dim=1)[None, None]
+
+
+def ttt_attend(attn, cos, sin, kv: list, mask: torch.Tensor):
+    """Attention for one unrolled step: this step's keys join the earlier steps' (kv grows), queries see `mask`."""
+
+    def attend(x: torch.Tensor) -> torch.Tensor:
+        B, S, _ = x.shape
+        q, k, v = attn.qkv(x, cos, sin)  # [B, S, H, hd], [B, S, H_kv, hd] x2
+        kv.append((k.transpose(1, 2), v.transpose(1, 2)))
+        keys = torch.cat([a for a, _ in kv], dim=2)  # [B, H_kv, step*S, hd]
+        values = torch.cat([b for _, b in kv], dim=2)
+        out = gqa_attention(q.transpose(1, 2), keys, values, mask)  # [B, H, S, hd]
+        return attn.o_proj(out.transpose(1, 2).reshape(B, S, -1))
+
+    return attend
+
+
+def ttt_loss(head: DraftHead, batch: dict, vocab: torch.Tensor, label_weight: torch.Tensor, settings: TrainSettings,
+             ) -> tuple[torch.Tensor, list[float]]:
+    """The unrolled loss for one batch and the step-1..K agreement with the target's argmax (a diagnostic)."""
+    tokens, aux, final, lengths = batch["tokens"], batch["aux"], batch["final"], batch["lengths"]  # [B,S], [B,S,W], [B,S,H], [B]
+    B, S = tokens.shape
+    p = torch.arange(S)
+    with torch.no_grad():
+        teacher = F.log_softmax((final @ label_weight.T).float(), dim=-1)  # [B, S, v]: log p_t over the shortlist
+    token_in = torch.cat([tokens[:, 1:], tokens.new_zeros((B, 1))], dim=1)  # x_{p+1}
+    hidden = head.combine(aux)  # [B, S, hidden]
+    student_weight = head.lm_head.weight if isinstance(head, Eagle3Head) else head.lm_head.weight[vocab]  # [v, hidden]
+    kv: list = []
+    loss = torch.zeros(())
+    agree = []
+    for k in range(1, settings.ttt_steps + 1):
+        cos, sin = head.rope((p + k - 1)[None].expand(B, S))
+        attend = ttt_attend(head.layer.self_attn, cos, sin, kv, ttt_mask(S, k, tokens.device))
+        features, hidden = head.features_with(token_in, hidden, attend)
+        logits = (features @ student_weight.T).float()  # [B, S, v]
+        valid = (p[None] + k <= lengths[:, None] - 1) & (p[None] <= lengths[:, None] - 2)  # label p_{p+k} exists
+        label = torch.cat([teacher[:, k:], teacher.new_zeros((B, k, teacher.shape[-1]))], dim=1)  # [B, S, v]: log p_{p+k}
+        kl = (label.exp() * (label - F.log_softmax(logits, dim=-1))).sum(-1)  # [B, S]
+        loss = loss + settings.step_decay ** (k - 1) * kl[valid].sum() / valid.sum().clamp_min(1)
+        with torch.no_grad():
+            drafted = logits.argmax(-1)
+            agree.append(float((drafted == label.argmax(-1))[valid].float().mean()))
+            token_in = vocab[drafted]  # on-policy: the next step reads the head's own draft, as when drafting
+    return loss, agree
+
+
+def _batch(data: TeacherData, rows: list[int], n_aux: int, device) -> dict:
+    lengths = [data.starts[i + 1] - data.starts[i] for i in rows]
+    S = max(lengths)
+    width = data.states.shape[1]
+    tokens = torch.zeros((len(rows), S), dtype=torch.long)
+    states = torch.zeros((len(rows), S, width), dtype=torch.float32)
+    for b, i in enumerate(rows):
+        a, z = data.starts[i], data.starts[i + 1]
+        tokens[b, : z - a] = data.tokens[a:z]
+        states[b, : z - a] = data.states[a:z].float()
+    hidden = width // len(data.layers)
+    aux = states[..., : n_aux * hidden] if n_aux else states[..., -hidden:]
+    return {"tokens": tokens.to(device), "aux": aux.to(device), "final": states[..., -hidden:].to(device),
+            "lengths": torch.tensor(lengths, device=device)}
+
+
+# ---------------------------------------------------------------------------- measuring
+
+
+def measure_al(target: LoadedModel, head: DraftHead, mechanism: str, settings: TrainSettings) -> dict:
+    """AL at D = 3 on held-back MT-Bench prompts (greedy; measured with the speculative loop)."""
+    shared = {id(target.model.embed_tokens): target.model.embed_tokens, id(target.model.lm_head): target.model.lm_head}
+    snapshot = copy.deepcopy(head, memo=shared).to(target.model.dtype)
+    drafter = _REGISTRY[mechanism].from_head(snapshot)  # type: ignore[attr-defined]
+    prompts = select_prompts("mtbench", "held_back", settings.eval_prompts)
+    ids = encode_prompts(target.tokenizer, prompts, context_tokens=target.model.config.max_position_embeddings,
+                         max_new_tokens=settings.eval_new_tokens, max_draft_tokens=EVAL_DRAFT_LEN)
+    counters: list[SpecCounters] = []
+    for start in range(0, len(ids), 8):
+        out = generate(target.model, ids[start : start + 8], drafter=drafter, num_draft_tokens=EVAL_DRAFT_LEN,
+                       max_new_tokens=settings.eval_new_tokens, stop_token_ids=list(target.model.config.eos_token_ids))
+        counters += out.per_prompt
+    c = SpecCounters.total(counters)
+    return {"tokens_per_forward": c.tokens_per_target_forward, "mean_al_vllm": c.mean_acceptance_length,
+            "conditional_acceptance": c.conditional_acceptance(), "prompts": len(ids), "split": "mtbench/held_back",
+            "draft_len": EVAL_DRAFT_LEN, "source": "measured"}
+
+
+# ---------------------------------------------------------------------------- the run
+
+
+def train(settings: TrainSettings, progress: Callable[[str], None] | None = None) -> dict:
+    """Prepare data, train within the budget, measure the learning curve, save; returns the training record."""
+    settings.validate()
+    say = progress or (lambda msg: log.info(msg))
+    torch.manual_seed(settings.seed)
+    t0 = time.perf_counter()
+    target = load_model(settings.target, dtype="float32")  # the head trains in fp32 and shares this target's embedding and head
+    data_target = load_model(settings.target, dtype="auto") if cpu_has_native_bf16() else target
+    data = teacher_data(settings, data_target, say)
+    del data_target
+    data_s = time.perf_counter() - t0
+    model = target.model
+    eos = tuple(model.config.eos_token_ids)
+    vocab = vocabulary_shortlist(data, settings.draft_vocab, model.config.vocab_size, eos)
+    if settings.mechanism == "eagle3":
+        head = new_eagle3_head(model, draft_vocab=vocab.tolist(), aux_layers=data.layers[:-1], seed=settings.seed)
+        n_aux = len(data.layers) - 1
+    else:
+        head = new_mtp_head(model, seed=settings.seed)
+        n_aux = 0
+    label_weight = model.lm_head.weight[vocab].detach()  # [v, hidden]: the target's head restricted to the shortlist
+    params = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    budget_s = 60 * settings.budget_minutes
+    evals_at = [budget_s * (i + 1) / settings.eval_points for i in range(settings.eval_points)]
+    g = torch.Generator().manual_seed(settings.seed)
+    curve, trained_s, tokens_seen, steps, epochs = [], 0.0, 0, 0, 0
+    say(f"data: {data.rows()} sequences, {data.tokens.numel()} tokens (profiling split), ready in {data_s:.0f} s; "
+        f"training {sum(p.numel() for p in params) / 1e6:.1f}M parameters for {settings.budget_minutes:g} min")
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=cpu_has_native_bf16() and model.device.type == "cpu")
+    last_loss, last_agree = float("nan"), []
+    while trained_s < budget_s:
+        epochs += 1
+        for rows in _batches(data, settings.batch_tokens, g):
+            if trained_s >= budget_s:
+                break
+            t_step = time.perf_counter()
+            frac = trained_s / budget_s
+            warm = min(1.0, frac / 0.03)
+            lr = settings.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            batch = _batch(data, rows, n_aux, model.device)
+            head.train()
+            with autocast:
+                loss, agree = ttt_loss(head, batch, vocab.to(model.device), label_weight, settings)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            steps += 1
+            tokens_seen += int(batch["lengths"].sum())
+            last_loss, last_agree = float(loss.detach()), agree
+            trained_s += time.perf_counter() - t_step
+            if steps % 20 == 0:
+                say(f"step {steps}: {tokens_seen} tokens, loss {last_loss:.3f}, argmax agreement per step "
+                    f"{', '.join(f'{a:.2f}' for a in agree)}, {trained_s:.0f}/{budget_s:.0f} s")
+            if evals_at and trained_s >= evals_at[0]:
+                evals_at.pop(0)
+                head.eval()
+                t_eval = time.perf_counter()
+                point = {"training_tokens": tokens_seen, "steps": steps, "train_s": round(trained_s, 1),
+                         **measure_al(target, head, settings.mechanism, settings)}
+                point["eval_s"] = round(time.perf_counter() - t_eval, 1)
+                curve.append(point)
+                say(f"AL at D={EVAL_DRAFT_LEN} after {tokens_seen} training tokens: {point['tokens_per_forward']:.3f} tokens/forward "
+                    f"(measured on {point['prompts']} held-back MT-Bench prompts)")
+    head.eval()
+    folder = settings.out or demo_head_folder(settings, target)
+    record = {"mechanism": settings.mechanism, "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(settings).items()},
+              "target": dataclasses.asdict(target.ref), "data": {"split": "profile", "prompts_fingerprint": data.prompts_fingerprint,
+              "sequences": data.rows(), "tokens": int(data.tokens.numel()), "prepare_s": round(data_s, 1)},
+              "train": {"steps": steps, "epochs": epochs, "training_tokens": tokens_seen, "train_s": round(trained_s, 1),
+                        "final_loss": last_loss, "argmax_agreement_per_step": last_agree},
+              "learning_curve": curve, "draft_vocab": len(vocab)}
+    save_head(head, settings.mechanism, Path(folder), verifier=str(model_folder(settings.target)[1]), verifier_arch=target.ref.arch,
+              speculative_tokens=settings.ttt_steps, extra=record)
+    record["folder"] = str(folder)
+    return record
+
+
+__all__ = ["TrainSettings", "cached_demo_head", "demo_head_folder", "measure_al", "train", "ttt_mask"]

@@ -1,0 +1,152 @@
+"""Property-based tests (hypothesis) on every loader of outside input: a profile, a plan, a bundle manifest,
+a calibration JSONL file and a model's config.json. Whatever the bytes, a loader either returns a value the
+rest of the tool can use or raises SpecdecError (one line at the CLI); nothing else escapes. The schedule
+translations between engines have their own round-trip properties in test_export.py."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from specdec_tune import SpecdecError
+from specdec_tune.autotune.search import SearchSettings, search
+from specdec_tune.exporters.bundle import ExportSettings, export, read_manifest, read_plan, validate_bundle
+from specdec_tune.profiles.calibration import load_calibration
+from specdec_tune.profiles.models.llama import ModelConfig
+from specdec_tune.profiles.records import sha256_file
+from specdec_tune.profiles.schema import load_profile
+
+PROFILE = Path(__file__).parent / "data" / "demo_profile.json"
+FIXTURES = dict(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow], deadline=None)
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+def _paths(doc, prefix=(), limit=3):
+    """Every place in a JSON document (lists: their first `limit` items)."""
+    yield prefix
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            yield from _paths(v, (*prefix, k), limit)
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc[:limit]):
+            yield from _paths(v, (*prefix, i), limit)
+
+
+@st.composite
+def mutations(draw, doc, places):
+    """The document with up to three places replaced by any JSON value or removed."""
+    doc = copy.deepcopy(doc)
+    for _ in range(draw(st.integers(1, 3))):
+        path = draw(st.sampled_from(places))
+        parent = doc
+        try:
+            for key in path[:-1]:
+                parent = parent[key]
+            if draw(st.booleans()):
+                parent[path[-1]] = draw(json_values)
+            elif isinstance(parent, dict):
+                parent.pop(path[-1], None)
+            else:
+                del parent[path[-1]]
+        except (KeyError, IndexError, TypeError):
+            continue  # an earlier mutation removed this place
+    return doc
+
+
+def _loads_or_refuses(load, *args):
+    try:
+        return load(*args)
+    except SpecdecError as e:
+        assert str(e) and "\n" not in str(e)
+        return None
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    d = tmp_path_factory.mktemp("demo")
+    search(load_profile(PROFILE), sha256_file(PROFILE), SearchSettings(seed=0, trials=40, out_dir=d / "plan"))
+    export(ExportSettings(plan=d / "plan" / "plan.json", profile=PROFILE, out=d / "bundle", skip_measure=True))
+    return d
+
+
+PROFILE_DOC = json.loads(PROFILE.read_text())
+PROFILE_PLACES = [p for p in _paths(PROFILE_DOC) if p]
+
+
+@settings(max_examples=60, **FIXTURES)
+@given(doc=mutations(PROFILE_DOC, PROFILE_PLACES))
+def test_any_mutated_profile_loads_or_is_refused(tmp_path, doc):
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(doc))
+    _loads_or_refuses(load_profile, path)
+
+
+@settings(max_examples=40, **FIXTURES)
+@given(data=st.data())
+def test_any_mutated_plan_is_refused_or_exports(demo, tmp_path, data):
+    """read_plan's schema check is what export relies on: a plan it accepts exports without a crash."""
+    plan = json.loads((demo / "plan" / "plan.json").read_text())
+    doc = data.draw(mutations(plan, [p for p in _paths(plan) if p and p[0] != "profile"]))
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    if _loads_or_refuses(read_plan, path) is not None:
+        out = tmp_path / "bundle"
+        _loads_or_refuses(export, ExportSettings(plan=path, profile=PROFILE, out=out, skip_measure=True))
+
+
+@settings(max_examples=60, **FIXTURES)
+@given(data=st.data())
+def test_any_mutated_manifest_is_refused_or_validates(demo, tmp_path_factory, data):
+    import shutil
+
+    bundle = tmp_path_factory.mktemp("b") / "bundle"
+    shutil.copytree(demo / "bundle", bundle)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    doc = data.draw(mutations(manifest, [p for p in _paths(manifest, limit=50) if p]))
+    (bundle / "manifest.json").write_text(json.dumps(doc))
+    if _loads_or_refuses(read_manifest, bundle) is not None:
+        _loads_or_refuses(validate_bundle, bundle, None)
+
+
+jsonl_lines = st.lists(
+    st.one_of(
+        st.text(max_size=30),
+        json_values.map(json.dumps),
+        st.fixed_dictionaries({"domain": st.text(max_size=8), "prompt": st.text(max_size=40)}).map(json.dumps),
+        st.fixed_dictionaries({"domain": json_values, "prompt": json_values}).map(json.dumps),
+    ),
+    max_size=6,
+)
+
+
+@settings(max_examples=150, **FIXTURES)
+@given(lines=jsonl_lines)
+def test_any_calibration_file_loads_or_is_refused(tmp_path, lines):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(lines))
+    loaded = _loads_or_refuses(load_calibration, str(path))
+    if loaded is not None:
+        assert loaded.prompts and all(isinstance(p.text, str) and p.text.strip() and isinstance(p.domain, str) for p in loaded.prompts)
+
+
+LLAMA = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+         "max_position_embeddings": 128, "tie_word_embeddings": False}
+
+
+@settings(max_examples=300, **FIXTURES)
+@given(doc=mutations(LLAMA, [p for p in _paths(LLAMA) if p]), extra=st.dictionaries(st.sampled_from(
+    ["head_dim", "rope_scaling", "attention_bias", "eos_token_id", "num_key_value_heads", "hidden_act"]), json_values, max_size=2))
+def test_any_model_config_is_read_or_refused(doc, extra):
+    config = _loads_or_refuses(ModelConfig.from_hf, doc | extra)
+    if config is not None:
+        assert config.num_heads % config.num_kv_heads == 0 and config.head_dim > 0 and config.vocab_size > 0
