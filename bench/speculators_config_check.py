@@ -4,18 +4,22 @@ Runs in the project's Python: it writes (or takes) head folders in the speculato
 `config.json` in a separate virtualenv that has `speculators` installed (its pins may clash with this package's),
 through a short program run there: `SpeculatorModelConfig.from_pretrained(folder)` must resolve to the config class
 registered for the file's `speculators_model_type` (Eagle3SpeculatorConfig, the MTP config), keep the algorithm
-fields, and round-trip through `to_dict()`.
+fields, and round-trip through `to_dict()`. Beyond the config, speculators' own model class (Eagle3DraftModel,
+MTPDraftModel) is asked to load the weights; that is recorded (which tensors map, whether they are equal), not required.
 
 Heads checked: every folder given with --head (e.g. a head written by `specdec-tune train-drafter`), else this
 target's cached demo heads where present, plus a freshly written untrained head of each mechanism for the demo target
 (the same writer as the trainer's). Writes a JSON record and exits 0 when every config validates, 1 when one fails,
 2 when the virtualenv is missing.
 
-    python bench/speculators_config_check.py [--head FOLDER ...] [--python build/venv-speculators/bin/python]
+    python bench/speculators_config_check.py [--head FOLDER ...] [--python .venv-speculators/bin/python]
                                              [--out bench/results/speculators_config_check.json]
 
-Create the virtualenv once (a git-ignored folder):
-    python3 -m venv build/venv-speculators && build/venv-speculators/bin/pip install speculators
+Create the virtualenv once (a git-ignored folder; speculators pins transformers below this package's, so the project's torch is
+shared and only transformers and the light dependencies are its own):
+    python3 -m venv --system-site-packages .venv-speculators
+    .venv-speculators/bin/pip install --no-deps speculators==0.9.0 hs-connectors==0.9.0 transformers==5.19.0
+    .venv-speculators/bin/pip install "openai>=2.0.0" "datasets<=5.1.0,>=4.0.0" loguru pydantic-settings
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_PYTHON = REPO / "build" / "venv-speculators" / "bin" / "python"
+DEFAULT_PYTHON = REPO / ".venv-speculators" / "bin" / "python"
 DEFAULT_OUT = REPO / "bench" / "results" / "speculators_config_check.json"
 SCHEMA = "specdec-tune/speculators-config-check/1"
 
@@ -61,6 +65,17 @@ for folder in sys.argv[1:]:
     except Exception as e:  # report every failure, validate the rest
         rec["ok"] = False
         rec["error"] = f"{type(e).__name__}: {e}"[:2000]
+    try:  # beyond the config: speculators' own model class loads the weights (it fills the verifier's from its path)
+        import torch
+        from safetensors.torch import load_file
+        from speculators.models import Eagle3DraftModel, MTPDraftModel
+        model = {"eagle3": Eagle3DraftModel, "mtp": MTPDraftModel}[raw["speculators_model_type"]].from_pretrained(folder)
+        theirs, ours = model.state_dict(), load_file(f"{folder}/model.safetensors")
+        rec["weights"] = {"loaded": True, "ours_not_in_model": [k for k in ours if k not in theirs],
+                          "model_not_in_ours": [k for k in theirs if k not in ours],
+                          "equal": all(torch.equal(theirs[k].float(), ours[k].float()) for k in ours if k in theirs)}
+    except Exception as e:  # recorded, not fatal: the acceptance bar here is the config
+        rec["weights"] = {"loaded": False, "error": f"{type(e).__name__}: {e}"[:500]}
     out.append(rec)
 print(json.dumps({"speculators_version": importlib.metadata.version("speculators"),
                   "transformers_version": importlib.metadata.version("transformers"), "results": out}))
@@ -97,7 +112,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         heads = [Path(h) for h in args.head] or cached_heads()
         heads += fresh_heads(Path(tmp))
-        proc = subprocess.run([str(args.python), "-c", VALIDATOR, *map(str, heads)], capture_output=True, text=True, timeout=600)
+        proc = subprocess.run([str(args.python), "-c", VALIDATOR, *map(str, heads)], capture_output=True, text=True, timeout=600, check=False)
     if proc.returncode != 0:
         print(proc.stderr[-4000:], file=sys.stderr)
         return 1
@@ -111,7 +126,9 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")
     for r in result["results"]:
-        print(f"{r['folder']:<40} {r['speculators_model_type']:<7} {r.get('class', '-'):<28} {'ok' if r['ok'] else 'FAILED ' + r.get('error', str(r.get('fields_kept')))}")
+        w = r.get("weights", {})
+        weights = "weights load in speculators' model" if w.get("loaded") and w.get("equal") else f"weights: {w.get('error', 'differ')[:60]}"
+        print(f"{r['folder']:<12} {r['speculators_model_type']:<7} {r.get('class', '-'):<24} {'ok' if r['ok'] else 'FAILED ' + r.get('error', str(r.get('fields_kept')))}; {weights}")
     print(f"speculators {result['speculators_version']}: {'all valid' if record['passed'] else 'failures'}; wrote {args.out.relative_to(REPO)}")
     return 0 if record["passed"] else 1
 

@@ -44,7 +44,8 @@ def ship_drafter_onnx(plan: dict, profile, staging: Path) -> dict:
 
     try:
         return export_drafter(network, staging / "drafter", name=plan["mechanism"], max_batch=plan["max_batch"],
-                              max_draft_len=plan["max_draft_len"], ctx=plan["ctx"], quant=plan["quant"])
+                              max_draft_len=plan["max_draft_len"], ctx=plan["ctx"], quant=plan["quant"], with_plain=False,
+                              parity_cases=[(1, 1, 1), (3, 1 + plan["max_draft_len"], plan["ctx"] // 2), (min(plan["max_batch"], 4), 2, plan["ctx"])])
     except ImportError as e:
         raise SpecdecError(f"exporting the drafter to ONNX needs {e.name}", "pip install onnx onnxscript onnxruntime, or export with --no-onnx") from None
 

@@ -279,6 +279,7 @@ def export_drafter(
     ctx: int = 4096,
     quant: str = "none",
     with_cache: bool = True,
+    with_plain: bool = True,
     parity_cases: list[tuple[int, int, int]] | None = None,
 ) -> dict:
     """Export a drafter for the bundle: ONNX graphs, their parity in onnxruntime, a TensorRT engine or a skip record.
@@ -300,7 +301,8 @@ def export_drafter(
     fp32 = _fp32_copy(fp32).eval()
     shapes = ExportShapes(max_batch=max_batch, max_tokens=1 + max_draft_len, max_past=ctx)
     cases = parity_cases or [(1, 1, 1), (3, 1 + max_draft_len, 7), (max(1, min(max_batch, 5)), 2, 17)]
-    graphs = [("drafter.onnx", False)] + ([("drafter_kv.onnx", True)] if with_cache else [])
+    # the cache-free graph is the KV graph at past length 0 in effect: with_plain=False leaves it out
+    graphs = ([("drafter.onnx", False)] if with_plain or not with_cache else []) + ([("drafter_kv.onnx", True)] if with_cache else [])
     result: dict = {"drafter": name, "quant": quant, "shapes": dataclasses.asdict(shapes), "graphs": {}, "files": []}
     for file, cached in graphs:
         path = export_onnx(fp32, out_dir / file, with_cache=cached, shapes=shapes)

@@ -12,6 +12,8 @@ import torch
 # The GGUF -> safetensors conversion cache is the one normal use shares; a test that must not touch it
 # points SPECDEC_TUNE_CACHE elsewhere with monkeypatch.
 os.environ.setdefault("SPECDEC_TUNE_CACHE", str(Path.home() / ".cache" / "specdec-tune"))
+if not torch.cuda.is_available():  # Triton kernels run in its interpreter; set before anything imports triton
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 TINY = dict(
     vocab_size=64,

@@ -36,9 +36,11 @@ def test_every_registered_drafter_is_covered():
 @pytest.mark.parametrize("mechanism", sorted(DRAFTER_OPTIONS))
 def test_greedy_speculative_equals_plain(demo, mechanism, batch):
     target, ids, plain = demo
+    # untrained heads accept almost nothing, so batch 1 costs a target forward per token: 8 prompts there
+    n = 8 if batch == 1 and DRAFTER_OPTIONS[mechanism].get("random") else NUM_PROMPTS
     drafter = create(mechanism, target, DRAFTER_OPTIONS[mechanism])
-    tokens, counters, _ = decode_prompts(target, ids, batch, drafter=drafter, num_draft_tokens=D, max_new_tokens=MAX_NEW)
-    assert len(tokens) == NUM_PROMPTS
+    tokens, counters, _ = decode_prompts(target, ids[:n], batch, drafter=drafter, num_draft_tokens=D, max_new_tokens=MAX_NEW)
+    assert len(tokens) == n
     mismatched = [i for i, (a, b) in enumerate(zip(tokens, plain)) if a != b]
     assert not mismatched, f"{mechanism} at batch {batch} differs from plain greedy on prompts {mismatched}"
     # The drafter really drafted (a loop that never speculates would pass trivially).

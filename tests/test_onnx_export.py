@@ -112,3 +112,14 @@ def test_fp8_plan_exports_fp8_rounded_weights(tmp_path):
     assert unquantized["parity_err"] > 1e-4
     with pytest.raises(SpecdecError, match="unknown quantization"):
         onnx_export.export_drafter(draft, tmp_path / "x", quant="int3")
+
+
+def test_the_bundle_ships_only_the_kv_graph_with_parity_at_long_pasts(tmp_path):
+    """The cache-free graph is the KV graph at past 0: a bundle carries the KV graph alone, checked at pasts
+    as long as the plan's context."""
+    draft = draft_model_of(tiny_target())
+    result = onnx_export.export_drafter(draft, tmp_path, max_batch=4, max_draft_len=3, ctx=64, with_plain=False,
+                                        parity_cases=[(1, 1, 1), (3, 4, 32), (4, 2, 64)])
+    assert set(result["graphs"]) == {"drafter_kv.onnx"} and not (tmp_path / "drafter.onnx").exists()
+    cases = result["graphs"]["drafter_kv.onnx"]["parity"]["cases"]
+    assert [c["past"] for c in cases] == [1, 32, 64] and all(c["max_abs_err"] < 1e-4 for c in cases)

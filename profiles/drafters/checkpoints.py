@@ -19,8 +19,8 @@ import importlib.metadata
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -253,7 +253,9 @@ def save_head(head: DraftHead, mechanism: str, folder: Path, *, verifier: str, v
     shared = {"embed_tokens.weight", "lm_head.weight"} if isinstance(head, MtpHead) else {"embed_tokens.weight"}
     state = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items() if k not in shared}
     state = {k: (v.float() if v.is_floating_point() else v) for k, v in state.items()}
-    if isinstance(head, Eagle3Head):
+    if isinstance(head, Eagle3Head) and head.draft_vocab_size == head.config.vocab_size and not bool(head.d2t.any()):
+        state.pop("d2t")  # the full vocabulary in order: no map, as speculators and vLLM expect then
+    elif isinstance(head, Eagle3Head):
         t2d = torch.zeros(head.config.vocab_size, dtype=torch.bool)
         t2d[head.to_target_ids(torch.arange(head.draft_vocab_size, device=head.d2t.device)).cpu()] = True
         state["t2d"] = t2d
@@ -272,4 +274,4 @@ def save_head(head: DraftHead, mechanism: str, folder: Path, *, verifier: str, v
     return folder
 
 
-__all__ = ["LoadedHead", "NEW_HEADS", "load_head", "resolve_head", "save_head", "speculators_config", "transformer_layer_config"]
+__all__ = ["NEW_HEADS", "LoadedHead", "load_head", "resolve_head", "save_head", "speculators_config", "transformer_layer_config"]

@@ -308,8 +308,7 @@ class CausalLM(nn.Module):
         return self._run(tokens, cache, start_pos, logits, layer_ids)  # type: ignore[return-value]
 
     def _run(self, tokens, cache, start_pos, logits: str, layer_ids: tuple[int, ...]):
-        B, T = tokens.shape
-        positions, mask, rows = step_coordinates(start_pos, T, cache.capacity)
+        positions, mask, rows = step_coordinates(start_pos, tokens.shape[1], cache.capacity)
         cos, sin = self._rope(positions)
         x = self.embed_tokens(tokens)
         captured: dict[int, torch.Tensor] = {}
@@ -317,7 +316,7 @@ class CausalLM(nn.Module):
             if i in layer_ids:
                 captured[i] = x
             x = layer(x, cos, sin, k_cache, v_cache, rows, positions, mask)
-        hidden = None
+        hidden = None  # [B, T, len(layer_ids) * hidden] when layers are asked for
         if logits == "none" and len(self.layers) not in layer_ids:
             out = None
         else:
