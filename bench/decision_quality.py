@@ -87,7 +87,9 @@ def run(args) -> dict:
     if reused:  # the sweep's cost is the one its measurement took
         sweep_s, sweep_forwards = reused["cost"]["oracle_sweep_s"], reused["cost"]["oracle_sweep_target_forwards"]
     batches = [b["batch"] for b in buckets]
-    tps = lambda B, D: sweep[(B, D)]["measured_tokens_per_s"]  # noqa: E731
+    # decisions are compared at one device speed: each point's measurement scaled to the speed at profile time
+    # (the machine drifts by 10-20% over the sweep; points minutes apart would otherwise compare the drift)
+    tps = lambda B, D: sweep[(B, D)]["measured_tokens_per_s"] * sweep[(B, D)]["device_speed_ratio"]  # noqa: E731
     single = max(range(d_max + 1), key=lambda D: (statistics.mean(tps(B, D) / tps(B, 0) for B in batches), -D))
     default_k = min(ENGINE_DEFAULT_K.get(mech, 3), d_max)
     rows = []
@@ -127,7 +129,7 @@ def run(args) -> dict:
 
 
 def table(result: dict) -> str:
-    lines = [f"decision quality (measured decode tokens/s; predictions from the cost model): {result['mechanism']} on {result['device']} ({result['dtype']}), held-back prompts, ctx {result['ctx']}, "
+    lines = [f"decision quality (measured decode tokens/s at the profile's device speed; predictions from the cost model): {result['mechanism']} on {result['device']} ({result['dtype']}), held-back prompts, ctx {result['ctx']}, "
              f"{result['new_tokens']} new tokens, at least {result['rows']} prompts per point, median of {result['repeats']} after a warm-up",
              "| batch | plan D | oracle D | no spec | single D | engine default | plan | oracle | plan / oracle | plan / no spec |",
              "|---|---|---|---|---|---|---|---|---|---|"]

@@ -50,6 +50,23 @@ def ship_drafter_onnx(plan: dict, profile, staging: Path) -> dict:
         raise SpecdecError(f"exporting the drafter to ONNX needs {e.name}", "pip install onnx onnxscript onnxruntime, or export with --no-onnx") from None
 
 
+def kernels_summary(kernels: dict) -> dict:
+    """The manifest's entry for kernels/ (its own manifest lists every binary)."""
+    if "skipped" in kernels:
+        return kernels
+    return {"manifest": "kernels/manifest.json", "triton_version": kernels["triton_version"], "archs": kernels["archs"],
+            "binaries": len(kernels["binaries"])}
+
+
+def onnx_summary(export: dict) -> dict:
+    """The manifest's entry for drafter/: files, parity error and whether a TensorRT engine was built, per graph."""
+    if "skipped" in export:
+        return export
+    graphs = export["graphs"]
+    return {k: export[k] for k in ("drafter", "quant", "files")} | {"parity": {g: r["parity"]["parity_err"] for g, r in graphs.items()},
+                                                                     "tensorrt": {g: r["tensorrt"].get("built", False) for g, r in graphs.items()}}
+
+
 def check_shipped_kernels(bundle: Path, manifest: dict) -> list[str]:
     """Errors in the bundle's kernels (empty when it holds, or when the bundle carries none)."""
     entry = manifest.get("kernels") or {}

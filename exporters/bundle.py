@@ -24,7 +24,8 @@ import shutil
 from pathlib import Path
 
 from specdec_tune import SpecdecError, __version__
-from specdec_tune.exporters.artifacts import check_shipped_kernels, installed_triton, ship_drafter_onnx, ship_kernels
+from specdec_tune.exporters.artifacts import (check_shipped_kernels, installed_triton, kernels_summary, onnx_summary, ship_drafter_onnx,
+                                             ship_kernels)
 from specdec_tune.exporters.engines import ENGINE_MODEL_IDS, ExportContext, load_engines, load_schema_file
 from specdec_tune.exporters.report import bundle_readme, write_report
 from specdec_tune.exporters.validate import MeasureSettings, check_document, lossless_gate, throughput_check
@@ -171,11 +172,7 @@ def export(s: ExportSettings) -> dict:
             "target": profile.target, "drafter": ctx.drafter, "device": plan["device"],
             "factors": staleness_factors(plan, profile, versions),
             "engines": engines, "figures": _figure_sources(plan),
-            "kernels": {"manifest": "kernels/manifest.json", "triton_version": kernels["triton_version"], "archs": kernels["archs"],
-                        "binaries": len(kernels["binaries"])} if "skipped" not in kernels else kernels,
-            "drafter_onnx": {k: drafter_onnx[k] for k in ("drafter", "quant", "files")} | {
-                "parity": {g: r["parity"]["parity_err"] for g, r in drafter_onnx["graphs"].items()},
-                "tensorrt": {g: r["tensorrt"].get("built", False) for g, r in drafter_onnx["graphs"].items()}} if "skipped" not in drafter_onnx else drafter_onnx,
+            "kernels": kernels_summary(kernels), "drafter_onnx": onnx_summary(drafter_onnx),
             "validation": {"configs_ok": True, "lossless": validation["lossless"].get("passed"),
                            "throughput_worst_error_pct": validation["throughput"].get("worst", {}).get("error_pct"),
                            "device_drift_pct": validation["throughput"].get("device_drift_pct")},

@@ -127,9 +127,9 @@ class DeviceSpeed:
     """This device's speed now against profile time, probed around each measurement.
 
     The probe is one verify step (batch 1, one token, `ctx` cached), the same step the profile measured.
-    Around a measurement it runs before and after (`SpeedGuard`: a measurement spoiled by a passing load is
-    repeated); the ratio of their mean to the profile's figure says how much slower (> 1) the device runs
-    now. Shared machines drift with other tenants and clocks: the gate compares at the current speed.
+    Around a measurement it runs before and after (`SpeedGuard`: a measurement during which the speed
+    changed is repeated); the ratio of their mean to the profile's figure says how much slower (> 1) the
+    device runs now. Shared machines drift with other tenants and clocks: the gate compares at the current speed.
     """
 
     def __init__(self, target, profile, ctx: int, seed: int = 0) -> None:
@@ -138,7 +138,7 @@ class DeviceSpeed:
         self.profiled_ms = next((p.median_ms for p in profile.verify if (p.batch, p.tokens, p.ctx) == (1, 1, ctx) and p.source == "measured"), None)
         self.why = None if self.profiled_ms else f"the profile has no measured verify step at batch 1, ctx {ctx}"
         step = VerifyStep(target.model, 1, ctx, 1, seed)
-        self.guard = SpeedGuard(probe=lambda: step.time(1)["median_ms"])
+        self.guard = SpeedGuard(probe=lambda: step.time(1)["median_ms"], steady_only=True)
 
     def measure(self, fn):
         """(fn's result, speed ratio now / at profile time around it)."""
@@ -158,10 +158,10 @@ def _another_device(profiled: dict) -> str:
 def throughput_check(plan: dict, profile, s: MeasureSettings) -> dict:
     """Measured decode tokens/s per bucket against the plan, at the plan's context length (this device).
 
-    Before each bucket the device's speed is re-measured against profile time (`device_speed_ratio`); the
-    gate compares the measurement with the prediction scaled by that ratio, so that a machine that is busier
-    than when it was profiled does not fail a right plan. The raw error is kept beside it, and a drift
-    beyond the tolerance is reported as a reason to re-profile.
+    Around each bucket the device's speed is probed against profile time (`DeviceSpeed`); the gate compares
+    the measurement with the prediction scaled by that ratio, so that a machine that is busier than when it
+    was profiled does not fail a right plan. The raw error is kept beside it, and a drift beyond the
+    tolerance is reported as a reason to re-profile.
     """
     from specdec_tune.profiles.models.loading import load_model
 

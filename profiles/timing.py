@@ -69,12 +69,16 @@ class SpeedGuard:
     when either is more than `slack` above the quietest probe seen so far, the measurement is repeated
     (up to `attempts` times, keeping the last). What noise only adds time to is caught this way: a burst
     that starts and ends inside one measurement is left to that measurement's median.
+
+    With `steady_only`, only a change of speed *during* the measurement (before and after probes more than
+    `slack` apart) repeats it: for callers that scale by the probed speed themselves.
     """
 
     probe: Callable[[], float]
     slack: float = 1.10
     attempts: int = 3
     pause_s: float = 1.0
+    steady_only: bool = False
     quietest_ms: float = float("inf")
     repeated: int = 0  # measurements run again
     unsettled: int = 0  # measurements kept although the device never settled
@@ -86,7 +90,7 @@ class SpeedGuard:
             result = measure()
             after = self.probe()
             self.quietest_ms = min(self.quietest_ms, before, after)
-            if max(before, after) <= self.slack * self.quietest_ms:
+            if max(before, after) <= self.slack * (min(before, after) if self.steady_only else self.quietest_ms):
                 return result, before, after
             if attempt + 1 < self.attempts:
                 self.repeated += 1

@@ -235,3 +235,5 @@ def test_speed_guard_repeats_a_measurement_a_passing_load_spoiled():
     assert guard.run(lambda: next(runs)) == ("third", 10.2, 10.1) and guard.repeated == 1 and guard.unsettled == 0
     busy = SpeedGuard(probe=iter([20.0] * 6).__next__, pause_s=0, quietest_ms=10.0)  # never back to its quiet 10 ms
     assert busy.run(lambda: "kept")[0] == "kept" and busy.repeated == 2 and busy.unsettled == 1
+    steady = SpeedGuard(probe=iter([20.0, 20.5]).__next__, pause_s=0, quietest_ms=10.0, steady_only=True)
+    assert steady.run(lambda: "scaled by the caller") == ("scaled by the caller", 20.0, 20.5) and steady.repeated == 0
