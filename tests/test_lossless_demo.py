@@ -1,5 +1,6 @@
 """Lossless on the real demo target: greedy speculative output equals plain greedy output, token for
-token, for every drafter, on 40 calibration prompts x 64 new tokens, at batch 1 and batch 8, in fp32."""
+token, for every drafter, on 40 held-back prompts x 64 new tokens at batch 8 and the first 16 of them at
+batch 1 (8 for the untrained learned heads, which accept almost nothing), in fp32."""
 
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ def test_every_registered_drafter_is_covered():
 @pytest.mark.parametrize("mechanism", sorted(DRAFTER_OPTIONS))
 def test_greedy_speculative_equals_plain(demo, mechanism, batch):
     target, ids, plain = demo
-    # untrained heads accept almost nothing, so batch 1 costs a target forward per token: 8 prompts there
-    n = 8 if batch == 1 and DRAFTER_OPTIONS[mechanism].get("random") else NUM_PROMPTS
+    # batch 1 runs a target forward per round for each prompt alone; untrained heads accept almost nothing
+    n = NUM_PROMPTS if batch > 1 else (8 if DRAFTER_OPTIONS[mechanism].get("random") else 16)
     drafter = create(mechanism, target, DRAFTER_OPTIONS[mechanism])
     tokens, counters, _ = decode_prompts(target, ids[:n], batch, drafter=drafter, num_draft_tokens=D, max_new_tokens=MAX_NEW)
     assert len(tokens) == n
