@@ -75,12 +75,3 @@ def check_shipped_kernels(bundle: Path, manifest: dict) -> list[str]:
     from specdec_tune.kernels import aot
 
     return aot.check_kernel_manifest(bundle, aot.read_kernel_manifest(bundle))
-
-
-def installed_triton() -> str | None:
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version("triton")
-    except importlib.metadata.PackageNotFoundError:
-        return None

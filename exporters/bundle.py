@@ -24,12 +24,12 @@ import shutil
 from pathlib import Path
 
 from specdec_tune import SpecdecError, __version__
-from specdec_tune.exporters.artifacts import (check_shipped_kernels, installed_triton, kernels_summary, onnx_summary, ship_drafter_onnx,
-                                             ship_kernels)
+from specdec_tune.exporters.artifacts import check_shipped_kernels, kernels_summary, onnx_summary, ship_drafter_onnx, ship_kernels
 from specdec_tune.exporters.engines import ENGINE_MODEL_IDS, ExportContext, load_engines, load_schema_file
 from specdec_tune.exporters.report import bundle_readme, write_report
 from specdec_tune.exporters.validate import MeasureSettings, check_document, lossless_gate, throughput_check
 from specdec_tune.exporters.versions import DEFAULT_VERSIONS, parse_version
+from specdec_tune.profiles.fingerprint import triton_version
 from specdec_tune.profiles.records import read_json, sha256_file, sha256_json, write_json
 from specdec_tune.profiles.schema import load_profile
 
@@ -109,7 +109,7 @@ def staleness_factors(plan: dict, profile, versions: dict) -> dict:
         "kind": profile.device.get("kind"), "name": profile.device.get("name"), "capability": profile.device.get("capability")}
     return {"target_weights": profile.target["weights_hash"], "target_config": profile.target["config_hash"],
             "drafter": sha256_json(info.model_dump(mode="json")) if info else None, "device": device,
-            "engine_versions": versions, "tool_version": __version__, "kernels_triton": installed_triton()}
+            "engine_versions": versions, "tool_version": __version__, "kernels_triton": triton_version()}
 
 
 def export(s: ExportSettings) -> dict:
@@ -349,8 +349,8 @@ def check_bundle(bundle: Path, *, target: str | None = None, versions: tuple[tup
             changed.append({"factor": f"engine.{engine}", "was": targeted, "now": now})
     if was["tool_version"] != __version__:
         changed.append({"factor": "tool_version", "was": was["tool_version"], "now": __version__})
-    if was.get("kernels_triton") and installed_triton() != was["kernels_triton"]:  # the cubins' launcher ABI is triton's
-        changed.append({"factor": "kernels_triton", "was": was["kernels_triton"], "now": installed_triton()})
+    if was.get("kernels_triton") and triton_version() != was["kernels_triton"]:  # the cubins' launcher ABI is triton's
+        changed.append({"factor": "kernels_triton", "was": was["kernels_triton"], "now": triton_version()})
     return {"bundle": str(bundle), "fresh": not changed, "changed": changed, "unverified": unverified}
 
 

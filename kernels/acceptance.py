@@ -86,6 +86,19 @@ def greedy_accept_kernel(
 
 
 @triton.jit
+def _p_q_tile(row, q_row, v0, offs, vocab_size, temperature, m, s, q_end, d_rej, HAS_DRAFT_PROBS: tl.constexpr):
+    """One vocabulary tile of the target's p (softmax at `temperature`, stats m, s) and the draft's q, read only
+    below q_end (q_end = 0: q is zero; without draft probs q is one-hot at d_rej)."""
+    ok = v0 + offs < vocab_size
+    p = tl.exp(tl.load(row + v0 + offs, mask=ok, other=float("-inf")).to(tl.float32) / temperature - m) / s
+    if HAS_DRAFT_PROBS:
+        q = tl.load(q_row + v0 + offs, mask=v0 + offs < q_end, other=0.0)
+    else:
+        q = tl.where((v0 + offs == d_rej) & (v0 + offs < q_end), 1.0, 0.0)
+    return p, q
+
+
+@triton.jit
 def _softmax_stats(row, vocab_size, temperature, BLOCK_V: tl.constexpr):
     """max m and Σ e^(x-m) of x = row[0:vocab_size] / temperature."""
     offs = tl.arange(0, BLOCK_V)
@@ -144,13 +157,9 @@ def rejection_sample_kernel(
     # the interpreter mishandles masks that broadcast a scalar condition)
     residual_mass = tl.zeros([BLOCK_V], tl.float32)
     p_mass = tl.zeros([BLOCK_V], tl.float32)
+    q_row = DraftProbs + b * stride_qb + n * stride_qk
     for v0 in range(0, vocab_size, BLOCK_V):
-        ok = v0 + offs < vocab_size
-        p = tl.exp(tl.load(row + v0 + offs, mask=ok, other=float("-inf")).to(tl.float32) / temperature - m) / s
-        if HAS_DRAFT_PROBS:
-            q = tl.load(DraftProbs + b * stride_qb + n * stride_qk + v0 + offs, mask=v0 + offs < q_end, other=0.0)
-        else:
-            q = tl.where(v0 + offs == d_rej, 1.0, 0.0)
+        p, q = _p_q_tile(row, q_row, v0, offs, vocab_size, temperature, m, s, q_end, d_rej, HAS_DRAFT_PROBS)
         residual_mass += tl.maximum(p - q, 0.0)
         p_mass += p
     use_residual = rejected & (tl.sum(residual_mass, 0) > 0.0)
@@ -163,11 +172,7 @@ def rejection_sample_kernel(
     last_weighted = 0
     for v0 in range(0, vocab_size, BLOCK_V):
         ok = v0 + offs < vocab_size
-        p = tl.exp(tl.load(row + v0 + offs, mask=ok, other=float("-inf")).to(tl.float32) / temperature - m) / s
-        if HAS_DRAFT_PROBS:
-            q = tl.load(DraftProbs + b * stride_qb + n * stride_qk + v0 + offs, mask=v0 + offs < q_end, other=0.0)
-        else:
-            q = tl.where((v0 + offs == d_rej) & (v0 + offs < q_end), 1.0, 0.0)
+        p, q = _p_q_tile(row, q_row, v0, offs, vocab_size, temperature, m, s, q_end, d_rej, HAS_DRAFT_PROBS)
         w = tl.where(use_residual, tl.maximum(p - q, 0.0), p)
         w = tl.where(ok, w, 0.0)
         running = prefix + tl.cumsum(w, 0)
