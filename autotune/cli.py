@@ -205,16 +205,21 @@ def _print_profile_summary(result, path: Path) -> None:
 
 @app.command("train-drafter", epilog="Examples:\n\n  specdec-tune train-drafter --mechanism eagle3\n\n"
              "  specdec-tune train-drafter --mechanism mtp --budget-minutes 5 --out heads/mtp-demo\n\n"
+             "  specdec-tune train-drafter --mechanism dspark --block-size 8 --markov-rank 64\n\n"
              "  specdec-tune decode --drafter eagle3 --drafter-option model=heads/eagle3-demo -D 3 --prompts mtbench")
 def train_drafter(
-    mechanism: Annotated[str, typer.Option("--mechanism", "-m", help="Head to train: eagle3 or mtp.")] = "eagle3",
+    mechanism: Annotated[str, typer.Option("--mechanism", "-m", help="Head to train: eagle3, mtp, dflash or dspark.")] = "eagle3",
     target: TargetOpt = "smollm2-135m",
     prompts: PromptsOpt = "default",
     budget_minutes: Annotated[float, typer.Option(help="Optimisation wall time; data preparation and AL measurements are reported apart.")] = 20.0,
     new_tokens: Annotated[int, typer.Option(help="Tokens the target continues each training prompt with (the text the head learns).")] = 192,
     max_prompts: Annotated[int, typer.Option(help="Training prompts from the profiling split (0 = all of them).")] = 0,
+    package_tokens: Annotated[int, typer.Option(help="Tokens of prose and code from the installed packages, read by the target as is (0 = none).")] = 600_000,
     draft_vocab: Annotated[int, typer.Option(help="Most frequent tokens: EAGLE-3's draft vocabulary and MTP's loss shortlist (0 = the full vocabulary).")] = 8192,
-    ttt_steps: Annotated[int, typer.Option(help="Draft steps unrolled per position in training (training-time test).")] = 3,
+    ttt_steps: Annotated[int, typer.Option(help="EAGLE-3 / MTP: draft steps unrolled per position in training (training-time test).")] = 3,
+    block_size: Annotated[int, typer.Option(help="DFlash / DSpark: tokens per block (DFlash drafts block-1 of them, DSpark all).")] = 8,
+    draft_layers: Annotated[int, typer.Option(help="DFlash / DSpark: decoder layers.")] = 2,
+    markov_rank: Annotated[int, typer.Option(help="DSpark: rank of the Markov logit bias.")] = 64,
     lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, cosine over the budget).")] = 1e-3,
     batch_tokens: Annotated[int, typer.Option(help="Padded tokens per optimizer step.")] = 2048,
     eval_points: Annotated[int, typer.Option(help="AL measurements along the run on held-back MT-Bench prompts (the learning curve); 0 = none.")] = 4,
@@ -223,20 +228,30 @@ def train_drafter(
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Folder for the head (speculators layout). Default: this target's cached head, "
                                                                     "the one --drafter eagle3 / mtp loads.")] = None,
 ) -> None:
-    """Distil an EAGLE-3 or MTP head from the target on CPU and save it in the speculators layout."""
+    """Distil an EAGLE-3, MTP, DFlash or DSpark head from the target on CPU and save it in the speculators layout."""
     from specdec_tune.profiles.train_drafter import TrainSettings, train
 
     settings = TrainSettings(mechanism=mechanism, target=target, prompts=prompts, max_prompts=max_prompts, new_tokens=new_tokens,
-                             draft_vocab=draft_vocab, ttt_steps=ttt_steps, lr=lr, batch_tokens=batch_tokens, budget_minutes=budget_minutes,
+                             package_tokens=package_tokens,
+                             draft_vocab=draft_vocab, ttt_steps=ttt_steps, block_size=block_size, draft_layers=draft_layers,
+                             markov_rank=markov_rank, lr=lr, batch_tokens=batch_tokens, budget_minutes=budget_minutes,
                              eval_points=eval_points, eval_prompts=eval_prompts, seed=seed, out=out)
     record = train(settings, progress=lambda line: console.print(line, markup=False))
-    if record["learning_curve"]:
-        table = Table(title=f"{mechanism} learning curve: AL at D=3 on held-back MT-Bench prompts (measured)")
-        for col in ("training tokens", "steps", "train s", "tokens/forward", "mean AL (vLLM)"):
+    curve = record["learning_curve"]
+    if curve:
+        table = Table(title=f"{mechanism} learning curve: AL at D={curve[0]['draft_len']} on held-back MT-Bench prompts (measured)")
+        for col in ("training tokens", "steps", "train s", "tokens/forward", "mean AL (vLLM)", "per-position acceptance"):
             table.add_column(col, justify="right")
-        for p in record["learning_curve"]:
-            table.add_row(str(p["training_tokens"]), str(p["steps"]), f"{p['train_s']:.0f}", f"{p['tokens_per_forward']:.3f}", f"{p['mean_al_vllm']:.3f}")
+        for p in curve:
+            table.add_row(str(p["training_tokens"]), str(p["steps"]), f"{p['train_s']:.0f}", f"{p['tokens_per_forward']:.3f}", f"{p['mean_al_vllm']:.3f}",
+                          " ".join(f"{a:.2f}" for a in p["per_position_acceptance"]))
         console.print(table)
+        domains = Table(title=f"after {curve[-1]['training_tokens']} tokens, per domain (measured)")
+        for col in ("domain", "prompts", "tokens/forward", "per-position acceptance"):
+            domains.add_column(col, justify="right")
+        for d, r in curve[-1].get("by_domain", {}).items():
+            domains.add_row(d, str(r["prompts"]), f"{r['tokens_per_forward']:.3f}", " ".join(f"{a:.2f}" for a in r["per_position_acceptance"]))
+        console.print(domains)
     t = record["train"]
     console.print(f"trained {t['steps']} steps over {t['training_tokens']} tokens in {t['train_s']:.0f} s "
                   f"(data prepared in {record['data']['prepare_s']:.0f} s)", markup=False)

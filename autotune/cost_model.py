@@ -102,6 +102,11 @@ class CostModel:
     def quants(self, mechanism: str) -> list[str]:
         return sorted(q for m, q in self._al if m == mechanism)
 
+    def draft_len_limit(self, mechanism: str) -> int:
+        """The longest D measured for this mechanism (a block drafter's block can cap it below the workload's D_max)."""
+        lens = [a.max_draft_len for (m, _), a in self._al.items() if m == mechanism]
+        return min(lens) if lens else self.max_draft_len
+
     # ------------------------------------------------------------------ components
 
     def verify_ms(self, batch: int, tokens: int) -> Figure:
@@ -189,5 +194,5 @@ class CostModel:
         """Exhaustive optimum over mechanism and D at one batch size (D = 0 means no speculation)."""
         candidates = [self.predict(batch, 0, "none")]
         candidates += [self.predict(batch, D, m, quant) for m in self.mechanisms if quant in self.quants(m)
-                       for D in range(1, self.max_draft_len + 1)]
+                       for D in range(1, self.draft_len_limit(m) + 1)]
         return max(candidates, key=lambda p: (p.tokens_per_s.value, -p.draft_len))

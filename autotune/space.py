@@ -99,7 +99,7 @@ class Space:
     def allowed(self, mechanism: str, policy: str) -> list[int]:
         """The draft lengths this mechanism may use under this tile policy (0, no speculation, always)."""
         step = self.multiple.get(mechanism, 1)
-        ds = [D for D in range(self.cost.max_draft_len + 1) if D % step == 0]
+        ds = [D for D in range(self.cost.draft_len_limit(mechanism) + 1) if D % step == 0]
         if policy == "aligned":
             ds = [D for D in ds if D == 0 or (self.group * (1 + D)) % self.tile_rows == 0]
         return ds

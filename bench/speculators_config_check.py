@@ -3,9 +3,10 @@
 Runs in the project's Python: it writes (or takes) head folders in the speculators layout, then validates each
 `config.json` in a separate virtualenv that has `speculators` installed (its pins may clash with this package's),
 through a short program run there: `SpeculatorModelConfig.from_pretrained(folder)` must resolve to the config class
-registered for the file's `speculators_model_type` (Eagle3SpeculatorConfig, the MTP config), keep the algorithm
-fields, and round-trip through `to_dict()`. Beyond the config, speculators' own model class (Eagle3DraftModel,
-MTPDraftModel) is asked to load the weights; that is recorded (which tensors map, whether they are equal), not required.
+registered for the file's `speculators_model_type` (Eagle3SpeculatorConfig, the MTP config, DFlashSpeculatorConfig,
+DSparkSpeculatorConfig), keep the algorithm fields, and round-trip through `to_dict()`. Beyond the config, speculators'
+own model class (Eagle3DraftModel, MTPDraftModel, DFlashDraftModel, DSparkDraftModel) is asked to load the weights;
+that is recorded (which tensors map, whether they are equal), not required.
 
 Heads checked: every folder given with --head (e.g. a head written by `specdec-tune train-drafter`), else this
 target's cached demo heads where present, plus a freshly written untrained head of each mechanism for the demo target
@@ -54,7 +55,9 @@ for folder in sys.argv[1:]:
         rec["registered_class"] = getattr(cls, "__name__", None)
         again = cfg.to_dict()
         keys = [k for k in ("draft_vocab_size", "norm_before_residual", "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
-                            "num_nextn_predict_layers") if k in raw]
+                            "num_nextn_predict_layers", "block_size", "aux_hidden_state_layer_ids", "mask_token_id",
+                            "sample_from_anchor", "markov_rank", "markov_head_type", "enable_confidence_head",
+                            "confidence_head_with_markov") if k in raw]
         rec["fields_kept"] = {k: again.get(k) == raw[k] for k in keys}
         tl = again.get("transformer_layer_config", {})
         rec["transformer_layer_config"] = {k: tl.get(k) for k in ("model_type", "hidden_size", "vocab_size", "num_hidden_layers")}
@@ -69,7 +72,10 @@ for folder in sys.argv[1:]:
         import torch
         from safetensors.torch import load_file
         from speculators.models import Eagle3DraftModel, MTPDraftModel
-        model = {"eagle3": Eagle3DraftModel, "mtp": MTPDraftModel}[raw["speculators_model_type"]].from_pretrained(folder)
+        from speculators.models.dflash import DFlashDraftModel
+        from speculators.models.dspark import DSparkDraftModel
+        classes = {"eagle3": Eagle3DraftModel, "mtp": MTPDraftModel, "dflash": DFlashDraftModel, "dspark": DSparkDraftModel}
+        model = classes[raw["speculators_model_type"]].from_pretrained(folder)
         theirs, ours = model.state_dict(), load_file(f"{folder}/model.safetensors")
         rec["weights"] = {"loaded": True, "ours_not_in_model": [k for k in ours if k not in theirs],
                           "model_not_in_ours": [k for k in theirs if k not in ours],
@@ -129,7 +135,7 @@ def main() -> int:
         w = r.get("weights", {})
         weights = "weights load in speculators' model" if w.get("loaded") and w.get("equal") else f"weights: {w.get('error', 'differ')[:60]}"
         print(f"{r['folder']:<12} {r['speculators_model_type']:<7} {r.get('class', '-'):<24} {'ok' if r['ok'] else 'FAILED ' + r.get('error', str(r.get('fields_kept')))}; {weights}")
-    print(f"speculators {result['speculators_version']}: {'all valid' if record['passed'] else 'failures'}; wrote {args.out.relative_to(REPO)}")
+    print(f"speculators {result['speculators_version']}: {'all valid' if record['passed'] else 'failures'}; wrote {args.out}")
     return 0 if record["passed"] else 1
 
 

@@ -10,7 +10,8 @@ from specdec_tune.exporters.engines import Engine, EngineFiles, ExportContext, r
 MODEL_TYPES = {"eagle3": ("eagle3", "Eagle3Speculator"), "mtp": ("mtp", "MTPDraftModel"),
                "dflash": ("dflash", "DFlashSpeculator"), "dspark": ("dspark", "DSparkSpeculator")}
 ALGORITHM_FIELDS = ("draft_vocab_size", "norm_before_residual", "target_hidden_size", "eagle_aux_hidden_state_layer_ids", "block_size",
-                    "aux_hidden_state_layer_ids", "mask_token_id", "markov_rank", "markov_head_type", "enable_confidence_head",
+                    "aux_hidden_state_layer_ids", "mask_token_id", "sample_from_anchor", "markov_rank", "markov_head_type",
+                    "enable_confidence_head", "confidence_head_with_markov",
                     "num_nextn_predict_layers", "transformer_layer_config")
 
 

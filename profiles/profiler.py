@@ -261,15 +261,21 @@ class Profiler:
                 if desc["options"].get("model"):  # its own checkpoint: its hash makes a bundle stale when it changes
                     ref["weights_hash"] = weights_hash(model_folder(desc["options"]["model"])[3])
             head = getattr(d, "head", None)
-            if head is not None:  # a learned head over the target's hidden states (EAGLE-3, MTP)
-                ref = {"layers": 1, "hidden_layers": list(d.hidden_layers), "shares_target_weights": head.embed_tokens is self.model.embed_tokens,
+            if head is not None:  # a learned head over the target's hidden states (EAGLE-3, MTP, DFlash, DSpark)
+                layers = len(getattr(head, "layers", None) or getattr(head, "mtp_layers", None) or [head])
+                ref = {"layers": layers, "hidden_layers": list(d.hidden_layers), "shares_target_weights": head.embed_tokens is self.model.embed_tokens,
                        "weights_hash": getattr(d, "weights_hash", None)}
             infos.append({
                 "name": name, "kind": desc["kind"], "options": desc["options"], "model": ref,
                 "quant_formats": ["none", *self.s.quant_formats] if d.kind != "model_free" else ["none"],
-                "draft_len_multiple": d.draft_len_multiple,
+                "draft_len_multiple": d.draft_len_multiple, "max_draft_len": d.max_draft_len,
             })
         return infos
+
+    def d_max(self, drafter: Drafter) -> int:
+        """The longest draft profiled for this drafter: the workload's D_max, or less where its block is shorter."""
+        limit = drafter.max_draft_len
+        return self.s.max_draft_len if limit is None else min(self.s.max_draft_len, limit)
 
     def _guarded(self, measure):
         """A timing cell measured at the device's quiet speed (SpeedGuard), re-run after a passing load."""
@@ -368,7 +374,7 @@ class Profiler:
                 continue
             timings = log.measure(f"draft/{name}/{B}/{ctx}", lambda: self._guarded(lambda: {str(d): t for d, t in self._draft_cell(self.drafters[name], B, ctx).items()}))
             measured = {int(d): (t["median_ms"] if t else None) for d, t in timings.items()}
-            for d, y, source in fill_curve(measured, range(1, s.max_draft_len + 1)):
+            for d, y, source in fill_curve(measured, range(1, self.d_max(self.drafters[name]) + 1)):
                 t = timings.get(str(d)) or {}
                 points.append({"mechanism": name, "batch": B, "draft_len": d, "ctx": ctx, "median_ms": y, "p10_ms": t.get("p10_ms"),
                                "p90_ms": t.get("p90_ms"), "repeats": t.get("repeats", 0), "source": source})
@@ -422,7 +428,7 @@ class Profiler:
             timings[D] = _time_unless_oom(step, self.device, warmup=1)
             return timings[D]["median_ms"] if timings[D] else None
 
-        adaptive_sample(measure, 1, self.s.max_draft_len, self.s.interp_tolerance, [1, 2, 4, 8])
+        adaptive_sample(measure, 1, self.d_max(drafter), self.s.interp_tolerance, [d for d in (1, 2, 4, 8) if d <= self.d_max(drafter)])
         return timings
 
     # ------------------------------------------------------------------ acceptance
@@ -452,10 +458,10 @@ class Profiler:
                 continue
             drafter = self.drafters[name] if fmt == "none" else self.drafters[name].with_quantized_weights(fmt)
             key = f"acceptance/{name}/{fmt}/{temp}"
-            per_prompt = self.run_counters(drafter, s.max_draft_len, temp, log, key)
+            per_prompt = self.run_counters(drafter, self.d_max(self.drafters[name]), temp, log, key)
             checks = []
             if fmt == "none" and temp == 0.0:
-                for D in s.checks:
+                for D in [D for D in s.checks if D < self.d_max(self.drafters[name])]:
                     if not budget.allows(f"AL check {name} D={D}"):
                         continue
                     direct = SpecCounters.total(self.run_counters(drafter, D, 0.0, log, f"check/{name}/{D}")).tokens_per_target_forward
@@ -473,10 +479,10 @@ class Profiler:
 
     def _acceptance_record(self, name, fmt, source, domain, temp, counters: list[SpecCounters], checks) -> dict:
         c = SpecCounters.total(counters)
-        derived = [c.derived_at(D) for D in range(self.s.max_draft_len + 1)]
+        derived = [c.derived_at(D) for D in range(self.d_max(self.drafters[name]) + 1)]
         return {
             "mechanism": name, "quant": fmt, "quant_source": source, "domain": domain, "temperature": temp,
-            "max_draft_len": self.s.max_draft_len, "prompts": len(counters), "new_tokens": self.s.new_tokens,
+            "max_draft_len": self.d_max(self.drafters[name]), "prompts": len(counters), "new_tokens": self.s.new_tokens,
             "num_drafts": c.num_drafts, "num_draft_tokens": c.num_draft_tokens, "num_accepted_tokens": c.num_accepted_tokens,
             "num_accepted_tokens_per_pos": c.num_accepted_tokens_per_pos, "num_reached_per_pos": c.num_reached_per_pos,
             "num_rounds": c.num_rounds, "rounds": c.rounds, "conditional_acceptance": c.conditional_acceptance(),
@@ -493,7 +499,7 @@ class Profiler:
             self._tick("host", i, len(cells))
             if not budget.allows(f"host overhead {name} B={B}"):
                 continue
-            D = 0 if name == "plain" else min(3, self.s.max_draft_len)
+            D = 0 if name == "plain" else min(3, self.d_max(self.drafters[name]))
 
             def run():
                 ids = (self.prompt_ids * B)[:B]

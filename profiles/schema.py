@@ -116,6 +116,7 @@ class DrafterInfo(Record):
     model: Optional[dict] = None  # ModelRef of a draft model, when it has its own weights
     quant_formats: list[str] = ["none"]
     draft_len_multiple: int = 1  # D must be a multiple of this (MTP: the checkpoint's layer count)
+    max_draft_len: Optional[int] = None  # the longest draft it makes (DFlash / DSpark: its block); None = the workload's D_max
 
 
 class Workload(Record):

@@ -1,26 +1,39 @@
-"""`specdec-tune train-drafter`: distil an EAGLE-3 or MTP head from the target on CPU, saved in the speculators layout.
+"""`specdec-tune train-drafter`: distil an EAGLE-3, MTP, DFlash or DSpark head from the target on CPU, saved in the
+speculators layout.
 
   specdec-tune train-drafter --mechanism eagle3                  # the demo target, 20-minute budget, cached for --drafter eagle3
-  specdec-tune train-drafter --mechanism mtp --budget-minutes 5 --out heads/mtp
+  specdec-tune train-drafter --mechanism dflash --budget-minutes 5 --out heads/dflash
 
-Data: the calibration set's profiling split only (the held-back split is never read for training), each prompt in
-the chat template and continued greedily by the target for `new_tokens` tokens: the text the head will be asked to
-draft. The target runs once over every sequence, recording the states the heads read (EAGLE-3's three auxiliary
-layers and the final-normed state; cached on disk, shared by both mechanisms). Soft labels are the target's
+Data, two parts (the calibration set's held-back split is never read for training):
+  continuations  each profiling-split prompt in the chat template, continued greedily by the target for `new_tokens`
+                 tokens: the text the head will be asked to draft
+  package text   `package_tokens` tokens of prose and code from the installed packages (profiles/package_text.py),
+                 read by the target as is: the breadth the continuations lack
+The target runs once over every sequence, recording the states the heads read (EAGLE-3's three auxiliary layers and
+the final-normed state; cached on disk in shards, shared by both mechanisms). Soft labels are the target's
 distributions, recomputed per batch from the final state: p_t = softmax(W_v f_t) over the vocabulary v the head is
 trained on (EAGLE-3: its draft vocabulary, the `draft_vocab` most frequent tokens of the data; MTP: the same
 shortlist for the loss only, since it drafts with the target's full head).
 
-Loss (EAGLE-3's training-time test, used for both heads): the head unrolls `ttt_steps` steps at every position at once.
+Loss of the serial heads (EAGLE-3's training-time test, used for EAGLE-3 and MTP): the head unrolls `ttt_steps` steps
+at every position at once.
   step 1 at p: h = combine(target states at p), token x_{p+1}             -> predicts x_{p+2}, label p_{p+1}
   step k at p: h = carried state of step k-1 at p, token = its argmax     -> predicts x_{p+k+1}, label p_{p+k}
   step k's query at p sits at position p+k-1 and sees step-1 keys at positions <= p and its own chain (steps 2..k at p),
   exactly what it sees when drafting.
   loss = sum_k decay^(k-1) * mean_p KL(p_label || softmax(logits_k))
 
+Loss of the block heads (DFlash, DSpark; speculators' anchored blocks): per sequence, anchors a drawn from 1..len-2;
+each anchor's block [x_a, m, ..., m] sits at positions a.. and sees the context positions < a and its own block only.
+  slot j drafts x_{p+1} with p = a + j - first_slot; label p_p; weight exp(-(j - first_slot) / position_decay)
+  DSpark's Markov bias reads, as the previous token of slot j > first_slot, the target's greedy token at p - 1: the
+  token a draft must have been for slot j to be reached at all.
+  loss = sum_j w_j * mean_blocks KL(p_label || softmax(logits_j))
+
 Schedule: AdamW, learning rate warmed up over the first 3% of the wall-clock budget and cosine-decayed to 10% at its
 end (the budget, not a step count, bounds the run). The learning curve measures AL at D = 3 on held-back MT-Bench
-prompts at `eval_points` moments; that time is outside the budget and reported apart.
+prompts (D = 3 for the serial heads, D = 7 for the block heads) at `eval_points` moments; that time is outside the
+budget and reported apart. The last point adds AL per domain and the per-position acceptance.
 """
 
 from __future__ import annotations
@@ -41,19 +54,24 @@ from specdec_tune import SpecdecError
 from specdec_tune.profiles.calibration import load_calibration
 from specdec_tune.profiles.decode_run import select_prompts
 from specdec_tune.profiles.drafters.base import _REGISTRY
-from specdec_tune.profiles.drafters.checkpoints import save_head
+from specdec_tune.profiles.drafters.checkpoints import DSPARK_DEMO_RANK, save_head
+from specdec_tune.profiles.drafters.dflash import DFlashHead, block_mask, default_mask_token, new_dflash_head
 from specdec_tune.profiles.drafters.eagle3 import Eagle3Head, new_eagle3_head
 from specdec_tune.profiles.drafters.heads import DraftHead, default_aux_layers
 from specdec_tune.profiles.drafters.mtp import new_mtp_head
 from specdec_tune.profiles.models.llama import gqa_attention
+from specdec_tune.profiles.package_text import package_text
 from specdec_tune.profiles.models.loading import LoadedModel, cache_root, cpu_has_native_bf16, load_model, model_folder
 from specdec_tune.profiles.prompts import encode_prompts
 from specdec_tune.profiles.records import sha256_json, write_json
 from specdec_tune.profiles.specdec import SpecCounters, generate
 
 log = logging.getLogger(__name__)
-MECHANISMS = ("eagle3", "mtp")
-EVAL_DRAFT_LEN = 3
+MECHANISMS = ("eagle3", "mtp", "dflash", "dspark")
+BLOCK_MECHANISMS = ("dflash", "dspark")
+EVAL_DRAFT_LEN = {"eagle3": 3, "mtp": 3, "dflash": 7, "dspark": 7}
+SERIAL_ONLY = ("ttt_steps", "step_decay")
+BLOCK_ONLY = ("block_size", "draft_layers", "markov_rank", "position_decay")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,30 +81,39 @@ class TrainSettings:
     prompts: str = "default"  # calibration set; only its profiling split is read
     max_prompts: int = 0  # 0 = the whole profiling split
     new_tokens: int = 192  # the target's greedy continuation per prompt
+    package_tokens: int = 600_000  # text from the installed packages, teacher-forced (0 = continuations only)
     draft_vocab: int = 8192  # most frequent tokens: EAGLE-3's draft vocabulary, MTP's loss shortlist; 0 = the full vocabulary
-    ttt_steps: int = 3  # unrolled draft steps per position
+    ttt_steps: int = 3  # unrolled draft steps per position (EAGLE-3, MTP)
     step_decay: float = 0.8  # loss weight of step k: decay^(k-1)
+    block_size: int = 8  # DFlash / DSpark: tokens per block (DFlash drafts block_size-1, DSpark block_size)
+    draft_layers: int = 2  # DFlash / DSpark decoder layers
+    markov_rank: int = DSPARK_DEMO_RANK  # DSpark's Markov bias rank
+    position_decay: float = 4.0  # DFlash / DSpark: slot j's loss weight exp(-j / position_decay)
     lr: float = 1e-3
     batch_tokens: int = 2048  # padded tokens per optimizer step
     budget_minutes: float = 20.0  # optimisation wall time (data preparation and AL measurements are reported apart)
     eval_points: int = 4  # AL measurements along the run (the learning curve); 0 = none
-    eval_prompts: int = 20  # held-back MT-Bench prompts per measurement
+    eval_prompts: int = 24  # held-back MT-Bench prompts per measurement (24: all of them, 3 per domain)
     eval_new_tokens: int = 64
     seed: int = 0
     out: Path | None = None  # None = this target's cached demo head (what --drafter eagle3 / mtp loads)
 
     def validate(self) -> None:
         if self.mechanism not in MECHANISMS:
-            raise SpecdecError(f"train-drafter trains {', '.join(MECHANISMS)}, not {self.mechanism!r}", "pass --mechanism eagle3 or mtp")
-        if self.budget_minutes <= 0 or self.new_tokens < 8 or self.ttt_steps < 1 or self.batch_tokens < 64 or self.lr <= 0:
-            raise SpecdecError("--budget-minutes, --lr must be positive, --new-tokens ≥ 8, --ttt-steps ≥ 1, --batch-tokens ≥ 64",
+            raise SpecdecError(f"train-drafter trains {', '.join(MECHANISMS)}, not {self.mechanism!r}", f"pass --mechanism {' or '.join(MECHANISMS)}")
+        if self.budget_minutes <= 0 or self.new_tokens < 8 or self.package_tokens < 0 or self.ttt_steps < 1 or self.batch_tokens < 64 or self.lr <= 0:
+            raise SpecdecError("--budget-minutes, --lr must be positive, --package-tokens ≥ 0, --new-tokens ≥ 8, --ttt-steps ≥ 1, --batch-tokens ≥ 64",
                                "raise the value named")
+        if self.block_size < 2 or self.draft_layers < 1 or self.markov_rank < 1 or self.position_decay <= 0:
+            raise SpecdecError("--block-size must be ≥ 2, --draft-layers and --markov-rank ≥ 1", "raise the value named")
         if self.draft_vocab < 0 or self.eval_points < 0 or self.eval_prompts < 1:
             raise SpecdecError("--draft-vocab and --eval-points must be ≥ 0, --eval-prompts ≥ 1", "fix the value named")
 
     def key(self) -> str:
         """What makes one trained head differ from another (not where it goes, not how it is measured)."""
-        fields = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("out", "eval_points", "eval_prompts", "eval_new_tokens")}
+        other = SERIAL_ONLY if self.mechanism in BLOCK_MECHANISMS else BLOCK_ONLY
+        other += ("markov_rank",) if self.mechanism == "dflash" else ()
+        fields = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("out", "eval_points", "eval_prompts", "eval_new_tokens", *other)}
         return sha256_json(fields)[:12]
 
 
@@ -123,55 +150,78 @@ class TeacherData:
 
 
 def teacher_data(settings: TrainSettings, data_target: LoadedModel, progress: Callable[[str], None]) -> TeacherData:
-    """The profiling split's prompts continued by the target, with its states; cached on disk by content."""
-    from safetensors.torch import load_file, save_file
-
-    L = data_target.model.config.num_layers
+    """The training sequences with the target's states at every position; cached on disk by content, in shards, so a
+    stopped preparation resumes. Two parts: the profiling split's prompts continued greedily by the target (the text
+    the head drafts at run time) and `package_tokens` of text from the installed packages, read as is."""
+    model = data_target.model
+    L = model.config.num_layers
     layers = (*default_aux_layers(L), L)  # what both heads read: EAGLE-3's three layers and the final state
     profile_split, _ = load_calibration(settings.prompts).split()  # never the held-back part
     chosen = profile_split.take(settings.max_prompts) if settings.max_prompts else profile_split
-    key = sha256_json({"target": data_target.ref.weights_hash, "dtype": data_target.ref.dtype, "prompts": chosen.fingerprint(),
-                       "new_tokens": settings.new_tokens, "layers": layers})[:16]
-    path = cache_root() / "teacher" / f"{key}.safetensors"
-    if path.is_file():
-        saved = load_file(str(path))
-        starts = saved["starts"].tolist()
-        return TeacherData(saved["tokens"], saved["states"], starts, layers, chosen.fingerprint())
+    base = {"target": data_target.ref.weights_hash, "dtype": data_target.ref.dtype, "layers": layers}
+    key = sha256_json({**base, "prompts": chosen.fingerprint(), "new_tokens": settings.new_tokens})[:16]
+    seqs = _continuations(chosen, data_target, settings.new_tokens, cache_root() / "teacher" / f"{key}.sequences.json", progress)
+    if settings.package_tokens:
+        text = package_text(data_target.tokenizer, settings.package_tokens)
+        seqs = seqs + text
+        key = sha256_json({**base, "continuations": key, "text": sha256_json(text)})[:16]
+    tokens, states, starts = _captured(model, seqs, layers, cache_root() / "teacher" / key, progress)
+    return TeacherData(tokens, states, starts, layers, sha256_json({"prompts": chosen.fingerprint(), "data": key}))
+
+
+def _continuations(chosen, data_target: LoadedModel, new_tokens: int, path: Path, progress: Callable[[str], None]) -> list[list[int]]:
+    """Each prompt in the chat template followed by the target's greedy continuation; resumes from `path`."""
     model, tok = data_target.model, data_target.tokenizer
-    ids = encode_prompts(tok, chosen, context_tokens=model.config.max_position_embeddings, max_new_tokens=settings.new_tokens)
-    stop = list(model.config.eos_token_ids)
-    partial = path.with_suffix(".sequences.json")  # continuations so far: a stopped run resumes here
-    seqs: list[list[int]] = json.loads(partial.read_text()) if partial.is_file() else []
+    ids = encode_prompts(tok, chosen, context_tokens=model.config.max_position_embeddings, max_new_tokens=new_tokens)
+    ids = sorted(ids, key=len)  # similar lengths batch together
+    seqs: list[list[int]] = json.loads(path.read_text()) if path.is_file() else []
     path.parent.mkdir(parents=True, exist_ok=True)
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # similar lengths batch together
-    ids = [ids[i] for i in order]
     for start in range(len(seqs), len(ids), 16):
-        out = generate(model, ids[start : start + 16], max_new_tokens=settings.new_tokens, stop_token_ids=stop)
+        out = generate(model, ids[start : start + 16], max_new_tokens=new_tokens, stop_token_ids=list(model.config.eos_token_ids))
         seqs += [p + t for p, t in zip(ids[start : start + 16], out.tokens)]
-        write_json(partial, seqs)
+        write_json(path, seqs)
         progress(f"data: continued {len(seqs)}/{len(ids)} training prompts with the target")
-    tokens, states, starts = [], [], [0]
-    with torch.inference_mode():
-        for start in range(0, len(seqs), 8):
-            batch = seqs[start : start + 8]
-            width = max(len(s) for s in batch)
-            padded = torch.zeros((len(batch), width), dtype=torch.long)
-            for b, s in enumerate(batch):
-                padded[b, : len(s)] = torch.tensor(s)
-            cache = model.new_cache(len(batch), width)
-            _, hidden = model.forward_capture(padded.to(model.device), cache, torch.zeros(len(batch), dtype=torch.long, device=model.device),
-                                              layers, logits="none")
-            for b, s in enumerate(batch):
-                tokens.append(torch.tensor(s))
-                states.append(hidden[b, : len(s)].to("cpu", torch.bfloat16))
-                starts.append(starts[-1] + len(s))
-    data = TeacherData(torch.cat(tokens), torch.cat(states), starts, layers, chosen.fingerprint())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    save_file({"tokens": data.tokens, "states": data.states.contiguous(), "starts": torch.tensor(starts)}, str(tmp))
-    tmp.rename(path)
-    partial.unlink(missing_ok=True)
-    return data
+    return seqs
+
+
+def _captured(model, seqs: list[list[int]], layers: tuple[int, ...], prefix: Path, progress: Callable[[str], None],
+              shard: int = 128) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """The target run over `seqs` (teacher-forced), its states at `layers`: ([N] tokens, [N, W] bf16 states, row starts).
+    Written as shards of `shard` sequences (prefix.NNNN.safetensors); shards already on disk are read, not recomputed."""
+    from safetensors.torch import load_file, save_file
+
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    tokens, states = [], []
+    for first in range(0, len(seqs), shard):
+        path = prefix.with_name(f"{prefix.name}.{first // shard:04d}.safetensors")
+        if not path.is_file():
+            part_tokens, part_states = [], []
+            with torch.inference_mode():
+                for start in range(first, min(first + shard, len(seqs)), 8):
+                    batch = seqs[start : min(start + 8, first + shard)]
+                    width = max(len(s) for s in batch)
+                    padded = torch.zeros((len(batch), width), dtype=torch.long)
+                    for b, s in enumerate(batch):
+                        padded[b, : len(s)] = torch.tensor(s)
+                    cache = model.new_cache(len(batch), width)
+                    _, hidden = model.forward_capture(padded.to(model.device), cache, torch.zeros(len(batch), dtype=torch.long, device=model.device),
+                                                      layers, logits="none")  # [b, width, len(layers) * hidden]
+                    for b, s in enumerate(batch):
+                        part_tokens.append(torch.tensor(s))
+                        part_states.append(hidden[b, : len(s)].to("cpu", torch.bfloat16))
+            tmp = path.with_suffix(".tmp")
+            save_file({"tokens": torch.cat(part_tokens), "states": torch.cat(part_states).contiguous(),
+                       "lengths": torch.tensor([len(s) for s in seqs[first : first + shard]])}, str(tmp))
+            tmp.rename(path)
+            progress(f"data: target states for {min(first + shard, len(seqs))}/{len(seqs)} sequences")
+        saved = load_file(str(path))
+        tokens.append(saved["tokens"])
+        states.append(saved["states"])
+    lengths = [len(s) for s in seqs]
+    starts = [0]
+    for n in lengths:
+        starts.append(starts[-1] + n)
+    return torch.cat(tokens), torch.cat(states), starts
 
 
 def vocabulary_shortlist(data: TeacherData, size: int, vocab_size: int, always: tuple[int, ...]) -> torch.Tensor:
@@ -225,7 +275,7 @@ def ttt_attend(attn, cos, sin, kv: list, mask: torch.Tensor):
 
 
 def ttt_loss(head: DraftHead, batch: dict, vocab: torch.Tensor, label_weight: torch.Tensor, settings: TrainSettings,
-             ) -> tuple[torch.Tensor, list[float]]:
+             generator: torch.Generator | None = None) -> tuple[torch.Tensor, list[float]]:
     """The unrolled loss for one batch and the step-1..K agreement with the target's argmax (a diagnostic)."""
     tokens, aux, final, lengths = batch["tokens"], batch["aux"], batch["final"], batch["lengths"]  # [B,S], [B,S,W], [B,S,H], [B]
     B, S = tokens.shape
@@ -254,6 +304,48 @@ def ttt_loss(head: DraftHead, batch: dict, vocab: torch.Tensor, label_weight: to
     return loss, agree
 
 
+def block_loss(head: DFlashHead, batch: dict, vocab: torch.Tensor, label_weight: torch.Tensor, settings: TrainSettings,
+               generator: torch.Generator | None = None) -> tuple[torch.Tensor, list[float]]:
+    """The anchored-block loss for one batch and each slot's agreement with the target's argmax (a diagnostic)."""
+    tokens, aux, lengths = batch["tokens"], batch["aux"], batch["lengths"]  # [B, S], [B, S, W], [B]
+    B, S = tokens.shape
+    bs, first, device = head.block_size, head.first_slot, tokens.device
+    with torch.no_grad():
+        teacher = F.log_softmax((batch["final"] @ label_weight.T).float(), dim=-1)  # [B, S, v]: log p_t over the shortlist
+        greedy = vocab[teacher.argmax(-1)]  # [B, S]: the target's greedy next token (target ids)
+    n = max(1, S // bs)  # anchors per sequence: about as many block queries as context positions
+    span = (lengths - 2).clamp_min(1).float()  # anchors in 1..len-2
+    anchors = 1 + (torch.rand((B, n), generator=generator).to(device) * span[:, None]).long()  # [B, n]
+    positions = torch.arange(S, device=device)[None].expand(B, S)
+    context = head.context_kv(head.combine(aux), positions)
+    slots = torch.arange(bs, device=device)
+    block_pos = (anchors[:, :, None] + slots).reshape(B, n * bs)  # [B, Q]
+    block_tokens = torch.full((B, n, bs), head.mask_token_id, dtype=torch.long, device=device)
+    block_tokens[:, :, 0] = tokens.gather(1, anchors)
+    q_anchor = anchors.repeat_interleave(bs, dim=1)  # [B, Q]: each query's anchor
+    q_block = torch.arange(n, device=device).repeat_interleave(bs)  # [Q]
+    sees_ctx = torch.arange(S, device=device)[None, None, :] < q_anchor[:, :, None]  # [B, Q, S]
+    sees_block = (q_block[:, None] == q_block[None, :])[None].expand(B, -1, -1)  # [B, Q, Q]
+    mask = torch.cat([sees_ctx, sees_block], dim=-1)[:, None]  # [B, 1, Q, S + Q]
+    hidden = head.block_hidden(block_tokens.reshape(B, n * bs), block_pos, context, mask).reshape(B * n, bs, -1)
+    label_pos = (anchors[:, :, None] + slots[first:] - first).reshape(B * n, bs - first)  # p per slot
+    row = torch.arange(B, device=device).repeat_interleave(n)[:, None]
+    valid = label_pos <= (lengths.repeat_interleave(n)[:, None] - 1)
+    label_pos = label_pos.clamp_max(S - 1)
+    forced = iter(greedy[row, label_pos].T)  # the token slot j "drafts" (what the next slot's Markov bias reads): the target's at p
+
+    logits, _ = head.draft_logits(hidden, block_tokens.reshape(B * n, bs)[:, 0], lambda step: next(forced))
+    loss, agree = torch.zeros((), device=device), []
+    for j, step_logits in enumerate(logits):
+        label = teacher[row[:, 0], label_pos[:, j]]  # [B*n, v]
+        kl = (label.exp() * (label - F.log_softmax(step_logits, dim=-1))).sum(-1)
+        ok = valid[:, j]
+        loss = loss + math.exp(-j / settings.position_decay) * kl[ok].sum() / ok.sum().clamp_min(1)
+        with torch.no_grad():
+            agree.append(float((step_logits.argmax(-1) == label.argmax(-1))[ok].float().mean()))
+    return loss, agree
+
+
 def _batch(data: TeacherData, rows: list[int], n_aux: int, device) -> dict:
     lengths = [data.starts[i + 1] - data.starts[i] for i in rows]
     S = max(lengths)
@@ -273,23 +365,37 @@ def _batch(data: TeacherData, rows: list[int], n_aux: int, device) -> dict:
 # ---------------------------------------------------------------------------- measuring
 
 
-def measure_al(target: LoadedModel, head: DraftHead, mechanism: str, settings: TrainSettings) -> dict:
-    """AL at D = 3 on held-back MT-Bench prompts (greedy; measured with the speculative loop)."""
+def measure_al(target: LoadedModel, head: DraftHead, mechanism: str, settings: TrainSettings, by_domain: bool = False) -> dict:
+    """AL at the mechanism's evaluation D on held-back MT-Bench prompts (greedy; measured with the speculative loop),
+    with the per-position acceptance (vLLM's: drafts whose first i+1 tokens were accepted, over drafts) and, when
+    asked, the same per domain."""
     shared = {id(target.model.embed_tokens): target.model.embed_tokens, id(target.model.lm_head): target.model.lm_head}
     snapshot = copy.deepcopy(head, memo=shared).to(target.model.dtype)
     drafter = _REGISTRY[mechanism].from_head(snapshot)  # type: ignore[attr-defined]
+    D = EVAL_DRAFT_LEN[mechanism]
     prompts = select_prompts("mtbench", "held_back", settings.eval_prompts)
     ids = encode_prompts(target.tokenizer, prompts, context_tokens=target.model.config.max_position_embeddings,
-                         max_new_tokens=settings.eval_new_tokens, max_draft_tokens=EVAL_DRAFT_LEN)
+                         max_new_tokens=settings.eval_new_tokens, max_draft_tokens=D)
     counters: list[SpecCounters] = []
     for start in range(0, len(ids), 8):
-        out = generate(target.model, ids[start : start + 8], drafter=drafter, num_draft_tokens=EVAL_DRAFT_LEN,
+        out = generate(target.model, ids[start : start + 8], drafter=drafter, num_draft_tokens=D,
                        max_new_tokens=settings.eval_new_tokens, stop_token_ids=list(target.model.config.eos_token_ids))
         counters += out.per_prompt
-    c = SpecCounters.total(counters)
-    return {"tokens_per_forward": c.tokens_per_target_forward, "mean_al_vllm": c.mean_acceptance_length,
-            "conditional_acceptance": c.conditional_acceptance(), "prompts": len(ids), "split": "mtbench/held_back",
-            "draft_len": EVAL_DRAFT_LEN, "source": "measured"}
+
+    def summary(cs: list[SpecCounters]) -> dict:
+        c = SpecCounters.total(cs)
+        per_pos = [n / c.num_drafts if c.num_drafts else 0.0 for n in c.num_accepted_tokens_per_pos[:D]]
+        return {"tokens_per_forward": c.tokens_per_target_forward, "mean_al_vllm": c.mean_acceptance_length,
+                "per_position_acceptance": per_pos, "prompts": len(cs)}
+
+    out = {**summary(counters), "conditional_acceptance": SpecCounters.total(counters).conditional_acceptance(),
+           "split": "mtbench/held_back", "draft_len": D, "source": "measured"}
+    if by_domain:
+        domains: dict[str, list[SpecCounters]] = {}
+        for p, c in zip(prompts.prompts, counters):
+            domains.setdefault(p.domain, []).append(c)
+        out["by_domain"] = {d: summary(cs) for d, cs in sorted(domains.items())}
+    return out
 
 
 # ---------------------------------------------------------------------------- the run
@@ -309,12 +415,16 @@ def train(settings: TrainSettings, progress: Callable[[str], None] | None = None
     model = target.model
     eos = tuple(model.config.eos_token_ids)
     vocab = vocabulary_shortlist(data, settings.draft_vocab, model.config.vocab_size, eos)
+    n_aux = 0 if settings.mechanism == "mtp" else len(data.layers) - 1
     if settings.mechanism == "eagle3":
         head = new_eagle3_head(model, draft_vocab=vocab.tolist(), aux_layers=data.layers[:-1], seed=settings.seed)
-        n_aux = len(data.layers) - 1
-    else:
+    elif settings.mechanism == "mtp":
         head = new_mtp_head(model, seed=settings.seed)
-        n_aux = 0
+    else:
+        head = new_dflash_head(model, draft_vocab=vocab.tolist(), layers=settings.draft_layers, block_size=settings.block_size,
+                               mask_token_id=default_mask_token(model.config.vocab_size, target.tokenizer), layer_ids=data.layers[:-1],
+                               markov_rank=settings.markov_rank if settings.mechanism == "dspark" else 0, seed=settings.seed)
+    loss_of = block_loss if settings.mechanism in BLOCK_MECHANISMS else ttt_loss
     label_weight = model.lm_head.weight[vocab].detach()  # [v, hidden]: the target's head restricted to the shortlist
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0, betas=(0.9, 0.95))
@@ -340,7 +450,7 @@ def train(settings: TrainSettings, progress: Callable[[str], None] | None = None
             batch = _batch(data, rows, n_aux, model.device)
             head.train()
             with autocast:
-                loss, agree = ttt_loss(head, batch, vocab.to(model.device), label_weight, settings)
+                loss, agree = loss_of(head, batch, vocab.to(model.device), label_weight, settings, g)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -357,10 +467,10 @@ def train(settings: TrainSettings, progress: Callable[[str], None] | None = None
                 head.eval()
                 t_eval = time.perf_counter()
                 point = {"training_tokens": tokens_seen, "steps": steps, "train_s": round(trained_s, 1),
-                         **measure_al(target, head, settings.mechanism, settings)}
+                         **measure_al(target, head, settings.mechanism, settings, by_domain=not evals_at)}
                 point["eval_s"] = round(time.perf_counter() - t_eval, 1)
                 curve.append(point)
-                say(f"AL at D={EVAL_DRAFT_LEN} after {tokens_seen} training tokens: {point['tokens_per_forward']:.3f} tokens/forward "
+                say(f"AL at D={point['draft_len']} after {tokens_seen} training tokens: {point['tokens_per_forward']:.3f} tokens/forward "
                     f"(measured on {point['prompts']} held-back MT-Bench prompts)")
     head.eval()
     folder = settings.out or demo_head_folder(settings, target)
@@ -371,9 +481,9 @@ def train(settings: TrainSettings, progress: Callable[[str], None] | None = None
                         "final_loss": last_loss, "argmax_agreement_per_step": last_agree},
               "learning_curve": curve, "draft_vocab": len(vocab)}
     save_head(head, settings.mechanism, Path(folder), verifier=str(model_folder(settings.target)[1]), verifier_arch=target.ref.arch,
-              speculative_tokens=settings.ttt_steps, extra=record)
+              speculative_tokens=head.max_drafts if isinstance(head, DFlashHead) else settings.ttt_steps, extra=record)
     record["folder"] = str(folder)
     return record
 
 
-__all__ = ["TrainSettings", "cached_demo_head", "demo_head_folder", "measure_al", "train", "ttt_mask"]
+__all__ = ["TrainSettings", "block_loss", "cached_demo_head", "demo_head_folder", "measure_al", "train", "ttt_mask"]

@@ -1,4 +1,4 @@
-"""EAGLE-3 and MTP heads on tiny random models: the target's hidden-state capture, the head's cache against a
+"""EAGLE-3, MTP, DFlash and DSpark heads on tiny random models: the target's hidden-state capture, the head's cache against a
 from-scratch draft, training-time test against drafting, the speculators / Model-Optimizer loaders and their
 verifier checks, profiling, and (demo) a trained head written by train-drafter loading back."""
 
@@ -15,6 +15,7 @@ from specdec_tune import SpecdecError
 from specdec_tune.autotune.cli import main
 from specdec_tune.profiles.drafters.base import Draft, DraftRequest
 from specdec_tune.profiles.drafters.checkpoints import load_head, save_head
+from specdec_tune.profiles.drafters.dflash import DFlashDrafter, DSparkDrafter, new_dflash_head
 from specdec_tune.profiles.drafters.eagle3 import Eagle3Drafter, new_eagle3_head
 from specdec_tune.profiles.drafters.heads import HeadDrafter
 from specdec_tune.profiles.drafters.mtp import MtpDrafter, new_mtp_head
@@ -40,8 +41,11 @@ PROMPTS = [[1, 2, 3, 4, 5], [7, 7, 7], [9, 3, 9, 3, 9, 3, 9], [4]]
 HEADS = {
     "eagle3": lambda m: new_eagle3_head(m, draft_vocab=list(range(0, 64, 3)), seed=1),
     "mtp": lambda m: new_mtp_head(m, seed=1),
+    "dflash": lambda m: new_dflash_head(m, draft_vocab=list(range(0, 64, 3)), block_size=5, seed=1),
+    "dspark": lambda m: new_dflash_head(m, markov_rank=8, markov_head_type="rnn", block_size=4, seed=1),
 }
-DRAFTERS = {"eagle3": Eagle3Drafter, "mtp": MtpDrafter}
+DRAFTERS = {"eagle3": Eagle3Drafter, "mtp": MtpDrafter, "dflash": DFlashDrafter, "dspark": DSparkDrafter}
+MECHANISMS = list(DRAFTERS)
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +111,7 @@ class FromScratch(HeadDrafter):
         return out
 
 
-@pytest.mark.parametrize("mechanism", ["eagle3", "mtp"])
+@pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_incremental_drafts_equal_drafts_from_scratch(target, mechanism):
     """The head's cache after catch-up and rollback holds what a fresh run over the sequence would: every round's
     proposals (1, 2 or 4 verified positions since the last round, at batch 4 with rows finishing) match."""
@@ -196,10 +200,60 @@ def test_ttt_loss_falls_when_training_on_tiny_data(target):
     assert not target.embed_tokens.weight.requires_grad  # the target's shared weights stay frozen
 
 
+@pytest.mark.parametrize("mechanism", ["dflash", "dspark"])
+def test_anchored_block_training_computes_what_drafting_computes(target, mechanism):
+    """Every anchored block of the training pass (all anchors of a sequence at once, masked) holds the states the
+    drafter computes for that block when the sequence ends at its anchor; the loss then falls on tiny data."""
+    from specdec_tune.profiles.train_drafter import block_loss
+
+    head = HEADS[mechanism](target)
+    seq = [5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 1, 4, 4, 2]
+    layers = head.hidden_layers
+    full = states(target, seq, (*layers, target.config.num_layers))
+    W = len(layers) * target.config.hidden_size
+    captured = []
+    original = head.block_hidden
+
+    def spy(tokens, positions, context, mask):
+        out = original(tokens, positions, context, mask)
+        captured.append((positions, out))
+        return out
+
+    head.block_hidden = spy
+    vocab = head.to_target_ids(torch.arange(head.draft_vocab_size))
+    batch = {"tokens": torch.tensor([seq]), "aux": full[None, :, :W], "final": full[None, :, W:], "lengths": torch.tensor([len(seq)])}
+    with torch.no_grad():
+        block_loss(head, batch, vocab, target.lm_head.weight[vocab], TrainSettings(mechanism=mechanism), torch.Generator().manual_seed(0))
+    positions, trained = captured.pop()
+    bs = head.block_size
+    anchors = positions[0, ::bs].tolist()
+    assert len(anchors) == len(seq) // bs and all(1 <= a <= len(seq) - 2 for a in anchors)
+    for i, a in enumerate(anchors):
+        drafter = DRAFTERS[mechanism].from_head(head)
+        drafter.start([seq[: a + 1]])
+        drafter.propose(DraftRequest([seq[: a + 1]], [drafter.max_draft_len], 0.0, hidden_states=full[None, :a, :W], num_hidden=[a]))
+        _, drafted = captured.pop()
+        assert torch.allclose(drafted[0], trained[0, i * bs : (i + 1) * bs], atol=1e-4), f"the block at anchor {a} differs"
+    del head.block_hidden
+
+    params = [p.requires_grad_(True) for n, p in head.named_parameters() if not n.startswith("embed_tokens")]  # the target's stays frozen
+    opt = torch.optim.AdamW(params, lr=3e-3)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(30):
+        loss, agree = block_loss(head, batch, vocab, target.lm_head.weight[vocab].detach(), TrainSettings(mechanism=mechanism), g)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert len(agree) == head.max_drafts and losses[-1] < 0.5 * losses[0]
+    assert not target.embed_tokens.weight.requires_grad
+
+
 # ---------------------------------------------------------------------------- checkpoints
 
 
-@pytest.mark.parametrize("mechanism", ["eagle3", "mtp"])
+@pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_saved_head_loads_back_and_drafts_the_same(tmp_path, target, mechanism):
     head = HEADS[mechanism](target)
     folder = save_head(head, mechanism, tmp_path / mechanism, verifier="tiny", verifier_arch="llama", speculative_tokens=3, extra={"x": 1})
@@ -209,8 +263,14 @@ def test_saved_head_loads_back_and_drafts_the_same(tmp_path, target, mechanism):
     assert config["transformer_layer_config"]["hidden_size"] == target.config.hidden_size
     if mechanism == "eagle3":
         assert config["draft_vocab_size"] == 22 and config["eagle_aux_hidden_state_layer_ids"] == list(head.hidden_layers)
-    else:
+    elif mechanism == "mtp":
         assert config["num_nextn_predict_layers"] == 1
+    else:
+        assert config["block_size"] == head.block_size and config["aux_hidden_state_layer_ids"] == list(head.hidden_layers)
+        assert config["mask_token_id"] == head.mask_token_id and config["sample_from_anchor"] == (mechanism == "dspark")
+        assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+        if mechanism == "dspark":
+            assert (config["markov_rank"], config["markov_head_type"], config["enable_confidence_head"]) == (8, "rnn", True)
     back = load_head(folder, loaded(target), expect=mechanism)
     assert back.format == "speculators" and len(back.weights_hash) == 64
     plain = generate(target, PROMPTS, max_new_tokens=16).tokens
@@ -237,9 +297,9 @@ def _eagle3_folder(tmp_path, target, edit_config=None, edit_state=None) -> Path:
     [
         (lambda c: c.update(target_hidden_size=48), "reads target states of width 48, but the target's hidden size is 32"),
         (lambda c: c["transformer_layer_config"].update(vocab_size=100), "100-token vocabulary, the target 64"),
-        (lambda c: c.update(eagle_aux_hidden_state_layer_ids=[2, 3, 6]), r"\[6\] do not exist in the 6-layer target"),
+        (lambda c: c.update(eagle_aux_hidden_state_layer_ids=[2, 3, 7]), r"\[7\] do not exist in the 6-layer target"),
         (lambda c: c.update(draft_vocab_size=30), "does not map 30 draft ids"),
-        (lambda c: c.update(speculators_model_type="dflash"), "speculators 'dflash' checkpoint"),
+        (lambda c: c.update(speculators_model_type="peagle"), "speculators 'peagle' checkpoint"),
         (lambda c: c.update(auto_map={"AutoModel": "x.Y"}), "custom model code"),
     ],
     ids=["hidden", "vocab", "layer-ids", "d2t", "unsupported", "auto-map"],
@@ -287,10 +347,51 @@ def test_model_optimizer_eagle3_export_loads(tmp_path, target):
         load_head(folder, loaded(target))
 
 
+def test_zlab_dflash_layout_loads_with_its_layer_offset(tmp_path, target):
+    """z-lab's DFlashDraftModel folder: flat Qwen3 config, `dflash_config` with decoder-layer ids (state after layer t,
+    the state entering layer t+1 here), the target's LM head. It drafts exactly as the head it was written from."""
+    head = new_dflash_head(target, block_size=4, seed=2)
+    head.lm_head = target.lm_head  # z-lab drafts with the target's head
+    state = {k: v for k, v in head.state_dict().items() if not k.startswith(("embed_tokens", "lm_head", "d2t"))}
+    c = head.config
+    config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
+              "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers, "num_attention_heads": c.num_heads,
+              "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
+              "max_position_embeddings": 512, "num_target_layers": 6, "block_size": 4,
+              "dflash_config": {"mask_token_id": head.mask_token_id, "target_layer_ids": [i - 1 for i in head.hidden_layers]}}
+    tmp_path.joinpath("z").mkdir()
+    (tmp_path / "z" / "config.json").write_text(json.dumps(config))
+    save_file(state, str(tmp_path / "z" / "model.safetensors"))
+    back = load_head(tmp_path / "z", loaded(target), expect="dflash")
+    assert back.format == "z-lab" and back.head.hidden_layers == head.hidden_layers and back.head.lm_head is target.lm_head
+    a = generate(target, PROMPTS, drafter=DFlashDrafter.from_head(head), num_draft_tokens=3, max_new_tokens=16)
+    b = generate(target, PROMPTS, drafter=DFlashDrafter.from_head(back.head), num_draft_tokens=3, max_new_tokens=16)
+    assert a.tokens == b.tokens and [c.rounds for c in a.per_prompt] == [c.rounds for c in b.per_prompt]
+    config["dflash_config"]["mask_token_id"] = 64
+    (tmp_path / "z" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SpecdecError, match="mask_token_id 64"):
+        load_head(tmp_path / "z", loaded(target))
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda c: c.update(block_size=1), "block_size 1"),
+    (lambda c: c.update(markov_head_type="lstm"), "markov_head_type 'lstm'"),
+    (lambda c: c.update(aux_hidden_state_layer_ids=[1, 9]), r"\[9\] do not exist"),
+    (lambda c: c.update(markov_rank=4), "the config implies"),
+])
+def test_a_mismatched_dspark_head_is_refused(tmp_path, target, edit, match):
+    folder = save_head(HEADS["dspark"](target), "dspark", tmp_path / "d", verifier="tiny", verifier_arch="llama", speculative_tokens=4)
+    config = json.loads((folder / "config.json").read_text())
+    edit(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SpecdecError, match=match):
+        load_head(folder, loaded(target))
+
+
 # ---------------------------------------------------------------------------- profiling and the command line
 
 
-@pytest.mark.parametrize("mechanism", ["eagle3", "mtp"])
+@pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_head_drafters_profile_like_the_others(mechanism):
     from specdec_tune.profiles.profiler import Profiler, ProfileSettings
 
@@ -304,7 +405,9 @@ def test_head_drafters_profile_like_the_others(mechanism):
     timings = profiler._draft_cell(drafter, 2, 16)
     assert set(timings) >= {1, 2, 4} and all(t["median_ms"] > 0 for t in timings.values())
     info = profiler._drafter_infos()[0]
-    assert info["kind"] == "serial" and info["quant_formats"] == ["none", "fp8"] and info["draft_len_multiple"] == 1
+    assert info["kind"] == ("parallel" if mechanism in ("dflash", "dspark") else "serial")
+    assert info["quant_formats"] == ["none", "fp8"] and info["draft_len_multiple"] == 1
+    assert info["max_draft_len"] == (7 if mechanism == "dflash" else 8 if mechanism == "dspark" else None)
     assert info["model"]["hidden_layers"] == list(drafter.hidden_layers)
     quantized = drafter.with_quantized_weights("fp8")
     assert generate(target, PROMPTS, drafter=quantized, num_draft_tokens=2, max_new_tokens=8).tokens == \
@@ -321,17 +424,22 @@ def test_train_drafter_rejects_an_unknown_mechanism(capsys):
 
 
 @pytest.mark.demo
-@pytest.mark.parametrize("mechanism", ["eagle3", "mtp"])
+@pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_trainer_output_loads_through_the_speculators_loader(tmp_path, mechanism):
-    """A short real run on the demo target (4 training prompts, seconds of optimisation): the folder it writes is a
-    speculators checkpoint that the loader accepts for this target and that drafts losslessly."""
+    """A short real run on the demo target (4 training prompts, seconds of optimisation, one AL measurement on two
+    held-back prompts): the folder it writes is a speculators checkpoint that the loader accepts for this target and
+    that drafts losslessly."""
     from specdec_tune.profiles.models.loading import load_model
     from specdec_tune.profiles.train_drafter import train
 
-    settings = TrainSettings(mechanism=mechanism, max_prompts=4, new_tokens=16, budget_minutes=0.1, eval_points=0, draft_vocab=2048,
-                             batch_tokens=512, out=tmp_path / mechanism)
+    settings = TrainSettings(mechanism=mechanism, max_prompts=4, new_tokens=16, package_tokens=1024, budget_minutes=0.1, eval_points=1,
+                             eval_prompts=2, eval_new_tokens=8, draft_vocab=2048, batch_tokens=512, out=tmp_path / mechanism)
     record = train(settings)
     assert record["data"]["split"] == "profile" and record["train"]["steps"] > 0
+    point = record["learning_curve"][0]
+    D = 7 if mechanism in ("dflash", "dspark") else 3
+    assert point["draft_len"] == D and len(point["per_position_acceptance"]) == D and point["prompts"] == 2
+    assert sum(r["prompts"] for r in point["by_domain"].values()) == 2
     target = load_model(dtype="float32")
     back = load_head(record["folder"], target, expect=mechanism)
     assert back.format == "speculators"
@@ -341,3 +449,18 @@ def test_trainer_output_loads_through_the_speculators_loader(tmp_path, mechanism
     drafter = DRAFTERS[mechanism](target, DRAFTERS[mechanism].Options(model=record["folder"]))
     out = generate(target.model, ids, drafter=drafter, num_draft_tokens=3, max_new_tokens=16)
     assert out.tokens == generate(target.model, ids, max_new_tokens=16).tokens
+
+
+def test_package_text_is_windows_of_installed_prose_and_code():
+    """The package-text part of the training data: deterministic, windows no longer than asked, both kinds present."""
+    from specdec_tune.profiles.models.loading import load_model
+    from specdec_tune.profiles.package_text import package_text, text_files
+
+    files = text_files()
+    assert files["prose"] and files["code"]
+    tok = load_model(dtype="float32").tokenizer
+    first = package_text(tok, 6000, chunk_tokens=256)
+    assert first == package_text(tok, 6000, chunk_tokens=256)
+    assert all(64 <= len(w) <= 256 for w in first)
+    assert 6000 <= sum(map(len, first)) <= 6000 + 2 * 256
+    assert any("def " in tok.decode(w) for w in first)  # the code share

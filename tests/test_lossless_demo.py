@@ -16,7 +16,8 @@ pytestmark = pytest.mark.demo
 NUM_PROMPTS, MAX_NEW, D = 40, 64, 3
 # draft_model with 2 layers: the cheapest draft still exercises every rollback path. The learned heads run untrained
 # (random=1): losslessness does not depend on their quality, and a trained head is not committed.
-DRAFTER_OPTIONS = {"ngram": {}, "suffix": {}, "draft_model": {"layers": "2"}, "eagle3": {"random": "1"}, "mtp": {"random": "1"}}
+DRAFTER_OPTIONS = {"ngram": {}, "suffix": {}, "draft_model": {"layers": "2"}, "eagle3": {"random": "1"}, "mtp": {"random": "1"},
+                   "dflash": {"random": "1"}, "dspark": {"random": "1"}}
 
 
 @pytest.fixture(scope="module")

@@ -207,6 +207,26 @@ def test_mtp_draft_length_is_a_multiple_of_its_layers(profile, tmp_path):
     assert all(b["draft_len"] % 3 == 0 for b in plan["buckets"]) and max(b["draft_len"] for b in plan["buckets"]) > 0
 
 
+def test_a_block_drafter_is_searched_within_its_block(profile, tmp_path):
+    """A DFlash-like drafter profiled up to its block (D ≤ 2 of the workload's 15): the search never plans beyond it,
+    though the same drafter would go longer when its block allowed."""
+    acceptance = [a.model_copy(update={"max_draft_len": 2, "tokens_per_forward": a.tokens_per_forward[:3], "mean_al_vllm": a.mean_al_vllm[:3]})
+                  if a.mechanism == "suffix" else a for a in profile.acceptance]
+    draft = [p for p in profile.draft if p.mechanism != "suffix" or p.draft_len <= 2]
+    drafters = [d.model_copy(update={"max_draft_len": 2}) if d.name == "suffix" else d for d in profile.drafters]
+    blocked = profile.model_copy(update={"acceptance": acceptance, "draft": draft, "drafters": drafters})
+    cost = CostModel(blocked)
+    assert cost.draft_len_limit("suffix") == 2 and cost.draft_len_limit("ngram") == 15
+    assert Space(cost, SearchSettings(mechanisms=("suffix",))).allowed("suffix", "free") == [0, 1, 2]
+    plan = search(blocked, "h", SearchSettings(mechanisms=("suffix",), seed=0, trials=200, out_dir=tmp_path))
+    assert max(b["draft_len"] for b in plan["buckets"]) <= 2 < plan_max(profile, tmp_path)
+
+
+def plan_max(profile, tmp_path) -> int:
+    full = search(profile, "h", SearchSettings(mechanisms=("suffix",), seed=0, trials=200, out_dir=tmp_path / "full"))
+    return max(b["draft_len"] for b in full["buckets"])
+
+
 def test_rationale_names_a_guideline_and_the_runner_up(profile, tmp_path):
     plan = search(profile, "h", SearchSettings(seed=0, trials=100, out_dir=tmp_path))
     for b in plan["buckets"]:

@@ -12,6 +12,7 @@ from specdec_tune import SpecdecError
 from specdec_tune.profiles import specdec
 from specdec_tune.profiles.drafters.base import Draft, Drafter, DraftRequest
 from specdec_tune.profiles.drafters.draft_model import DraftModelDrafter
+from specdec_tune.profiles.drafters.dflash import DFlashDrafter, DSparkDrafter, new_dflash_head
 from specdec_tune.profiles.drafters.eagle3 import Eagle3Drafter, new_eagle3_head
 from specdec_tune.profiles.drafters.mtp import MtpDrafter
 from specdec_tune.profiles.drafters.ngram import NgramDrafter
@@ -136,7 +137,7 @@ def test_verify_greedy_rule():
     assert nxt.tolist() == [4, 4]
 
 
-@pytest.mark.parametrize("make", ["ngram", "suffix", "draft_model", "eagle3", "eagle3-small-vocab", "mtp"])
+@pytest.mark.parametrize("make", ["ngram", "suffix", "draft_model", "eagle3", "eagle3-small-vocab", "mtp", "dflash", "dspark"])
 @pytest.mark.parametrize("batch", [1, 4])
 def test_greedy_lossless_tiny(target, reference, make, batch):
     drafter = {
@@ -146,6 +147,8 @@ def test_greedy_lossless_tiny(target, reference, make, batch):
         "eagle3": lambda: Eagle3Drafter(loaded(target), Eagle3Drafter.Options(random=True)),
         "eagle3-small-vocab": lambda: Eagle3Drafter.from_head(new_eagle3_head(target, draft_vocab=list(range(0, 32, 2)))),
         "mtp": lambda: MtpDrafter(loaded(target), MtpDrafter.Options(random=True)),
+        "dflash": lambda: DFlashDrafter.from_head(new_dflash_head(target, draft_vocab=list(range(0, 32, 2)), block_size=5)),
+        "dspark": lambda: DSparkDrafter.from_head(new_dflash_head(target, markov_rank=4, markov_head_type="gated", block_size=4)),
     }[make]()
     outs = []
     for i in range(0, len(PROMPTS), batch):
@@ -262,10 +265,21 @@ def drafters_for(target):
         "fixed": FixedDrafter(),
         # a reduced draft vocabulary: its probabilities are mapped into the target's through d2t
         "eagle3": Eagle3Drafter.from_head(new_eagle3_head(target, draft_vocab=[0, 2, 3, 5, 7])),
+        # one parallel pass: every slot's distribution is fixed before any is sampled (DFlash) or biased by the
+        # token sampled before it (DSpark's Markov step)
+        "dflash": DFlashDrafter.from_head(new_dflash_head(target, draft_vocab=[0, 2, 3, 5, 7], block_size=3, seed=1)),
+        "dspark": DSparkDrafter.from_head(_markov_active(new_dflash_head(target, markov_rank=4, block_size=2))),
     }
 
 
-@pytest.mark.parametrize("which", ["draft_model", "fixed", "eagle3"])
+def _markov_active(head):
+    """A DSpark head whose Markov bias is not zero (a fresh head starts with W2 = 0)."""
+    with torch.no_grad():
+        head.markov_head.markov_w2.weight.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(5))
+    return head
+
+
+@pytest.mark.parametrize("which", ["draft_model", "fixed", "eagle3", "dflash", "dspark"])
 def test_rejection_sampling_matches_target_distribution(peaked_target, exact_marginals, which):
     firsts, seconds = sampled_pvalues(peaked_target, drafters_for(peaked_target)[which])
     assert chi2_p(firsts, exact_marginals[0]) > 1e-3

@@ -69,6 +69,7 @@ class Drafter(ABC):
     # the loop then fills DraftRequest.hidden_states. Empty: the drafter reads tokens only.
     hidden_layers: tuple[int, ...] = ()
     draft_len_multiple: int = 1  # D must be a multiple of this (a multi-layer MTP checkpoint: its layer count)
+    max_draft_len: int | None = None  # the longest draft it can make (a block drafter: its block); None = any
 
     @abstractmethod
     def start(self, prompts: list[list[int]]) -> None:

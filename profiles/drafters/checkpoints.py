@@ -3,11 +3,15 @@
 Formats, told apart by `config.json` alone (JSON is parsed; nothing in the folder is executed; weights are read
 only from safetensors, pickle files are refused):
 
-  speculators   `speculators_model_type` "eagle3" | "mtp", `transformer_layer_config`, algorithm fields
-                (`draft_vocab_size`, `target_hidden_size`, `eagle_aux_hidden_state_layer_ids`,
-                `norm_before_residual`; `num_nextn_predict_layers`), `speculators_config` with the verifier.
+  speculators   `speculators_model_type` "eagle3" | "mtp" | "dflash" | "dspark", `transformer_layer_config`, algorithm
+                fields (`draft_vocab_size`, `target_hidden_size`, `eagle_aux_hidden_state_layer_ids`, `norm_before_residual`;
+                `num_nextn_predict_layers`; `block_size`, `aux_hidden_state_layer_ids`, `mask_token_id`,
+                `sample_from_anchor`, `markov_rank`, `markov_head_type`, `enable_confidence_head`), `speculators_config`.
   Model-Optimizer  a flat Llama config with `eagle_config` {`eagle_aux_hidden_state_layer_ids`,
                 `use_aux_hidden_state`} and `draft_vocab_size`; the decoder layer's weights under `midlayer.`.
+  z-lab DFlash  a flat Qwen3 config with `architectures` ["DFlashDraftModel"], `block_size`, `num_target_layers` and
+                `dflash_config` {`mask_token_id`, `target_layer_ids`}; its layer ids count decoder layers, so target
+                layer t is the state entering layer t+1 here; the target's LM head.
 
 A head is checked against the target it will run on (the verifier): hidden size, vocabulary and layer ids.
 """
@@ -25,20 +29,24 @@ from pathlib import Path
 import torch
 
 from specdec_tune import SpecdecError
+from specdec_tune.profiles.drafters.dflash import MARKOV_TYPES, DFlashHead, new_dflash_head
 from specdec_tune.profiles.drafters.eagle3 import Eagle3Head, new_eagle3_head
 from specdec_tune.profiles.drafters.heads import DraftHead, default_aux_layers
 from specdec_tune.profiles.drafters.mtp import MtpHead, new_mtp_head
 from specdec_tune.profiles.models.llama import CausalLM, ModelConfig
 from specdec_tune.profiles.models.loading import LoadedModel, weights_hash
 
-NEW_HEADS: dict[str, Callable[[CausalLM], DraftHead]] = {"eagle3": new_eagle3_head, "mtp": new_mtp_head}
+DSPARK_DEMO_RANK = 64  # the demo DSpark's Markov rank (speculators' default, 256, would outgrow the demo backbone)
+NEW_HEADS: dict[str, Callable[[CausalLM], DraftHead]] = {
+    "eagle3": new_eagle3_head, "mtp": new_mtp_head, "dflash": new_dflash_head,
+    "dspark": lambda target: new_dflash_head(target, markov_rank=DSPARK_DEMO_RANK)}
 
 
 @dataclasses.dataclass
 class LoadedHead:
     head: DraftHead
-    mechanism: str  # "eagle3" | "mtp"
-    format: str  # "speculators" | "modelopt"
+    mechanism: str  # "eagle3" | "mtp" | "dflash" | "dspark"
+    format: str  # "speculators" | "modelopt" | "z-lab"
     weights_hash: str
     config: dict
 
@@ -91,9 +99,12 @@ def load_head(folder: Path | str, target: LoadedModel, expect: str | None = None
         mechanism, fmt, head = kind, "speculators", _SPECULATORS_READERS[kind](config, state, target.model, folder)
     elif isinstance(config.get("eagle_config"), dict):
         mechanism, fmt, head = "eagle3", "modelopt", _modelopt_eagle3(config, state, target.model, folder)
+    elif isinstance(config.get("dflash_config"), dict):
+        mechanism, fmt, head = "dflash", "z-lab", _zlab_dflash(config, state, target.model, folder)
     else:
-        raise SpecdecError(f"{folder}/config.json is neither a speculators config (speculators_model_type) nor a Model-Optimizer "
-                           "EAGLE-3 export (eagle_config)", "give a speculators or Model-Optimizer head folder")
+        raise SpecdecError(f"{folder}/config.json is neither a speculators config (speculators_model_type), a Model-Optimizer "
+                           "EAGLE-3 export (eagle_config) nor a z-lab DFlash config (dflash_config)",
+                           "give a speculators, Model-Optimizer or z-lab head folder")
     if expect is not None and mechanism != expect:
         raise SpecdecError(f"{folder} holds a {mechanism} head, not {expect}", f"use it as --drafter {mechanism}:model={folder}")
     return LoadedHead(head.eval().requires_grad_(False), mechanism, fmt, weights_hash(shards), config)
@@ -127,7 +138,7 @@ def _check_verifier(folder: Path, what: str, target: CausalLM, *, hidden: int, v
     if vocab != t.vocab_size:
         raise SpecdecError(f"the {what} in {folder} has a {vocab}-token vocabulary, the target {t.vocab_size}",
                            "use a head trained with the target's tokenizer")
-    bad = [i for i in layer_ids if not 0 <= i < t.num_layers]
+    bad = [i for i in layer_ids if not 0 <= i <= t.num_layers]
     if bad:
         raise SpecdecError(f"the {what} in {folder} reads target layers {list(layer_ids)}; {bad} do not exist in the {t.num_layers}-layer target",
                            "use a head trained for this target (eagle_aux_hidden_state_layer_ids)")
@@ -150,6 +161,22 @@ def _load_into(head: DraftHead, state: dict[str, torch.Tensor], folder: Path, sh
     return head.to(device=target.device, dtype=target.dtype)
 
 
+def _draft_map(state: dict, draft_vocab: int, layer: ModelConfig, target: CausalLM, folder: Path, what: str) -> dict:
+    """`state` with t2d dropped and d2t checked (or zeros added for the full vocabulary in order)."""
+    state = {k: v for k, v in state.items() if k != "t2d"}
+    if "d2t" in state:
+        d2t = state["d2t"].long()
+        mapped = torch.arange(d2t.numel()) + d2t
+        if d2t.numel() != draft_vocab or int(mapped.min()) < 0 or int(mapped.max()) >= target.config.vocab_size:
+            raise SpecdecError(f"d2t in {folder} does not map {draft_vocab} draft ids into the target's {target.config.vocab_size}",
+                               "check draft_vocab_size and the d2t tensor")
+    elif draft_vocab != layer.vocab_size:
+        raise SpecdecError(f"the {what} in {folder} has a {draft_vocab}-token draft vocabulary but no d2t map", "add d2t to the weights")
+    else:
+        state["d2t"] = torch.zeros(draft_vocab, dtype=torch.long)
+    return state
+
+
 def _eagle3(layer: ModelConfig, state: dict, target: CausalLM, folder: Path, *, target_hidden: int, layer_ids, draft_vocab: int,
             norm_before_residual: bool) -> Eagle3Head:
     ids = tuple(int(i) for i in (layer_ids or default_aux_layers(target.config.num_layers)))
@@ -160,17 +187,7 @@ def _eagle3(layer: ModelConfig, state: dict, target: CausalLM, folder: Path, *, 
     if not own_embedding and layer.hidden_size != target.config.hidden_size:
         raise SpecdecError(f"the EAGLE-3 head in {folder} is {layer.hidden_size} wide and has no embedding of its own",
                            f"it needs the target's hidden size {target.config.hidden_size}")
-    state = {k: v for k, v in state.items() if k != "t2d"}
-    if "d2t" in state:
-        d2t = state["d2t"].long()
-        mapped = torch.arange(d2t.numel()) + d2t
-        if d2t.numel() != draft_vocab or int(mapped.min()) < 0 or int(mapped.max()) >= target.config.vocab_size:
-            raise SpecdecError(f"d2t in {folder} does not map {draft_vocab} draft ids into the target's {target.config.vocab_size}",
-                               "check draft_vocab_size and the d2t tensor")
-    elif draft_vocab != layer.vocab_size:
-        raise SpecdecError(f"the EAGLE-3 head in {folder} has a {draft_vocab}-token draft vocabulary but no d2t map", "add d2t to the weights")
-    else:
-        state["d2t"] = torch.zeros(draft_vocab, dtype=torch.long)
+    state = _draft_map(state, draft_vocab, layer, target, folder, "EAGLE-3 head")
     embed = torch.nn.Embedding(layer.vocab_size, layer.hidden_size) if own_embedding else target.embed_tokens
     head = Eagle3Head(layer, target_hidden_size=target_hidden, aux_layers=ids, draft_vocab_size=draft_vocab,
                       norm_before_residual=norm_before_residual, embed_tokens=embed)
@@ -208,7 +225,62 @@ def _speculators_mtp(config: dict, state: dict, target: CausalLM, folder: Path) 
     return _load_into(head, state, folder, {"embed_tokens.weight", "lm_head.weight"} - own, target)
 
 
-_SPECULATORS_READERS: dict[str, Callable[[dict, dict, CausalLM, Path], DraftHead]] = {"eagle3": _speculators_eagle3, "mtp": _speculators_mtp}
+def _block_head(what: str, layer: ModelConfig, state: dict, target: CausalLM, folder: Path, *, layer_ids, block_size, mask_token_id,
+                draft_vocab: int, target_hidden: int, sample_from_anchor: bool, markov_rank: int = 0, markov_type: str = "vanilla",
+                confidence: bool = False) -> DFlashHead:
+    ids = tuple(int(i) for i in (layer_ids or default_aux_layers(target.config.num_layers)))
+    _check_verifier(folder, what, target, hidden=target_hidden, vocab=layer.vocab_size, layer_ids=ids)
+    if layer.hidden_size != target.config.hidden_size:
+        raise SpecdecError(f"the {what} in {folder} is {layer.hidden_size} wide", f"it reads the target's embedding: it needs width {target.config.hidden_size}")
+    if not isinstance(block_size, int) or block_size < 2:
+        raise SpecdecError(f"the {what} in {folder} has block_size {block_size!r}", "give an integer block_size of at least 2")
+    if not isinstance(mask_token_id, int) or not 0 <= mask_token_id < target.config.vocab_size:
+        raise SpecdecError(f"the {what} in {folder} has mask_token_id {mask_token_id!r}",
+                           f"set mask_token_id to the id its blocks were trained with (0..{target.config.vocab_size - 1})")
+    if markov_type not in MARKOV_TYPES:
+        raise SpecdecError(f"the {what} in {folder} has markov_head_type {markov_type!r}", f"use one of {', '.join(MARKOV_TYPES)}")
+    state = _draft_map(state, draft_vocab, layer, target, folder, what)
+    own_head = "lm_head.weight" in state
+    head = DFlashHead(layer, target_hidden_size=target_hidden, layer_ids=ids, block_size=block_size, mask_token_id=mask_token_id,
+                      draft_vocab_size=draft_vocab, embed_tokens=target.embed_tokens, lm_head=None if own_head else target.lm_head,
+                      sample_from_anchor=sample_from_anchor, markov_rank=markov_rank, markov_head_type=markov_type, confidence_head=confidence)
+    if not own_head and draft_vocab != target.config.vocab_size:
+        raise SpecdecError(f"the {what} in {folder} has a {draft_vocab}-token draft vocabulary but no lm_head.weight", "add its LM head")
+    state = {k: v for k, v in state.items() if not k.startswith("verifier_")}
+    return _load_into(head, state, folder, {"embed_tokens.weight"} | (set() if own_head else {"lm_head.weight"}), target)
+
+
+def _speculators_block(kind: str):
+    def read(config: dict, state: dict, target: CausalLM, folder: Path) -> DFlashHead:
+        layer = _layer_config(config.get("transformer_layer_config") or {}, f"{folder}/config.json transformer_layer_config")
+        dspark = kind == "dspark"
+        confidence = bool(config.get("enable_confidence_head", True)) if dspark else False
+        if confidence and not config.get("confidence_head_with_markov", True):
+            raise SpecdecError(f"the DSpark head in {folder} feeds its confidence head without the Markov state", "this tool reads confidence_head_with_markov heads")
+        return _block_head("DSpark head" if dspark else "DFlash head", layer, state, target, folder,
+                           layer_ids=config.get("aux_hidden_state_layer_ids"), block_size=config.get("block_size", 8),
+                           mask_token_id=config.get("mask_token_id"), draft_vocab=int(config.get("draft_vocab_size") or layer.vocab_size),
+                           target_hidden=int(config.get("target_hidden_size") or layer.hidden_size),
+                           sample_from_anchor=bool(config.get("sample_from_anchor", dspark)),
+                           markov_rank=int(config.get("markov_rank", 256)) if dspark else 0,
+                           markov_type=config.get("markov_head_type", "vanilla"), confidence=confidence)
+    return read
+
+
+def _zlab_dflash(config: dict, state: dict, target: CausalLM, folder: Path) -> DFlashHead:
+    dflash = config["dflash_config"]
+    layer = _layer_config(config, f"{folder}/config.json")
+    ids = dflash.get("target_layer_ids")
+    if ids is None:  # z-lab's default: draft-layer-many target layers spread over [1, L-3] (L/2 for one draft layer)
+        L, n = int(config.get("num_target_layers", target.config.num_layers)), layer.num_layers
+        ids = [L // 2] if n == 1 else [round(1 + i * (L - 4) / (n - 1)) for i in range(n)]
+    return _block_head("DFlash head", layer, state, target, folder, layer_ids=[int(i) + 1 for i in ids],
+                       block_size=config.get("block_size", dflash.get("block_size")), mask_token_id=dflash.get("mask_token_id"),
+                       draft_vocab=layer.vocab_size, target_hidden=layer.hidden_size, sample_from_anchor=False)
+
+
+_SPECULATORS_READERS: dict[str, Callable[[dict, dict, CausalLM, Path], DraftHead]] = {
+    "eagle3": _speculators_eagle3, "mtp": _speculators_mtp, "dflash": _speculators_block("dflash"), "dspark": _speculators_block("dspark")}
 
 
 # ---------------------------------------------------------------------------- writing
@@ -232,6 +304,13 @@ def speculators_config(head: DraftHead, mechanism: str, *, verifier: str, verifi
     if isinstance(head, Eagle3Head):
         fields.update(draft_vocab_size=head.draft_vocab_size, norm_before_residual=head.norm_before_residual,
                       target_hidden_size=head.target_hidden_size, eagle_aux_hidden_state_layer_ids=list(head.hidden_layers))
+    elif isinstance(head, DFlashHead):
+        fields.update(draft_vocab_size=head.draft_vocab_size, block_size=head.block_size, target_hidden_size=head.target_hidden_size,
+                      aux_hidden_state_layer_ids=list(head.hidden_layers), mask_token_id=head.mask_token_id,
+                      sample_from_anchor=head.sample_from_anchor)
+        if head.markov_head is not None:
+            fields.update(markov_rank=head.markov_head.rank, markov_head_type=head.markov_head.head_type,
+                          enable_confidence_head=head.confidence_head is not None, confidence_head_with_markov=True)
     else:
         fields.update(num_nextn_predict_layers=1)
     try:
@@ -251,11 +330,14 @@ def save_head(head: DraftHead, mechanism: str, folder: Path, *, verifier: str, v
     from safetensors.torch import save_file
 
     shared = {"embed_tokens.weight", "lm_head.weight"} if isinstance(head, MtpHead) else {"embed_tokens.weight"}
+    if isinstance(head, DFlashHead) and head.draft_vocab_size == head.config.vocab_size:
+        shared.add("lm_head.weight")  # a full-vocabulary block head drafts with the target's head (speculators' rule)
     state = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items() if k not in shared}
     state = {k: (v.float() if v.is_floating_point() else v) for k, v in state.items()}
-    if isinstance(head, Eagle3Head) and head.draft_vocab_size == head.config.vocab_size and not bool(head.d2t.any()):
+    mapped = isinstance(head, Eagle3Head | DFlashHead)
+    if mapped and head.draft_vocab_size == head.config.vocab_size and not bool(head.d2t.any()):
         state.pop("d2t")  # the full vocabulary in order: no map, as speculators and vLLM expect then
-    elif isinstance(head, Eagle3Head):
+    elif mapped:
         t2d = torch.zeros(head.config.vocab_size, dtype=torch.bool)
         t2d[head.to_target_ids(torch.arange(head.draft_vocab_size, device=head.d2t.device)).cpu()] = True
         state["t2d"] = t2d

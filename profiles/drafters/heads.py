@@ -154,21 +154,23 @@ class HeadDrafter(Drafter):
                 for dst, src in zip(self.cache.k + self.cache.v, old.k + old.v):
                     dst[:, :, : src.shape[2]] = src
 
-    @torch.inference_mode()
-    def propose(self, request: DraftRequest) -> Draft:
-        seqs, B, K = request.token_ids, len(request.token_ids), max(request.max_tokens)
-        if K == 0:
-            return Draft(tokens=[[] for _ in seqs])
+    def _checked_counts(self, request: DraftRequest) -> list[int]:
+        """Per row, how many target states the request carries, checked to continue where the head stopped."""
         if request.hidden_states is None or request.num_hidden is None:
             raise SpecdecError(f"the {self.name} drafter needs the target's hidden states in each request",
                                "run it through specdec.generate, which passes them")
-        counts = request.num_hidden
-        for b, (s, n) in enumerate(zip(seqs, counts)):
+        for b, (s, n) in enumerate(zip(request.token_ids, request.num_hidden)):
             if len(s) - 1 - n != self.fed[b]:
                 raise SpecdecError(f"row {b}: hidden states for positions {len(s) - 1 - n}.. arrived, but the {self.name} head "
                                    f"has run positions 0..{self.fed[b] - 1}", "pass the states of every position the target ran, once")
+        return list(request.num_hidden)
+
+    @torch.inference_mode()
+    def propose(self, request: DraftRequest) -> Draft:
+        seqs, B, K = request.token_ids, len(request.token_ids), max(request.max_tokens)
+        counts = self._checked_counts(request)
         T = max(counts)
-        if T == 0:  # one-token prompts: no target state yet
+        if K == 0 or T == 0:  # nothing asked, or one-token prompts: no target state yet
             return Draft(tokens=[[] for _ in seqs])
         head = self.head
         device = next(head.parameters()).device
