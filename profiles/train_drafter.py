@@ -55,7 +55,7 @@ from specdec_tune.profiles.calibration import load_calibration
 from specdec_tune.profiles.decode_run import select_prompts
 from specdec_tune.profiles.drafters.base import _REGISTRY
 from specdec_tune.profiles.drafters.checkpoints import DSPARK_DEMO_RANK, save_head
-from specdec_tune.profiles.drafters.dflash import DFlashHead, block_mask, default_mask_token, new_dflash_head
+from specdec_tune.profiles.drafters.dflash import DFlashHead, default_mask_token, new_dflash_head
 from specdec_tune.profiles.drafters.eagle3 import Eagle3Head, new_eagle3_head
 from specdec_tune.profiles.drafters.heads import DraftHead, default_aux_layers
 from specdec_tune.profiles.drafters.mtp import new_mtp_head
