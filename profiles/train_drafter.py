@@ -317,7 +317,7 @@ def block_loss(head: DFlashHead, batch: dict, vocab: torch.Tensor, label_weight:
     span = (lengths - 2).clamp_min(1).float()  # anchors in 1..len-2
     anchors = 1 + (torch.rand((B, n), generator=generator).to(device) * span[:, None]).long()  # [B, n]
     positions = torch.arange(S, device=device)[None].expand(B, S)
-    context = head.context_kv(head.combine(aux), positions)
+    context = head.context_kv(head.combine(aux), *head.rope(positions))
     slots = torch.arange(bs, device=device)
     block_pos = (anchors[:, :, None] + slots).reshape(B, n * bs)  # [B, Q]
     block_tokens = torch.full((B, n, bs), head.mask_token_id, dtype=torch.long, device=device)
@@ -327,7 +327,7 @@ def block_loss(head: DFlashHead, batch: dict, vocab: torch.Tensor, label_weight:
     sees_ctx = torch.arange(S, device=device)[None, None, :] < q_anchor[:, :, None]  # [B, Q, S]
     sees_block = (q_block[:, None] == q_block[None, :])[None].expand(B, -1, -1)  # [B, Q, Q]
     mask = torch.cat([sees_ctx, sees_block], dim=-1)[:, None]  # [B, 1, Q, S + Q]
-    hidden = head.block_hidden(block_tokens.reshape(B, n * bs), block_pos, context, mask).reshape(B * n, bs, -1)
+    hidden = head.block_hidden(block_tokens.reshape(B, n * bs), *head.rope(block_pos), context, mask).reshape(B * n, bs, -1)
     label_pos = (anchors[:, :, None] + slots[first:] - first).reshape(B * n, bs - first)  # p per slot
     row = torch.arange(B, device=device).repeat_interleave(n)[:, None]
     valid = label_pos <= (lengths.repeat_interleave(n)[:, None] - 1)

@@ -211,15 +211,19 @@ def test_anchored_block_training_computes_what_drafting_computes(target, mechani
     layers = head.hidden_layers
     full = states(target, seq, (*layers, target.config.num_layers))
     W = len(layers) * target.config.hidden_size
-    captured = []
-    original = head.block_hidden
+    captured, rope_calls = [], []
+    original, original_rope = head.block_hidden, head.rope
 
-    def spy(tokens, positions, context, mask):
-        out = original(tokens, positions, context, mask)
-        captured.append((positions, out))
+    def spy(tokens, cos, sin, context, mask):
+        out = original(tokens, cos, sin, context, mask)
+        captured.append((rope_calls[-1], out))
         return out
 
-    head.block_hidden = spy
+    def rope_spy(positions):
+        rope_calls.append(positions)
+        return original_rope(positions)
+
+    head.block_hidden, head.rope = spy, rope_spy
     vocab = head.to_target_ids(torch.arange(head.draft_vocab_size))
     batch = {"tokens": torch.tensor([seq]), "aux": full[None, :, :W], "final": full[None, :, W:], "lengths": torch.tensor([len(seq)])}
     with torch.no_grad():
@@ -234,7 +238,7 @@ def test_anchored_block_training_computes_what_drafting_computes(target, mechani
         drafter.propose(DraftRequest([seq[: a + 1]], [drafter.max_draft_len], 0.0, hidden_states=full[None, :a, :W], num_hidden=[a]))
         _, drafted = captured.pop()
         assert torch.allclose(drafted[0], trained[0, i * bs : (i + 1) * bs], atol=1e-4), f"the block at anchor {a} differs"
-    del head.block_hidden
+    del head.block_hidden, head.rope
 
     params = [p.requires_grad_(True) for n, p in head.named_parameters() if not n.startswith("embed_tokens")]  # the target's stays frozen
     opt = torch.optim.AdamW(params, lr=3e-3)

@@ -114,21 +114,20 @@ class DFlashHead(DraftHead):
     def combine(self, target_hidden: torch.Tensor) -> torch.Tensor:
         return self.hidden_norm(self.fc(target_hidden))
 
-    def context_kv(self, ctx: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """ctx [B, T, H] at positions [B, T] -> per layer (k, v), each [B, H_kv, T, hd]: what the block attends to."""
-        cos, sin = self.rope(positions)
+    def context_kv(self, ctx: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """ctx [B, T, H] with RoPE cos, sin [B, T, 1, hd] (its positions) -> per layer (k, v), each [B, H_kv, T, hd]: what
+        the block attends to."""
         out = []
         for layer in self.layers:
             _, k, v = layer.self_attn.qkv(ctx, cos, sin)  # the query projection of the context is unused
             out.append((k.transpose(1, 2), v.transpose(1, 2)))
         return out
 
-    def block_hidden(self, tokens: torch.Tensor, positions: torch.Tensor, context: list[tuple[torch.Tensor, torch.Tensor]],
+    def block_hidden(self, tokens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, context: list[tuple[torch.Tensor, torch.Tensor]],
                      mask: torch.Tensor) -> torch.Tensor:
-        """Block tokens [B, Q] at positions [B, Q] over per-layer context keys/values [B, H_kv, L, hd];
-        mask [B, 1, Q, L + Q] (context keys, then the block's own) -> the normed block states [B, Q, H]."""
+        """Block tokens [B, Q] with RoPE cos, sin [B, Q, 1, hd] (their positions) over per-layer context keys/values
+        [B, H_kv, L, hd]; mask [B, 1, Q, L + Q] (context keys, then the block's own) -> the normed block states [B, Q, H]."""
         B, Q = tokens.shape
-        cos, sin = self.rope(positions)
         x = self.embed_tokens(tokens).to(self.fc.weight.dtype)
         for layer, (k_ctx, v_ctx) in zip(self.layers, context):
             attn = layer.self_attn
@@ -250,7 +249,7 @@ class BlockDrafter(HeadDrafter):
         positions = start[:, None] + torch.arange(T, device=device)  # [B, T] (rows with fewer states write past len-2, masked)
         ctx = head.combine(request.hidden_states[:, :T].to(device=device, dtype=dtype))  # [B, T, H]
         rows = torch.arange(B, device=device)[:, None].expand(B, T)
-        for (k, v), k_cache, v_cache in zip(head.context_kv(ctx, positions), cache.k, cache.v):
+        for (k, v), k_cache, v_cache in zip(head.context_kv(ctx, *head.rope(positions)), cache.k, cache.v):
             k_cache[rows, :, positions] = k.transpose(1, 2).to(k_cache.dtype)
             v_cache[rows, :, positions] = v.transpose(1, 2).to(v_cache.dtype)
         self.fed = [len(s) - 1 for s in seqs]
@@ -263,7 +262,7 @@ class BlockDrafter(HeadDrafter):
         tokens[:, 0] = torch.tensor([s[-1] for s in seqs], device=device)
         block_pos = ctx_len[:, None] + torch.arange(S, device=device)
         context = [(k[:, :, :L], v[:, :, :L]) for k, v in zip(cache.k, cache.v)]
-        hidden = head.block_hidden(tokens, block_pos, context, block_mask(ctx_len, L, S))[:, : head.first_slot + K]
+        hidden = head.block_hidden(tokens, *head.rope(block_pos), context, block_mask(ctx_len, L, S))[:, : head.first_slot + K]
 
         probs = []
 
