@@ -37,17 +37,24 @@ def ship_drafter_onnx(plan: dict, profile, staging: Path) -> dict:
     if not plan["max_draft_len"] or info is None or info.kind == "model_free":
         return {"skipped": f"{plan['mechanism']} has no network to export"}
     target = load_model(profile.target["path"], dtype="float32")
-    network = getattr(plan_drafter(plan, profile, target), "model", None)
-    if not isinstance(network, CausalLM):
-        return {"skipped": f"ONNX export covers drafters that are causal LMs; {plan['mechanism']} is not one"}
-    from specdec_tune.kernels.onnx_export import export_drafter
-
+    drafter = plan_drafter(plan, profile, target)
+    network, head = getattr(drafter, "model", None), getattr(drafter, "head", None)
+    D, ctx = plan["max_draft_len"], plan["ctx"]
+    cases = [(1, 1, 1), (3, 1 + D, ctx // 2), (min(plan["max_batch"], 4), 2, ctx)]
     try:
-        return export_drafter(network, staging / "drafter", name=plan["mechanism"], max_batch=plan["max_batch"],
-                              max_draft_len=plan["max_draft_len"], ctx=plan["ctx"], quant=plan["quant"], with_plain=False,
-                              parity_cases=[(1, 1, 1), (3, 1 + plan["max_draft_len"], plan["ctx"] // 2), (min(plan["max_batch"], 4), 2, plan["ctx"])])
+        if isinstance(network, CausalLM):
+            from specdec_tune.kernels.onnx_export import export_drafter
+
+            return export_drafter(network, staging / "drafter", name=plan["mechanism"], max_batch=plan["max_batch"], max_draft_len=D,
+                                  ctx=ctx, quant=plan["quant"], with_plain=False, parity_cases=cases)
+        if head is not None:  # a learned head: its per-round graphs (kernels.onnx_heads)
+            from specdec_tune.kernels.onnx_heads import export_head
+
+            return export_head(head, staging / "drafter", name=plan["mechanism"], max_batch=plan["max_batch"], max_draft_len=D, ctx=ctx,
+                               quant=plan["quant"], parity_cases=cases)
     except ImportError as e:
         raise SpecdecError(f"exporting the drafter to ONNX needs {e.name}", "pip install onnx onnxscript onnxruntime, or export with --no-onnx") from None
+    return {"skipped": f"ONNX export covers causal-LM drafters and learned heads; {plan['mechanism']} is neither"}
 
 
 def kernels_summary(kernels: dict) -> dict:

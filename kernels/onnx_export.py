@@ -39,6 +39,18 @@ PARITY_TOLERANCE_FP32 = 1e-4  # parity error bound (check_parity): max |onnxrunt
 OPSET = 18
 
 
+def inverse_frequencies(c) -> torch.Tensor:
+    """[hd/2] float64 RoPE frequencies, as the models' tables compute them."""
+    return 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim))
+
+
+def rope_tables(inv_freq: torch.Tensor, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [T] -> cos, sin [1, T, 1, hd] (float64 angles, as the models' tables; traceable)."""
+    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]  # [T, hd/2]
+    angles = torch.cat((angles, angles), dim=-1)  # [T, hd]
+    return angles.cos().to(dtype)[None, :, None, :], angles.sin().to(dtype)[None, :, None, :]
+
+
 class ExportedForward(nn.Module):
     """`CausalLM.forward` as a static graph: no cache object, positions from the past length, float64 RoPE angles."""
 
@@ -46,9 +58,7 @@ class ExportedForward(nn.Module):
         super().__init__()
         self.model = model
         self.with_cache = with_cache
-        c = model.config
-        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)  # [hd/2] float64, as the model's table
+        self.register_buffer("inv_freq", inverse_frequencies(model.config), persistent=False)  # [hd/2] float64
 
     def forward(self, tokens: torch.Tensor, past_k: torch.Tensor | None = None, past_v: torch.Tensor | None = None):
         # tokens: [B, T]; past_k, past_v: [layers, B, H_kv, P, hd]
@@ -56,10 +66,7 @@ class ExportedForward(nn.Module):
         B, T = tokens.shape
         P = past_k.shape[3] if past_k is not None else 0
         positions = torch.arange(T, device=tokens.device) + P  # [T]
-        angles = positions.to(torch.float64)[:, None] * self.inv_freq[None, :]  # [T, hd/2]
-        angles = torch.cat((angles, angles), dim=-1)  # [T, hd]
-        cos = angles.cos().to(m.dtype)[None, :, None, :]  # [1, T, 1, hd]
-        sin = angles.sin().to(m.dtype)[None, :, None, :]
+        cos, sin = rope_tables(self.inv_freq, positions, m.dtype)
         keys = torch.arange(P + T, device=tokens.device)
         mask = (keys[None, :] <= positions[:, None])[None, None].expand(B, 1, T, P + T)  # [B, 1, T, P+T]
         x = m.embed_tokens(tokens)  # [B, T, hidden]
@@ -126,6 +133,11 @@ def export_onnx(model: CausalLM, path: Path, *, with_cache: bool, shapes: Export
         args = _example(model, 2, 3, 0, seed=0)
         dynamic = {"tokens": {0: batch, 1: tokens}}
         names = (["tokens"], ["logits"])
+    return export_module(wrapper, args, dynamic, names, path)
+
+
+def export_module(wrapper: nn.Module, args: tuple, dynamic: dict, names: tuple[list[str], list[str]], path: Path) -> Path:
+    """torch.export `wrapper` at `args` with `dynamic` shapes and save it as one self-contained ONNX file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
         program = torch.onnx.export(wrapper, args, dynamo=True, dynamic_shapes=dynamic, input_names=names[0], output_names=names[1],
@@ -210,28 +222,34 @@ def _precision_flags(quant: str) -> list[str]:
     return ["--bf16"] + (["--fp8"] if quant == "fp8" else [])
 
 
-def trtexec_command(onnx_name: str, engine_name: str, shapes: ExportShapes, model: CausalLM, *, with_cache: bool, quant: str) -> str:
-    """The equivalent command line for building the engine on the deployment machine."""
+Ranges = dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]  # input -> (min, opt, max) shape
+
+
+def causal_lm_ranges(shapes: ExportShapes, model: CausalLM, *, with_cache: bool) -> Ranges:
+    """The TensorRT optimisation profile of a drafter's graph: batch 1..max, tokens 1..1+D, past 1..ctx."""
     c = model.config
     B, T, P = shapes.max_batch, shapes.max_tokens, shapes.max_past
     L, H, hd = len(model.layers), c.num_kv_heads, c.head_dim
     opt_b = max(1, B // 2)
-    lo, opt, hi = ["tokens:1x1"], [f"tokens:{opt_b}x{T}"], [f"tokens:{B}x{T}"]
+    ranges: Ranges = {"tokens": ((1, 1), (opt_b, T), (B, T))}
     if with_cache:
         for name in ("past_k", "past_v"):
-            lo.append(f"{name}:{L}x1x{H}x1x{hd}")
-            opt.append(f"{name}:{L}x{opt_b}x{H}x{max(1, P // 2)}x{hd}")
-            hi.append(f"{name}:{L}x{B}x{H}x{P}x{hd}")
-    return (f"trtexec --onnx={onnx_name} --saveEngine={engine_name} --minShapes={','.join(lo)} --optShapes={','.join(opt)} "
-            f"--maxShapes={','.join(hi)} {' '.join(_precision_flags(quant))}")
+            ranges[name] = ((L, 1, H, 1, hd), (L, opt_b, H, max(1, P // 2), hd), (L, B, H, P, hd))
+    return ranges
+
+
+def trtexec_command(onnx_name: str, engine_name: str, ranges: Ranges, *, quant: str) -> str:
+    """The equivalent command line for building the engine on the deployment machine."""
+    shape = lambda i: ",".join(f"{name}:{'x'.join(map(str, r[i]))}" for name, r in ranges.items())  # noqa: E731
+    return (f"trtexec --onnx={onnx_name} --saveEngine={engine_name} --minShapes={shape(0)} --optShapes={shape(1)} "
+            f"--maxShapes={shape(2)} {' '.join(_precision_flags(quant))}")
 
 
 def tensorrt_available() -> bool:
     return importlib.util.find_spec("tensorrt") is not None
 
 
-def build_tensorrt_engine(onnx_path: Path, engine_path: Path, shapes: ExportShapes, model: CausalLM, *, with_cache: bool,
-                          quant: str) -> dict:
+def build_tensorrt_engine(onnx_path: Path, engine_path: Path, ranges: Ranges, *, quant: str) -> dict:
     """Build and save a serialized engine with the TensorRT Python API (the same settings as `trtexec_command`)."""
     import tensorrt as trt
 
@@ -243,15 +261,9 @@ def build_tensorrt_engine(onnx_path: Path, engine_path: Path, shapes: ExportShap
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise SpecdecError(f"TensorRT cannot parse {onnx_path.name}: {errors[:300]}", "report this with the ONNX file")
     config = builder.create_builder_config()
-    c = model.config
-    B, T, P = shapes.max_batch, shapes.max_tokens, shapes.max_past
-    L, H, hd = len(model.layers), c.num_kv_heads, c.head_dim
-    opt_b = max(1, B // 2)
     profile = builder.create_optimization_profile()
-    profile.set_shape("tokens", (1, 1), (opt_b, T), (B, T))
-    if with_cache:
-        for name in ("past_k", "past_v"):
-            profile.set_shape(name, (L, 1, H, 1, hd), (L, opt_b, H, max(1, P // 2), hd), (L, B, H, P, hd))
+    for name, (lo, opt, hi) in ranges.items():
+        profile.set_shape(name, lo, opt, hi)
     config.add_optimization_profile(profile)
     flags = [trt.BuilderFlag.BF16 if hasattr(trt.BuilderFlag, "BF16") else trt.BuilderFlag.FP16]
     if quant == "fp8":
@@ -310,20 +322,25 @@ def export_drafter(
         if not parity["passed"]:
             raise SpecdecError(f"{file}: onnxruntime differs from torch by {parity['parity_err']:.2e} (tolerance {PARITY_TOLERANCE_FP32:g})",
                                "the export is wrong; nothing was written to the bundle")
-        engine = file.replace(".onnx", ".plan")
-        command = trtexec_command(file, engine, shapes, fp32, with_cache=cached, quant=quant)
-        if tensorrt_available():
-            trt_result = build_tensorrt_engine(path, out_dir / engine, shapes, fp32, with_cache=cached, quant=quant)
-            result["files"].append(engine)
-        else:
-            trt_result = {"built": False, "skipped": "tensorrt is not importable on this machine", "command": command}
-        result["graphs"][file] = {"with_cache": cached, "sha256": sha256_file(path), "bytes": path.stat().st_size, "parity": parity,
-                                  "tensorrt": trt_result | {"command": command}}
+        trt_result = tensorrt_step(path, causal_lm_ranges(shapes, fp32, with_cache=cached), quant, result["files"])
+        result["graphs"][file] = {"inputs": "tokens, past_k, past_v" if cached else "tokens", "sha256": sha256_file(path),
+                                  "bytes": path.stat().st_size, "parity": parity, "tensorrt": trt_result}
         result["files"].append(file)
     (out_dir / "README.md").write_text(_readme(result, quant))
     result["files"] += ["README.md", "export.json"]
     write_json(out_dir / "export.json", result)
     return result
+
+
+def tensorrt_step(onnx_path: Path, ranges: Ranges, quant: str, files: list[str]) -> dict:
+    """A TensorRT engine beside the ONNX file where tensorrt imports (its name joins `files`), else a skip record; both
+    carry the trtexec command that builds it on the deployment machine."""
+    engine = onnx_path.name.replace(".onnx", ".plan")
+    command = trtexec_command(onnx_path.name, engine, ranges, quant=quant)
+    if not tensorrt_available():
+        return {"built": False, "skipped": "tensorrt is not importable on this machine", "command": command}
+    files.append(engine)
+    return build_tensorrt_engine(onnx_path, onnx_path.with_name(engine), ranges, quant=quant) | {"command": command}
 
 
 def _fp32_copy(model: CausalLM) -> CausalLM:
@@ -337,9 +354,8 @@ def _readme(result: dict, quant: str) -> str:
     lines = [f"# {result['drafter']} drafter: ONNX and TensorRT", "",
              "| graph | inputs | parity err (fp32, onnxruntime; max abs err / max(1, max abs logit)) | TensorRT |", "|---|---|---|---|"]
     for file, g in result["graphs"].items():
-        inputs = "tokens, past_k, past_v" if g["with_cache"] else "tokens"
         trt = "built" if g["tensorrt"]["built"] else f"skipped: {g['tensorrt']['skipped']}"
-        lines.append(f"| {file} | {inputs} | {g['parity']['parity_err']:.2e} | {trt} |")
+        lines.append(f"| {file} | {g['inputs']} | {g['parity']['parity_err']:.2e} | {trt} |")
     lines += ["", "Build the engine on the deployment machine (TensorRT installed, the target GPU present):", "", "```bash"]
     lines += [g["tensorrt"]["command"] for g in result["graphs"].values()]
     lines += ["```", ""]
@@ -350,7 +366,8 @@ def _readme(result: dict, quant: str) -> str:
     shapes = result["shapes"]
     lines.append(f"Dynamic range: batch 1..{shapes['max_batch']}, tokens 1..{shapes['max_tokens']}, past 1..{shapes['max_past']} "
                  "(every row of a batch shares one past length).")
-    return "\n".join(lines) + "\n"
+    lines += ["", *result.get("readme_extra", [])]
+    return "\n".join(lines).rstrip() + "\n"
 
 
 def parity_summary(result: dict) -> str:
@@ -358,4 +375,5 @@ def parity_summary(result: dict) -> str:
     return "; ".join(f"{f}: {g['parity']['parity_err']:.1e}" for f, g in result["graphs"].items())
 
 
-__all__ = ["ExportedForward", "check_parity", "export_drafter", "export_onnx", "trtexec_command"]
+__all__ = ["ExportedForward", "Ranges", "check_parity", "export_drafter", "export_module", "export_onnx", "inverse_frequencies", "rope_tables",
+           "tensorrt_step", "trtexec_command"]

@@ -123,3 +123,59 @@ def test_the_bundle_ships_only_the_kv_graph_with_parity_at_long_pasts(tmp_path):
     assert set(result["graphs"]) == {"drafter_kv.onnx"} and not (tmp_path / "drafter.onnx").exists()
     cases = result["graphs"]["drafter_kv.onnx"]["parity"]["cases"]
     assert [c["past"] for c in cases] == [1, 32, 64] and all(c["max_abs_err"] < 1e-4 for c in cases)
+
+
+# ---------------------------------------------------------------------------- learned heads
+
+
+def _heads(target: CausalLM) -> dict:
+    from specdec_tune.profiles.drafters.dflash import new_dflash_head
+    from specdec_tune.profiles.drafters.eagle3 import new_eagle3_head
+    from specdec_tune.profiles.drafters.mtp import new_mtp_head
+
+    return {"eagle3": lambda: new_eagle3_head(target, draft_vocab=list(range(0, 96, 2)), aux_layers=(0, 1, 2), seed=1),
+            "mtp": lambda: new_mtp_head(target, seed=1),
+            "dflash": lambda: new_dflash_head(target, draft_vocab=list(range(0, 96, 3)), layer_ids=(1, 3), block_size=5, seed=1),
+            "dspark": lambda: _markov_active(new_dflash_head(target, markov_rank=6, markov_head_type="rnn", layer_ids=(0, 2), block_size=4))}
+
+
+def _markov_active(head):
+    with torch.no_grad():
+        head.markov_head.markov_w2.weight.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(5))
+    return head
+
+
+GRAPHS = {"eagle3": {"combine.onnx", "step.onnx"}, "mtp": {"step.onnx"}, "dflash": {"context.onnx", "block.onnx"},
+          "dspark": {"context.onnx", "block.onnx", "markov.onnx"}}
+
+
+@pytest.mark.parametrize("mechanism", sorted(GRAPHS))
+def test_learned_heads_export_with_parity_against_their_drafting_code(tmp_path, mechanism):
+    """Each head's graphs match the head's own drafting code (the cached step, the context and block passes, the Markov
+    step) in onnxruntime at batch, token and past shapes other than the traced ones (2, 3, 5), every output."""
+    from specdec_tune.kernels.onnx_heads import export_head
+
+    head = _heads(tiny_target(seed=2))[mechanism]()
+    result = export_head(head, tmp_path, name=mechanism, max_batch=8, max_draft_len=6, ctx=64, parity_cases=[(1, 1, 1), (7, 6, 3), (3, 2, 40)])
+    assert set(result["graphs"]) == GRAPHS[mechanism]
+    for name, graph in result["graphs"].items():
+        assert graph["parity"]["passed"] and graph["parity"]["parity_err"] < 1e-4, (name, graph["parity"])
+        assert {c["batch"] for c in graph["parity"]["cases"]} == {1, 7, 3}
+        if not onnx_export.tensorrt_available():
+            assert graph["tensorrt"]["built"] is False and graph["tensorrt"]["command"].startswith(f"trtexec --onnx={name} ")
+    assert json.loads((tmp_path / "export.json").read_text())["graphs"].keys() == result["graphs"].keys()
+    assert "Per round" in (tmp_path / "README.md").read_text()
+
+
+def test_head_parity_check_can_fail(tmp_path):
+    """A test of the test: a head changed after its export no longer matches the graph."""
+    from specdec_tune.kernels.onnx_heads import _block_graphs, check_graph_parity, export_head
+
+    head = _heads(tiny_target(seed=2))["dflash"]()
+    export_head(head, tmp_path, name="dflash", max_batch=4, max_draft_len=4, ctx=32, parity_cases=[(2, 2, 3)])
+    changed = copy.deepcopy(head).float()
+    with torch.no_grad():
+        changed.layers[1].mlp.down_proj.weight.mul_(1.05)
+    block = next(g for g in _block_graphs(changed, 4, 5, 32) if g.file == "block.onnx")
+    parity = check_graph_parity(block, tmp_path / "block.onnx", [(2, 2, 3)])
+    assert not parity["passed"] and parity["parity_err"] > 1e-4
