@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from specdec_tune.exporters.engines import Engine, EngineFiles, ExportContext, register
 
@@ -15,9 +16,21 @@ ALGORITHM_FIELDS = ("draft_vocab_size", "norm_before_residual", "target_hidden_s
                     "num_nextn_predict_layers", "transformer_layer_config")
 
 
+def head_fields(options: dict) -> dict:
+    """The algorithm fields of the head a drafter's options name: the options themselves, completed from the head
+    folder's own config.json (`model=`; JSON only) for what they do not give (draft vocabulary, layer ids, block)."""
+    folder = options.get("model")
+    try:
+        own = json.loads((Path(folder) / "config.json").read_text()) if folder else {}
+    except (OSError, ValueError):
+        own = {}
+    own = own if isinstance(own, dict) else {}
+    return {k: options.get(k, own.get(k)) for k in ALGORITHM_FIELDS if k in options or k in own}
+
+
 def config_for(ctx: ExportContext) -> dict:
     model_type, architecture = MODEL_TYPES[ctx.mechanism]
-    options = ctx.drafter.get("options", {})
+    options = head_fields(ctx.drafter.get("options", {}))
     return {
         "speculators_model_type": model_type, "architectures": [architecture], "speculators_version": ctx.versions["speculators"],
         **{k: options[k] for k in ALGORITHM_FIELDS if k in options},

@@ -3,6 +3,7 @@ integrity checks, staleness factors, and the losslessness gate against a deliber
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -71,6 +72,20 @@ def _context(mechanism: str, schedule, versions=None, quant="none") -> ExportCon
     return ExportContext(plan=plan, mechanism=mechanism, quant=quant, schedule=list(schedule), max_batch=schedule[-1][0],
                          drafter={"name": mechanism, "options": options}, target_model="HuggingFaceTB/SmolLM2-135M-Instruct",
                          drafter_model="/models/draft" if learned else None, versions=dict(DEFAULT_VERSIONS, **(versions or {})))
+
+
+def test_speculators_config_takes_the_heads_own_fields(tmp_path):
+    """A learned head named by `model=`: the bundle's speculators config carries the head's draft vocabulary, layer ids
+    and layer config from the head folder's config.json (read as JSON), not just what the drafter options give."""
+    own = {"speculators_model_type": "eagle3", "draft_vocab_size": 8192, "eagle_aux_hidden_state_layer_ids": [2, 15, 27],
+           "target_hidden_size": 576, "norm_before_residual": False, "transformer_layer_config": {"hidden_size": 576}, "auto_map": {"x": "y"}}
+    (tmp_path / "config.json").write_text(json.dumps(own))
+    ctx = dataclasses.replace(_context("eagle3", [(1, 3)]), drafter={"name": "eagle3", "options": {"model": str(tmp_path), "random": False}})
+    config = load_engines()["speculators"].render(ctx).document
+    assert config["draft_vocab_size"] == 8192 and config["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]
+    assert config["transformer_layer_config"] == {"hidden_size": 576} and "auto_map" not in config
+    bare = load_engines()["speculators"].render(_context("eagle3", [(1, 3)])).document
+    assert "draft_vocab_size" not in bare
 
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)
