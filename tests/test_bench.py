@@ -39,3 +39,22 @@ def test_al_derivation_quick(tmp_path):
 def test_tuning_cost_quick(tmp_path):
     r = _run("tuning_cost.py", tmp_path / "tc.json")
     assert r["target_forwards"] > 0 and r["profile_s"] > 0 and r["search_s"] > 0
+
+
+def test_learned_heads_extrapolation_and_draft_curves(tmp_path):
+    """The learned-heads summary: the learning-curve fit recovers a known log-linear curve, and the draft-time curves
+    come out of a profile per mechanism and batch with their last-to-first ratio."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import learned_heads
+
+    curve = [{"training_tokens": n, "tokens_per_forward": 1.0 + 0.1 * __import__("math").log(n / 1000)} for n in (1000, 10_000, 100_000)]
+    e = learned_heads.extrapolate(curve, 1.5, tokens_per_s=1000.0)
+    assert e["source"] == "modeled" and abs(e["tokens_needed"] / (1000 * 2.718281828 ** 5) - 1) < 1e-6
+    assert abs(e["train_hours_at_run_throughput"] - e["tokens_needed"] / 1000 / 3600) < 1e-9
+    falling = [dict(p, tokens_per_forward=2 - p["tokens_per_forward"]) for p in curve]
+    assert "does not grow" in learned_heads.extrapolate(falling, 1.5, 1.0)["note"]
+    profile = {"draft": [{"mechanism": "dflash", "quant": "none", "batch": 1, "draft_len": d, "median_ms": 10.0 + 0.1 * d, "source": "measured"}
+                         for d in (1, 7)] + [{"mechanism": "ngram", "quant": "none", "batch": 1, "draft_len": 1, "median_ms": 1.0, "source": "measured"}]}
+    (tmp_path / "p.json").write_text(json.dumps(profile))
+    curves = learned_heads.draft_curves(tmp_path / "p.json")
+    assert set(curves) == {"dflash"} and abs(curves["dflash"]["1"]["ratio_last_to_first"] - 10.7 / 10.1) < 1e-9
