@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from specdec_tune.profiles.drafters.base import Draft, DraftRequest, register
-from specdec_tune.profiles.drafters.heads import DraftHead, HeadDrafter, default_aux_layers, head_layer_config
+from specdec_tune.profiles.drafters.heads import DraftHead, DraftVocabulary, HeadDrafter, default_aux_layers, head_layer_config
 from specdec_tune.profiles.models.llama import CausalLM, DecoderLayer, KVCache, ModelConfig, RMSNorm, gqa_attention
 from specdec_tune.profiles.models.loading import LoadedModel
 
@@ -70,7 +70,7 @@ class ConfidenceHead(nn.Module):
         self.proj = nn.Linear(input_dim, 1)
 
 
-class DFlashHead(DraftHead):
+class DFlashHead(DraftVocabulary, DraftHead):
     def __init__(self, config: ModelConfig, *, target_hidden_size: int, layer_ids: tuple[int, ...], block_size: int, mask_token_id: int,
                  draft_vocab_size: int, embed_tokens: nn.Embedding, lm_head: nn.Linear | None = None, sample_from_anchor: bool = False,
                  markov_rank: int = 0, markov_head_type: str = "vanilla", confidence_head: bool = False) -> None:
@@ -93,10 +93,6 @@ class DFlashHead(DraftHead):
     @property
     def layer(self) -> nn.Module:
         return self.layers[0]
-
-    @property
-    def draft_vocab_size(self) -> int:
-        return self.lm_head.out_features
 
     @property
     def first_slot(self) -> int:
@@ -155,15 +151,6 @@ class DFlashHead(DraftHead):
             chosen.append(token)
             prev = token
         return logits, chosen
-
-    def to_target_ids(self, ids: torch.Tensor) -> torch.Tensor:
-        return ids + self.d2t[ids]
-
-    def target_probs(self, q: torch.Tensor) -> torch.Tensor:
-        if self.draft_vocab_size == self.config.vocab_size and not bool(self.d2t.any()):
-            return q
-        out = q.new_zeros((q.shape[0], self.config.vocab_size))
-        return out.index_copy_(1, self.to_target_ids(torch.arange(self.draft_vocab_size, device=q.device)), q)
 
 
 def block_mask(ctx_len: torch.Tensor, L: int, Q: int) -> torch.Tensor:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from specdec_tune.profiles.drafters.base import register
-from specdec_tune.profiles.drafters.heads import DraftHead, HeadDrafter, default_aux_layers, head_layer_config
+from specdec_tune.profiles.drafters.heads import DraftHead, DraftVocabulary, HeadDrafter, default_aux_layers, head_layer_config
 from specdec_tune.profiles.models.llama import CausalLM, DecoderLayer, ModelConfig, RMSNorm
 from specdec_tune.profiles.models.loading import LoadedModel
 
@@ -45,7 +45,7 @@ class Eagle3Layer(DecoderLayer):
         return residual + self.mlp(self.post_attention_layernorm(residual))
 
 
-class Eagle3Head(DraftHead):
+class Eagle3Head(DraftVocabulary, DraftHead):
     def __init__(self, config: ModelConfig, *, target_hidden_size: int, aux_layers: tuple[int, ...], draft_vocab_size: int,
                  norm_before_residual: bool, embed_tokens: nn.Embedding) -> None:
         super().__init__()
@@ -66,26 +66,12 @@ class Eagle3Head(DraftHead):
     def layer(self) -> nn.Module:
         return self.layers[0]
 
-    @property
-    def draft_vocab_size(self) -> int:
-        return self.lm_head.out_features
-
     def combine(self, target_hidden: torch.Tensor) -> torch.Tensor:
         return self.fc(target_hidden)
 
     def features_with(self, tokens, hidden, attend):
         carry = self.layers[0].mix(self.embed_tokens(tokens), hidden, attend)
         return self.norm(carry), carry
-
-    def to_target_ids(self, ids: torch.Tensor) -> torch.Tensor:
-        return ids + self.d2t[ids]
-
-    def target_probs(self, q: torch.Tensor) -> torch.Tensor:
-        if self.draft_vocab_size == self.config.vocab_size and not bool(self.d2t.any()):
-            return q
-        out = q.new_zeros((q.shape[0], self.config.vocab_size))
-        ids = torch.arange(self.draft_vocab_size, device=q.device)
-        return out.index_copy_(1, self.to_target_ids(ids), q)
 
 
 def new_eagle3_head(target: CausalLM, *, draft_vocab: list[int] | None = None, aux_layers: tuple[int, ...] | None = None,

@@ -95,6 +95,27 @@ class DraftHead(nn.Module):
         return (positions, mask, rows, *self.rope(positions))
 
 
+class DraftVocabulary:
+    """For heads with a reduced draft vocabulary: `d2t[i]` is draft id i's target id minus i (speculators / vLLM);
+    all zeros is the full vocabulary in order."""
+
+    d2t: torch.Tensor
+    config: ModelConfig
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.lm_head.out_features
+
+    def to_target_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids + self.d2t[ids]
+
+    def target_probs(self, q: torch.Tensor) -> torch.Tensor:
+        if self.draft_vocab_size == self.config.vocab_size and not bool(self.d2t.any()):
+            return q
+        out = q.new_zeros((q.shape[0], self.config.vocab_size))
+        return out.index_copy_(1, self.to_target_ids(torch.arange(self.draft_vocab_size, device=q.device)), q)
+
+
 def head_layer_config(target: ModelConfig, **changes) -> ModelConfig:
     """The target's transformer settings for a one-layer head (what speculators' transformer_layer_config holds)."""
     return dataclasses.replace(target, num_layers=1, o_bias=False, qk_norm=False, attention_bias=False, **changes)
@@ -208,4 +229,4 @@ class HeadDrafter(Drafter):
         return Draft(tokens=out, probs=torch.stack(probs, dim=1) if probs else None)
 
 
-__all__ = ["DraftHead", "HeadDrafter", "default_aux_layers", "head_layer_config"]
+__all__ = ["DraftHead", "DraftVocabulary", "HeadDrafter", "default_aux_layers", "head_layer_config"]
