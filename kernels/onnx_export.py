@@ -167,7 +167,7 @@ def _past_of(model: CausalLM, past_tokens: torch.Tensor) -> tuple[torch.Tensor, 
     return torch.stack([k[:, :, :P] for k in cache.k]), torch.stack([v[:, :, :P] for v in cache.v])
 
 
-def _scaled(err: float, reference: torch.Tensor) -> float:
+def scaled_error(err: float, reference: torch.Tensor) -> float:
     """An error against the size of what it is an error of: absolute below unit scale, relative above it."""
     return err / max(1.0, float(reference.abs().max()))
 
@@ -203,12 +203,12 @@ def check_parity(model: CausalLM, onnx_path: Path, *, with_cache: bool, cases: l
         err = float((got - expected).abs().max())
         fp64 = _torch_logits(exact, tokens, past_tokens)
         row = {"batch": B, "tokens": T, "past": P if with_cache else 0, "max_abs_err": err, "logits_max_abs": float(expected.abs().max()),
-               "parity_err": _scaled(err, expected), "torch_fp32_vs_fp64": float((expected.double() - fp64).abs().max()),
+               "parity_err": scaled_error(err, expected), "torch_fp32_vs_fp64": float((expected.double() - fp64).abs().max()),
                "onnx_vs_fp64": float((got.double() - fp64).abs().max())}
         if past_tokens is not None:
             full_k, _ = _past_of(model, torch.cat((past_tokens, tokens), dim=1))
             k_err = float((torch.from_numpy(outputs[1]) - full_k.float()).abs().max())
-            row |= {"present_k_max_abs_err": k_err, "present_k_parity_err": _scaled(k_err, full_k)}
+            row |= {"present_k_max_abs_err": k_err, "present_k_parity_err": scaled_error(k_err, full_k)}
         rows.append(row)
     worst = max(max(r["parity_err"], r.get("present_k_parity_err", 0.0)) for r in rows)
     return {"cases": rows, "parity_err": worst, "max_abs_err": max(r["max_abs_err"] for r in rows), "tolerance": PARITY_TOLERANCE_FP32,
@@ -326,7 +326,7 @@ def export_drafter(
         result["graphs"][file] = {"inputs": "tokens, past_k, past_v" if cached else "tokens", "sha256": sha256_file(path),
                                   "bytes": path.stat().st_size, "parity": parity, "tensorrt": trt_result}
         result["files"].append(file)
-    (out_dir / "README.md").write_text(_readme(result, quant))
+    (out_dir / "README.md").write_text(export_readme(result, quant))
     result["files"] += ["README.md", "export.json"]
     write_json(out_dir / "export.json", result)
     return result
@@ -350,7 +350,7 @@ def _fp32_copy(model: CausalLM) -> CausalLM:
     return twin.float() if twin.dtype != torch.float32 else twin
 
 
-def _readme(result: dict, quant: str) -> str:
+def export_readme(result: dict, quant: str) -> str:
     lines = [f"# {result['drafter']} drafter: ONNX and TensorRT", "",
              "| graph | inputs | parity err (fp32, onnxruntime; max abs err / max(1, max abs logit)) | TensorRT |", "|---|---|---|---|"]
     for file, g in result["graphs"].items():

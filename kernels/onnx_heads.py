@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -32,9 +33,9 @@ from torch.export import Dim
 
 from specdec_tune import SpecdecError
 from specdec_tune.kernels.onnx_export import (
-    PARITY_TOLERANCE_FP32, Ranges, _readme, _scaled, export_module, inverse_frequencies, rope_tables, tensorrt_step,
+    PARITY_TOLERANCE_FP32, Ranges, export_module, export_readme, inverse_frequencies, rope_tables, scaled_error, tensorrt_step,
 )
-from specdec_tune.profiles.drafters.dflash import DFlashHead
+from specdec_tune.profiles.drafters.dflash import DFlashHead, block_mask
 from specdec_tune.profiles.drafters.heads import DraftHead
 from specdec_tune.profiles.models.llama import KVCache, gqa_attention
 from specdec_tune.profiles.records import sha256_file, write_json
@@ -131,9 +132,9 @@ class Graph:
     module: nn.Module
     inputs: list[str]
     outputs: list[str]
-    example: callable  # (batch, tokens, past, generator) -> input tensors
+    example: Callable  # (batch, tokens, past, generator) -> input tensors
     dynamic: dict
-    reference: callable  # inputs -> the head's own outputs, in graph order
+    reference: Callable  # inputs -> the head's own outputs, in graph order
     ranges: Ranges
 
 
@@ -186,8 +187,6 @@ def _block_graphs(head: DFlashHead, max_batch: int, max_tokens: int, max_past: i
 
     def block_reference(tokens, ctx_k, ctx_v):
         B, L = tokens.shape[0], ctx_k.shape[3]
-        from specdec_tune.profiles.drafters.dflash import block_mask
-
         cos, sin = head.rope((torch.arange(S) + L)[None].expand(B, S))
         hidden = head.block_hidden(tokens, cos, sin, [(ctx_k[i], ctx_v[i]) for i in range(n)], block_mask(torch.full((B,), L), L, S))
         return head.lm_head(hidden).float(), hidden
@@ -231,7 +230,7 @@ def check_graph_parity(graph: Graph, path: Path, cases: list[tuple[int, int, int
             o = torch.from_numpy(o)
             if tuple(o.shape) != tuple(e.shape):
                 raise SpecdecError(f"{graph.file}: onnxruntime returned {name} {tuple(o.shape)} for {tuple(e.shape)}", "re-export the head")
-            errs[name] = _scaled(float((o - e.float()).abs().max()), e)
+            errs[name] = scaled_error(float((o - e.float()).abs().max()), e)
         rows.append({"batch": B, "tokens": T, "past": P, "parity_err_by_output": errs, "parity_err": max(errs.values())})
     worst = max(r["parity_err"] for r in rows)
     return {"cases": rows, "parity_err": worst, "tolerance": PARITY_TOLERANCE_FP32, "passed": worst < PARITY_TOLERANCE_FP32,
@@ -271,7 +270,7 @@ def export_head(head: DraftHead, out_dir: Path, *, name: str, max_batch: int = 6
         result["graphs"][graph.file] = {"inputs": ", ".join(graph.inputs), "sha256": sha256_file(path), "bytes": path.stat().st_size,
                                         "parity": parity, "tensorrt": tensorrt_step(path, graph.ranges, quant, result["files"])}
         result["files"].append(graph.file)
-    (out_dir / "README.md").write_text(_readme(result, quant))
+    (out_dir / "README.md").write_text(export_readme(result, quant))
     result["files"] += ["README.md", "export.json"]
     write_json(out_dir / "export.json", result)
     return result
