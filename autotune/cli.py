@@ -182,7 +182,7 @@ def _print_profile_summary(result, path: Path) -> None:
     D_max = result.workload.max_draft_len
     mechanisms = sorted({m for m, _ in facts["al"]})
     domains = ["all"] + [d for d in result.workload.domains]
-    table = Table(title=f"tokens per target forward at D={D_max}, greedy (measured)")
+    table = Table(title=f"tokens per target forward at D={D_max} (a block drafter: its block), greedy (measured)")
     table.add_column("domain")
     for m in mechanisms:
         table.add_column(m, justify="right")

@@ -546,14 +546,14 @@ def summary(profile: Profile) -> dict:
     ctx = profile.workload.ctx_buckets[0]
     verify = {(p.batch, p.tokens): p.median_ms for p in profile.verify if p.ctx == ctx}
     greedy = [a for a in profile.acceptance if a.temperature == 0.0 and a.quant == "none"]
-    al = {(a.mechanism, a.domain): a.tokens_per_forward[D_max] for a in greedy}
+    al = {(a.mechanism, a.domain): a.tokens_per_forward[-1] for a in greedy}  # at each drafter's longest D (a block caps it)
     bounds = {}
     for B in profile.workload.batch_buckets:
         if verify.get((B, 1)) is None:
             continue
         best = (1.0, 0, "-")
         for a in (a for a in greedy if a.domain == "all"):
-            for D in range(1, D_max + 1):
+            for D in range(1, a.max_draft_len + 1):
                 t = verify.get((B, D + 1))
                 if t:
                     bound = a.tokens_per_forward[D] * verify[(B, 1)] / t  # draft and host cost left out: an upper bound

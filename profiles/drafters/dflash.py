@@ -249,7 +249,8 @@ class BlockDrafter(HeadDrafter):
         tokens[:, 0] = torch.tensor([s[-1] for s in seqs], device=device)
         block_pos = ctx_len[:, None] + torch.arange(S, device=device)
         context = [(k[:, :, :L], v[:, :, :L]) for k, v in zip(cache.k, cache.v)]
-        hidden = head.block_hidden(tokens, *head.rope(block_pos), context, block_mask(ctx_len, L, S))[:, : head.first_slot + K]
+        hidden = head.block_hidden(tokens, *head.rope(block_pos), context, block_mask(ctx_len, L, S))
+        hidden = hidden[:, : head.first_slot + K].contiguous()  # a strided input sends the LM head down a ~15x slower CPU path
 
         probs = []
 
