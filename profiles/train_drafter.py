@@ -10,7 +10,7 @@ Data, two parts (the calibration set's held-back split is never read for trainin
   package text   `package_tokens` tokens of prose and code from the installed packages (profiles/package_text.py),
                  read by the target as is: the breadth the continuations lack
 The target runs once over every sequence, recording the states the heads read (EAGLE-3's three auxiliary layers and
-the final-normed state; cached on disk in shards, shared by both mechanisms). Soft labels are the target's
+the final-normed state; cached on disk in shards, shared by every mechanism). Soft labels are the target's
 distributions, recomputed per batch from the final state: p_t = softmax(W_v f_t) over the vocabulary v the head is
 trained on (EAGLE-3: its draft vocabulary, the `draft_vocab` most frequent tokens of the data; MTP: the same
 shortlist for the loss only, since it drafts with the target's full head).
