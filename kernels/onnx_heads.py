@@ -46,18 +46,25 @@ def _causal(P, T: int, B: int, device) -> torch.Tensor:
     return (torch.arange(P + T, device=device)[None, :] <= positions[:, None])[None, None].expand(B, 1, T, P + T)
 
 
-class HeadStep(nn.Module):
-    """DraftHead.step over an explicit past: the head's one attention layer and its head."""
+class RotaryGraph(nn.Module):
+    """A head's graph that places T tokens after `start` others: RoPE from float64 angles, traceable."""
 
     def __init__(self, head: DraftHead) -> None:
         super().__init__()
         self.head = head
         self.register_buffer("inv_freq", inverse_frequencies(head.config), persistent=False)
 
+    def rope(self, T, start, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope_tables(self.inv_freq, torch.arange(T) + start, dtype)
+
+
+class HeadStep(RotaryGraph):
+    """DraftHead.step over an explicit past: the head's one attention layer and its head."""
+
     def forward(self, tokens, hidden, past_k, past_v):
         B, T = tokens.shape
         P = past_k.shape[3]
-        cos, sin = rope_tables(self.inv_freq, torch.arange(T) + P, hidden.dtype)
+        cos, sin = self.rope(T, P, hidden.dtype)
         attn, present = self.head.layer.self_attn, []
 
         def attend(x):
@@ -80,34 +87,24 @@ class HeadCombine(nn.Module):
         return self.head.combine(target_hidden)
 
 
-class BlockContext(nn.Module):
+class BlockContext(RotaryGraph):
     """DFlash's context pass: new verified positions' keys and values appended to every layer's past."""
-
-    def __init__(self, head: DFlashHead) -> None:
-        super().__init__()
-        self.head = head
-        self.register_buffer("inv_freq", inverse_frequencies(head.config), persistent=False)
 
     def forward(self, target_hidden, past_k, past_v):
         T, P = target_hidden.shape[1], past_k.shape[3]
         ctx = self.head.combine(target_hidden)
-        kv = self.head.context_kv(ctx, *rope_tables(self.inv_freq, torch.arange(T) + P, ctx.dtype))
+        kv = self.head.context_kv(ctx, *self.rope(T, P, ctx.dtype))
         return (torch.stack([torch.cat((past_k[i], k), dim=2) for i, (k, _) in enumerate(kv)]),
                 torch.stack([torch.cat((past_v[i], v), dim=2) for i, (_, v) in enumerate(kv)]))
 
 
-class BlockPass(nn.Module):
+class BlockPass(RotaryGraph):
     """DFlash's block pass over a context of ctx positions: every block query sees all of it and the whole block."""
-
-    def __init__(self, head: DFlashHead) -> None:
-        super().__init__()
-        self.head = head
-        self.register_buffer("inv_freq", inverse_frequencies(head.config), persistent=False)
 
     def forward(self, tokens, ctx_k, ctx_v):
         B, S = tokens.shape
         L = ctx_k.shape[3]
-        cos, sin = rope_tables(self.inv_freq, torch.arange(S) + L, ctx_k.dtype)
+        cos, sin = self.rope(S, L, ctx_k.dtype)
         mask = torch.ones((B, 1, S, L + S), dtype=torch.bool)
         hidden = self.head.block_hidden(tokens, cos, sin, [(ctx_k[i], ctx_v[i]) for i in range(ctx_k.shape[0])], mask)
         return self.head.lm_head(hidden).float(), hidden
