@@ -77,7 +77,9 @@ def main() -> int:
         print("no trained demo heads yet: run specdec-tune train-drafter --mechanism eagle3 (mtp, dflash, dspark) first", file=sys.stderr)
         return 2
     heads = {}
-    lines = ["| head | D | training tokens | train s | tokens/forward | mean AL (vLLM) | per-position acceptance |", "|---|---|---|---|---|---|---|"]
+    lines = ["learned heads on the demo target: AL on held-back MT-Bench prompts and draft times measured; the budget to the target AL "
+             "modeled (an extrapolation of each curve)", "",
+             "| head | D | training tokens | train s | tokens/forward | mean AL (vLLM) | per-position acceptance |", "|---|---|---|---|---|---|---|"]
     for m, r in records.items():
         curve = r["learning_curve"]
         tps = r["train"]["training_tokens"] / max(r["train"]["train_s"], 1e-9)
@@ -103,7 +105,7 @@ def main() -> int:
     if args.profile is not None:
         curves = draft_curves(args.profile)
         record["draft_ms"] = curves
-        lines += ["", "| head | batch | draft ms by D (measured / interpolated) | last D / first D |", "|---|---|---|---|"]
+        lines += ["", "| head | batch | draft ms by D (measured; the profile JSON labels each point) | last D / first D |", "|---|---|---|---|"]
         for m, by_batch in curves.items():
             for b, c in by_batch.items():
                 ds = sorted((k for k in c if k.isdigit()), key=int)
