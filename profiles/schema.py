@@ -14,8 +14,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from specdec_tune import SpecdecError
 from specdec_tune.profiles.records import read_json
 
-SCHEMA_VERSION = 1
-Source = Literal["measured", "interpolated", "modeled", "emulated", "infeasible"]
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1: no intervals, no monotone fit (its figures load as they were recorded)
+# fitted: a measured cell the monotone fit moved by more than its interval (its measurement disagreed with its neighbours)
+Source = Literal["measured", "interpolated", "modeled", "emulated", "fitted", "infeasible"]
 
 
 class Record(BaseModel):
@@ -23,11 +25,14 @@ class Record(BaseModel):
 
 
 class Timed(Record):
-    median_ms: Optional[float]  # None when infeasible (out of memory)
+    median_ms: Optional[float]  # None when infeasible (out of memory); the verify curve: the monotone fit's value
     p10_ms: Optional[float] = None
     p90_ms: Optional[float] = None
     repeats: int = 0
     source: Source
+    # 95% interval of the median (order statistics over the repeats); None where not measured (interpolated, projected)
+    ci_low_ms: Optional[float] = None
+    ci_high_ms: Optional[float] = None
 
 
 class TimingPoint(Timed):
@@ -36,6 +41,8 @@ class TimingPoint(Timed):
     batch: int
     tokens: int  # 1 + D
     ctx: int
+    raw_median_ms: Optional[float] = None  # the measured median before the monotone fit (None where not measured)
+    fit_moved: bool = False  # the fit moved this cell by more than its interval: source "fitted", flagged in plans
 
 
 class DraftPoint(Timed):
@@ -87,9 +94,15 @@ class AcceptanceRecord(Record):
     num_rounds: int
     rounds: list[list[int]]  # [L][n]: rounds that proposed L tokens with n accepted
     conditional_acceptance: list[Optional[float]]  # a_k; None where position k was never reached
-    tokens_per_forward: list[float]  # [D] for D = 0..max_draft_len, derived from `rounds` (index 0 = 1.0)
-    mean_al_vllm: list[float]  # [D] vLLM's mean acceptance length (rounds with a draft only), derived
+    tokens_per_forward: list[float]  # [D] for D = 0..max_draft_len (index 0 = 1.0)
+    mean_al_vllm: list[float]  # [D] vLLM's mean acceptance length (rounds with a draft only)
     checks: list[ALCheck] = []
+    # "replay": exact counters at every D from the target's greedy trajectory (profiles/replay.py);
+    # "loop": the speculative loop at D_max, smaller D derived from its rounds (modeled)
+    method: Literal["loop", "replay"] = "loop"
+    # [D] 95% interval over prompts (bootstrap; the prompt is the unit that varies); [] in version-1 profiles
+    tokens_per_forward_ci: list[list[float]] = []
+    mean_al_vllm_ci: list[list[float]] = []
 
 
 class MicroPoint(Record):
@@ -131,6 +144,8 @@ class Workload(Record):
     ctx_buckets: list[int]
     max_draft_len: int
     acceptance_batch: int
+    prompts_by_domain: dict[str, int] = {}  # greedy acceptance prompts per domain (grown until the interval is tight)
+    acceptance_half_width: float = 0.0  # target relative half-width of tokens per forward (95%); 0 in version-1 profiles
 
 
 class Profile(Record):
@@ -150,6 +165,7 @@ class Profile(Record):
     acceptance: list[AcceptanceRecord]
     micro: list[MicroPoint]
     notes: list[str] = []
+    verify_fit: dict = {}  # how the verify curve was fitted: method, cells moved beyond their interval
 
 
 def load_profile(path: Path) -> Profile:
@@ -157,9 +173,9 @@ def load_profile(path: Path) -> Profile:
     raw = read_json(path, "profile")
     if not isinstance(raw, dict) or "schema_version" not in raw:
         raise SpecdecError(f"{path} is not a specdec-tune profile (no schema_version)", "pass the profile.json that `specdec-tune profile` wrote")
-    if raw["schema_version"] != SCHEMA_VERSION:
+    if raw["schema_version"] not in READABLE_VERSIONS:
         raise SpecdecError(
-            f"{path} has profile schema version {raw['schema_version']}, this tool reads version {SCHEMA_VERSION}",
+            f"{path} has profile schema version {raw['schema_version']}, this tool reads versions {list(READABLE_VERSIONS)}",
             "re-run `specdec-tune profile` with this version",
         )
     try:
