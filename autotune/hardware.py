@@ -2,9 +2,10 @@
 
 It serves two purposes (DESIGN.md §1):
 
-* modelling the time of what cannot be measured here: a quantized drafter on a device that has the format
-  but is not this one, and `--device h200`-style planning for a device you do not have. Everything derived
-  from this table is **modeled**, never measured, and the callers label it so;
+* modelling the time of what is not measured here: `--device h200`-style planning for a device you do not
+  have, including a quantized drafter's time on a device that runs its format (the profile times drafters in
+  full precision only). Everything derived from this table is **modeled**, never measured, and the callers
+  label it so;
 * saying what a device can run at all (`formats`, `supports`): FP8 needs sm_89 or later, NVFP4 needs the
   FP4 tensor cores of sm_100 or later, so the search never proposes a format the device cannot run.
 

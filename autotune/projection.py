@@ -9,8 +9,19 @@ roofline model of the same step on the other device, and labelled `modeled`:
     bytes  = 2 * params_read  +  layers * B * (ctx+T) * 2 * H_kv*hd * 2    (bf16 weights + KV cache)
 
 The model's shapes come from the profile's linear micro-curve (the target's real layer shapes).
-A serial draft model costs D single-token steps of its own layers; lookups stay at their measured
-host time (they run on the host CPU) but are labelled modeled, as is the host overhead.
+Drafters with a network, by their `kind` and `model` record in the profile:
+
+    serial    (draft model, EAGLE-3, MTP)  T_draft = D x T_step(B, 1, ctx)           over its own layers
+    parallel  (DFlash, DSpark)             T_draft = T_step(B, block, ctx), flat in D  one pass over the block
+    block     = the head's longest draft + 1 (the anchor): DFlash's block; one row more than DSpark's, whose
+                anchor slot drafts too
+    LM head   = hidden x V rows read per step: V = the head's `draft_vocab_size` (EAGLE-3, DFlash and DSpark
+                heads draft over a reduced vocabulary), the target's vocabulary for a draft model, MTP, and
+                profiles that do not record it (said in the notes)
+
+A head's layers are costed at the target's layer shapes; the fc that fuses the target's states (once per
+round) and DSpark's rank-r Markov steps are left out. Lookups stay at their measured host time (they run on
+the host CPU) but are labelled modeled, as is the host overhead.
 """
 
 from __future__ import annotations
@@ -20,7 +31,7 @@ import math
 
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.hardware import DeviceSpec, roofline_ms
-from specdec_tune.profiles.schema import Profile
+from specdec_tune.profiles.schema import DrafterInfo, Profile
 
 LAUNCH_S = 4e-6  # per kernel under CUDA-graph replay (an assumption, not a datasheet figure)
 KERNELS_PER_LAYER = 10  # norms, fused qkv, rope, cache write, attention, o, norm, gate_up, act, down
@@ -31,9 +42,11 @@ GPU_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 class Shapes:
     layers: int
     layer_params: int  # per decoder layer, linear weights only
-    head_params: int
+    head_params: int  # hidden x vocab: the target's LM head
     q_width: int  # H * hd
     kv_width: int  # H_kv * hd
+    hidden: int = 0  # the LM head's input width
+    vocab: int = 0  # the target's vocabulary (the LM head's rows)
 
     @property
     def group(self) -> int:  # G, query heads per KV head
@@ -46,11 +59,13 @@ def shapes_from_profile(profile: Profile) -> Shapes:
         raise SpecdecError("the profile has no layer shapes (linear micro-curve)",
                            "re-run `specdec-tune profile` without skipping its micro phase")
     q_width = linear["o"][0]
+    hidden, vocab = linear["lm_head"]
     return Shapes(
         layers=int(profile.target["num_layers"]),
         layer_params=sum(i * o for name, (i, o) in linear.items() if name != "lm_head"),
-        head_params=linear["lm_head"][0] * linear["lm_head"][1],
+        head_params=hidden * vocab,
         q_width=q_width, kv_width=(linear["qkv"][1] - q_width) // 2,
+        hidden=hidden, vocab=vocab,
     )
 
 
@@ -58,14 +73,43 @@ WEIGHT_BYTES = {"none": 2.0, "fp8": 1.0 + 4 / 4096, "nvfp4": 0.5 + 1 / 16}  # bf
 GEMM_DTYPE = {"none": "bf16", "fp8": "fp8", "nvfp4": "nvfp4"}
 
 
-def step_ms(spec: DeviceSpec, s: Shapes, layers: int, batch: int, tokens: int, ctx: int, quant: str = "none") -> float:
+def step_ms(spec: DeviceSpec, s: Shapes, layers: int, batch: int, tokens: int, ctx: int, quant: str = "none",
+            head_params: int | None = None) -> float:
+    """One forward of `layers` layers and an LM head of `head_params` weights (default: the target's) over
+    batch x tokens rows, each attending to ctx cached positions."""
     rows = batch * tokens
-    params = layers * s.layer_params + s.head_params
+    params = layers * s.layer_params + (s.head_params if head_params is None else head_params)
     padded_tokens = math.ceil(s.group * tokens / spec.attention_tile_rows) * spec.attention_tile_rows / s.group
     flops = 2 * params * rows + layers * 4 * batch * padded_tokens * ctx * s.q_width
     kv_bytes = layers * batch * (ctx + tokens) * 2 * s.kv_width * 2
     launches = layers * KERNELS_PER_LAYER + 4
     return roofline_ms(spec, flops, WEIGHT_BYTES[quant] * params + kv_bytes, GEMM_DTYPE[quant]) + 1e3 * launches * LAUNCH_S
+
+
+def is_learned_head(info: DrafterInfo) -> bool:
+    """A head over the target's hidden states (EAGLE-3, MTP, DFlash, DSpark), not a draft model or a lookup."""
+    return "hidden_layers" in (info.model or {})
+
+
+def draft_head_params(s: Shapes, info: DrafterInfo) -> int:
+    """hidden x V: the LM head a drafter reads per step. V is a learned head's draft vocabulary where the profile
+    records it, else the target's vocabulary (a draft model shares the target's; older profiles lack the key)."""
+    vocab = (info.model or {}).get("draft_vocab_size") if is_learned_head(info) else None
+    return s.head_params if vocab is None else s.hidden * int(vocab)
+
+
+def block_tokens(info: DrafterInfo, workload_max_draft_len: int) -> int:
+    """Rows per sequence of a parallel drafter's one pass: its longest draft and the anchor."""
+    return (info.max_draft_len or workload_max_draft_len) + 1
+
+
+def draft_step_ms(spec: DeviceSpec, s: Shapes, info: DrafterInfo, batch: int, draft_len: int, ctx: int, quant: str,
+                  workload_max_draft_len: int) -> float:
+    """T_draft(B, D) of a drafter with a network of its own, per the module docstring."""
+    layers, head = int(info.model["layers"]), draft_head_params(s, info)
+    if info.kind == "parallel":  # one pass over the whole block, whatever D is
+        return step_ms(spec, s, layers, batch, block_tokens(info, workload_max_draft_len), ctx, quant, head)
+    return draft_len * step_ms(spec, s, layers, batch, 1, ctx, quant, head)  # one catch-up + D-1 drafting steps
 
 
 def project(profile: Profile, spec: DeviceSpec) -> Profile:
@@ -84,8 +128,8 @@ def project(profile: Profile, spec: DeviceSpec) -> Profile:
         layers = (info.model or {}).get("layers")
         for quant in [q for q in info.quant_formats if q in spec.formats] if layers else ["none"]:
             for b in buckets:
-                if layers:  # serial model steps on the device: one catch-up + D-1 drafting steps
-                    ms = p.draft_len * step_ms(spec, s, layers, b, 1, p.ctx, quant)
+                if layers:  # model steps on the device: D serial steps, or one pass over a block
+                    ms = draft_step_ms(spec, s, info, b, p.draft_len, p.ctx, quant, w.max_draft_len)
                 else:  # host-side lookups: linear in the rows, from the measured per-row time
                     ms = (p.median_ms or 0.0) * b / p.batch
                 draft.append({"mechanism": p.mechanism, "quant": quant, "batch": b, "draft_len": p.draft_len, "ctx": p.ctx,
@@ -102,6 +146,16 @@ def project(profile: Profile, spec: DeviceSpec) -> Profile:
     data = profile.model_dump(mode="json")
     data.update(verify=verify, draft=draft, host=host, device={**spec.as_record(), "projected_from": profile.device.get("name")},
                 workload={**data["workload"], "batch_buckets": list(buckets)},
-                notes=[*profile.notes, f"projected onto {spec.name}: every time is modeled from the hardware table (acceptance measured on {profile.device.get('name')})"],
+                notes=[*profile.notes, f"projected onto {spec.name}: every time is modeled from the hardware table (acceptance measured on {profile.device.get('name')})",
+                       *_vocabulary_notes(profile)],
                 timing_shapes=f"{profile.timing_shapes}; times projected by a roofline model")
     return Profile.model_validate(data)
+
+
+def _vocabulary_notes(profile: Profile) -> list[str]:
+    """A note naming the learned heads whose draft vocabulary the profile does not record (profiled before it was)."""
+    missing = sorted(d.name for d in profile.drafters if is_learned_head(d) and "draft_vocab_size" not in d.model)
+    if not missing:
+        return []
+    return [f"{', '.join(missing)}: the profile records no draft vocabulary, so the projection charges the target's vocabulary "
+            "for the head's LM head (an overestimate for a reduced draft vocabulary); re-profile to record it"]

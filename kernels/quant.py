@@ -3,8 +3,11 @@
 A weight is quantized to a low-precision format and immediately dequantized back to its own dtype,
 so the drafter runs on any device (CPU included) while its outputs carry the format's rounding.
 This is what the profiler uses to measure a quantized drafter's acceptance length (DESIGN.md §1,
-quantization): accuracy is emulated here; time is measured only where the device runs the format
-natively (`supported_natively`), and modeled otherwise.
+quantization): accuracy is emulated here. Time is not: emulated weights run at full-precision speed, so
+the profiler times drafters in full precision only. A quantized drafter's draft time is the full-precision
+time labelled modeled (`autotune.cost_model.CostModel.draft_ms`), or, under `specdec-tune search --device`,
+the hardware table's roofline projection for a device that runs the format natively (`supported_natively`,
+`autotune.projection`), also modeled.
 
 Formats
 -------

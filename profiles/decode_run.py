@@ -8,7 +8,7 @@ import torch
 
 from specdec_tune import SpecdecError
 from specdec_tune.profiles.calibration import CalibrationSet, load_calibration
-from specdec_tune.profiles.drafters import create
+from specdec_tune.profiles.drafters import available, create
 from specdec_tune.profiles.models.loading import LoadedModel, load_model
 from specdec_tune.profiles.prompts import encode_prompts
 from specdec_tune.profiles.specdec import SpecCounters, generate
@@ -41,8 +41,13 @@ class DecodeSettings:
         for name, value in (("--batch-size", self.batch_size), ("--num-prompts", self.num_prompts), ("--max-new-tokens", self.max_new_tokens)):
             if value < 1:
                 raise SpecdecError(f"{name} {value} must be at least 1", f"pass {name} 1 or more")
+        if self.drafter is not None and self.drafter not in available():  # before the target loads
+            raise SpecdecError(f"unknown drafter mechanism {self.drafter!r}", f"choose one of: {', '.join(available())}")
         if self.check_lossless and self.temperature > 0:
             raise SpecdecError("--check-lossless compares greedy outputs token for token", "drop --temperature or --check-lossless")
+        if self.check_lossless and self.drafter is None:
+            raise SpecdecError("--check-lossless needs a drafter: without one it compares plain decoding with plain decoding",
+                               "add --drafter ngram (or another drafter)")
 
 
 def select_prompts(spec: str, split: str, n: int) -> CalibrationSet:

@@ -18,14 +18,18 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import random
+import statistics
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from specdec_tune import SpecdecError, __version__
 from specdec_tune.profiles import micro
-from specdec_tune.profiles.calibration import CalibrationSet, load_calibration
+from specdec_tune.profiles import replay
+from specdec_tune.profiles.calibration import CalibrationPrompt, CalibrationSet, load_calibration
 from specdec_tune.profiles.drafters import Drafter, DraftRequest, create
 from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint, resolve_device
 from specdec_tune.profiles.models.loading import LoadedModel, load_model, model_folder, weights_hash
@@ -34,9 +38,13 @@ from specdec_tune.profiles.records import sha256_json, write_json
 from specdec_tune.profiles.schema import SCHEMA_VERSION, Profile, load_profile
 from specdec_tune.profiles.specdec import SpecCounters, generate
 from specdec_tune.profiles.store import MeasurementLog
-from specdec_tune.profiles.timing import SpeedGuard, is_out_of_memory, time_call
+from specdec_tune.profiles.intervals import median_interval, monotone_fit, moved_beyond_interval
+from specdec_tune.profiles.timing import SpeedGuard, Timing, is_out_of_memory, time_call
 
-FLAG_REL_DIFF = 0.05  # derived vs direct AL: flag differences above this
+BOOTSTRAP_RESAMPLES = 1000
+GROWTH_STEP = 4  # prompts added per domain and round while its acceptance interval is wide
+FLAG_REL_DIFF = 0.05  # replay vs the loop in the profile's dtype: flag differences above this
+DRAFT_CALLS_PER_POINT = 1 + 5 * 10  # warm-up + time_call's repeats (at most 10x when they are short)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +52,11 @@ class ProfileSettings:
     target: str = "smollm2-135m"
     drafters: tuple[str, ...] = ("ngram", "suffix", "draft_model")  # "name" or "name:key=value,key=value"
     prompts: str = "default"
-    prompts_per_domain: int = 3
+    prompts_per_domain: int = 4  # to start with: greedy acceptance adds more until its interval is tight
+    acceptance_half_width: float = 0.02  # target relative half-width (95%) of tokens per forward at the relevant D
+    acceptance: str = "replay"  # greedy acceptance: "replay" where the drafter allows it, or "loop" for every drafter
+    sampled_prompts_per_domain: int = 2  # prompts per domain for temperatures > 0 (the loop)
+    check_prompts: int = 4  # prompts on which the loop checks the replay
     new_tokens: int = 64
     temperatures: tuple[float, ...] = (0.0, 0.7)
     batch_buckets: tuple[int, ...] = ()  # () = 1..16 on CPU, 1..256 on a GPU (powers of two)
@@ -79,6 +91,10 @@ class ProfileSettings:
             raise SpecdecError("--prompts-per-domain, --new-tokens and --budget-minutes must be positive (new tokens ≥ 2)", "raise them")
         if any(t < 0 for t in self.temperatures):
             raise SpecdecError(f"temperatures {list(self.temperatures)} must be ≥ 0", "use 0 for greedy")
+        if self.acceptance not in ("replay", "loop"):
+            raise SpecdecError(f"--acceptance {self.acceptance!r} is not a method", "use replay (default) or loop")
+        if not 0 <= self.acceptance_half_width < 1:
+            raise SpecdecError(f"--half-width {self.acceptance_half_width:g} is not a fraction", "use e.g. 0.02 for ±2% (0: no prompts added)")
 
 
 def parse_drafter_spec(spec: str) -> tuple[str, dict[str, str]]:
@@ -153,29 +169,21 @@ def fill_curve(measured: dict[int, float | None], xs: range) -> list[tuple[int, 
     return out
 
 
-def _remeasure_outliers(timings: dict[int, dict | None], measure, slack: float = 1.15) -> None:
-    """Measure again, once, any point slower than a larger point by more than `slack`.
-
-    More tokens never cost less, so such a point caught a transient (another process, a page fault);
-    the second measurement replaces it.
-    """
-    xs = sorted(x for x, t in timings.items() if t is not None)
-    for i, x in enumerate(xs[:-1]):
-        later = min(timings[y]["median_ms"] for y in xs[i + 1 :])
-        if timings[x]["median_ms"] > slack * later:
-            measure(x)
-
-
-def _time_unless_oom(fn, device: torch.device, warmup: int = 2) -> dict | None:
+def _timing_unless_oom(fn, device: torch.device, warmup: int = 2, repeats: int = 5) -> Timing | None:
     """time_call's figures, or None when the call runs out of memory (recorded as infeasible)."""
     try:
-        return time_call(fn, device=device, warmup=warmup, repeats=5).as_dict()
+        return time_call(fn, device=device, warmup=warmup, repeats=repeats)
     except (torch.OutOfMemoryError, RuntimeError) as e:
         if not is_out_of_memory(e):
             raise
         if device.type == "cuda":
             torch.cuda.empty_cache()
         return None
+
+
+def _time_unless_oom(fn, device: torch.device, warmup: int = 2) -> dict | None:
+    timing = _timing_unless_oom(fn, device, warmup)
+    return timing.as_dict() if timing else None
 
 
 class VerifyStep:
@@ -199,15 +207,180 @@ class VerifyStep:
             self.ready = False  # infeasible at this batch and context
 
     @torch.inference_mode()
-    def time(self, tokens: int) -> dict | None:
+    def timing(self, tokens: int, warmup: int = 2, repeats: int = 5) -> Timing | None:
         ids = torch.randint(0, self.model.config.vocab_size, (self.batch, tokens), generator=self.generator).to(self.device)
-        return _time_unless_oom(lambda: self.model(ids, self.cache, self.start), self.device)
+        return _timing_unless_oom(lambda: self.model(ids, self.cache, self.start), self.device, warmup, repeats)
+
+    def time(self, tokens: int) -> dict | None:
+        timing = self.timing(tokens)
+        return timing.as_dict() if timing else None
 
 
 def time_verify_step(model, batch: int, ctx: int, tokens: int, seed: int = 0) -> dict | None:
     """time_call's figures for one verify step (None when it does not fit in memory)."""
     step = VerifyStep(model, batch, ctx, tokens, seed)
     return step.time(tokens) if step.ready else None
+
+
+VERIFY_BUDGET_SHARE = 0.3  # of the budget left when the verify phase starts
+VERIFY_TARGET_REL_HALF_WIDTH = 0.03  # a cell is repeated until its median's 95% interval is this tight (or the share ends)
+VERIFY_MAX_VISITS = 6
+VERIFY_SAMPLES_PER_VISIT = 3
+
+
+class VerifySampler:
+    """Measures the verify curve the way a shared machine allows: interleaved, shuffled, repeated.
+
+    A visit times one cell (B, ctx, 1+D): one warm-up call, then `VERIFY_SAMPLES_PER_VISIT` timed calls, logged
+    under its own key so that a killed run resumes. Rounds of visits run in a shuffled order over every cell
+    (a slow spell then lands on random cells of every batch and context, not on one curve's neighbours):
+      1. the seeds in 1+D (and 1, 1+D_max) for every (B, ctx);
+      2. bisection: the midpoint of each gap whose straight line misses the midpoint by more than the tolerance;
+      3. repeats: another visit for every cell whose median's 95% interval is wider than the target,
+         until all are tight, a cell has `VERIFY_MAX_VISITS`, or the phase's share of the budget ends.
+    Each cell's figures pool the samples of all its visits. A cell that runs out of memory is infeasible,
+    with every larger 1+D of its (B, ctx).
+    """
+
+    def __init__(self, profiler: Profiler, log: MeasurementLog, seeds: list[int], t_max: int) -> None:
+        self.p, self.log, self.t_max = profiler, log, t_max
+        self.seeds = sorted({1, t_max, *(x for x in seeds if x <= t_max)})
+        self.samples: dict[tuple[int, int, int], list[float]] = {}  # (B, ctx, t) -> ms
+        self.infeasible: dict[tuple[int, int], int] = {}  # (B, ctx) -> smallest t that ran out of memory
+        self.visits = 0
+        self.steps: dict[tuple[int, int], VerifyStep] = {}
+        self.rng = random.Random(profiler.s.seed)
+
+    def _step(self, B: int, ctx: int) -> VerifyStep | None:
+        if (B, ctx) not in self.steps:
+            step = VerifyStep(self.p.model, B, ctx, self.t_max, self.p.s.seed, self.p.device)
+            if not step.ready and self.steps:  # the other cells' caches may be what does not fit: free them, try once more
+                self.steps.clear()
+                if self.p.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                step = VerifyStep(self.p.model, B, ctx, self.t_max, self.p.s.seed, self.p.device)
+            if not step.ready:
+                return None
+            self.steps[(B, ctx)] = step
+        return self.steps[(B, ctx)]
+
+    def _visit(self, B: int, ctx: int, t: int) -> None:
+        if t >= self.infeasible.get((B, ctx), t + 1):
+            return
+        n = len(self.samples.get((B, ctx, t), [])) // VERIFY_SAMPLES_PER_VISIT  # visits so far: the log key of this one
+
+        def measure():
+            step = self._step(B, ctx)
+            timing = step.timing(t, warmup=1, repeats=VERIFY_SAMPLES_PER_VISIT) if step else None
+            return list(timing.samples_ms) if timing else None
+
+        samples = self.log.measure(f"verify/{B}/{ctx}/{t}/visit{n}", measure)
+        self.visits += 1
+        if samples is None:
+            self.infeasible[(B, ctx)] = min(t, self.infeasible.get((B, ctx), t))
+        else:
+            self.samples.setdefault((B, ctx, t), []).extend(samples)
+
+    def _round(self, visits: list[tuple[int, int, int]], deadline: float | None = None) -> None:
+        self.rng.shuffle(visits)
+        for i, (B, ctx, t) in enumerate(visits):
+            if deadline is not None and time.monotonic() > deadline:
+                return
+            self._visit(B, ctx, t)
+
+    def median(self, B: int, ctx: int, t: int) -> float | None:
+        samples = self.samples.get((B, ctx, t))
+        return statistics.median(samples) if samples else None
+
+    def run(self, deadline: float) -> None:
+        cells = [(B, ctx) for ctx in self.p.s.ctx_buckets for B in self.p.s.batch_buckets]
+        self._round([(B, ctx, t) for B, ctx in cells for t in self.seeds])
+        gaps = {cell: list(zip(self.seeds, self.seeds[1:])) for cell in cells}
+        while any(gaps.values()):  # bisection, one level per round
+            todo = [(B, ctx, (a + b) // 2) for (B, ctx), pairs in gaps.items() for a, b in pairs if b - a >= 2]
+            self._round(todo)
+            for (B, ctx), pairs in gaps.items():
+                nxt = []
+                for a, b in (p for p in pairs if p[1] - p[0] >= 2):
+                    m = (a + b) // 2
+                    ya, ym, yb = self.median(B, ctx, a), self.median(B, ctx, m), self.median(B, ctx, b)
+                    if None not in (ya, ym, yb) and abs(ym - (ya + (yb - ya) * (m - a) / (b - a))) > self.p.s.interp_tolerance * ym:
+                        nxt += [(a, m), (m, b)]
+                gaps[(B, ctx)] = nxt
+        while time.monotonic() < deadline:  # repeats where the interval is still wide
+            wide = [key for key, samples in self.samples.items()
+                    if len(samples) < VERIFY_MAX_VISITS * VERIFY_SAMPLES_PER_VISIT and _rel_half_width(samples) > VERIFY_TARGET_REL_HALF_WIDTH]
+            if not wide:
+                break
+            self._round(wide, deadline)
+        self.steps.clear()
+
+
+def _rel_half_width(samples: list[float]) -> float:
+    low, high = median_interval(samples)
+    return (high - low) / 2 / statistics.median(samples)
+
+
+def fit_verify(samples: dict[tuple[int, int, int], list[float]], infeasible: dict[tuple[int, int], int], batches, ctxs, t_max: int,
+               visits: int) -> tuple[list[dict], dict]:
+    """The verify curve's points: raw medians with their intervals, and the monotone fit the cost model reads.
+
+    More tokens, more rows or a longer cache never make a forward cheaper: the fit is the weighted least-squares
+    projection onto arrays non-decreasing in 1+D, batch and context (`intervals.monotone_fit`), each measured
+    cell weighted by 1 / (half-width of its interval)^2, the cells between measured 1+D weightless (they take the
+    line between their neighbours, then whatever keeps the order). A measured cell whose fitted value leaves its
+    interval disagreed with its neighbours: its source becomes `fitted` and it is listed in `verify_fit`.
+    """
+    grid = np.full((t_max, len(batches), len(ctxs)), np.nan)
+    weight = np.zeros_like(grid)
+    timings: dict[tuple[int, int, int], Timing] = {}
+    for bi, B in enumerate(batches):
+        for ci, ctx in enumerate(ctxs):
+            measured = {t: statistics.median(samples[(B, ctx, t)]) for t in range(1, t_max + 1) if (B, ctx, t) in samples}
+            limit = infeasible.get((B, ctx), t_max + 1)
+            for t, y, source in fill_curve(measured, range(1, limit)):
+                if y is None:
+                    continue
+                grid[t - 1, bi, ci] = y
+                if source == "measured":
+                    timings[(B, ctx, t)] = tm = Timing.of(samples[(B, ctx, t)])
+                    weight[t - 1, bi, ci] = 1.0 / max((tm.ci_high_ms - tm.ci_low_ms) / 2, 0.005 * tm.median_ms) ** 2
+    fitted = monotone_fit(grid, weight) if np.isfinite(grid).any() else grid
+    points, moved = [], []
+    for bi, B in enumerate(batches):
+        for ci, ctx in enumerate(ctxs):
+            limit = infeasible.get((B, ctx), t_max + 1)
+            rel = {t: (tm.ci_high_ms - tm.ci_low_ms) / 2 / tm.median_ms for (b, c, t), tm in timings.items() if (b, c) == (B, ctx)}
+            for t in range(1, t_max + 1):
+                y = float(fitted[t - 1, bi, ci]) if t < limit and np.isfinite(grid[t - 1, bi, ci]) else None
+                point = {"batch": B, "tokens": t, "ctx": ctx, "median_ms": y, "source": "infeasible" if y is None else "interpolated"}
+                tm = timings.get((B, ctx, t))
+                if tm is not None:
+                    is_moved = moved_beyond_interval(tm.median_ms, y, tm.ci_low_ms, tm.ci_high_ms)
+                    point |= {"raw_median_ms": tm.median_ms, "p10_ms": tm.p10_ms, "p90_ms": tm.p90_ms, "repeats": tm.repeats,
+                              "ci_low_ms": min(tm.ci_low_ms, y), "ci_high_ms": max(tm.ci_high_ms, y), "fit_moved": is_moved,
+                              "source": "fitted" if is_moved else "measured"}
+                    if is_moved:
+                        moved.append({"batch": B, "tokens": t, "ctx": ctx, "raw_ms": tm.median_ms, "fitted_ms": y,
+                                      "interval_ms": [tm.ci_low_ms, tm.ci_high_ms]})
+                elif y is not None and rel:  # between measured 1+D: the neighbours' relative half-width, interpolated
+                    lo = max((x for x in rel if x < t), default=None)
+                    hi = min((x for x in rel if x > t), default=None)
+                    h = rel[lo] if hi is None else rel[hi] if lo is None else rel[lo] + (rel[hi] - rel[lo]) * (t - lo) / (hi - lo)
+                    point |= {"ci_low_ms": y * (1 - h), "ci_high_ms": y * (1 + h)}
+                points.append(point)
+    measured_cells = len(timings)
+    widths = [(tm.ci_high_ms - tm.ci_low_ms) / 2 / tm.median_ms for tm in timings.values()]
+    summary = {
+        "method": "weighted isotonic regression, non-decreasing in 1+D, batch and context (Dykstra's projections over PAVA); "
+                  "weights 1 / half-width^2 of each median's 95% interval",
+        "visits": visits, "samples_per_visit": VERIFY_SAMPLES_PER_VISIT, "cells_measured": measured_cells,
+        "target_rel_half_width": VERIFY_TARGET_REL_HALF_WIDTH,
+        "cells_above_target": sum(w > VERIFY_TARGET_REL_HALF_WIDTH for w in widths),
+        "median_rel_half_width": statistics.median(widths) if widths else None,
+        "moved_beyond_interval": moved,
+    }
+    return points, summary
 
 
 class Profiler:
@@ -228,26 +401,50 @@ class Profiler:
                 raise SpecdecError(f"drafter {name!r} is given twice", "profile each mechanism once")
             self.drafters[name] = create(name, self.target, options)
         self.calibration = load_calibration(settings.prompts)
-        self.profile_split, _ = self.calibration.split()
-        self.prompt_set = _per_domain(self.profile_split, settings.prompts_per_domain)
+        self.pool, _ = self.calibration.split()  # the profiling split: acceptance grows into it, never the held-back part
+        self.prompt_set = _per_domain(self.pool, settings.prompts_per_domain)
         self.prompt_ids = encode_prompts(self.target.tokenizer, self.prompt_set, context_tokens=self.model.config.max_position_embeddings,
                                          max_new_tokens=settings.new_tokens, max_draft_tokens=settings.max_draft_len)
+        self.encoded = {p.id: ids for p, ids in zip(self.prompt_set, self.prompt_ids)} | self._encode_fitting(self.pool)
+        self.sampled_prompts = list(_per_domain(self.prompt_set, settings.sampled_prompts_per_domain).prompts)
         self.stop_ids = list(self.model.config.eos_token_ids)
+        # greedy acceptance by replay (profiles/replay.py) for the drafters that declare how, in every weight format
+        self.replay_units = [] if settings.acceptance == "loop" else [
+            (name, fmt) for name, d in self.drafters.items() if d.replay for fmt in ("none", *(settings.quant_formats if d.kind != "model_free" else ()))]
+        self.used: list[CalibrationPrompt] = []  # prompts replayed so far, in order
+        self.trajectory: dict[str, list[int]] = {}
+        self.replayed: dict[tuple[str, str], dict[str, list[SpecCounters]]] = {}  # (name, fmt) -> prompt id -> counters at D = 1..D_max
+        self.looped: dict[tuple[str, str, float], tuple] = {}
+        self.replay_checks: dict[str, list[dict]] = {}
+        self.replay_exact: dict[str, dict] = {}
+        self._quantized: dict[tuple[str, str], Drafter] = {}
         self.device_fp = device_fingerprint(self.device, self.model.dtype)
         self.fingerprint = sha256_json({
             "schema": SCHEMA_VERSION, "tool": __version__, "device": device_factors(self.device_fp),
             "target": dataclasses.asdict(self.target.ref), "drafters": self._drafter_infos(), "workload": self._workload(),
         })
 
+    def _encode_fitting(self, prompts: CalibrationSet) -> dict[str, list[int]]:
+        """Token ids of the prompts that fit the context with the generation (the others are left out of growth)."""
+        out = {}
+        for p in prompts:
+            try:
+                [ids] = encode_prompts(self.target.tokenizer, CalibrationSet("one", (p,)), context_tokens=self.model.config.max_position_embeddings,
+                                       max_new_tokens=self.s.new_tokens, max_draft_tokens=self.s.max_draft_len)
+            except SpecdecError:
+                continue
+            out[p.id] = ids
+        return out
+
     # ------------------------------------------------------------------ records
 
     def _workload(self) -> dict:
         s = self.s
         return {
-            "calibration": self.calibration.name, "calibration_fingerprint": self.prompt_set.fingerprint(), "split": "profile",
+            "calibration": self.calibration.name, "calibration_fingerprint": self.pool.fingerprint(), "split": "profile",
             "domains": self.prompt_set.domains(), "prompts_per_domain": s.prompts_per_domain, "new_tokens": s.new_tokens,
             "temperatures": list(s.temperatures), "batch_buckets": list(s.batch_buckets), "ctx_buckets": list(s.ctx_buckets),
-            "max_draft_len": s.max_draft_len, "acceptance_batch": s.acceptance_batch,
+            "max_draft_len": s.max_draft_len, "acceptance_batch": s.acceptance_batch, "acceptance_half_width": s.acceptance_half_width,
         }
 
     def _drafter_infos(self) -> list[dict]:
@@ -264,7 +461,7 @@ class Profiler:
             if head is not None:  # a learned head over the target's hidden states (EAGLE-3, MTP, DFlash, DSpark)
                 layers = len(getattr(head, "layers", None) or getattr(head, "mtp_layers", None) or [head])
                 ref = {"layers": layers, "hidden_layers": list(d.hidden_layers), "shares_target_weights": head.embed_tokens is self.model.embed_tokens,
-                       "weights_hash": getattr(d, "weights_hash", None)}
+                       "weights_hash": getattr(d, "weights_hash", None), "draft_vocab_size": head.lm_head.out_features}
             infos.append({
                 "name": name, "kind": desc["kind"], "options": desc["options"], "model": ref,
                 "quant_formats": ["none", *self.s.quant_formats] if d.kind != "model_free" else ["none"],
@@ -296,14 +493,28 @@ class Profiler:
         budget = Budget(self.s.budget_minutes)
         probe = VerifyStep(self.model, 1, self.s.ctx_buckets[0], 1, self.s.seed, self.device)
         self.guard = SpeedGuard(probe=lambda: probe.time(1)["median_ms"])
-        verify = self._verify_curve(log)
+        verify, verify_fit = self._verify_curve(log, budget)
+        self._tick("verify", 1, 1)
         draft = self._draft_costs(log, budget)
-        acceptance = self._acceptance(log, budget)
+        self._acceptance(log, budget)
+        self._check_replay(log, budget)
         host = self._host(log, budget)
         micro_points = self._micro(log, budget)
-        notes = [f"phase skipped for the time budget: {what}" for what in budget.skipped]
-        notes += [f"derived AL differs from a direct run by more than {FLAG_REL_DIFF:.0%}: {a['mechanism']} D={c['draft_len']} "
-                  f"(derived {c['derived']:.3f}, direct {c['direct']:.3f})" for a in acceptance for c in a["checks"] if c["flagged"]]
+        growth_notes = self._grow_acceptance(log, budget, verify)
+        acceptance = self._acceptance_records()
+        notes = [f"phase skipped for the time budget: {what}" for what in budget.skipped] + growth_notes
+        notes += [f"{'replayed' if a['method'] == 'replay' else 'derived'} tokens per forward differs from a loop run in "
+                  f"{self.model.dtype} by more than {FLAG_REL_DIFF:.0%}: {a['mechanism']} D={c['draft_len']} "
+                  f"({c['derived']:.3f} against {c['direct']:.3f})" for a in acceptance for c in a["checks"] if c["flagged"]]
+        if self.replay_exact:
+            notes.append("acceptance replayed from the target's greedy trajectories for " + ", ".join(sorted(self.replay_exact)) +
+                         "; the loop gave equal counters in fp32 on " + "; ".join(
+                             f"{r['prompts']} prompts at D = {r['draft_lens']}" for r in list(self.replay_exact.values())[:1]))
+        if verify_fit.get("moved_beyond_interval"):
+            notes.append(f"{len(verify_fit['moved_beyond_interval'])} verify cells disagreed with their neighbours beyond their 95% "
+                         "interval; the monotone fit moved them (source 'fitted'): " + ", ".join(
+                             f"B={m['batch']} 1+D={m['tokens']} ctx={m['ctx']} {m['raw_ms']:.1f}->{m['fitted_ms']:.1f} ms"
+                             for m in verify_fit["moved_beyond_interval"][:6]))
         if self.guard.repeated:
             notes.append(f"{self.guard.repeated} timing cells were measured again: the device ran more than "
                          f"{self.guard.slack - 1:.0%} below its quietest speed around them (a shared machine)")
@@ -319,11 +530,17 @@ class Profiler:
             "fingerprint": self.fingerprint, "backend": "torch", "device": self.device_fp,
             "target": dataclasses.asdict(self.target.ref),
             "timing_shapes": f"{self.target.ref.path} ({self.model.config.model_type}, {len(self.model.layers)} layers, hidden {self.model.config.hidden_size}, {self.target.ref.dtype}; real weights)",
-            "drafters": self._drafter_infos(), "workload": self._workload(),
+            "drafters": self._drafter_infos(),
+            "workload": self._workload() | {"prompts_by_domain": self._prompts_by_domain()},
             "verify": verify, "draft": draft, "host": host, "acceptance": acceptance, "micro": micro_points, "notes": notes,
+            "verify_fit": verify_fit,
         })
         write_json(out, profile.model_dump(mode="json"))
         return profile
+
+    def _prompts_by_domain(self) -> dict[str, int]:
+        prompts = self.used or list(self.prompt_set.prompts)
+        return {d: sum(p.domain == d for p in prompts) for d in dict.fromkeys(p.domain for p in prompts)}
 
     def _tick(self, phase: str, done: int, total: int) -> None:
         if self.progress:
@@ -331,36 +548,13 @@ class Profiler:
 
     # ------------------------------------------------------------------ verify
 
-    def _verify_curve(self, log: MeasurementLog) -> list[dict]:
-        s, points = self.s, []
-        t_max = s.max_draft_len + 1
-        seeds = [1, 2, 4, 8, 16, 32, 64]
-        cells = [(ctx, B) for ctx in s.ctx_buckets for B in s.batch_buckets]
-        for i, (ctx, B) in enumerate(cells):
-            self._tick("verify", i, len(cells))
-            measured = log.measure(f"verify/{B}/{ctx}", lambda: self._guarded(lambda: {str(t): v for t, v in self._verify_cell(B, ctx, t_max, seeds).items()}))
-            timings = {int(t): v for t, v in measured.items()}
-            for t, y, source in fill_curve({t: (v["median_ms"] if v else None) for t, v in timings.items()}, range(1, t_max + 1)):
-                extra = timings.get(t) or {}
-                points.append({"batch": B, "tokens": t, "ctx": ctx, "median_ms": y, "p10_ms": extra.get("p10_ms"),
-                               "p90_ms": extra.get("p90_ms"), "repeats": extra.get("repeats", 0), "source": source})
-        self._tick("verify", len(cells), len(cells))
-        return points
-
-    @torch.inference_mode()
-    def _verify_cell(self, B: int, ctx: int, t_max: int, seeds: list[int]) -> dict[int, dict | None]:
-        timings: dict[int, dict | None] = {}
-        step = VerifyStep(self.model, B, ctx, t_max, self.s.seed, self.device)
-        if not step.ready:
-            return {1: None}
-
-        def measure(t: int) -> float | None:
-            timings[t] = step.time(t)
-            return timings[t]["median_ms"] if timings[t] else None
-
-        adaptive_sample(measure, 1, t_max, self.s.interp_tolerance, seeds)
-        _remeasure_outliers(timings, measure)
-        return timings
+    def _verify_curve(self, log: MeasurementLog, budget: Budget) -> tuple[list[dict], dict]:
+        """T_verif(B, 1+D, ctx) over every cell, interleaved (`VerifySampler`), then fitted monotone (`fit_verify`)."""
+        s = self.s
+        sampler = VerifySampler(self, log, seeds=[1, 2, 4, 8, 16, 32, 64], t_max=s.max_draft_len + 1)
+        deadline = time.monotonic() + VERIFY_BUDGET_SHARE * max(0.0, budget.deadline - time.monotonic())
+        sampler.run(deadline)
+        return fit_verify(sampler.samples, sampler.infeasible, s.batch_buckets, s.ctx_buckets, s.max_draft_len + 1, sampler.visits)
 
     # ------------------------------------------------------------------ draft cost
 
@@ -377,16 +571,18 @@ class Profiler:
             for d, y, source in fill_curve(measured, range(1, self.d_max(self.drafters[name]) + 1)):
                 t = timings.get(str(d)) or {}
                 points.append({"mechanism": name, "batch": B, "draft_len": d, "ctx": ctx, "median_ms": y, "p10_ms": t.get("p10_ms"),
-                               "p90_ms": t.get("p90_ms"), "repeats": t.get("repeats", 0), "source": source})
+                               "p90_ms": t.get("p90_ms"), "repeats": t.get("repeats", 0), "source": source,
+                               "ci_low_ms": t.get("ci_low_ms"), "ci_high_ms": t.get("ci_high_ms")})
         self._tick("draft", len(cells), len(cells))
         return points
 
-    def _context_rows(self, B: int, ctx: int) -> list[list[int]]:
-        """B rows of real calibration tokens, each `ctx` long (prompts concatenated, rotated per row)."""
+    def _context_rows(self, B: int, ctx: int, extra: int = 0) -> list[list[int]]:
+        """B rows of real calibration tokens, each `ctx + extra` long (prompts concatenated, rotated per row): the
+        first `ctx` are the context, the rest the text that really follows it."""
         flat = [t for ids in self.prompt_ids for t in ids]
-        while len(flat) < ctx + B * 97:
+        while len(flat) < ctx + extra + B * 97:
             flat = flat + flat
-        return [flat[b * 97 : b * 97 + ctx] for b in range(B)]
+        return [flat[b * 97 : b * 97 + ctx + extra] for b in range(B)]
 
     @torch.inference_mode()
     def _context_states(self, drafter: Drafter, B: int, ctx: int) -> torch.Tensor | None:
@@ -402,11 +598,13 @@ class Profiler:
     def _draft_cell(self, drafter: Drafter, B: int, ctx: int) -> dict[int, dict | None]:
         """Steady state of a fully rejected round: each call appends one token, then drafts D.
 
+        The appended tokens are the calibration text that really follows each row's context, so lookups
+        (n-gram, suffix) find the matches real text offers, not the near-none of random tokens.
+
         A drafter that reads target hidden states gets them as the loop passes them: the context's (ctx - 1
         positions) with the untimed first call, then one verified position per call. Their values are the
         target's real states of the context (the timing does not depend on them; the shapes are the loop's)."""
         timings: dict[int, dict | None] = {}
-        g = torch.Generator().manual_seed(self.s.seed)
         states = self._context_states(drafter, B, ctx)  # [B, ctx, W] or None
 
         def request(rows: list[list[int]], D: int, first: bool) -> DraftRequest:
@@ -416,13 +614,14 @@ class Profiler:
             return DraftRequest(rows, [D] * B, 0.0, hidden_states=hidden, num_hidden=[hidden.shape[1]] * B)
 
         def measure(D: int) -> float | None:
-            rows = self._context_rows(B, ctx)
+            text = self._context_rows(B, ctx, extra=DRAFT_CALLS_PER_POINT)
+            rows = [r[:ctx] for r in text]
             drafter.start([list(r) for r in rows])
             drafter.propose(request(rows, D, first=True))  # catch up on the context, untimed
 
             def step():
-                for r in rows:
-                    r.append(int(torch.randint(0, 1000, (1,), generator=g)))
+                for r, t in zip(rows, text):
+                    r.append(t[len(r)])
                 drafter.propose(request(rows, D, first=False))
 
             timings[D] = _time_unless_oom(step, self.device, warmup=1)
@@ -433,80 +632,246 @@ class Profiler:
 
     # ------------------------------------------------------------------ acceptance
 
-    def run_counters(self, drafter: Drafter, D: int, temperature: float, log: MeasurementLog, key: str) -> list[SpecCounters]:
-        """Per-prompt counters over the profiling prompts, one logged unit per batch."""
+    def _drafter(self, name: str, fmt: str) -> Drafter:
+        """The drafter with its weights in `fmt` (fake-quantized copies are made once)."""
+        if fmt == "none":
+            return self.drafters[name]
+        if (name, fmt) not in self._quantized:
+            self._quantized[(name, fmt)] = self.drafters[name].with_quantized_weights(fmt)
+        return self._quantized[(name, fmt)]
+
+    def run_counters(self, drafter: Drafter, D: int, temperature: float, log: MeasurementLog, key: str,
+                     prompts: list[CalibrationPrompt] | None = None) -> list[SpecCounters]:
+        """Per-prompt counters of the speculative loop over `prompts` (default: the starting set), one logged unit per batch."""
+        prompts = list(self.prompt_set.prompts) if prompts is None else prompts
         out: list[SpecCounters] = []
         B = self.s.acceptance_batch
-        for start in range(0, len(self.prompt_ids), B):
+        for start in range(0, len(prompts), B):
+            ids = [self.encoded[p.id] for p in prompts[start : start + B]]
+
             def run_batch():
-                res = generate(self.model, self.prompt_ids[start : start + B], drafter=drafter, num_draft_tokens=D,
-                               max_new_tokens=self.s.new_tokens, temperature=temperature, seed=self.s.seed + start, stop_token_ids=self.stop_ids)
+                res = generate(self.model, ids, drafter=drafter, num_draft_tokens=D, max_new_tokens=self.s.new_tokens,
+                               temperature=temperature, seed=self.s.seed + start, stop_token_ids=self.stop_ids)
                 return {"counters": [dataclasses.asdict(c) for c in res.per_prompt],
                         "draft_s": res.draft_s, "verify_s": res.verify_s, "total_s": res.total_s, "forwards": res.target_forwards}
             done = log.measure(f"{key}/batch{start}", run_batch)
             out += [SpecCounters(**c) for c in done["counters"]]
         return out
 
+    def _trajectories(self, log: MeasurementLog, prompts: list[CalibrationPrompt]) -> None:
+        """The target's greedy continuations, generated once per prompt at the largest batch bucket and logged."""
+        batch = max(self.s.batch_buckets)
+        for start in range(0, len(prompts), batch):  # fixed batches: a resumed run decodes the same rows together
+            chunk = prompts[start : start + batch]
+            if any(f"trajectory/{p.id}" not in log for p in chunk):
+                for p, t in zip(chunk, replay.trajectories(self.model, [self.encoded[p.id] for p in chunk], self.s.new_tokens, batch)):
+                    log.measure(f"trajectory/{p.id}", lambda t=t: t)
+        for p in prompts:
+            self.trajectory[p.id] = log.get(f"trajectory/{p.id}")
+
+    def _replay_prompts(self, log: MeasurementLog, prompts: list[CalibrationPrompt]) -> None:
+        """Every replayed drafter's counters at every D on these prompts (the trajectories shared by all)."""
+        self._trajectories(log, prompts)
+        stop = set(self.stop_ids)
+        for name, fmt in self.replay_units:
+            D_max = self.d_max(self.drafters[name])
+            for p in prompts:
+                def run(p=p):
+                    drafter = self._drafter(name, fmt)
+                    propose = replay.PROPOSERS[drafter.replay](drafter, self.encoded[p.id], self.trajectory[p.id])
+                    counters = replay.replay(self.trajectory[p.id], propose, range(1, D_max + 1), self.s.new_tokens, stop, D_max)
+                    return [dataclasses.asdict(c) for c in counters]
+                self.replayed.setdefault((name, fmt), {})[p.id] = [SpecCounters(**c) for c in log.measure(f"replay/{name}/{fmt}/{p.id}", run)]
+        for p in prompts:
+            if p not in self.used:
+                self.used.append(p)
+
     def _acceptance(self, log: MeasurementLog, budget: Budget) -> list[dict]:
-        s, records = self.s, []
-        units = [(name, "none", t) for t in s.temperatures for name in self.drafters]
-        units += [(name, fmt, 0.0) for fmt in s.quant_formats for name, d in self.drafters.items() if d.kind != "model_free"]
+        """Greedy acceptance by replay where the drafter allows it; the loop for the rest and for sampling."""
+        s = self.s
+        if self.replay_units:
+            self._tick("acceptance", 0, 1)
+            self._replay_prompts(log, list(self.prompt_set.prompts))
+        units = [(name, "none", t) for t in s.temperatures for name in self.drafters if t > 0 or (name, "none") not in self.replay_units]
+        units += [(name, fmt, 0.0) for fmt in s.quant_formats for name, d in self.drafters.items()
+                  if d.kind != "model_free" and (name, fmt) not in self.replay_units]
         for i, (name, fmt, temp) in enumerate(units):
             self._tick("acceptance", i, len(units))
             label = f"acceptance {name} quant={fmt} T={temp}"
             if not budget.allows(label):
                 continue
-            drafter = self.drafters[name] if fmt == "none" else self.drafters[name].with_quantized_weights(fmt)
+            drafter = self._drafter(name, fmt)
+            prompts = self.sampled_prompts if temp > 0 else list(self.prompt_set.prompts)
             key = f"acceptance/{name}/{fmt}/{temp}"
-            per_prompt = self.run_counters(drafter, self.d_max(self.drafters[name]), temp, log, key)
+            per_prompt = self.run_counters(drafter, self.d_max(self.drafters[name]), temp, log, key, prompts)
             checks = []
             if fmt == "none" and temp == 0.0:
                 for D in [D for D in s.checks if D < self.d_max(self.drafters[name])]:
                     if not budget.allows(f"AL check {name} D={D}"):
                         continue
-                    direct = SpecCounters.total(self.run_counters(drafter, D, 0.0, log, f"check/{name}/{D}")).tokens_per_target_forward
+                    direct = SpecCounters.total(self.run_counters(drafter, D, 0.0, log, f"check/{name}/{D}", prompts)).tokens_per_target_forward
                     derived = SpecCounters.total(per_prompt).derived_at(D)[0]
                     rel = (derived - direct) / direct
                     checks.append({"draft_len": D, "derived": derived, "direct": direct, "rel_diff": rel, "flagged": abs(rel) > FLAG_REL_DIFF})
-            source = "measured" if fmt == "none" else "emulated"
-            by_domain: dict[str, list[SpecCounters]] = {}
-            for p, c in zip(self.prompt_set.prompts, per_prompt):
-                by_domain.setdefault(p.domain, []).append(c)
-            for domain, cs in [("all", per_prompt), *by_domain.items()]:
-                records.append(self._acceptance_record(name, fmt, source, domain, temp, cs, checks if domain == "all" else []))
+            self.looped[(name, fmt, temp)] = (prompts, per_prompt, checks)
         self._tick("acceptance", len(units), len(units))
-        return records
+        return self._acceptance_records()
 
-    def _acceptance_record(self, name, fmt, source, domain, temp, counters: list[SpecCounters], checks) -> dict:
-        c = SpecCounters.total(counters)
-        derived = [c.derived_at(D) for D in range(self.d_max(self.drafters[name]) + 1)]
-        return {
-            "mechanism": name, "quant": fmt, "quant_source": source, "domain": domain, "temperature": temp,
-            "max_draft_len": self.d_max(self.drafters[name]), "prompts": len(counters), "new_tokens": self.s.new_tokens,
-            "num_drafts": c.num_drafts, "num_draft_tokens": c.num_draft_tokens, "num_accepted_tokens": c.num_accepted_tokens,
-            "num_accepted_tokens_per_pos": c.num_accepted_tokens_per_pos, "num_reached_per_pos": c.num_reached_per_pos,
-            "num_rounds": c.num_rounds, "rounds": c.rounds, "conditional_acceptance": c.conditional_acceptance(),
-            "tokens_per_forward": [d[0] for d in derived], "mean_al_vllm": [d[1] for d in derived], "checks": checks,
-        }
+    def _acceptance_records(self) -> list[dict]:
+        records = []
+        for (name, fmt), by_prompt in self.replayed.items():
+            prompts = [p for p in self.used if p.id in by_prompt]
+            rows = [by_prompt[p.id] for p in prompts]
+            records += self._records(name, fmt, 0.0, prompts, [r[-1] for r in rows], replay.per_prompt_rates(rows), "replay",
+                                     self.replay_checks.get(name, []))
+        for (name, fmt, temp), (prompts, per_prompt, checks) in self.looped.items():
+            sums = replay.derived_rates(per_prompt, self.d_max(self.drafters[name]))
+            records += self._records(name, fmt, temp, prompts, per_prompt, sums, "loop", checks)
+        order = {name: i for i, name in enumerate(self.drafters)}
+        return sorted(records, key=lambda r: (r["temperature"], r["quant"] != "none", r["quant"], order[r["mechanism"]]))
+
+    def _records(self, name: str, fmt: str, temp: float, prompts: list[CalibrationPrompt], at_max: list[SpecCounters],
+                 sums: dict[str, np.ndarray], method: str, checks: list[dict]) -> list[dict]:
+        """One record for every domain and one for "all" (domains weighted equally: `replay.figures`)."""
+        domains = [p.domain for p in prompts]
+        out = []
+        for domain in ["all", *dict.fromkeys(domains)]:
+            weights = dict.fromkeys(domains, 1.0) if domain == "all" else {domain: 1.0}
+            tpf, al, tpf_ci, al_ci = replay.figures(sums, domains, weights, resamples=BOOTSTRAP_RESAMPLES, seed=self.s.seed)
+            c = SpecCounters.total([x for x, d in zip(at_max, domains) if domain in ("all", d)])
+            out.append({
+                "mechanism": name, "quant": fmt, "quant_source": "measured" if fmt == "none" else "emulated", "domain": domain,
+                "temperature": temp, "max_draft_len": self.d_max(self.drafters[name]), "prompts": sum(domain in ("all", d) for d in domains),
+                "new_tokens": self.s.new_tokens, "num_drafts": c.num_drafts, "num_draft_tokens": c.num_draft_tokens,
+                "num_accepted_tokens": c.num_accepted_tokens, "num_accepted_tokens_per_pos": c.num_accepted_tokens_per_pos,
+                "num_reached_per_pos": c.num_reached_per_pos, "num_rounds": c.num_rounds, "rounds": c.rounds,
+                "conditional_acceptance": c.conditional_acceptance(), "tokens_per_forward": tpf.tolist(), "mean_al_vllm": al.tolist(),
+                "tokens_per_forward_ci": tpf_ci.tolist(), "mean_al_vllm_ci": al_ci.tolist(), "method": method,
+                "checks": checks if domain == "all" and fmt == "none" else [],
+            })
+        return out
+
+    def _check_replay(self, log: MeasurementLog, budget: Budget) -> None:
+        """The loop checks the replay on a sample: in fp32 the counters must be equal, prompt by prompt and D by D
+        (a difference fails the profile); in the profile's dtype the tokens per forward at D_max are compared and
+        the difference recorded (batch-shape numerics: the loop verifies 1+D tokens per forward, the trajectory one)."""
+        names = [name for name, fmt in self.replay_units if fmt == "none"]
+        if not names or not budget.allows("replay check against the loop"):
+            return
+        sample = list(self.prompt_set.prompts)[:: max(1, len(self.prompt_set.prompts) // self.s.check_prompts)][: self.s.check_prompts]
+        stop = set(self.stop_ids)
+        exact = None
+        for i, name in enumerate(names):
+            self._tick("replay check", i, len(names))
+            D_max = self.d_max(self.drafters[name])
+            lens = sorted({min(3, D_max), D_max})
+
+            def fp32_check():
+                nonlocal exact
+                if exact is None:
+                    exact = load_model(self.s.target, dtype="float32", device=str(self.device), trust_remote_code=self.s.trust_remote_code)
+                spec = next(x for x in self.s.drafters if parse_drafter_spec(x)[0] == name)
+                drafter = create(name, exact, parse_drafter_spec(spec)[1])
+                ids = [self.encoded[p.id] for p in sample]
+                trajs = replay.trajectories(exact.model, ids, self.s.new_tokens, len(ids))
+                for D in lens:
+                    looped = generate(exact.model, ids, drafter=drafter, num_draft_tokens=D, max_new_tokens=self.s.new_tokens,
+                                      stop_token_ids=self.stop_ids).per_prompt
+                    for p, t, c in zip(sample, trajs, looped):
+                        [mine] = replay.replay(t, replay.PROPOSERS[drafter.replay](drafter, self.encoded[p.id], t), [D],
+                                               self.s.new_tokens, stop, D)
+                        if dataclasses.asdict(mine) != dataclasses.asdict(c):
+                            return {"equal": False, "draft_len": D, "prompt": p.id,
+                                    "replay": [mine.num_rounds, mine.num_accepted_tokens], "loop": [c.num_rounds, c.num_accepted_tokens]}
+                return {"equal": True, "prompts": len(sample), "draft_lens": lens}
+
+            result = log.measure(f"replay-check/{name}/fp32", fp32_check)
+            if not result["equal"]:
+                raise SpecdecError(
+                    f"replayed acceptance of {name} differs from the speculative loop in fp32 on prompt {result['prompt']} at "
+                    f"D={result['draft_len']} (rounds, accepted: replay {result['replay']}, loop {result['loop']})",
+                    "profile with --acceptance loop, and report the drafter: its proposals must depend only on the prefix")
+            looped = self.run_counters(self.drafters[name], D_max, 0.0, log, f"replay-check/{name}/{self.model.dtype}", sample)
+            direct = SpecCounters.total(looped).tokens_per_target_forward
+            replayed = SpecCounters.total([self.replayed[(name, "none")][p.id][-1] for p in sample]).tokens_per_target_forward
+            rel = (replayed - direct) / direct
+            self.replay_checks[name] = [{"draft_len": D_max, "derived": replayed, "direct": direct, "rel_diff": rel,
+                                         "flagged": abs(rel) > FLAG_REL_DIFF}]
+            self.replay_exact[name] = result
+        self._tick("replay check", len(names), len(names))
+
+    def _relevant_draft_lens(self, verify: list[dict]) -> set[int]:
+        """The D a plan could take: per batch bucket and replayed drafter, the D with the best speedup bound
+        tokens_per_forward(D) x T_verif(B, 1) / T_verif(B, 1+D) (draft and host cost left out)."""
+        ctx = self.s.ctx_buckets[0]
+        t_verif = {(p["batch"], p["tokens"]): p["median_ms"] for p in verify if p["ctx"] == ctx and p["median_ms"]}
+        relevant = set()
+        for (name, fmt), by_prompt in self.replayed.items():
+            if fmt != "none":
+                continue
+            rows = [by_prompt[p.id] for p in self.used if p.id in by_prompt]
+            tpf, _ = replay.figures(replay.per_prompt_rates(rows), [p.domain for p in self.used if p.id in by_prompt],
+                                    dict.fromkeys(self.pool.domains(), 1.0))
+            for B in self.s.batch_buckets:
+                bounds = {D: tpf[D] * t_verif[(B, 1)] / t_verif[(B, D + 1)] for D in range(1, len(tpf)) if (B, 1) in t_verif and (B, D + 1) in t_verif}
+                if bounds:
+                    relevant.add(max(bounds, key=bounds.get))
+        return relevant or {1}
+
+    def _grow_acceptance(self, log: MeasurementLog, budget: Budget, verify: list[dict]) -> list[str]:
+        """Add prompts to every domain whose tokens per forward is not yet within ±half-width at the relevant D
+        (95% bootstrap interval, every replayed drafter), until all are, the domain runs out of prompts, or the
+        budget ends. Returns the notes that say where it stopped."""
+        target = self.s.acceptance_half_width
+        if not self.replay_units or target <= 0:
+            return []
+        relevant = sorted(self._relevant_draft_lens(verify))
+        while True:
+            widths = self._half_widths(relevant)
+            wide = {d: w for d, w in widths.items() if w > target}
+            self._tick("more prompts", len(widths) - len(wide), len(widths))
+            if not wide:
+                return [f"acceptance: tokens per forward within ±{target:.0%} (95%) in every domain at D = {relevant}"]
+            added = [p for d in wide for p in [q for q in self.pool.prompts if q.domain == d and q.id in self.encoded and q not in self.used][:GROWTH_STEP]]
+            if not added or not budget.allows("more acceptance prompts"):
+                why = "the time budget ended" if added else "the profiling split has no more prompts for them"
+                return [f"acceptance: {why}; tokens per forward at D = {relevant} is within ±{w:.1%} (95%) for {d} "
+                        f"({sum(p.domain == d for p in self.used)} prompts), above the ±{target:.0%} target" for d, w in sorted(wide.items())]
+            self._replay_prompts(log, added)
+
+    def _half_widths(self, relevant: list[int]) -> dict[str, float]:
+        """Per domain, the largest relative half-width of tokens per forward over the relevant D and replayed drafters."""
+        out: dict[str, float] = {}
+        for (name, fmt), by_prompt in self.replayed.items():
+            if fmt != "none":
+                continue
+            prompts = [p for p in self.used if p.id in by_prompt]
+            sums = replay.per_prompt_rates([by_prompt[p.id] for p in prompts])
+            domains = [p.domain for p in prompts]
+            for d in dict.fromkeys(domains):
+                tpf, _, ci, _ = replay.figures(sums, domains, {d: 1.0}, resamples=BOOTSTRAP_RESAMPLES, seed=self.s.seed)
+                out[d] = max(out.get(d, 0.0), *((ci[D, 1] - ci[D, 0]) / 2 / tpf[D] for D in relevant if D < len(tpf)))
+        return out
 
     # ------------------------------------------------------------------ host overhead
 
     def _host(self, log: MeasurementLog, budget: Budget) -> list[dict]:
-        """Per batch bucket: a short real decode with each drafter; host = round - draft - verify."""
+        """Per batch bucket and drafter, at the shortest and the longest draft: a short real decode; host = round -
+        draft - verify (the cost model interpolates between the two draft lengths)."""
         points = []
-        cells = [(name, B) for name in ("plain", *self.drafters) for B in self.s.batch_buckets]
-        for i, (name, B) in enumerate(cells):
+        cells = [(name, B, D) for name in ("plain", *self.drafters) for B in self.s.batch_buckets
+                 for D in ([0] if name == "plain" else sorted({1, self.d_max(self.drafters[name])}))]
+        for i, (name, B, D) in enumerate(cells):
             self._tick("host", i, len(cells))
-            if not budget.allows(f"host overhead {name} B={B}"):
+            if not budget.allows(f"host overhead {name} B={B} D={D}"):
                 continue
-            D = 0 if name == "plain" else min(3, self.d_max(self.drafters[name]))
 
             def run():
                 ids = (self.prompt_ids * B)[:B]
                 res = generate(self.model, ids, drafter=self.drafters.get(name), num_draft_tokens=D, max_new_tokens=16)
                 return {"draft_s": res.draft_s, "verify_s": res.verify_s, "total_s": res.total_s, "forwards": res.target_forwards}
 
-            r = log.measure(f"host/{name}/{B}", lambda: self._guarded(run))
+            r = log.measure(f"host/{name}/{B}/{D}", lambda: self._guarded(run))
             points.append({"mechanism": name, "batch": B, "draft_len": D, "rounds": r["forwards"],
                            "host_ms_per_round": 1e3 * (r["total_s"] - r["draft_s"] - r["verify_s"]) / r["forwards"],
                            "round_ms": 1e3 * r["total_s"] / r["forwards"], "source": "measured"})
@@ -530,6 +895,58 @@ class Profiler:
         return [{k: v for k, v in p.items() if k not in ("tokens", "gflop", "achieved_gflops")} for p in points]
 
 
+def remeasure(profile_path: Path, verify_cells: list[tuple[int, int, int]], visits: int = 2) -> tuple[Profile, list[dict]]:
+    """Measure verify cells of a written profile again and refit its curve; profile.json is rewritten atomically.
+
+    `verify_cells` are (batch, tokens, ctx). Each gets `visits` more visits (appended to the profile's measurement log
+    under the next visit numbers, so the log keeps every sample); its figures then pool old and new samples, and the
+    whole curve is fitted again (`fit_verify`). Returns the new profile and, per cell, its value before and after.
+    """
+    profile = load_profile(profile_path)
+    if profile.device.get("projected_from"):
+        raise SpecdecError(f"{profile_path} is projected onto {profile.device.get('name')}: its cells were never measured here",
+                           "re-measure the profile it was projected from")
+    log = MeasurementLog(profile_path.parent, profile.fingerprint)
+    samples: dict[tuple[int, int, int], list[float]] = {}
+    for key, value in log.items("verify/"):
+        _, B, ctx, t, _visit = key.split("/")
+        if value is not None:
+            samples.setdefault((int(B), int(ctx), int(t)), []).extend(value)
+    w = profile.workload
+    t_max = w.max_draft_len + 1
+    infeasible = {}
+    for p in profile.verify:
+        if p.source == "infeasible":
+            infeasible[(p.batch, p.ctx)] = min(p.tokens, infeasible.get((p.batch, p.ctx), p.tokens))
+    device = resolve_device("cuda" if profile.device.get("kind") == "cuda" else "cpu")
+    target = load_model(profile.target["path"], dtype=profile.device.get("dtype", "auto"), device=str(device))
+    before = {(p.batch, p.tokens, p.ctx): p.median_ms for p in profile.verify}
+    steps: dict[tuple[int, int], VerifyStep] = {}
+    total_visits = len(log.items("verify/"))
+    for B, t, ctx in verify_cells:
+        if (B, ctx) not in steps:
+            steps[(B, ctx)] = VerifyStep(target.model, B, ctx, t_max, 0, device)
+        for _ in range(visits):
+            n = len(samples.get((B, ctx, t), [])) // VERIFY_SAMPLES_PER_VISIT
+
+            def measure(step=steps[(B, ctx)], t=t):
+                timing = step.timing(t, warmup=1, repeats=VERIFY_SAMPLES_PER_VISIT) if step.ready else None
+                return list(timing.samples_ms) if timing else None
+
+            value = log.measure(f"verify/{B}/{ctx}/{t}/visit{n}", measure)
+            total_visits += 1
+            if value is not None:
+                samples.setdefault((B, ctx, t), []).extend(value)
+    points, fit = fit_verify(samples, infeasible, w.batch_buckets, w.ctx_buckets, t_max, total_visits)
+    data = profile.model_dump(mode="json") | {"verify": points, "verify_fit": fit}
+    updated = Profile.model_validate(data)
+    write_json(profile_path, updated.model_dump(mode="json"))
+    after = {(p.batch, p.tokens, p.ctx): p for p in updated.verify}
+    changes = [{"batch": B, "tokens": t, "ctx": ctx, "before_ms": before.get((B, t, ctx)), "after_ms": after[(B, t, ctx)].median_ms,
+                "source": after[(B, t, ctx)].source} for B, t, ctx in verify_cells if (B, t, ctx) in after]
+    return updated, changes
+
+
 def _per_domain(cal: CalibrationSet, n: int) -> CalibrationSet:
     """The first n prompts of each domain (in the set's order)."""
     picked, counts = [], {}
@@ -547,6 +964,7 @@ def summary(profile: Profile) -> dict:
     verify = {(p.batch, p.tokens): p.median_ms for p in profile.verify if p.ctx == ctx}
     greedy = [a for a in profile.acceptance if a.temperature == 0.0 and a.quant == "none"]
     al = {(a.mechanism, a.domain): a.tokens_per_forward[-1] for a in greedy}  # at each drafter's longest D (a block caps it)
+    al_ci = {(a.mechanism, a.domain): a.tokens_per_forward_ci[-1] for a in greedy if a.tokens_per_forward_ci}
     bounds = {}
     for B in profile.workload.batch_buckets:
         if verify.get((B, 1)) is None:
@@ -565,4 +983,5 @@ def summary(profile: Profile) -> dict:
     gemm_share = {B: gemm_ms[B] / verify[(B, 1)] for B in profile.workload.batch_buckets if B in gemm_ms and verify.get((B, 1))}
     knees = {B: micro.knee([{"t": t, "ms": verify[(B, t)]} for t in range(1, D_max + 2) if verify.get((B, t))], "t", "ms")
              for B in profile.workload.batch_buckets}
-    return {"al": al, "bounds": bounds, "knees": knees, "ctx": ctx, "gemm_share": gemm_share}
+    return {"al": al, "al_ci": al_ci, "bounds": bounds, "knees": knees, "ctx": ctx, "gemm_share": gemm_share,
+            "prompts": dict(profile.workload.prompts_by_domain)}

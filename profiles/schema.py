@@ -120,6 +120,8 @@ class MicroPoint(Record):
     p90_ms: float
     repeats: int
     source: Source
+    ci_low_ms: Optional[float] = None
+    ci_high_ms: Optional[float] = None
 
 
 class DrafterInfo(Record):

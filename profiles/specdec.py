@@ -120,6 +120,14 @@ class SpecCounters:
         It corrects what a per-round cap min(n, D) gets wrong: long accepted runs are fewer rounds at
         D_max than at small D, so capping each round undercounts AL at small D.
         """
+        tokens, rounds, drafted = self.derived_counts(draft_len)
+        if not rounds:
+            return 1.0, 1.0
+        accepted = tokens - rounds
+        return tokens / rounds, (1.0 + accepted / drafted) if drafted else 1.0
+
+    def derived_counts(self, draft_len: int) -> tuple[int, int, int]:
+        """(tokens, target forwards, forwards that drafted) of a run at D = draft_len, derived as in `derived_at`."""
         D = draft_len
         tokens = rounds = drafted = 0
         for L, row in enumerate(self.rounds):
@@ -128,10 +136,7 @@ class SpecCounters:
                 tokens += count * (n + 1)
                 rounds += forwards
                 drafted += forwards if L > 0 and D > 0 else 0
-        if not rounds:
-            return 1.0, 1.0
-        accepted = tokens - rounds
-        return tokens / rounds, (1.0 + accepted / drafted) if drafted else 1.0
+        return tokens, rounds, drafted
 
     def conditional_acceptance(self) -> list[float | None]:
         """a_k = P(d_k accepted | d_1..d_{k-1} accepted, d_k proposed); None where never reached."""

@@ -35,6 +35,10 @@ class MeasurementLog:
     def get(self, key: str):
         return self._done.get(key)
 
+    def items(self, prefix: str = "") -> list[tuple[str, object]]:
+        """The logged (key, value) pairs whose key starts with `prefix`, in the order they were first logged."""
+        return [(k, v) for k, v in self._done.items() if k.startswith(prefix)]
+
     def put(self, key: str, value) -> None:
         line = json.dumps({"key": key, "value": value}, sort_keys=True)
         with open(self.path, "a") as f:

@@ -1,7 +1,8 @@
 """Timing a callable the way the profile reports it: warm-up, repeats, median and spread.
 
 On CUDA, each repeat is bracketed by CUDA events (device time, no host sync inside the region);
-on CPU, by `time.perf_counter`. Either way the numbers are milliseconds per call.
+on CPU, by `time.perf_counter`. Either way the numbers are milliseconds per call, and the median
+carries its 95% interval (order statistics: `intervals.median_interval`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from collections.abc import Callable
 
 import torch
 
+from specdec_tune.profiles.intervals import median_interval
+
 
 @dataclasses.dataclass(frozen=True)
 class Timing:
@@ -20,9 +23,20 @@ class Timing:
     p10_ms: float
     p90_ms: float
     repeats: int
+    ci_low_ms: float
+    ci_high_ms: float
+    samples_ms: tuple[float, ...] = ()
 
     def as_dict(self) -> dict[str, float | int]:
-        return dataclasses.asdict(self)
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "samples_ms"}
+
+    @staticmethod
+    def of(samples_ms: list[float]) -> Timing:
+        """The summary of pooled samples (several visits of one cell)."""
+        ordered = sorted(samples_ms)
+        low, high = median_interval(ordered)
+        return Timing(statistics.median(ordered), _quantile(ordered, 0.1), _quantile(ordered, 0.9), len(ordered), low, high,
+                      tuple(samples_ms))
 
 
 def _quantile(sorted_ms: list[float], q: float) -> float:
@@ -52,8 +66,7 @@ def time_call(fn: Callable[[], object], *, device: torch.device, warmup: int = 2
             t0 = time.perf_counter()
             fn()
             samples.append((time.perf_counter() - t0) * 1e3)
-    samples.sort()
-    return Timing(statistics.median(samples), _quantile(samples, 0.1), _quantile(samples, 0.9), len(samples))
+    return Timing.of(samples)
 
 
 def is_out_of_memory(e: BaseException) -> bool:

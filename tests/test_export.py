@@ -253,6 +253,7 @@ def test_check_is_fresh_then_names_each_changed_factor(bundle, capsys):
     assert not result["fresh"]
 
 
+@pytest.mark.demo
 def test_lossless_gate_fails_on_a_drafter_that_corrupts_the_target(monkeypatch):
     """A drafter sharing the target's weights that edits them in place (the bug a careless in-place
     quantization makes): speculative output then differs from plain output, and the gate says so."""

@@ -455,6 +455,7 @@ def test_trainer_output_loads_through_the_speculators_loader(tmp_path, mechanism
     assert out.tokens == generate(target.model, ids, max_new_tokens=16).tokens
 
 
+@pytest.mark.demo
 def test_package_text_is_windows_of_installed_prose_and_code():
     """The package-text part of the training data: deterministic, windows no longer than asked, both kinds present."""
     from specdec_tune.profiles.models.loading import load_model

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -43,18 +44,34 @@ def test_adaptive_sampling_stops_at_infeasible_points():
     assert filled[3] == (3.0, "interpolated")
 
 
-def test_a_point_slower_than_a_larger_one_is_measured_again():
-    from specdec_tune.profiles.profiler import _remeasure_outliers
+def test_the_fit_keeps_the_curve_monotone_and_flags_a_cell_that_disagrees_with_its_neighbours():
+    """A slow spell on one cell (ctx 128, batch 1, 1+D = 13: 190 ms among 50 ms neighbours) and a batch-8 cell faster at
+    1+D = 2 than at 1 are fitted away; the spike is flagged `fitted` with its raw value kept, honest cells stay measured."""
+    from specdec_tune.profiles.profiler import fit_verify
 
-    timings = {1: {"median_ms": 10.0}, 2: {"median_ms": 30.0}, 4: {"median_ms": 12.0}, 8: {"median_ms": 20.0}}
-    again = []
-
-    def measure(x):
-        again.append(x)
-        timings[x] = {"median_ms": 11.0}
-
-    _remeasure_outliers(timings, measure)
-    assert again == [2] and timings[2]["median_ms"] == 11.0
+    rng = random.Random(0)
+    samples = {}
+    for B in (1, 8):
+        for ctx in (128, 512):
+            for t in range(1, 17):
+                base = (50 + 0.3 * t) * (1 + 0.4 * (B == 8)) * (1 + 0.1 * (ctx == 512))
+                samples[(B, ctx, t)] = [base * (1 + 0.004 * rng.uniform(-1, 1)) for _ in range(9)]
+    samples[(1, 128, 13)] = [190.0 + rng.uniform(-2, 2) for _ in range(9)]
+    samples[(8, 128, 2)] = [x - 2.5 for x in samples[(8, 128, 1)]]
+    points, fit = fit_verify(samples, {}, [1, 8], [128, 512], 16, visits=3)
+    by = {(p["batch"], p["ctx"], p["tokens"]): p for p in points}
+    for B in (1, 8):
+        for ctx in (128, 512):
+            curve = [by[(B, ctx, t)]["median_ms"] for t in range(1, 17)]
+            assert all(a <= b + 1e-9 for a, b in zip(curve, curve[1:]))
+        assert all(by[(B, 128, t)]["median_ms"] <= by[(B, 512, t)]["median_ms"] + 1e-9 for t in range(1, 17))
+    assert all(by[(1, ctx, t)]["median_ms"] <= by[(8, ctx, t)]["median_ms"] + 1e-9 for ctx in (128, 512) for t in range(1, 17))
+    spike = by[(1, 128, 13)]
+    assert spike["source"] == "fitted" and spike["fit_moved"] and spike["raw_median_ms"] > 180 and spike["median_ms"] < 60
+    assert {(m["batch"], m["ctx"], m["tokens"]) for m in fit["moved_beyond_interval"]} >= {(1, 128, 13)}
+    honest = [p for k, p in by.items() if k not in {(1, 128, 13), (1, 128, 12), (1, 128, 14), (8, 128, 1), (8, 128, 2)}]
+    assert sum(p["source"] == "measured" for p in honest) >= 0.9 * len(honest)
+    assert all(p["ci_low_ms"] <= p["median_ms"] <= p["ci_high_ms"] for p in points)
 
 
 # ---------------------------------------------------------------------------- measurement log
@@ -114,8 +131,8 @@ def test_bad_settings():
 # ---------------------------------------------------------------------------- end to end on the demo target
 
 SMALL = dict(batch_buckets=(1, 2), ctx_buckets=(32,), max_draft_len=3, prompts_per_domain=1, new_tokens=8,
-             temperatures=(0.0,), budget_minutes=10.0)
-SMALL_CLI = ["--batch", "1,2", "--ctx", "32", "--max-draft-len", "3", "--prompts-per-domain", "1", "--new-tokens", "8",
+             temperatures=(0.0,), budget_minutes=10.0, acceptance_half_width=0.0)
+SMALL_CLI = ["--batch", "1,2", "--ctx", "32", "--max-draft-len", "3", "--prompts-per-domain", "1", "--new-tokens", "8", "--half-width", "0",
              "--temperatures", "0", "--quant", "none", "--drafter", "ngram", "--drafter", "suffix"]
 
 
@@ -127,7 +144,9 @@ def test_profile_end_to_end_and_reuse(tmp_path):
     assert loaded == first
     # every batch x 1+D x ctx point is present, measured or interpolated, with its source
     assert {(p.batch, p.tokens) for p in first.verify} == {(b, t) for b in (1, 2) for t in (1, 2, 3, 4)}
-    assert all(p.source in ("measured", "interpolated") and p.median_ms > 0 for p in first.verify)
+    assert all(p.source in ("measured", "interpolated", "fitted") and p.median_ms > 0 for p in first.verify)
+    assert all(p.ci_low_ms <= p.median_ms <= p.ci_high_ms for p in first.verify if p.source != "interpolated")
+    assert first.verify_fit["cells_measured"] >= 4 and first.verify_fit["visits"] >= 4
     assert {(p.mechanism, p.batch, p.draft_len) for p in first.draft} == {(m, b, d) for m in ("ngram", "draft_model") for b in (1, 2) for d in (1, 2, 3)}
     # the serial drafter's cost grows with D; a lookup's barely does
     dm = {p.draft_len: p.median_ms for p in first.draft if p.mechanism == "draft_model" and p.batch == 1}
@@ -138,10 +157,12 @@ def test_profile_end_to_end_and_reuse(tmp_path):
     assert greedy == {(m, d) for m in ("ngram", "draft_model") for d in domains | {"all"}}
     ngram_all = next(a for a in first.acceptance if a.mechanism == "ngram" and a.domain == "all")
     assert len(ngram_all.tokens_per_forward) == 4 and ngram_all.tokens_per_forward[0] == 1.0
-    assert [c.draft_len for c in ngram_all.checks] == [1]
-    assert any(a.quant == "fp8" and a.quant_source == "emulated" for a in first.acceptance)
+    assert ngram_all.method == "replay" and all(lo <= x <= hi for x, (lo, hi) in zip(ngram_all.tokens_per_forward, ngram_all.tokens_per_forward_ci))
+    assert [c.draft_len for c in ngram_all.checks] == [3]  # the loop in the profile's dtype against the replay at D_max
+    assert any(a.quant == "fp8" and a.quant_source == "emulated" and a.method == "replay" for a in first.acceptance)
     assert {p.kind for p in first.micro} == {"attention", "linear"}
-    assert {p.mechanism for p in first.host} == {"plain", "ngram", "draft_model"}
+    assert {(p.mechanism, p.draft_len) for p in first.host} == {("plain", 0), ("ngram", 1), ("ngram", 3), ("draft_model", 1), ("draft_model", 3)}
+    assert "the loop gave equal counters in fp32" in " ".join(first.notes)
 
     # a second run with the same fingerprint reuses the file: nothing measured again
     log_lines = sum(1 for _ in next(tmp_path.glob("measurements-*.jsonl")).open())
@@ -195,7 +216,7 @@ def test_profile_resumes_after_sigkill(tmp_path, sig):
     assert resumed.fingerprint == reference.fingerprint
 
 
-def test_out_of_memory_is_recorded_as_infeasible():
+def test_out_of_memory_is_recorded_as_infeasible(tmp_path):
     """A forward that runs out of memory at 1+D >= 3 leaves those points infeasible instead of crashing."""
     import torch
 
@@ -216,13 +237,18 @@ def test_out_of_memory_is_recorded_as_infeasible():
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
             return model(tokens, cache, start, logits)
 
+    from specdec_tune.profiles.profiler import VerifySampler, fit_verify
+    from specdec_tune.profiles.store import MeasurementLog
+
     profiler = Profiler.__new__(Profiler)
-    profiler.model, profiler.device, profiler.s = Oom(), torch.device("cpu"), ProfileSettings(max_draft_len=7)
-    timings = profiler._verify_cell(B=2, ctx=16, t_max=8, seeds=[1, 2, 4, 8])
-    assert timings[1]["median_ms"] > 0 and timings[2]["median_ms"] > 0
-    assert all(timings[t] is None for t in timings if t >= 3)
-    filled = fill_curve({t: (v["median_ms"] if v else None) for t, v in timings.items()}, range(1, 9))
-    assert [s for _, _, s in filled] == ["measured", "measured"] + ["infeasible"] * 6
+    profiler.model, profiler.device = Oom(), torch.device("cpu")
+    profiler.s = ProfileSettings(max_draft_len=7, batch_buckets=(2,), ctx_buckets=(16,))
+    sampler = VerifySampler(profiler, MeasurementLog(tmp_path, "0" * 64), seeds=[1, 2, 4, 8], t_max=8)
+    sampler.run(deadline=time.monotonic() + 5)
+    assert sampler.infeasible == {(2, 16): 3}  # the smallest 1+D that ran out of memory (bisection reaches it)
+    points, _ = fit_verify(sampler.samples, sampler.infeasible, [2], [16], 8, sampler.visits)
+    assert [p["source"] for p in points][:2] == ["measured", "measured"] and all(p["median_ms"] > 0 for p in points[:2])
+    assert all(p["source"] == "infeasible" and p["median_ms"] is None for p in points if p["tokens"] >= 3)
 
 
 def test_speed_guard_repeats_a_measurement_a_passing_load_spoiled():
@@ -237,3 +263,26 @@ def test_speed_guard_repeats_a_measurement_a_passing_load_spoiled():
     assert busy.run(lambda: "kept")[0] == "kept" and busy.repeated == 2 and busy.unsettled == 1
     steady = SpeedGuard(probe=iter([20.0, 20.5]).__next__, pause_s=0, quietest_ms=10.0, steady_only=True)
     assert steady.run(lambda: "scaled by the caller") == ("scaled by the caller", 20.0, 20.5) and steady.repeated == 0
+
+
+def test_remeasure_appends_visits_refits_and_rewrites_the_profile(tmp_path, tiny_hf_dir):
+    """A cell measured again gets new visits in the log (the old ones kept), the curve is fitted again with them
+    pooled, and profile.json is rewritten as a valid, monotone profile."""
+    from specdec_tune.profiles.profiler import remeasure
+
+    demo = json.loads((Path(__file__).parent / "data" / "demo_profile.json").read_text())
+    demo |= {"schema_version": SCHEMA_VERSION, "fingerprint": "e" * 64, "target": {**demo["target"], "path": str(tiny_hf_dir)},
+             "device": {**demo["device"], "dtype": "float32"}}
+    (tmp_path / "profile.json").write_text(json.dumps(demo))
+    log = MeasurementLog(tmp_path, "e" * 64)
+    for p in demo["verify"]:
+        if p["source"] == "measured":
+            log.put(f"verify/{p['batch']}/{p['ctx']}/{p['tokens']}/visit0", [p["median_ms"] * f for f in (0.99, 1.0, 1.01)])
+    spike = next(p for p in demo["verify"] if (p["batch"], p["tokens"], p["ctx"]) == (1, 1, 128))
+    new, changes = remeasure(tmp_path / "profile.json", [(1, 1, 128)], visits=2)
+    assert len(MeasurementLog(tmp_path, "e" * 64).items("verify/1/128/1/")) == 3  # visit0 kept, visit1 and visit2 added
+    assert changes[0]["before_ms"] == pytest.approx(spike["median_ms"]) and changes[0]["after_ms"] != changes[0]["before_ms"]
+    assert load_profile(tmp_path / "profile.json") == new
+    for B in new.workload.batch_buckets:
+        curve = [p.median_ms for p in new.verify if p.batch == B and p.ctx == 128 and p.median_ms is not None]
+        assert curve == sorted(curve)

@@ -70,6 +70,10 @@ class Drafter(ABC):
     hidden_layers: tuple[int, ...] = ()
     draft_len_multiple: int = 1  # D must be a multiple of this (a multi-layer MTP checkpoint: its layer count)
     max_draft_len: int | None = None  # the longest draft it can make (a block drafter: its block); None = any
+    # How greedy acceptance is replayed from the target's trajectory (profiles/replay.py PROPOSERS): "prefix" for a
+    # drafter whose proposals depend only on the tokens so far, "teacher_forced" for a greedy draft model (its `model`);
+    # None: only the speculative loop measures it.
+    replay: ClassVar[str | None] = None
 
     @abstractmethod
     def start(self, prompts: list[list[int]]) -> None:

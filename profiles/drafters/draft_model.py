@@ -25,6 +25,7 @@ from specdec_tune.profiles.models.loading import LoadedModel, check_same_vocabul
 @register("draft_model")
 class DraftModelDrafter(Drafter):
     kind = "serial"
+    replay = "teacher_forced"  # a greedy chain: one forward over the trajectory replays it
 
     @dataclasses.dataclass(frozen=True)
     class Options:

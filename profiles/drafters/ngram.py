@@ -64,6 +64,7 @@ class NgramDrafter(Drafter):
     """Model-free prompt lookup: copy what followed the longest earlier repeat of the recent tokens."""
 
     kind = "model_free"
+    replay = "prefix"  # proposals depend only on the tokens so far
 
     @dataclasses.dataclass(frozen=True)
     class Options:

@@ -119,6 +119,7 @@ class SuffixDrafter(Drafter):
     """Model-free suffix decoding: follow the most frequent continuation of the longest useful suffix."""
 
     kind = "model_free"
+    replay = "prefix"  # proposals depend only on the tokens so far
 
     @dataclasses.dataclass(frozen=True)
     class Options:

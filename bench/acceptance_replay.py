@@ -1,0 +1,155 @@
+"""Acceptance by replay against the speculative loop, on held-back prompts of the demo pair: equal counters, and the cost.
+
+For every drafter that declares a replay (n-gram, suffix, draft model; the learned heads read the target's hidden
+states and keep the loop):
+  exact   fp32: the loop's counters and the replay's at each checked D, prompt by prompt (they must be equal);
+  dtype   the profile's dtype (bf16 where the CPU computes it): tokens per forward by replay and by the loop at D_max,
+          and their difference (the loop verifies 1+D tokens per forward, the trajectory one: batch-shape numerics);
+  cost    what greedy acceptance at every D costs each way, in wall seconds and model forwards:
+            loop   one speculative run per drafter at D_max, plus direct runs at D_max/4 and D_max/2 (the old profile's way;
+                   every other D derived from D_max's rounds, not measured);
+            replay one greedy trajectory per prompt shared by every drafter, plus each drafter's proposals (exact at every D).
+
+    python bench/acceptance_replay.py            # 16 held-back prompts, 64 tokens, D_max 15 (about 10 minutes on 2 cores)
+    python bench/acceptance_replay.py --quick    # 4 prompts, 16 tokens, D_max 3
+
+Writes bench/results/acceptance_replay.json and prints a short table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from specdec_tune.profiles import replay
+from specdec_tune.profiles.decode_run import select_prompts
+from specdec_tune.profiles.drafters import create
+from specdec_tune.profiles.models.loading import load_model
+from specdec_tune.profiles.prompts import encode_prompts
+from specdec_tune.profiles.specdec import SpecCounters, generate
+
+from common import ROOT, counted, run_and_write
+
+DRAFTERS = ("ngram", "suffix", "draft_model")
+
+
+def _encoded(target, n: int, new_tokens: int, d_max: int) -> list[list[int]]:
+    prompts = select_prompts("default", "held_back", n)
+    return encode_prompts(target.tokenizer, prompts, context_tokens=target.model.config.max_position_embeddings,
+                          max_new_tokens=new_tokens, max_draft_tokens=d_max)
+
+
+def _replayed(target, drafters: dict, ids, args, stop: set[int], lens: list[int]) -> dict[str, list[list[SpecCounters]]]:
+    trajectories = replay.trajectories(target.model, ids, args.new_tokens, args.batch)
+    return {name: [replay.replay(t, replay.PROPOSERS[d.replay](d, p, t), lens, args.new_tokens, stop, args.max_draft_len)
+                   for p, t in zip(ids, trajectories)] for name, d in drafters.items()}
+
+
+def _looped(target, drafter, ids, D: int, args, stop: set[int]) -> list[SpecCounters]:
+    out = []
+    for start in range(0, len(ids), args.batch):
+        out += generate(target.model, ids[start : start + args.batch], drafter=drafter, num_draft_tokens=D,
+                        max_new_tokens=args.new_tokens, stop_token_ids=sorted(stop)).per_prompt
+    return out
+
+
+def exact_check(args) -> dict:
+    """fp32: replay and loop counters, prompt by prompt, at every checked D."""
+    target = load_model("smollm2-135m", dtype="float32")
+    ids = _encoded(target, args.prompts, args.new_tokens, args.max_draft_len)
+    stop = set(target.model.config.eos_token_ids)
+    drafters = {name: create(name, target) for name in DRAFTERS}
+    replayed = _replayed(target, drafters, ids, args, stop, args.check_lens)
+    out = {}
+    for name, drafter in drafters.items():
+        rows = []
+        for i, D in enumerate(args.check_lens):
+            looped = _looped(target, drafter, ids, D, args, stop)
+            equal = sum(dataclasses.asdict(r[i]) == dataclasses.asdict(SpecCounters.merge(c, SpecCounters(max_draft_len=args.max_draft_len)))
+                        for r, c in zip(replayed[name], looped))
+            rows.append({"draft_len": D, "prompts": len(ids), "equal_prompts": equal,
+                         "tokens_per_forward": SpecCounters.total([r[i] for r in replayed[name]]).tokens_per_target_forward,
+                         "accepted_tokens": SpecCounters.total(looped).num_accepted_tokens})
+            print(f"  fp32 {name} D={D}: {equal}/{len(ids)} prompts with equal counters", file=sys.stderr, flush=True)
+        out[name] = rows
+    return out
+
+
+def cost_and_dtype(args) -> dict:
+    """The profile's dtype: the old way (loop at D_max + two direct checks) against replay at every D."""
+    target = load_model("smollm2-135m", dtype="auto")
+    ids = _encoded(target, args.prompts, args.new_tokens, args.max_draft_len)
+    stop = set(target.model.config.eos_token_ids)
+    layers = target.model.config.num_layers
+    drafters = {name: create(name, target) for name in DRAFTERS}
+    checks = sorted({max(1, args.max_draft_len // 4), max(1, args.max_draft_len // 2)} - {args.max_draft_len})
+
+    def the_loop():
+        return {name: [_looped(target, d, ids, D, args, stop) for D in (args.max_draft_len, *checks)] for name, d in drafters.items()}
+
+    looped, loop_count, loop_s = counted(the_loop)
+    lens = list(range(1, args.max_draft_len + 1))
+    replayed, replay_count, replay_s = counted(lambda: _replayed(target, drafters, ids, args, stop, lens))
+    per_drafter = {}
+    for name in DRAFTERS:
+        loop_tpf = SpecCounters.total(looped[name][0]).tokens_per_target_forward
+        replay_tpf = SpecCounters.total([r[-1] for r in replayed[name]]).tokens_per_target_forward
+        per_drafter[name] = {"loop_tokens_per_forward_at_d_max": loop_tpf, "replay_tokens_per_forward_at_d_max": replay_tpf,
+                             "rel_diff_pct": 100 * (replay_tpf - loop_tpf) / loop_tpf}
+    return {"dtype": str(target.model.dtype).removeprefix("torch."), "per_drafter": per_drafter,
+            "loop": {"what": f"one run per drafter at D_max and at D = {checks}; other D derived", "wall_s": loop_s,
+                     **loop_count.summary(layers)},
+            "replay": {"what": "one trajectory per prompt, shared; every D exact", "wall_s": replay_s, **replay_count.summary(layers)}}
+
+
+def run(args) -> dict:
+    exact = exact_check(args)
+    cost = cost_and_dtype(args)
+    return {"source": "measured", "prompts": f"{args.prompts} held-back prompts (default set)", "new_tokens": args.new_tokens,
+            "max_draft_len": args.max_draft_len, "batch": args.batch, "greedy": True,
+            "exact_fp32": exact, "all_equal": all(r["equal_prompts"] == r["prompts"] for rows in exact.values() for r in rows),
+            "profile_dtype": cost,
+            "not_replayed": "eagle3, mtp, dflash, dspark: they read the target's hidden states; the profile measures them with the loop"}
+
+
+def table(r: dict) -> str:
+    lines = [f"acceptance by replay vs the loop: {r['prompts']}, {r['new_tokens']} tokens, greedy",
+             "| drafter | fp32: prompts with equal counters (D checked) | tokens/forward at D_max, replay vs loop "
+             f"({r['profile_dtype']['dtype']}) |", "|---|---|---|"]
+    for name, rows in r["exact_fp32"].items():
+        eq = ", ".join(f"{x['equal_prompts']}/{x['prompts']} (D={x['draft_len']})" for x in rows)
+        d = r["profile_dtype"]["per_drafter"][name]
+        lines.append(f"| {name} | {eq} | {d['replay_tokens_per_forward_at_d_max']:.3f} vs {d['loop_tokens_per_forward_at_d_max']:.3f} "
+                     f"({d['rel_diff_pct']:+.1f}%) |")
+    loop, rep = r["profile_dtype"]["loop"], r["profile_dtype"]["replay"]
+    lines += ["", f"cost of greedy acceptance for {len(r['exact_fp32'])} drafters: loop {loop['wall_s']:.0f} s, "
+              f"{loop['target_forwards']} target forwards ({loop['what']}); replay {rep['wall_s']:.0f} s, "
+              f"{rep['target_forwards']} target forwards ({rep['what']})"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--max-draft-len", type=int, default=15)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "acceptance_replay.json")
+    ap.add_argument("--quick", action="store_true", help="4 prompts, 16 tokens, D_max 3")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.prompts, args.new_tokens, args.max_draft_len = 4, 16, 3
+    args.check_lens = sorted({1, min(3, args.max_draft_len), min(7, args.max_draft_len), args.max_draft_len})
+    result = run_and_write(run, args)
+    if result is None:
+        return 1
+    text = table(result)
+    args.out.with_suffix(".md").write_text(text + "\n")
+    print(text)
+    return 0 if result["all_equal"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,244 @@
+"""Statistics for timing figures taken on a noisy machine.
+
+- `median_interval`: a distribution-free confidence interval for the median of repeated timings.
+- `monotone_fit`: the weighted least-squares fit of a timing table that never decreases along any axis
+  (more tokens verified, a larger batch or a longer context never makes a step cheaper).
+- `moved_beyond_interval`: whether the fit pulled a cell outside the interval its own samples allow.
+
+Pure functions over numpy and the standard library.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Sequence
+
+import numpy as np
+
+# A zero-weight cell takes part in the fit with this weight relative to the largest weight: small enough
+# that it moves the other cells by a negligible amount (its pull on a pooled block is at most this fraction
+# of its distance from the block's mean), large enough that every pooled block has a defined mean.
+_ZERO_WEIGHT_RELATIVE = 1e-12
+
+
+def median_ranks(n: int, confidence: float = 0.95) -> tuple[int, int, float]:
+    """The 1-based ranks (j, k) of the order statistics bounding the median, and their exact coverage.
+
+    Let x_(1) <= ... <= x_(n) be the sorted samples of a continuous distribution with median m, and let
+    B = #{i : x_i < m}, so B ~ Binomial(n, 1/2) whatever the distribution. x_(j) < m holds exactly when at
+    least j samples lie below m (B >= j), and m < x_(k) exactly when fewer than k do (B < k), hence
+
+        P(x_(j) < m < x_(k)) = P(j <= B < k) = 2^-n * sum_{i=j}^{k-1} C(n, i).
+
+    The ranks are taken symmetric, k = n + 1 - j, so the coverage is 1 - 2 * 2^-n * sum_{i<j} C(n, i), and
+    j is the largest rank (narrowest interval) whose coverage is still >= `confidence`. The sums are exact
+    integers, so a hand computation matches: n = 10 gives (2, 9) with coverage 1 - 22/1024 = 0.9785.
+
+    When even (1, n) falls short (coverage 1 - 2^(1-n) < confidence, e.g. n < 6 at 95%), (1, n) is returned
+    anyway with its lower coverage: the widest interval the data allow.
+    """
+    if n < 1:
+        raise ValueError(f"need at least one sample, got n={n}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+    total = 2**n
+    allowed_tails = (1.0 - confidence) * total  # 2 * sum_{i<j} C(n, i) may not exceed this
+    j, below_j, comb_j = 1, 1, n  # below_j = sum_{i<j} C(n, i); comb_j = C(n, j)
+    # Step j up while the next interval (j + 1, n - j) still has j + 1 < n - j and enough coverage.
+    while j + 1 < n - j and 2 * (below_j + comb_j) <= allowed_tails:
+        below_j += comb_j
+        comb_j = comb_j * (n - j) // (j + 1)
+        j += 1
+    coverage = 1.0 - (2 * below_j) / total if n > 1 else 1.0  # n == 1: the one sample is the median
+    return j, n + 1 - j, coverage
+
+
+def median_interval(samples: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free `confidence` interval (low, high) for the median of `samples`.
+
+    The bounds are the order statistics x_(j) and x_(k) chosen by `median_ranks` (the binomial method):
+    for any continuous distribution the true median lies in [x_(j), x_(k)] with probability
+    P(j <= Binomial(n, 1/2) < k) >= confidence. Nothing about the timing distribution is assumed, which
+    suits the skewed, heavy-right-tailed timings of a shared machine.
+
+    Small samples: when n is too small to reach `confidence` at all (n < 6 at 95%), the result is
+    (min, max) of the samples, whose coverage 1 - 2^(1-n) is below the one asked for; n == 1 gives (x, x).
+    """
+    values_sorted = np.sort(np.asarray(samples, dtype=np.float64).ravel())
+    if values_sorted.size == 0:
+        raise ValueError("median_interval needs at least one sample")
+    if not np.all(np.isfinite(values_sorted)):
+        raise ValueError("median_interval needs finite samples")
+    j, k, _ = median_ranks(values_sorted.size, confidence)
+    return float(values_sorted[j - 1]), float(values_sorted[k - 1])
+
+
+def _pava(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Weighted isotonic regression of one line: argmin_f sum w_i (f_i - y_i)^2 s.t. f_1 <= ... <= f_L.
+
+    Pool adjacent violators: scan left to right keeping blocks of pooled cells, each fitted by its weighted
+    mean sum(w y) / sum(w); whenever the newest block's mean is below the previous block's, merge the two
+    (mean = (W1 m1 + W2 m2) / (W1 + W2)) and check again. The block means of the final partition are
+    non-decreasing and solve the problem; a cell never pooled keeps its value exactly.
+    All weights must be positive.
+    """
+    block_mean: list[float] = []
+    block_weight: list[float] = []
+    block_len: list[int] = []
+    for y, w in zip(values.tolist(), weights.tolist()):
+        block_mean.append(y)
+        block_weight.append(w)
+        block_len.append(1)
+        while len(block_mean) > 1 and block_mean[-2] > block_mean[-1]:
+            mean, weight, length = block_mean.pop(), block_weight.pop(), block_len.pop()
+            pooled_weight = block_weight[-1] + weight
+            block_mean[-1] = (block_weight[-1] * block_mean[-1] + weight * mean) / pooled_weight
+            block_weight[-1] = pooled_weight
+            block_len[-1] += length
+    return np.repeat(np.asarray(block_mean, dtype=np.float64), block_len)
+
+
+def _project_axis(values: np.ndarray, weights: np.ndarray, axis: int) -> np.ndarray:
+    """The weighted projection onto arrays non-decreasing along `axis`: `_pava` on every 1-D line."""
+    line_values = np.moveaxis(values, axis, -1)
+    line_weights = np.moveaxis(weights, axis, -1)
+    flat_values = line_values.reshape(-1, line_values.shape[-1])
+    flat_weights = line_weights.reshape(-1, line_weights.shape[-1])
+    fitted = np.empty_like(flat_values)
+    for line in range(flat_values.shape[0]):
+        fitted[line] = _pava(flat_values[line], flat_weights[line])
+    return np.moveaxis(fitted.reshape(line_values.shape), -1, axis)
+
+
+def _max_violation(array: np.ndarray) -> float:
+    """The largest decrease between neighbours along any axis (0.0 for a monotone array)."""
+    drops = [np.max(-np.diff(array, axis=axis), initial=0.0) for axis in range(array.ndim)]
+    return float(max(drops, default=0.0))
+
+
+def _dykstra(
+    values: np.ndarray, weights: np.ndarray, counted: np.ndarray, max_iter: int, tol: float
+) -> tuple[np.ndarray, int]:
+    """`monotone_fit`'s solve; also returns the number of sweeps taken (max_iter + 1 if not converged).
+
+    Dykstra's alternating projections: the feasible set is C = C_0 ∩ ... ∩ C_{d-1}, where C_a holds the
+    arrays non-decreasing along axis a, and projecting onto one C_a in the norm ||v||_w^2 = sum w v^2 is a
+    weighted PAVA on each line along a (the lines are independent). Plain alternation would only reach
+    some point of C; Dykstra keeps one correction p_a per set and converges to the projection of y itself:
+
+        for a = 0 .. d-1:   z = x + p_a;   x = P_a(z);   p_a = z - x.
+
+    The loop ends after the first sweep in which no `counted` cell of x or of any p_a moved by more than
+    tol * scale, scale being the largest |y| among counted cells. Cells left out are the zero-weight ones:
+    with their tiny internal weight they converge far more slowly, and `monotone_fit` resets them anyway.
+    """
+    scale = max(float(np.max(np.abs(values[counted]))), np.finfo(np.float64).tiny)
+    fit = values.copy()
+    corrections = [np.zeros_like(values) for _ in range(values.ndim)]
+    for sweep in range(1, max_iter + 1):
+        largest_step = 0.0
+        for axis in range(values.ndim):
+            shifted = fit + corrections[axis]
+            projected = _project_axis(shifted, weights, axis)
+            new_correction = shifted - projected
+            largest_step = max(
+                largest_step,
+                float(np.max(np.abs(projected - fit)[counted])),
+                float(np.max(np.abs(new_correction - corrections[axis])[counted])),
+            )
+            fit, corrections[axis] = projected, new_correction
+        if largest_step <= tol * scale:
+            return fit, sweep
+    return fit, max_iter + 1
+
+
+def _running_extreme(array: np.ndarray, largest: bool) -> np.ndarray:
+    """Over every cell c, the max (largest=True) of `array` over cells <= c in the product order, or the
+    min over cells >= c: a running max forward (running min backward) along each axis in turn."""
+    for axis in range(array.ndim):
+        if largest:
+            array = np.maximum.accumulate(array, axis=axis)
+        else:
+            flipped = np.flip(array, axis=axis)
+            array = np.flip(np.minimum.accumulate(flipped, axis=axis), axis=axis)
+    return array
+
+
+def _prepare(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """Checked float64 copies of values and weights, with every zero weight made tiny and positive and
+    its value replaced by the weighted mean; also the mask of originally weighted cells and that mean."""
+    values = np.array(values, dtype=np.float64)
+    weights = np.array(weights, dtype=np.float64)
+    if values.shape != weights.shape:
+        raise ValueError(f"values {values.shape} and weights {weights.shape} differ in shape")
+    if values.ndim == 0:
+        raise ValueError("monotone_fit needs an array with at least one axis")
+    if not np.all(np.isfinite(weights)) or np.any(weights < 0):
+        raise ValueError("weights must be finite and >= 0")
+    weighted = weights > 0
+    if not np.any(weighted):
+        raise ValueError("monotone_fit needs at least one cell with a positive weight")
+    if not np.all(np.isfinite(values[weighted])):
+        raise ValueError("values may be NaN (or infinite) only where the weight is 0")
+    # A zero-weight cell has no say in the fit, so its own value (NaN or not) is replaced by the weighted
+    # mean, which lies within the range of the weighted values: with its tiny weight it then shifts any
+    # pooled block by at most 1e-12 of that range.
+    weighted_mean = float(np.sum(weights[weighted] * values[weighted]) / np.sum(weights[weighted]))
+    values[~weighted] = weighted_mean
+    weights[~weighted] = _ZERO_WEIGHT_RELATIVE * float(np.max(weights))
+    return values, weights, weighted, weighted_mean
+
+
+def monotone_fit(values: np.ndarray, weights: np.ndarray, max_iter: int = 500, tol: float = 1e-9) -> np.ndarray:
+    """The weighted least-squares fit of `values` that is non-decreasing along every axis.
+
+    Solves   minimise  sum_c w_c (f_c - y_c)^2   over arrays f with f_c <= f_c' whenever c <= c'
+    coordinate-wise (isotonic regression on the product order; for a timing table with axes
+    (tokens verified 1 + D, batch, context) it says no step gets cheaper when any of the three grows).
+    Because the product order is generated by the neighbour relations along each axis, the feasible set is
+    the intersection of "non-decreasing along axis a" over the axes, and the fit is found by Dykstra's
+    alternating projections (`_dykstra`), each projection being a weighted PAVA on the lines of one axis.
+
+    Weights: a cell with weight 0 does not count in the objective and its value is ignored (it may be NaN,
+    and only such a cell may be). It receives a value that keeps the order: with L_c the largest fitted
+    weighted cell below it and U_c the smallest above, f_c = clamp(m, L_c, U_c), m being the weighted
+    mean of the values (so a cell between two fitted neighbours takes a value between them).
+
+    Convergence: stops after the first sweep in which no weighted cell moved by more than
+    tol * max|values|, which leaves the fit within a few times that of the optimum. If `max_iter` sweeps
+    do not get there, a RuntimeWarning says so and the last iterate is used. The result is exactly
+    non-decreasing along every axis either way.
+    """
+    values_checked, weights_checked, weighted, weighted_mean = _prepare(values, weights)
+    fit, sweeps = _dykstra(values_checked, weights_checked, weighted, max_iter, tol)
+    if sweeps > max_iter:
+        warnings.warn(
+            f"monotone_fit did not converge in {max_iter} sweeps (largest order violation "
+            f"{_max_violation(fit):.3g}); the result is monotone but may be short of optimal",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    # Final assembly, by running maxima / minima along each axis (exact float operations):
+    #   L_c = max of the fit over weighted cells <= c (-inf if none), U_c = min over weighted cells >= c
+    #   (+inf if none), f_c = min(max(m, L_c), U_c) with m the weighted mean.
+    # L and U are non-decreasing along every axis, and so is f, exactly. At a weighted cell of a converged
+    # fit L_c = U_c = fit_c, so it only removes the floating residue (of order tol) that the projections
+    # leave along the axes other than the last; at a zero-weight cell it places the value within the order.
+    lower = _running_extreme(np.where(weighted, fit, -np.inf), largest=True)
+    upper = _running_extreme(np.where(weighted, fit, np.inf), largest=False)
+    return np.minimum(np.maximum(weighted_mean, lower), upper)
+
+
+def moved_beyond_interval(raw: float, fitted: float, low: float, high: float) -> bool:
+    """Whether `fitted` lies outside [low, high], the confidence interval of the measured value `raw`.
+
+    The comparison allows a slack of 1e-9 relative to the largest of |raw|, |low|, |high|, so floating
+    residue from the fit never counts as a move.
+    """
+    if not all(math.isfinite(x) for x in (raw, fitted, low, high)):
+        raise ValueError(f"moved_beyond_interval needs finite numbers, got {(raw, fitted, low, high)}")
+    if low > high:
+        raise ValueError(f"interval bounds out of order: low={low} > high={high}")
+    slack = 1e-9 * max(abs(raw), abs(low), abs(high))
+    return fitted < low - slack or fitted > high + slack

@@ -1,0 +1,183 @@
+"""Acceptance by replay: every D's greedy counters from the target's own trajectory.
+
+Under greedy verification the output is the target's greedy sequence g whatever is drafted, and while a
+chain drafter's drafts are accepted its context *is* g. So a round that starts after g[:i] runs as:
+
+    k       = min(D, max_new_tokens - i - 1)               (the loop's cap near the end)
+    p       = the drafter's proposal from prompt + g[:i], at most k tokens
+    n       = the longest prefix of p equal to g[i:]        (accepted)
+    emitted = p[:n] + [g[i+n]], cut at the end of generation and after the first stop token
+    next round at i + len(emitted); the row ends at max_new_tokens or on a stop token
+
+which gives the loop's counters (vLLM's and ours) exactly, for every D, from g plus the proposals. g is
+generated once per prompt, plainly and without stopping (a draft may run past a stop token, and the loop
+counts what it accepts there), and shared by every drafter. The proposals:
+
+  - token-only drafters (n-gram, suffix): the drafter itself asked from each prefix in order, one row at a
+    time (its state follows the growing prefix exactly as in the loop); cached per (i, k);
+  - a draft model: one teacher-forced forward over prompt + g gives its greedy token t[i] after g[:i]; the
+    chain from i proposes t[i], t[i+1], ... for as long as each equals g (until then its context is g), and
+    its first mismatch is all a round needs, so p = t[i : i+k] has the true chain's accepted prefix and length.
+
+Sampling (temperature > 0) and drafters that read the target's hidden states keep the loop. The loop
+checks the replay on a sample (`profiler`): equal counters in fp32, a mismatch fails the profile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from specdec_tune.profiles.drafters.base import Drafter, DraftRequest
+from specdec_tune.profiles.models.llama import CausalLM
+from specdec_tune.profiles.specdec import SpecCounters, generate
+
+Proposer = Callable[[int, int], list[int]]  # (i tokens of g known, k) -> proposal of at most k tokens
+
+
+def trajectories(target: CausalLM, prompts: Sequence[Sequence[int]], new_tokens: int, batch: int) -> list[list[int]]:
+    """The target's greedy continuation of each prompt, `new_tokens` long (no stop token), batched."""
+    out: list[list[int]] = []
+    for start in range(0, len(prompts), batch):
+        out += generate(target, prompts[start : start + batch], max_new_tokens=new_tokens).tokens
+    return out
+
+
+def replay(trajectory: Sequence[int], propose: Proposer, draft_lens: Sequence[int], max_new_tokens: int, stop: set[int],
+           max_draft_len: int) -> list[SpecCounters]:
+    """The loop's counters for one prompt at each D in `draft_lens` (rule in the module docstring).
+
+    The rounds of all D advance together, position by position, so that the proposer is asked in
+    non-decreasing i (a stateful drafter follows a growing prefix, as in the loop)."""
+    g = trajectory
+    counters = {D: SpecCounters(max_draft_len=max_draft_len) for D in draft_lens}
+    next_start = {D: 0 for D in draft_lens}
+    while next_start:
+        i = min(next_start.values())
+        for D in [D for D, start in next_start.items() if start == i]:
+            k = min(D, max_new_tokens - i - 1)
+            p = propose(i, k) if k > 0 else []
+            n = 0
+            while n < len(p) and p[n] == g[i + n]:
+                n += 1
+            emitted = (p[:n] + [g[i + n]])[: max_new_tokens - i]
+            for j, tok in enumerate(emitted):
+                if tok in stop:
+                    emitted = emitted[: j + 1]
+                    break
+            counters[D].record(len(p), n, len(emitted))
+            next_start[D] = i + len(emitted)
+            if next_start[D] >= max_new_tokens or emitted[-1] in stop:
+                del next_start[D]
+    return [counters[D] for D in draft_lens]
+
+
+def prefix_proposer(drafter: Drafter, prompt: Sequence[int], trajectory: Sequence[int]) -> Proposer:
+    """Ask a token-only drafter from each prefix prompt + g[:i], for i non-decreasing (cached per (i, k))."""
+    drafter.start([list(prompt)])
+    cache: dict[tuple[int, int], list[int]] = {}
+    last = [0]
+
+    def propose(i: int, k: int) -> list[int]:
+        if (i, k) not in cache:
+            if i < last[0]:
+                raise ValueError("prefix proposals must be asked in order")  # the drafter only follows a growing prefix
+            last[0] = i
+            ids = list(prompt) + list(trajectory[:i])
+            cache[(i, k)] = drafter.propose(DraftRequest([ids], [k], 0.0)).tokens[0]
+        return cache[(i, k)]
+
+    return propose
+
+
+@torch.inference_mode()
+def teacher_forced_tokens(model: CausalLM, prompt: Sequence[int], trajectory: Sequence[int]) -> list[int]:
+    """t[i] = the model's greedy token after prompt + g[:i], for i = 0..len(g)-1: one forward over the sequence."""
+    ids = torch.tensor([list(prompt) + list(trajectory[:-1])], dtype=torch.long, device=model.device)  # [1, P + N - 1]
+    cache = model.new_cache(1, ids.shape[1])
+    hidden = model(ids, cache, torch.zeros(1, dtype=torch.long, device=model.device), logits="hidden")  # [1, T, W]
+    last = hidden[0, len(prompt) - 1 :]  # [N, W]: the states that predict g[0..N-1]
+    return model.lm_head(last).argmax(-1).tolist()
+
+
+def teacher_forced_proposer(drafter: Drafter, prompt: Sequence[int], trajectory: Sequence[int]) -> Proposer:
+    """A draft model's proposals (`drafter.model`, greedy chain): see the module docstring."""
+    t = teacher_forced_tokens(drafter.model, prompt, trajectory)
+    return lambda i, k: t[i : i + k]
+
+
+# How each drafter is asked in a replay, by the name it declares in `Drafter.replay` (None: the loop measures it).
+PROPOSERS: dict[str, Callable[[Drafter, Sequence[int], Sequence[int]], Proposer]] = {
+    "prefix": prefix_proposer,
+    "teacher_forced": teacher_forced_proposer,
+}
+
+
+# ---------------------------------------------------------------------------- intervals
+
+
+def per_prompt_rates(counters: Sequence[Sequence[SpecCounters]]) -> dict[str, np.ndarray]:
+    """Per prompt and D = 0..D_max, the sums the acceptance figures are ratios of: [P, D_max + 1] each.
+
+    tokens per forward = Σ emitted / Σ rounds;   vLLM's mean AL = 1 + Σ accepted / Σ drafts.
+    counters[p][D-1] are prompt p's counters at D (D = 0 is plain decoding: one token per round)."""
+    P, n = len(counters), len(counters[0]) + 1
+    out = {k: np.zeros((P, n)) for k in ("emitted", "rounds", "accepted", "drafts")}
+    for p, row in enumerate(counters):
+        out["emitted"][p, 0] = out["rounds"][p, 0] = row[0].num_emitted_tokens
+        for D, c in enumerate(row, start=1):
+            out["emitted"][p, D], out["rounds"][p, D] = c.num_emitted_tokens, c.num_rounds
+            out["accepted"][p, D], out["drafts"][p, D] = c.num_accepted_tokens, c.num_drafts
+    return out
+
+
+def derived_rates(counters: Sequence[SpecCounters], max_draft_len: int) -> dict[str, np.ndarray]:
+    """`per_prompt_rates` for loop runs at D_max: each smaller D's sums derived from the prompt's rounds
+    (`SpecCounters.derived_counts`), so that loop records carry intervals over prompts too."""
+    out = {k: np.zeros((len(counters), max_draft_len + 1)) for k in ("emitted", "rounds", "accepted", "drafts")}
+    for p, c in enumerate(counters):
+        for D in range(max_draft_len + 1):
+            tokens, forwards, drafted = c.derived_counts(D)
+            out["emitted"][p, D], out["rounds"][p, D], out["drafts"][p, D] = tokens, forwards, drafted
+            out["accepted"][p, D] = tokens - forwards
+    return out
+
+
+def figures(sums: dict[str, np.ndarray], domains: Sequence[str], weights: dict[str, float], *, resamples: int = 0,
+            seed: int = 0) -> tuple[np.ndarray, np.ndarray] | tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Tokens per forward and vLLM's mean AL per D for a mix of domains, and with `resamples` their 95% bootstrap bounds.
+
+    Each domain d contributes in proportion to its request share w_d: with every request generating the same
+    number of tokens, its rows spend rounds in proportion to w_d / tpf_d, so
+        tpf_mix = Σ_d w_d / Σ_d (w_d / tpf_d)    (a weighted harmonic mean; one domain: its own ratio).
+    vLLM's AL mixes the same way over rounds that drafted. The bootstrap resamples prompts within each domain
+    (the prompt is the unit that varies; domains are fixed by the mix) and takes the 2.5 / 97.5 percentiles.
+    """
+    domains = np.asarray(domains)
+    names = [d for d in dict.fromkeys(domains.tolist()) if weights.get(d, 0) > 0]
+    rng = np.random.default_rng(seed)
+    R = max(resamples, 1)
+    tpf_inv = np.zeros((R, sums["emitted"].shape[1]))
+    al_num = np.zeros_like(tpf_inv)
+    al_den = np.zeros_like(tpf_inv)
+    total_w = sum(weights[d] for d in names)
+    for d in names:
+        idx = np.flatnonzero(domains == d)
+        counts = rng.multinomial(len(idx), np.full(len(idx), 1 / len(idx)), size=R) if resamples else np.ones((1, len(idx)))
+        e, r = counts @ sums["emitted"][idx], counts @ sums["rounds"][idx]  # [R, D+1]
+        a, q = counts @ sums["accepted"][idx], counts @ sums["drafts"][idx]
+        w = weights[d] / total_w
+        tpf_d = e / np.maximum(r, 1)
+        tpf_inv += w / tpf_d
+        drafted_rounds_share = w / tpf_d * q / np.maximum(r, 1)  # rounds of d per unit of its tokens, that drafted
+        al_num += drafted_rounds_share * a / np.maximum(q, 1)
+        al_den += drafted_rounds_share
+    tpf = 1 / tpf_inv
+    al = 1 + al_num / np.where(al_den > 0, al_den, 1)
+    tpf[:, 0] = al[:, 0] = 1.0  # D = 0: one token per forward, exactly
+    if not resamples:
+        return tpf[0], al[0]
+    point_tpf, point_al = figures(sums, domains, weights)
+    return (point_tpf, point_al, np.percentile(tpf, [2.5, 97.5], axis=0).T, np.percentile(al, [2.5, 97.5], axis=0).T)

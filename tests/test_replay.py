@@ -1,0 +1,117 @@
+"""Acceptance by replay against the speculative loop: equal counters at every D (greedy, fp32), including
+rounds cut by the end of generation and by a stop token; and the intervals over prompts."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specdec_tune.profiles import replay
+from specdec_tune.profiles.drafters.draft_model import DraftModelDrafter
+from specdec_tune.profiles.drafters.ngram import NgramDrafter
+from specdec_tune.profiles.drafters.suffix import SuffixDrafter
+from specdec_tune.profiles.specdec import SpecCounters, generate
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_specdec import loaded, tiny_model  # noqa: E402  (the tiny models the loop's own tests use)
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 7, 7], [9, 3, 9, 3, 9, 3, 9], [4], [5, 6, 5, 6, 5, 6]]
+NEW_TOKENS = 40
+D_MAX = 6
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model(vocab=32, layers=2, seed=3)
+
+
+def _drafters(target):
+    full = DraftModelDrafter(loaded(target), DraftModelDrafter.Options(layers=1))
+    full.model = target  # a draft equal to the target: every draft accepted, rounds cut only by the end
+    return {
+        "ngram": lambda: NgramDrafter(None, NgramDrafter.Options(prompt_lookup_min=1, prompt_lookup_max=3)),
+        "suffix": lambda: SuffixDrafter(None, SuffixDrafter.Options()),
+        "draft_model": lambda: DraftModelDrafter(loaded(target), DraftModelDrafter.Options(layers=1)),
+        "draft_model_exact": lambda: full,
+    }
+
+
+def _proposer(name, drafter, prompt, trajectory):
+    return replay.PROPOSERS[drafter.replay](drafter, prompt, trajectory)
+
+
+def _as_dict(c: SpecCounters) -> dict:
+    return dataclasses.asdict(c)
+
+
+@pytest.mark.parametrize("name", ["ngram", "suffix", "draft_model", "draft_model_exact"])
+@pytest.mark.parametrize("with_stop", [False, True])
+def test_replay_equals_the_loop_at_every_draft_length(target, name, with_stop):
+    trajectories = replay.trajectories(target, PROMPTS, NEW_TOKENS, batch=2)
+    assert all(len(t) == NEW_TOKENS for t in trajectories)
+    # a stop token that occurs early in one row and late (or never) in others: rounds cut by it
+    stop = {trajectories[0][7]} if with_stop else set()
+    make = _drafters(target)[name]
+    replayed = [replay.replay(t, _proposer(name, make(), p, t), list(range(1, D_MAX + 1)), NEW_TOKENS, stop, D_MAX)
+                for p, t in zip(PROMPTS, trajectories)]
+    accepted_any = 0
+    for D in (1, 3, D_MAX):
+        loop = generate(target, PROMPTS, drafter=make(), num_draft_tokens=D, max_new_tokens=NEW_TOKENS, stop_token_ids=sorted(stop))
+        for p, (by_d, looped) in enumerate(zip(replayed, loop.per_prompt)):
+            mine = by_d[D - 1]
+            looped = SpecCounters.merge(looped, SpecCounters(max_draft_len=D_MAX))  # same histogram size
+            assert _as_dict(mine) == _as_dict(looped), f"{name} D={D} prompt {p}"
+            accepted_any += mine.num_accepted_tokens
+    assert accepted_any > 0  # the accepted paths ran
+
+
+def test_replay_cut_by_stop_token_and_end_of_generation(target):
+    """A draft equal to the target: every round accepts its whole draft, so the end cuts the last round."""
+    trajectory = replay.trajectories(target, [PROMPTS[0]], 10, batch=1)[0]
+    exact = _drafters(target)["draft_model_exact"]()
+    [c] = replay.replay(trajectory, _proposer("draft_model_exact", exact, PROMPTS[0], trajectory), [4], 10, set(), 4)
+    # rounds: 5 tokens, 5 tokens: the second round may draft only min(4, 10 - 5 - 1) = 4, so 5 + 5 = 10
+    assert c.num_rounds == 2 and c.num_emitted_tokens == 10 and c.rounds[4][4] == 2
+    [c] = replay.replay(trajectory, _proposer("draft_model_exact", exact, PROMPTS[0], trajectory), [4], 10, {trajectory[2]}, 4)
+    # the stop token at position 2 ends the row inside the first round: 3 tokens emitted, 4 accepted
+    assert c.num_rounds == 1 and c.num_emitted_tokens == 3 and c.num_accepted_tokens == 4
+
+
+def test_prefix_proposer_refuses_going_back(target):
+    t = replay.trajectories(target, [PROMPTS[2]], 8, batch=1)[0]
+    propose = replay.prefix_proposer(NgramDrafter(None, NgramDrafter.Options()), PROMPTS[2], t)
+    propose(3, 2)
+    with pytest.raises(ValueError):
+        propose(1, 2)
+
+
+def _sums(tpf_by_prompt: list[float], tokens: int = 64) -> dict[str, np.ndarray]:
+    emitted = np.array([[tokens, tokens] for _ in tpf_by_prompt], dtype=float)
+    rounds = np.array([[tokens, tokens / t] for t in tpf_by_prompt])
+    drafts = rounds.copy()
+    drafts[:, 0] = 0
+    accepted = emitted - rounds
+    return {"emitted": emitted, "rounds": rounds, "accepted": accepted, "drafts": drafts}
+
+
+def test_mixed_tokens_per_forward_is_the_weighted_harmonic_mean():
+    sums = {k: np.concatenate([a, b]) for (k, a), b in zip(_sums([2.0, 2.0]).items(), _sums([1.25]).values())}
+    tpf, al = replay.figures(sums, ["a", "a", "b"], {"a": 0.5, "b": 0.5})
+    assert tpf[0] == 1.0 and abs(tpf[1] - 1 / (0.5 / 2.0 + 0.5 / 1.25)) < 1e-12
+    # every round drafted, so vLLM's AL equals tokens per forward here
+    assert abs(al[1] - tpf[1]) < 1e-12
+
+
+def test_bootstrap_interval_covers_and_narrows_with_prompts():
+    rng = np.random.default_rng(0)
+    few = list(1.3 + 0.3 * rng.random(5))
+    many = list(1.3 + 0.3 * rng.random(80))
+    _, _, lo_hi_few, _ = replay.figures(_sums(few), ["a"] * 5, {"a": 1.0}, resamples=500)
+    point, _, lo_hi_many, _ = replay.figures(_sums(many), ["a"] * 80, {"a": 1.0}, resamples=500)
+    assert lo_hi_many[1, 0] <= point[1] <= lo_hi_many[1, 1]
+    assert (lo_hi_many[1, 1] - lo_hi_many[1, 0]) < (lo_hi_few[1, 1] - lo_hi_few[1, 0])
+    assert lo_hi_few[0].tolist() == [1.0, 1.0]  # D = 0: no spread
