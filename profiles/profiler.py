@@ -1,13 +1,18 @@
 """`specdec-tune profile`: measure the target, its drafters and the device into `profile.json`.
 
-Phases, most important first (a short --budget-minutes drops the tail and says so in `notes`):
-  verify      T_verif(B, 1+D, ctx): adaptive in 1+D, bisecting where linear interpolation misses by > tol
-  draft       T_draft(B, D) per mechanism, one propose() as it runs (serial steps / one pass / lookups)
-  acceptance  per mechanism x domain x temperature at D_max; AL(D) for every D derived from the rounds
-  checks      direct runs at smaller D against the derived figures (> 5% apart is flagged)
-  host        loop time per round outside drafter and target, per batch bucket
-  quantized   acceptance with FP8 / NVFP4 drafter weights (emulated where the device lacks the format)
+Phases, in order (a short --budget-minutes drops what is left and says so in `notes`):
+  verify      T_verif(B, 1+D, ctx): every cell visited in shuffled rounds (seeds, bisection where a line misses by
+              > tol, repeats until the median's 95% interval is tight), then fitted non-decreasing in 1+D, B and ctx
+  draft       T_draft(B, D) per mechanism, one propose() as it runs (serial steps / one pass / lookups), on real text
+  acceptance  greedy: replayed exactly at every D from the target's trajectories (profiles/replay.py) for the drafters
+              that allow it, in every weight format (FP8 / NVFP4 as fake-quantized weights: emulated); the loop at
+              D_max for the others (smaller D derived from its rounds) and for temperatures > 0
+  check       the loop against the replay on a sample: equal counters in fp32 (else the profile fails), the
+              difference in the profile's dtype recorded
+  host        loop time per round outside drafter and target, per batch bucket, at the shortest and longest draft
   micro       attention vs G*(1+D) rows per KV head; linear layers vs M = B*(1+D)
+  more prompts  greedy acceptance grows per domain until tokens per forward is within ±half-width (95% bootstrap
+              interval over prompts) at the D a plan could take, the split runs out, or the budget ends
 
 Every measurement is appended to a log as soon as it finishes (`store.MeasurementLog`): a killed
 run resumes where it stopped, and a finished profile with the same fingerprint is reused.
@@ -66,6 +71,7 @@ class ProfileSettings:
     acceptance_batch: int = 8
     quant_formats: tuple[str, ...] = ("fp8", "nvfp4")
     interp_tolerance: float = 0.03  # bisect the verify curve where interpolation misses by more
+    verify_visits: int = 6  # most visits per verify cell while its median's interval is wider than the target
     dtype: str = "auto"
     device: str = "auto"
     out_dir: Path = Path("artifacts/profile")
@@ -91,6 +97,8 @@ class ProfileSettings:
             raise SpecdecError("--prompts-per-domain, --new-tokens and --budget-minutes must be positive (new tokens ≥ 2)", "raise them")
         if any(t < 0 for t in self.temperatures):
             raise SpecdecError(f"temperatures {list(self.temperatures)} must be ≥ 0", "use 0 for greedy")
+        if self.verify_visits < 1:
+            raise SpecdecError(f"--verify-visits {self.verify_visits} must be at least 1", "use 1 or more (default 6)")
         if self.acceptance not in ("replay", "loop"):
             raise SpecdecError(f"--acceptance {self.acceptance!r} is not a method", "use replay (default) or loop")
         if not 0 <= self.acceptance_half_width < 1:
@@ -224,7 +232,6 @@ def time_verify_step(model, batch: int, ctx: int, tokens: int, seed: int = 0) ->
 
 VERIFY_BUDGET_SHARE = 0.3  # of the budget left when the verify phase starts
 VERIFY_TARGET_REL_HALF_WIDTH = 0.03  # a cell is repeated until its median's 95% interval is this tight (or the share ends)
-VERIFY_MAX_VISITS = 6
 VERIFY_SAMPLES_PER_VISIT = 3
 
 
@@ -237,7 +244,7 @@ class VerifySampler:
       1. the seeds in 1+D (and 1, 1+D_max) for every (B, ctx);
       2. bisection: the midpoint of each gap whose straight line misses the midpoint by more than the tolerance;
       3. repeats: another visit for every cell whose median's 95% interval is wider than the target,
-         until all are tight, a cell has `VERIFY_MAX_VISITS`, or the phase's share of the budget ends.
+         until all are tight, a cell has `verify_visits` visits, or the phase's share of the budget ends.
     Each cell's figures pool the samples of all its visits. A cell that runs out of memory is infeasible,
     with every larger 1+D of its (B, ctx).
     """
@@ -309,7 +316,7 @@ class VerifySampler:
                 gaps[(B, ctx)] = nxt
         while time.monotonic() < deadline:  # repeats where the interval is still wide
             wide = [key for key, samples in self.samples.items()
-                    if len(samples) < VERIFY_MAX_VISITS * VERIFY_SAMPLES_PER_VISIT and _rel_half_width(samples) > VERIFY_TARGET_REL_HALF_WIDTH]
+                    if len(samples) < self.p.s.verify_visits * VERIFY_SAMPLES_PER_VISIT and _rel_half_width(samples) > VERIFY_TARGET_REL_HALF_WIDTH]
             if not wide:
                 break
             self._round(wide, deadline)
@@ -768,22 +775,25 @@ class Profiler:
 
             def fp32_check():
                 nonlocal exact
-                if exact is None:
-                    exact = load_model(self.s.target, dtype="float32", device=str(self.device), trust_remote_code=self.s.trust_remote_code)
+                if exact is None:  # the profile's own target where it already runs in fp32
+                    exact = self.target if self.model.dtype == torch.float32 else load_model(
+                        self.s.target, dtype="float32", device=str(self.device), trust_remote_code=self.s.trust_remote_code)
                 spec = next(x for x in self.s.drafters if parse_drafter_spec(x)[0] == name)
-                drafter = create(name, exact, parse_drafter_spec(spec)[1])
+                drafter = self.drafters[name] if exact is self.target else create(name, exact, parse_drafter_spec(spec)[1])
                 ids = [self.encoded[p.id] for p in sample]
                 trajs = replay.trajectories(exact.model, ids, self.s.new_tokens, len(ids))
+                tpf = {}
                 for D in lens:
                     looped = generate(exact.model, ids, drafter=drafter, num_draft_tokens=D, max_new_tokens=self.s.new_tokens,
                                       stop_token_ids=self.stop_ids).per_prompt
-                    for p, t, c in zip(sample, trajs, looped):
-                        [mine] = replay.replay(t, replay.PROPOSERS[drafter.replay](drafter, self.encoded[p.id], t), [D],
-                                               self.s.new_tokens, stop, D)
-                        if dataclasses.asdict(mine) != dataclasses.asdict(c):
+                    mine = [replay.replay(t, replay.PROPOSERS[drafter.replay](drafter, self.encoded[p.id], t), [D], self.s.new_tokens, stop, D)[0]
+                            for p, t in zip(sample, trajs)]
+                    for p, a, b in zip(sample, mine, looped):
+                        if dataclasses.asdict(a) != dataclasses.asdict(b):
                             return {"equal": False, "draft_len": D, "prompt": p.id,
-                                    "replay": [mine.num_rounds, mine.num_accepted_tokens], "loop": [c.num_rounds, c.num_accepted_tokens]}
-                return {"equal": True, "prompts": len(sample), "draft_lens": lens}
+                                    "replay": [a.num_rounds, a.num_accepted_tokens], "loop": [b.num_rounds, b.num_accepted_tokens]}
+                    tpf[D] = SpecCounters.total(looped).tokens_per_target_forward
+                return {"equal": True, "prompts": len(sample), "draft_lens": lens, "tokens_per_forward_at_d_max": tpf[D_max]}
 
             result = log.measure(f"replay-check/{name}/fp32", fp32_check)
             if not result["equal"]:
@@ -791,9 +801,12 @@ class Profiler:
                     f"replayed acceptance of {name} differs from the speculative loop in fp32 on prompt {result['prompt']} at "
                     f"D={result['draft_len']} (rounds, accepted: replay {result['replay']}, loop {result['loop']})",
                     "profile with --acceptance loop, and report the drafter: its proposals must depend only on the prefix")
-            looped = self.run_counters(self.drafters[name], D_max, 0.0, log, f"replay-check/{name}/{self.model.dtype}", sample)
-            direct = SpecCounters.total(looped).tokens_per_target_forward
             replayed = SpecCounters.total([self.replayed[(name, "none")][p.id][-1] for p in sample]).tokens_per_target_forward
+            if self.model.dtype == torch.float32:  # the check above ran in the profile's dtype: equal counters
+                direct = result["tokens_per_forward_at_d_max"]
+            else:
+                looped = self.run_counters(self.drafters[name], D_max, 0.0, log, f"replay-check/{name}/{self.model.dtype}", sample)
+                direct = SpecCounters.total(looped).tokens_per_target_forward
             rel = (replayed - direct) / direct
             self.replay_checks[name] = [{"draft_len": D_max, "derived": replayed, "direct": direct, "rel_diff": rel,
                                          "flagged": abs(rel) > FLAG_REL_DIFF}]

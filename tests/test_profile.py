@@ -131,8 +131,8 @@ def test_bad_settings():
 # ---------------------------------------------------------------------------- end to end on the demo target
 
 SMALL = dict(batch_buckets=(1, 2), ctx_buckets=(32,), max_draft_len=3, prompts_per_domain=1, new_tokens=8,
-             temperatures=(0.0,), budget_minutes=10.0, acceptance_half_width=0.0)
-SMALL_CLI = ["--batch", "1,2", "--ctx", "32", "--max-draft-len", "3", "--prompts-per-domain", "1", "--new-tokens", "8", "--half-width", "0",
+             temperatures=(0.0,), budget_minutes=10.0, acceptance_half_width=0.0, verify_visits=2)
+SMALL_CLI = ["--batch", "1,2", "--ctx", "32", "--max-draft-len", "3", "--prompts-per-domain", "1", "--new-tokens", "8", "--half-width", "0", "--verify-visits", "2",
              "--temperatures", "0", "--quant", "none", "--drafter", "ngram", "--drafter", "suffix"]
 
 
@@ -286,3 +286,17 @@ def test_remeasure_appends_visits_refits_and_rewrites_the_profile(tmp_path, tiny
     for B in new.workload.batch_buckets:
         curve = [p.median_ms for p in new.verify if p.batch == B and p.ctx == 128 and p.median_ms is not None]
         assert curve == sorted(curve)
+
+
+def test_progress_prints_one_line_per_finished_phase_where_output_is_not_a_terminal(capsys):
+    """In a CI log the bars print nothing until the end: there, each finished phase is one line with the times."""
+    from specdec_tune.autotune import cli
+
+    assert not cli.console.is_terminal  # pytest captures the output
+    with cli._progress(15.0) as tick:
+        tick("verify", 0, 3)
+        tick("verify", 3, 3)
+        tick("verify", 3, 3)  # the same phase finishing twice is one line
+        tick("draft", 1, 2)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("verify: done (3 steps) at 0.0 min") and "min of the budget left" in lines[0]
