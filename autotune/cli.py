@@ -5,9 +5,11 @@ Tracebacks appear only with --debug (or SPECDEC_TUNE_DEBUG=1).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -76,7 +78,7 @@ def decode(
     temperature: Annotated[float, typer.Option(help="0 for greedy, > 0 for rejection sampling.")] = 0.0,
     seed: Annotated[int, typer.Option(help="Seed for sampling.")] = 0,
     dtype: DtypeOpt = "auto",
-    check_lossless: Annotated[bool, typer.Option(help="Also decode plainly and require identical tokens (greedy only).")] = False,
+    check_lossless: Annotated[bool, typer.Option(help="Also decode plainly and require identical tokens (greedy, with a --drafter).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     trust_remote_code: TrustOpt = False,
 ) -> None:
@@ -129,7 +131,10 @@ def profile(
     target: TargetOpt = "smollm2-135m",
     drafter: Annotated[list[str], typer.Option("--drafter", "-m", help="Drafter to profile, NAME or NAME:KEY=VALUE,... (repeatable). Default: ngram, suffix, draft_model.")] = [],  # noqa: B006
     prompts: PromptsOpt = "default",
-    prompts_per_domain: Annotated[int, typer.Option(help="Profiling prompts per domain for acceptance.")] = 3,
+    prompts_per_domain: Annotated[int, typer.Option(help="Profiling prompts per domain to start greedy acceptance with (more are added until --half-width).")] = 4,
+    half_width: Annotated[float, typer.Option("--half-width", help="Target relative half-width (95%) of tokens per forward per domain; prompts are added until it holds (0: none added).")] = 0.02,
+    acceptance: Annotated[str, typer.Option(help="Greedy acceptance: replay (from the target's trajectory, checked against the loop) or loop.")] = "replay",
+    verify_visits: Annotated[int, typer.Option(help="Most visits per verify cell (a warm-up and 3 timed calls each) while its median's 95% interval is wider than ±3%.")] = 6,
     new_tokens: Annotated[int, typer.Option(help="Tokens generated per prompt in acceptance runs.")] = 64,
     temperatures: Annotated[str, typer.Option(help="Temperatures for acceptance, comma-separated (0 = greedy).")] = "0,0.7",
     batch: Annotated[str, typer.Option("--batch", help="Batch buckets, comma-separated (default 1..16 on CPU, 1..256 on a GPU).")] = "",
@@ -145,8 +150,6 @@ def profile(
     trust_remote_code: TrustOpt = False,
 ) -> None:
     """Measure the target, its drafters and the device; writes OUT/profile.json (resumable: a killed run continues)."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     from specdec_tune.profiles.profiler import Profiler, ProfileSettings
 
     formats = tuple(f for f in quant.split(",") if f and f != "none")
@@ -160,8 +163,33 @@ def profile(
         new_tokens=new_tokens, temperatures=_float_list(temperatures, "--temperatures"), batch_buckets=_int_list(batch, "--batch"),
         ctx_buckets=_int_list(ctx, "--ctx"), max_draft_len=max_draft_len, quant_formats=formats, dtype=dtype, device=device,
         out_dir=out, budget_minutes=budget_minutes, seed=seed, force=force, trust_remote_code=trust_remote_code,
+        acceptance_half_width=half_width, acceptance=acceptance, verify_visits=verify_visits,
     )
-    columns = (TextColumn("{task.description:<11}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), TimeRemainingColumn())
+    with _progress(budget_minutes) as tick:
+        profiler = Profiler(settings, progress=tick)
+        result = profiler.run()
+    _print_profile_summary(result, out / "profile.json")
+
+
+@contextlib.contextmanager
+def _progress(budget_minutes: float | None = None):
+    """A progress callback tick(phase, done, total): bars on a terminal; elsewhere (a CI log) one line per finished
+    phase with the elapsed time and what is left of the budget, so that a long run is never silent."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    if not console.is_terminal:
+        started, finished = time.monotonic(), set()
+
+        def line(phase: str, done: int, total: int) -> None:
+            if done >= total and phase not in finished:
+                finished.add(phase)
+                elapsed = time.monotonic() - started
+                left = f", {max(0.0, 60 * budget_minutes - elapsed) / 60:.1f} min of the budget left" if budget_minutes else ""
+                print(f"{phase}: done ({total} steps) at {elapsed / 60:.1f} min{left}", flush=True)
+
+        yield line
+        return
+    columns = (TextColumn("{task.description:<12}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=False) as bar:
         tasks: dict[str, int] = {}
 
@@ -170,9 +198,7 @@ def profile(
                 tasks[phase] = bar.add_task(phase, total=total)
             bar.update(tasks[phase], completed=done, total=total)
 
-        profiler = Profiler(settings, progress=tick)
-        result = profiler.run()
-    _print_profile_summary(result, out / "profile.json")
+        yield tick
 
 
 def _print_profile_summary(result, path: Path) -> None:
@@ -182,12 +208,21 @@ def _print_profile_summary(result, path: Path) -> None:
     D_max = result.workload.max_draft_len
     mechanisms = sorted({m for m, _ in facts["al"]})
     domains = ["all"] + [d for d in result.workload.domains]
-    table = Table(title=f"tokens per target forward at D={D_max} (a block drafter: its block), greedy (measured)")
+    table = Table(title=f"tokens per target forward at D={D_max} (a block drafter: its block), greedy (measured; 95% interval over prompts)")
     table.add_column("domain")
+    table.add_column("prompts", justify="right")
     for m in mechanisms:
         table.add_column(m, justify="right")
+
+    def cell(key) -> str:
+        if key not in facts["al"]:
+            return "-"
+        lo_hi = facts["al_ci"].get(key)
+        return f"{facts['al'][key]:.2f}" + (f" [{lo_hi[0]:.2f}–{lo_hi[1]:.2f}]" if lo_hi else "")
+
     for d in domains:
-        table.add_row(d, *[f"{facts['al'][(m, d)]:.2f}" if (m, d) in facts["al"] else "-" for m in mechanisms])
+        n = sum(facts["prompts"].values()) if d == "all" else facts["prompts"].get(d)
+        table.add_row(d, str(n or "-"), *[cell((m, d)) for m in mechanisms])
     console.print(table)
     bounds = Table(title=f"per batch bucket (ctx {facts['ctx']}; measured verify times)")
     for col in ("batch", "verify knee 1+D", "speedup bound", "at D", "mechanism"):
@@ -263,6 +298,7 @@ def train_drafter(
              "  specdec-tune search --objective throughput --min-user-tps 40   # most tokens/s per GPU at 40 tok/s per user\n\n"
              "  specdec-tune search --objective pareto                          # the throughput / per-user front (NSGA-II)\n\n"
              "  specdec-tune search --device h200                               # plan for a GPU you do not have (modeled)\n\n"
+             "  specdec-tune search --mix writing=0.5,coding=0.3,humaneval=0.2  # weight the profile's domains by share of requests\n\n"
              "  specdec-tune search --storage journal:/shared/study.journal     # several workers, one study")
 def search(
     profile: Annotated[Path, typer.Option("--profile", "-p", help="profile.json written by `specdec-tune profile`.")] = Path("artifacts/profile/profile.json"),
@@ -277,6 +313,7 @@ def search(
     tile_rows: Annotated[int, typer.Option("--tile-rows", help="Attention tile rows for the aligned tile policy; 0 = the device's.")] = 0,
     storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL (sqlite:///..., postgresql://..., or a JournalStorage file via journal:PATH).")] = None,
     device: Annotated[Optional[str], typer.Option(help="Plan for this device from the hardware table (a100, h100, h200, b200, l40s, mi300x): times are modeled.")] = None,
+    mix: Annotated[Optional[str], typer.Option("--mix", help="Share of requests per profiled domain, DOMAIN=WEIGHT,... (normalised); default: the profile's 'all'.")] = None,
 ) -> None:
     """Choose the mechanism and draft length per batch bucket from a profile; writes OUT/plan.json."""
     from specdec_tune.autotune.search import SearchSettings, search as run_search
@@ -288,24 +325,19 @@ def search(
             raise SpecdecError(f"{name} {value:g} must not be negative", f"pass {name} 0 for the default, or a positive value")
     loaded = load_profile(profile)
     settings = SearchSettings(objective=objective, trials=trials, seed=seed, min_user_tokens_per_s=min_user_tps, min_tokens_per_s=min_tps,
-                              mechanisms=tuple(mechanism), tile_rows=tile_rows, storage=storage, out_dir=out, device=device)
+                              mechanisms=tuple(mechanism), tile_rows=tile_rows, storage=storage, out_dir=out, device=device,
+                              mix=_mix_option(mix) if mix is not None else ())
     plan = run_search(loaded, sha256_file(profile), settings)
-    where = f"{plan['device']['name']} ({plan['device']['times']})"
-    table = Table(title=f"plan for {where}: {plan['mechanism']} (weights {plan['quant']}), max D {plan['max_draft_len']}, "
-                        f"max batch {plan['max_batch']}, tile policy {plan['tile']['policy']}")
-    for col in ("batch", "D", "speedup", "tok/s", "tok/s/user", "tok/fwd", "source", "why", "next D"):
-        table.add_column(col, justify="right")
-    for b in plan["buckets"]:
-        pred, why = b["predicted"], b["rationale"]
-        nxt = why["next_best"]
-        table.add_row(str(b["batch"]), str(b["draft_len"]), f"{pred['speedup']['value']:.2f}x", f"{pred['tokens_per_s']['value']:.0f}",
-                      f"{pred['per_user_tokens_per_s']['value']:.1f}", f"{pred['tokens_per_forward']['value']:.3f}", pred["speedup"]["source"],
-                      f"g{why['guideline']}" if why["guideline"] != "engine" else "engine",
-                      f"{nxt['draft_len']} ({-nxt['loss_pct']:+.1f}%)" if nxt else "-")
-    console.print(table)
+    _print_plan_table(plan)
     console.print("why: the guideline that set D (g1 compute-bound GEMMs, g2/g3 attention tile, g4 draft cost, engine: "
-                  "TensorRT-LLM's smallest key carries max_draft_len); next D: the runner-up and its predicted change (within the 2% tie "
-                  "tolerance the shorter draft wins)", markup=False)
+                  "TensorRT-LLM's smallest key carries max_draft_len, memory: a longer draft ran out of memory); next D: the runner-up "
+                  "and its predicted change", markup=False)
+    console.print("[low–high]: 95% interval of the prediction, from the acceptance bootstrap over prompts and the timing interval of the "
+                  "median, taken together at their worst and best; - where the profile has none. Within a bucket, draft lengths whose "
+                  f"intervals overlap are a tie and the shorter draft wins (without intervals: within {settings.tie_tolerance:.0%})",
+                  markup=False)
+    for line in _plan_findings(plan):
+        console.print(line, markup=False)
     st = plan["study"]
     line = f"study: {st['trials']} trials over a {st['space_size']}-point space"
     if "gap_pct" in st:
@@ -314,6 +346,65 @@ def search(
         line += f"; Pareto front: {len(plan['pareto']['study'])} points found, {plan['pareto']['study_found']} of the {len(plan['pareto']['exact'])} exact"
     console.print(line, markup=False)
     console.print(f"wrote {out / 'plan.json'}", markup=False)
+
+
+def _mix_option(text: str) -> tuple[tuple[str, float], ...]:
+    """--mix DOMAIN=WEIGHT,...: the pairs as given (the search checks the domains and normalises the weights)."""
+    pairs = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        domain, _, weight = item.partition("=")
+        try:
+            pairs.append((domain.strip(), float(weight)))
+        except ValueError:
+            raise SpecdecError(f"--mix {item!r} is not DOMAIN=WEIGHT", "write it like --mix writing=0.5,coding=0.3,humaneval=0.2") from None
+        if not domain.strip():
+            raise SpecdecError(f"--mix {item!r} names no domain", "write it like --mix writing=0.5,coding=0.3,humaneval=0.2")
+    if not pairs:
+        raise SpecdecError("--mix is empty", "write it like --mix writing=0.5,coding=0.3,humaneval=0.2")
+    return tuple(pairs)
+
+
+def _with_interval(figure: dict, fmt: str, unit: str = "") -> str:
+    """`1.30x [1.22–1.37]`, or `1.30x [-]` where the figure has no interval."""
+    value = f"{format(figure['value'], fmt)}{unit}"
+    if figure.get("low") is None or figure.get("high") is None:
+        return f"{value} [-]"
+    return f"{value} [{format(figure['low'], fmt)}–{format(figure['high'], fmt)}]"
+
+
+def _print_plan_table(plan: dict) -> None:
+    """The plan per bucket, at the table's own width (a narrower terminal wraps lines, not cells)."""
+    from rich.measure import Measurement
+
+    where = f"{plan['device']['name']} ({plan['device']['times']})"
+    mix = f", mix {', '.join(f'{d} {w:.0%}' for d, w in plan['mix'].items())}" if plan.get("mix") else ""
+    table = Table(title=f"plan for {where}: {plan['mechanism']} (weights {plan['quant']}), max D {plan['max_draft_len']}, "
+                        f"max batch {plan['max_batch']}, tile policy {plan['tile']['policy']}{mix}")
+    for col in ("batch", "D", "speedup", "tok/s", "tok/s/user", "tok/fwd", "source", "why", "next D"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for b in plan["buckets"]:
+        pred, why = b["predicted"], b["rationale"]
+        nxt = why["next_best"]
+        table.add_row(str(b["batch"]), str(b["draft_len"]), _with_interval(pred["speedup"], ".2f", "x"), _with_interval(pred["tokens_per_s"], ".0f"),
+                      f"{pred['per_user_tokens_per_s']['value']:.1f}", f"{pred['tokens_per_forward']['value']:.3f}", pred["speedup"]["source"],
+                      f"g{why['guideline']}" if isinstance(why["guideline"], int) else why["guideline"],
+                      f"{nxt['draft_len']} ({-nxt['loss_pct']:+.1f}%)" if nxt else "-")
+    width = Measurement.get(console, console.options.update_width(10_000), table).maximum
+    Console(width=max(console.width, width)).print(table)
+
+
+def _plan_findings(plan: dict) -> list[str]:
+    """One line per excluded bucket, per tie taken, per flagged bucket and per bucket the mix's domains disagree on."""
+    from specdec_tune.autotune.plan import disagreement_line
+
+    lines = [f"not planned: {row['why']}" for row in plan.get("excluded_buckets", [])]
+    for b in plan["buckets"]:
+        tie = b["rationale"].get("tie")
+        if tie:
+            lines.append(f"batch {b['batch']}: {tie['text']}")
+        lines += [f"flag: batch {b['batch']} {flag}" for flag in b.get("flags", [])]
+    lines += [disagreement_line(row) for row in (plan.get("per_domain") or {}).get("disagreeing_buckets", [])]
+    return lines
 
 
 VllmVersion = Annotated[Optional[str], typer.Option("--vllm-version", help="vLLM version targeted (default: the tool's).")]
@@ -357,14 +448,27 @@ def export(
     lossless_prompts: LosslessPrompts = 8,
     new_tokens: NewTokens = 32,
     tolerance: Tolerance = 15.0,
+    repair_rounds: Annotated[int, typer.Option("--repair-rounds", help="A failed throughput check: rounds of re-measuring the verify cells "
+                                                                       "behind it and re-planning (rewrites plan.json and profile.json) before "
+                                                                       "refusing; 0 refuses at once.")] = 2,
 ) -> None:
     """Write the deployment bundle: engine configs, manifest, report, validation (it must pass to be written)."""
-    from specdec_tune.exporters.bundle import ExportSettings, export as run_export
+    import dataclasses
 
+    from specdec_tune.exporters.bundle import ExportSettings, export as run_export
+    from specdec_tune.exporters.validate import describe_repair
+
+    if repair_rounds < 0:
+        raise SpecdecError(f"--repair-rounds {repair_rounds} must not be negative", "pass --repair-rounds 0 to refuse without re-measuring")
+    measure = dataclasses.replace(_measure_settings(lossless_prompts, new_tokens, tolerance), repair_rounds=repair_rounds)
     settings = ExportSettings(plan=plan, profile=profile, out=out, versions=_version_overrides(vllm_version, trtllm_version, sglang_version),
-                              engine_model=engine_model, measure=_measure_settings(lossless_prompts, new_tokens, tolerance),
-                              skip_measure=configs_only, onnx_drafter=not no_onnx)
-    manifest = run_export(settings)
+                              engine_model=engine_model, measure=measure, skip_measure=configs_only, onnx_drafter=not no_onnx)
+
+    def show_repair(record: dict) -> None:
+        for line in describe_repair(record):
+            console.print(line, markup=False)
+
+    manifest = run_export(settings, on_repair=show_repair)
     table = Table(title=f"bundle {out}: {manifest['plan']['mechanism']}, schedule {manifest['plan']['schedule']}")
     for col in ("engine", "version", "files", "decisions"):
         table.add_column(col)
@@ -372,9 +476,11 @@ def export(
         table.add_row(name, e["version"], ", ".join(e["files"]) or "-", "; ".join(e["decisions"]))
     console.print(table)
     v = manifest["validation"]
-    console.print(f"validated: configs ok; lossless {v['lossless'] if v['lossless'] is not None else 'skipped'}; worst throughput error "
+    console.print(f"validated: configs ok; lossless {v['lossless']}; worst throughput error "
                   + (f"{v['throughput_worst_error_pct']:+.1f}% at the device's current speed ({v['device_drift_pct']:.1f}% from profile time)"
                      if v["throughput_worst_error_pct"] is not None else "not measured"), markup=False)
+    if v.get("repairs"):
+        console.print(f"repaired in {len(v['repairs'])} round(s): rewrote {plan} (re-planned) and {profile} (re-measured cells)", markup=False)
     console.print(f"wrote {out} ({len(manifest['files'])} files)", markup=False)
 
 
@@ -389,6 +495,7 @@ def validate(
 ) -> None:
     """Check a bundle again: file hashes, engine configs, lossless gate, predicted vs measured throughput."""
     from specdec_tune.exporters.bundle import validate_bundle
+    from specdec_tune.exporters.report import lossless_text
     from specdec_tune.exporters.validate import describe_throughput_row
 
     result = validate_bundle(bundle, None if configs_only else _measure_settings(lossless_prompts, new_tokens, tolerance))
@@ -402,7 +509,7 @@ def validate(
         console.print(f"kernels: {k['checked']} cubins checked against their manifest: " + ("ok" if not k["errors"] else "; ".join(k["errors"][:3])),
                       markup=False)
         if "lossless" in result:
-            console.print(f"lossless: {'passed' if result['lossless']['passed'] else 'FAILED'}", markup=False)
+            console.print(f"lossless: {lossless_text(result['lossless'])}", markup=False)
         tp = result.get("throughput", {})
         for r in tp.get("buckets", []):
             console.print(describe_throughput_row(r), markup=False)

@@ -10,29 +10,82 @@
     speedup        = TPS(B, D) / TPS(B, 0),   TPS(B, 0) = B / (T_verif(B, 1) + T_host(B, 0))
 
 AL(D) here is tokens emitted per target forward over all rounds (`tokens_per_forward` in the
-profile), never vLLM's mean acceptance length. Every figure carries its source; a result is as weak
-as its weakest input: measured < interpolated < modeled.
+profile), never vLLM's mean acceptance length.
+
+Intervals (95%). A figure may carry [low, high]: AL(D) the profile's bootstrap over prompts, T_verif and
+T_draft the interval of the cell's median (an interpolated cell interpolates its bounds; an extrapolated,
+modeled one has none; a fitted cell's interval is stretched to hold its fitted value). Host time has none.
+A prediction combines them conservatively, every input at the end that hurts or helps at once:
+    TPS_low  = B · AL_low  / (T_verif_high + T_draft_high + T_host)
+    TPS_high = B · AL_high / (T_verif_low  + T_draft_low  + T_host)
+where E[T_verif]'s bounds are the expectation above over the cells' bounds. An input without an interval
+enters at its value; a prediction none of whose inputs has one (a version-1 profile) has none.
+    speedup_low, speedup_high = TPS_low / TPS(B, 0), TPS_high / TPS(B, 0)   (the baseline at its value)
+The baseline is the one reference every D at a batch is divided by: its own spread moves all of them
+together and cannot change which D wins, so it is left out of the speedup's interval (TPS(B, 0) keeps it).
+
+A mix of domains (`mix`, shares w_d of the requests, Σ w_d = 1). Let every request generate N tokens. A
+request of domain d takes N / AL_d(D) rounds, so the mix emits N·Σ w_d tokens over N·Σ w_d / AL_d(D)
+rounds of one row, and
+    AL_mix(D) = 1 / Σ_d (w_d / AL_d(D))          (the weighted harmonic mean)
+A row spends its rounds in domain d in proportion to w_d / AL_d(D): the round histogram P(L) of the mix is
+each domain's normalised histogram weighted by that share. AL_mix's interval takes every domain at its low
+bound (then every one at its high bound) at once: conservative, since the domains' prompts vary apart.
+
+Every figure carries its source; a result is as weak as its weakest input, weakest last:
+    measured < interpolated < fitted < emulated < modeled   (< infeasible: out of memory when profiled)
+  measured      timed or counted here (acceptance: every D of a replay, D_max of a loop run)
+  interpolated  linear between measured points
+  fitted        a verify cell the monotone fit moved beyond its interval
+  emulated      acceptance with fake-quantized (FP8 / NVFP4) drafter weights
+  modeled       derived (AL below D_max from a loop run's rounds), extrapolated, or from the hardware table
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import math
 
 from specdec_tune import SpecdecError
-from specdec_tune.profiles.schema import Profile
+from specdec_tune.profiles.schema import AcceptanceRecord, Profile, Timed
 
-_RANK = {"measured": 0, "interpolated": 1, "modeled": 2}
+SOURCES = ("measured", "interpolated", "fitted", "emulated", "modeled", "infeasible")  # weakest last
+_RANK = {s: i for i, s in enumerate(SOURCES)}
 
 
 @dataclasses.dataclass(frozen=True)
 class Figure:
     value: float
-    source: str  # measured | interpolated | modeled
+    source: str  # one of SOURCES
+    low: float | None = None  # 95% interval, where the inputs have one
+    high: float | None = None
+
+    @property
+    def has_interval(self) -> bool:
+        return self.low is not None and self.high is not None
+
+    def bounds(self) -> tuple[float, float]:
+        """(low, high), or (value, value) where there is no interval."""
+        return (self.low, self.high) if self.has_interval else (self.value, self.value)  # type: ignore[return-value]
+
+
+def bounded(value: float, source: str, low: float | None, high: float | None) -> Figure:
+    """A figure whose interval, where it has one, holds its value."""
+    if low is None or high is None:
+        return Figure(value, source)
+    return Figure(value, source, min(low, high, value), max(low, high, value))
 
 
 def weakest(*sources: str) -> str:
     return max(sources, key=_RANK.__getitem__)
+
+
+def overlap(a: Figure, b: Figure) -> bool | None:
+    """Whether two intervals overlap; None where either figure has none."""
+    if not (a.has_interval and b.has_interval):
+        return None
+    return a.low <= b.high and b.low <= a.high  # type: ignore[operator]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +103,22 @@ class Prediction:
     host_ms: Figure
 
 
+def _timed(p: Timed) -> Figure:
+    return bounded(p.median_ms, p.source, p.ci_low_ms, p.ci_high_ms)  # type: ignore[arg-type]
+
+
+def _on_line(a: Figure, b: Figure, t: float, source: str, with_bounds: bool) -> Figure:
+    """a + t·(b − a), floored at 0; the bounds follow the same line where both ends have them and `with_bounds`."""
+    value = max(a.value + (b.value - a.value) * t, 0.0)
+    if not (with_bounds and a.has_interval and b.has_interval):
+        return Figure(value, source)
+    low = max(a.low + (b.low - a.low) * t, 0.0)  # type: ignore[operator]
+    high = max(a.high + (b.high - a.high) * t, 0.0)  # type: ignore[operator]
+    return bounded(value, source, low, high)
+
+
 def _interp_in_batch(points: dict[int, Figure], batch: int) -> Figure:
-    """Linear in B between measured buckets (interpolated); beyond the largest, linear extrapolation (modeled)."""
+    """Linear in B between measured buckets (interpolated, bounds too); beyond them, linear extrapolation (modeled, no interval)."""
     if batch in points:
         return points[batch]
     xs = sorted(points)
@@ -66,34 +133,148 @@ def _interp_in_batch(points: dict[int, Figure], batch: int) -> Figure:
         lo, hi, source = xs[i - 1], xs[i], "interpolated"
     if lo == hi:
         return Figure(points[lo].value, "modeled")
-    y = points[lo].value + (points[hi].value - points[lo].value) * (batch - lo) / (hi - lo)
-    return Figure(max(y, 0.0), weakest(source, points[lo].source, points[hi].source))
+    return _on_line(points[lo], points[hi], (batch - lo) / (hi - lo), weakest(source, points[lo].source, points[hi].source),
+                    with_bounds=source == "interpolated")
+
+
+def _interp_in_draft_len(points: dict[int, Figure], draft_len: int) -> Figure:
+    """Linear in D between measured draft lengths (interpolated); beyond them, the nearest one (modeled)."""
+    if draft_len in points:
+        return points[draft_len]
+    lens = sorted(points)
+    below, above = [d for d in lens if d < draft_len], [d for d in lens if d > draft_len]
+    if below and above:
+        lo, hi = below[-1], above[0]
+        return _on_line(points[lo], points[hi], (draft_len - lo) / (hi - lo),
+                        weakest("interpolated", points[lo].source, points[hi].source), with_bounds=True)
+    nearest = below[-1] if below else above[0]
+    return Figure(points[nearest].value, weakest("modeled", points[nearest].source))
+
+
+# ---------------------------------------------------------------------------------------------- acceptance
+
+
+def acceptance_source(record: AcceptanceRecord, draft_len: int) -> str:
+    """A replay counts every D exactly (measured); a loop run measures D_max and derives smaller D from its
+    rounds (modeled, whether or not a direct check ran: the derived value is what is returned)."""
+    exact = draft_len in (0, record.max_draft_len) or record.method == "replay"
+    return weakest("measured" if exact else "modeled", record.quant_source)
+
+
+def _record_tokens_per_forward(record: AcceptanceRecord, draft_len: int) -> Figure:
+    ci = record.tokens_per_forward_ci[draft_len] if draft_len < len(record.tokens_per_forward_ci) else None
+    low, high = (ci[0], ci[1]) if ci and len(ci) == 2 else (None, None)
+    return bounded(record.tokens_per_forward[draft_len], acceptance_source(record, draft_len), low, high)
+
+
+def _round_shares(record: AcceptanceRecord, max_draft_len: int) -> list[float]:
+    """P(L), L = 0..max_draft_len: the share of the record's rounds that proposed L tokens (all L = D_max where it kept none)."""
+    counts = [float(sum(row)) for row in record.rounds[: max_draft_len + 1]]
+    total = sum(counts)
+    if not total:
+        return [0.0] * max_draft_len + [1.0]
+    counts += [0.0] * (max_draft_len + 1 - len(counts))
+    return [c / total for c in counts]
+
+
+@dataclasses.dataclass(frozen=True)
+class Acceptance:
+    """One drafter's acceptance over a workload: one profiled record, or a mix of domains (module docstring)."""
+
+    parts: tuple[tuple[float, AcceptanceRecord], ...]  # (w_d, the domain's record); the w_d sum to 1
+
+    @property
+    def max_draft_len(self) -> int:
+        return min(r.max_draft_len for _, r in self.parts)
+
+    def tokens_per_forward(self, draft_len: int) -> Figure:
+        figures = [(w, _record_tokens_per_forward(r, draft_len)) for w, r in self.parts]
+        if len(figures) == 1:
+            return figures[0][1]
+        value = 1.0 / sum(w / f.value for w, f in figures)
+        source = weakest(*(f.source for _, f in figures))
+        if not all(f.has_interval for _, f in figures):
+            return Figure(value, source)
+        return bounded(value, source, 1.0 / sum(w / f.low for w, f in figures), 1.0 / sum(w / f.high for w, f in figures))  # type: ignore[operator]
+
+    def round_shares(self, draft_len: int) -> list[float] | None:
+        """P(L) of the workload's rounds, L = 0..D_max (None where no record kept its rounds: every round drafts D)."""
+        if not any(r.rounds for _, r in self.parts):
+            return None
+        n = self.max_draft_len
+        rounds = [w / _record_tokens_per_forward(r, draft_len).value for w, r in self.parts]  # a row's rounds in domain d ∝ w_d / AL_d
+        total = sum(rounds)
+        mixed = [0.0] * (n + 1)
+        for (_, r), share in zip(self.parts, rounds):
+            for L, p in enumerate(_round_shares(r, n)):
+                mixed[L] += share / total * p
+        return mixed
+
+
+def normalise_mix(profile: Profile, mix: dict[str, float]) -> dict[str, float]:
+    """Domain shares of the requests, checked against the profile's domains and scaled to sum to 1."""
+    known = list(profile.workload.domains)
+    unknown = [d for d in mix if d not in known]
+    if unknown:
+        raise SpecdecError(f"--mix names {', '.join(repr(d) for d in unknown)}, which the profile has no acceptance for",
+                           f"use the profile's domains: {', '.join(known)}")
+    bad = [d for d, w in mix.items() if not (w > 0 and math.isfinite(w))]
+    if bad or not mix:
+        raise SpecdecError(f"--mix weights must be positive numbers ({', '.join(bad) or 'none given'})", "write it like --mix writing=0.5,coding=0.5")
+    total = sum(mix.values())
+    return {d: w / total for d, w in mix.items()}
+
+
+# ---------------------------------------------------------------------------------------------- the model
 
 
 class CostModel:
-    """Predictions for (B, D, mechanism, quant) at one context bucket, temperature and domain."""
+    """Predictions for (B, D, mechanism, quant) at one context bucket, temperature and workload (a domain or a mix)."""
 
-    def __init__(self, profile: Profile, *, ctx: int | None = None, temperature: float = 0.0, domain: str = "all") -> None:
+    def __init__(self, profile: Profile, *, ctx: int | None = None, temperature: float = 0.0, domain: str = "all",
+                 mix: dict[str, float] | None = None) -> None:
         self.profile = profile
         self.ctx = ctx if ctx is not None else profile.workload.ctx_buckets[0]
         if self.ctx not in profile.workload.ctx_buckets:
             raise SpecdecError(f"context {self.ctx} is not a profiled bucket", f"use one of {profile.workload.ctx_buckets}")
         self.max_draft_len = profile.workload.max_draft_len
         self._verify: dict[int, dict[int, Figure]] = {}  # tokens -> batch -> ms
+        self._verify_tokens: set[int] = set()
+        self._verify_infeasible: set[tuple[int, int]] = set()  # (batch, tokens) out of memory when profiled
+        self._fit_moved: dict[tuple[int, int], tuple[float, float]] = {}  # (batch, tokens) -> (raw, fitted) ms
         for p in profile.verify:
-            if p.ctx == self.ctx and p.median_ms is not None:
-                self._verify.setdefault(p.tokens, {})[p.batch] = Figure(p.median_ms, p.source)
+            if p.ctx != self.ctx:
+                continue
+            self._verify_tokens.add(p.tokens)
+            if p.median_ms is None:
+                self._verify_infeasible.add((p.batch, p.tokens))
+                continue
+            self._verify.setdefault(p.tokens, {})[p.batch] = _timed(p)
+            if p.fit_moved and p.raw_median_ms is not None:
+                self._fit_moved[(p.batch, p.tokens)] = (p.raw_median_ms, p.median_ms)
         self._draft: dict[tuple[str, str, int], dict[int, Figure]] = {}  # (mechanism, quant, D) -> batch -> ms
+        self._draft_infeasible: set[tuple[str, str, int, int]] = set()
         for p in profile.draft:
-            if p.median_ms is not None:
-                self._draft.setdefault((p.mechanism, p.quant, p.draft_len), {})[p.batch] = Figure(p.median_ms, p.source)
-        self._host: dict[str, dict[int, Figure]] = {}
+            if p.median_ms is None:
+                self._draft_infeasible.add((p.mechanism, p.quant, p.draft_len, p.batch))
+            else:
+                self._draft.setdefault((p.mechanism, p.quant, p.draft_len), {})[p.batch] = _timed(p)
+        self._host: dict[str, dict[int, dict[int, Figure]]] = {}  # mechanism -> D -> batch -> ms per round
         for h in profile.host:
-            self._host.setdefault(h.mechanism, {})[h.batch] = Figure(h.host_ms_per_round, h.source)
-        self._al = {(a.mechanism, a.quant): a for a in profile.acceptance if a.domain == domain and a.temperature == temperature}
+            self._host.setdefault(h.mechanism, {}).setdefault(h.draft_len, {})[h.batch] = Figure(h.host_ms_per_round, h.source)
+        self.mix = normalise_mix(profile, mix) if mix else None
+        self._al = self._acceptance(temperature, domain)
         if not self._al:
-            raise SpecdecError(f"the profile has no acceptance for domain {domain!r} at temperature {temperature}",
+            what = f"every domain of the mix {', '.join(self.mix)}" if self.mix else f"domain {domain!r}"
+            raise SpecdecError(f"the profile has no acceptance for {what} at temperature {temperature}",
                                "profile that domain and temperature, or pick one it has")
+
+    def _acceptance(self, temperature: float, domain: str) -> dict[tuple[str, str], Acceptance]:
+        records = {(a.mechanism, a.quant, a.domain): a for a in self.profile.acceptance if a.temperature == temperature}
+        pairs = sorted({(m, q) for m, q, _ in records})
+        shares = self.mix or {domain: 1.0}
+        return {(m, q): Acceptance(tuple((w, records[(m, q, d)]) for d, w in shares.items()))
+                for m, q in pairs if all((m, q, d) in records for d in shares)}
 
     @property
     def mechanisms(self) -> list[str]:
@@ -109,14 +290,31 @@ class CostModel:
 
     # ------------------------------------------------------------------ components
 
+    def unplannable(self, batch: int) -> str | None:
+        """Why batch `batch` cannot be served at this context (its one-token verify step ran out of memory or was
+        never timed), or None where it can."""
+        if (batch, 1) in self._verify_infeasible:
+            return f"batch {batch}: the one-token verify step at ctx {self.ctx} ran out of memory when profiled"
+        if batch not in self._verify.get(1, {}):
+            return f"batch {batch}: the profile has no one-token verify step at ctx {self.ctx}"
+        return None
+
     def verify_ms(self, batch: int, tokens: int) -> Figure:
-        if tokens not in self._verify:
+        if tokens not in self._verify_tokens:
             raise SpecdecError(f"1+D = {tokens} is beyond the profiled draft lengths", f"keep D ≤ {self.max_draft_len}")
-        return _interp_in_batch(self._verify[tokens], batch)
+        if (batch, tokens) in self._verify_infeasible:
+            return Figure(math.inf, "infeasible")
+        return _interp_in_batch(self._verify.get(tokens, {}), batch)
+
+    def fit_moved(self, batch: int, tokens: int) -> tuple[float, float] | None:
+        """(raw, fitted) ms of a verify cell the monotone fit moved beyond its interval; None for any other cell."""
+        return self._fit_moved.get((batch, tokens))
 
     def draft_ms(self, mechanism: str, quant: str, batch: int, draft_len: int) -> Figure:
         if draft_len == 0:
             return Figure(0.0, "measured")
+        if (mechanism, quant, draft_len, batch) in self._draft_infeasible:
+            return Figure(math.inf, "infeasible")
         timed = self._draft.get((mechanism, quant, draft_len))
         if timed is None and quant != "none" and (mechanism, "none", draft_len) in self._draft:
             # Not run in this format here: the full-precision time stands in, labelled as a model
@@ -128,48 +326,60 @@ class CostModel:
                                "re-run `specdec-tune profile` with that drafter")
         return _interp_in_batch(timed, batch)
 
-    def host_ms(self, mechanism: str, batch: int) -> Figure:
-        points = self._host.get(mechanism) or self._host.get("plain")
-        return _interp_in_batch(points, batch) if points else Figure(0.0, "modeled")
+    def host_ms(self, mechanism: str, batch: int, draft_len: int) -> Figure:
+        """Host time per round: at a measured D as measured (in B: interpolated between buckets), linear between
+        measured D (interpolated), the nearest measured D beyond them (modeled). A mechanism without host points
+        takes plain decoding's (modeled)."""
+        by_len = self._host.get(mechanism)
+        stand_in = not by_len
+        by_len = by_len or self._host.get("plain")
+        if not by_len:
+            return Figure(0.0, "modeled")
+        at = _interp_in_draft_len({D: _interp_in_batch(points, batch) for D, points in by_len.items()}, draft_len)
+        return Figure(at.value, "modeled") if stand_in else at
 
     def round_verify_ms(self, mechanism: str, quant: str, batch: int, draft_len: int) -> Figure:
         """Expected verify time of a round at draft length D: the batch verifies its longest proposal."""
-        record = self._al.get((mechanism, quant))
-        if record is None or not record.rounds:
+        acceptance = self._al.get((mechanism, quant))
+        share = acceptance.round_shares(draft_len) if acceptance else None
+        if share is None or share[-1] >= 1 - 1e-12:  # always the full draft: no spread to model
             return self.verify_ms(batch, 1 + draft_len)
-        share = [sum(row) for row in record.rounds]  # rounds that proposed L tokens, L = 0..D_max
-        total = sum(share)
-        if total == 0 or share[-1] == total:  # always the full draft: no spread to model
-            return self.verify_ms(batch, 1 + draft_len)
-        cdf = [sum(share[: min(w, len(share) - 1) + 1]) / total if w < draft_len else 1.0 for w in range(draft_len + 1)]
-        expected, previous = 0.0, 0.0
-        sources = []
+        cdf = [sum(share[: min(w, len(share) - 1) + 1]) if w < draft_len else 1.0 for w in range(draft_len + 1)]
+        value = low = high = previous = 0.0
+        sources, bounds = [], False
         for w in range(draft_len + 1):
             p_max = cdf[w] ** batch - previous
             previous = cdf[w] ** batch
             if p_max > 1e-12:
                 t = self.verify_ms(batch, 1 + w)
-                expected += p_max * t.value
+                t_low, t_high = t.bounds()
+                value, low, high = value + p_max * t.value, low + p_max * t_low, high + p_max * t_high
                 sources.append(t.source)
-        return Figure(expected, weakest("modeled", *sources))
+                bounds = bounds or t.has_interval
+        source = weakest("modeled", *sources)
+        return bounded(value, source, low, high) if bounds else Figure(value, source)
 
-    def tokens_per_forward(self, mechanism: str, quant: str, draft_len: int) -> Figure:
+    def acceptance(self, mechanism: str, quant: str) -> Acceptance:
         record = self._al.get((mechanism, quant))
         if record is None:
             raise SpecdecError(f"the profile has no acceptance for {mechanism} with {quant} weights",
                                f"profiled: {', '.join(f'{m}/{q}' for m, q in sorted(self._al))}")
-        direct = {c.draft_len for c in record.checks}
-        # D_max was run; smaller D are derived from its rounds (checked directly at a few D).
-        source = "measured" if draft_len in (0, record.max_draft_len) or draft_len in direct else "modeled"
-        if record.quant_source == "emulated":
-            source = weakest(source, "interpolated")
-        return Figure(record.tokens_per_forward[draft_len], source)
+        return record
+
+    def tokens_per_forward(self, mechanism: str, quant: str, draft_len: int) -> Figure:
+        return self.acceptance(mechanism, quant).tokens_per_forward(draft_len)
 
     # ------------------------------------------------------------------ the formula
 
     def baseline_tokens_per_s(self, batch: int) -> Figure:
-        verify, host = self.verify_ms(batch, 1), self.host_ms("plain", batch)
-        return Figure(1e3 * batch / (verify.value + host.value), weakest(verify.source, host.source))
+        verify, host = self.verify_ms(batch, 1), self.host_ms("plain", batch, 0)
+        if math.isinf(verify.value):
+            raise SpecdecError(f"batch {batch} ran out of memory when profiled (ctx {self.ctx})", "plan only the batch buckets the profile could run")
+        v_low, v_high = verify.bounds()
+        source = weakest(verify.source, host.source)
+        value = 1e3 * batch / (verify.value + host.value)
+        return bounded(value, source, 1e3 * batch / (v_high + host.value), 1e3 * batch / (v_low + host.value)) if verify.has_interval \
+            else Figure(value, source)
 
     def predict(self, batch: int, draft_len: int, mechanism: str, quant: str = "none") -> Prediction:
         D = draft_len
@@ -178,15 +388,14 @@ class CostModel:
         tpf = self.tokens_per_forward(mechanism, quant, D) if D else Figure(1.0, "measured")
         verify = self.round_verify_ms(mechanism, quant, batch, D) if D else self.verify_ms(batch, 1)
         draft = self.draft_ms(mechanism, quant, batch, D)
-        host = self.host_ms(mechanism if D else "plain", batch)
-        round_ms = verify.value + draft.value + host.value
+        host = self.host_ms(mechanism if D else "plain", batch, D)
         source = weakest(tpf.source, verify.source, draft.source, host.source)
-        tps = 1e3 * batch * tpf.value / round_ms
+        tps = _tokens_per_s(batch, tpf, verify, draft, host, source)
         base = self.baseline_tokens_per_s(batch)
         return Prediction(
             batch=batch, draft_len=D, mechanism=mechanism, quant=quant,
-            tokens_per_s=Figure(tps, source), per_user_tokens_per_s=Figure(tps / batch, source),
-            speedup=Figure(tps / base.value, weakest(source, base.source)),
+            tokens_per_s=tps, per_user_tokens_per_s=_scaled(tps, 1 / batch, tps.source),
+            speedup=_scaled(tps, 1 / base.value, weakest(source, base.source)),
             tokens_per_forward=tpf, verify_ms=verify, draft_ms=draft, host_ms=host,
         )
 
@@ -196,3 +405,16 @@ class CostModel:
         candidates += [self.predict(batch, D, m, quant) for m in self.mechanisms if quant in self.quants(m)
                        for D in range(1, self.draft_len_limit(m) + 1)]
         return max(candidates, key=lambda p: (p.tokens_per_s.value, -p.draft_len))
+
+
+def _tokens_per_s(batch: int, tpf: Figure, verify: Figure, draft: Figure, host: Figure, source: str) -> Figure:
+    """1e3·B·AL / round ms, with the conservative interval of the module docstring (0 where a step does not fit)."""
+    value = 1e3 * batch * tpf.value / (verify.value + draft.value + host.value)
+    if not (tpf.has_interval or verify.has_interval or draft.has_interval):
+        return Figure(value, source)
+    (a_low, a_high), (v_low, v_high), (d_low, d_high) = tpf.bounds(), verify.bounds(), draft.bounds()
+    return bounded(value, source, 1e3 * batch * a_low / (v_high + d_high + host.value), 1e3 * batch * a_high / (v_low + d_low + host.value))
+
+
+def _scaled(f: Figure, factor: float, source: str) -> Figure:
+    return Figure(f.value * factor, source, f.low * factor, f.high * factor) if f.has_interval else Figure(f.value * factor, source)

@@ -6,16 +6,23 @@ Rationale per bucket names the guideline of DESIGN.md §1 that set D:
   3 tile alignment: G·(1+D) a whole number of tiles
   4 low latency: the draft cost caps D
   5 the measured acceptance: it stops growing, or still pays at the longest draft
-and, where an engine rule set it instead, that rule.
+and, where an engine rule set it instead, that rule ("engine"), or where the next longer draft does not fit in
+memory at that batch ("memory"). Where D was taken over a longer one it ties with (cost_model.py's 95% intervals
+overlap, or, without intervals, the 2% tolerance) the rationale says so and carries both intervals; a bucket whose
+prediction rests on a verify cell the monotone fit moved beyond its interval carries a flag naming the cell.
+
+`device.times` is the weakest source among the bucket predictions (`device.sources` counts them), or
+"modeled (hardware table)" for a plan projected onto another device.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 
 from specdec_tune import __version__
-from specdec_tune.autotune.cost_model import Figure, Prediction
+from specdec_tune.autotune.cost_model import SOURCES, Figure, Prediction, weakest
 from specdec_tune.autotune.space import Candidate, Space
 from specdec_tune.profiles.records import sha256_json
 from specdec_tune.profiles.schema import Profile
@@ -24,7 +31,16 @@ PLAN_SCHEMA_VERSION = 2
 
 
 def _fig(f: Figure) -> dict:
-    return {"value": f.value, "source": f.source}
+    """A figure as plan.json holds it: value, source and its 95% interval (null where the profile has none)."""
+    return {"value": f.value, "source": f.source, "low": f.low, "high": f.high}
+
+
+def _interval(f: Figure) -> list[float] | None:
+    return [f.low, f.high] if f.has_interval else None  # type: ignore[list-item]
+
+
+def _bounds_of(p: Prediction) -> dict:
+    return {"draft_len": p.draft_len, "tokens_per_s": _interval(p.tokens_per_s), "speedup": _interval(p.speedup)}
 
 
 def _predicted(p: Prediction) -> dict:
@@ -42,7 +58,7 @@ def rationale(space: Space, c: Candidate, B: int, D: int) -> dict:
     cost, m, q = space.cost, c.mechanism, c.quant
     p = space.predict(B, D, m, q)
     one_ms = cost.verify_ms(B, 1).value
-    cost_ratio = cost.verify_ms(B, 1 + max(D, 1)).value / one_ms
+    cost_ratio = cost.verify_ms(B, 1 + max(D, 1)).value / one_ms  # infinite where 1+D tokens ran out of memory
     round_ms = p.verify_ms.value + p.draft_ms.value + p.host_ms.value
     draft_share = p.draft_ms.value / round_ms
     own = space.bucket_score(B, D, m, q)
@@ -50,13 +66,16 @@ def rationale(space: Space, c: Candidate, B: int, D: int) -> dict:
     lines = [f"D={D}: {p.tokens_per_forward.value:.3f} tokens per target forward; verifying {1 + D} tokens costs {cost_ratio:.2f}x one "
              f"(M = {B * (1 + D)} GEMM rows)" if D else f"speculation off at batch {B}"]
     longer = [d for d in allowed if d > D]
-    better_alone = max(allowed, key=lambda d: (space.bucket_score(B, d, m, q), -d))
+    better_alone = max(allowed, key=lambda d: (space.bucket_value(B, d, m, q, c.tile_policy), -d))
     if D and B == space.buckets[0] and D > better_alone:
         guideline = "engine"
         lines.append(f"alone this bucket would take D={better_alone}; TensorRT-LLM's smallest key carries the schedule's maximum")
     elif not longer:
         guideline = 5
         lines.append(f"the longest allowed draft: measured acceptance still pays at D={D}")
+    elif space.predict(B, longer[0], m, q).verify_ms.source == "infeasible":
+        guideline = "memory"
+        lines.append(f"D={longer[0]} does not fit in memory at batch {B} (out of memory when profiled)")
     else:  # what the next longer draft would add, as shares of this round
         n = space.predict(B, longer[0], m, q)
         tpf_gain = n.tokens_per_forward.value / p.tokens_per_forward.value - 1
@@ -81,14 +100,85 @@ def rationale(space: Space, c: Candidate, B: int, D: int) -> dict:
     others = sorted(((space.bucket_score(B, d, m, q), d) for d in allowed if d != D and d <= max(c.schedule)), reverse=True)
     rivals = [(max(space.bucket_score(B, d, m2, q2) for d in space.allowed(m2, c.tile_policy)), m2, q2)
               for m2, q2 in space.pairs if m2 != m]
+    tie = _tie(space, c, B, D)
+    if tie:
+        lines.append(tie["text"])
+    runner_up = tie["with_draft_len"] if tie else others[0][1] if others else None  # the D this one was weighed against
     out = {"guideline": guideline, "text": "; ".join(lines),
            "figures": {"tokens_per_forward": p.tokens_per_forward.value, "verify_ms": p.verify_ms.value, "draft_ms": p.draft_ms.value,
-                       "host_ms": p.host_ms.value, "verify_cost_vs_one_token": cost_ratio, "draft_share": draft_share, **tile},
-           "next_best": {"draft_len": others[0][1], "loss_pct": _loss_pct(own, others[0][0])} if others else None}
+                       "host_ms": p.host_ms.value, "verify_cost_vs_one_token": cost_ratio if math.isfinite(cost_ratio) else None,
+                       "draft_share": draft_share, **tile},
+           "next_best": {"draft_len": others[0][1], "loss_pct": _loss_pct(own, others[0][0])} if others else None,
+           "tie": tie,
+           "intervals": {"chosen": _bounds_of(p), "runner_up": _bounds_of(space.predict(B, runner_up, m, q)) if runner_up is not None else None}}
     if rivals:
         score, m2, q2 = max(rivals)
         out["next_mechanism"] = {"mechanism": m2, "quant": q2, "loss_pct": _loss_pct(own, score)}  # guideline 5
     return out
+
+
+def _tie(space: Space, c: Candidate, B: int, D: int) -> dict | None:
+    """Where the bucket's strictly best D (within the schedule's maximum) is not D because the two tie."""
+    _, best = space.bucket_best(B, c.mechanism, c.quant, c.tile_policy)
+    if best == D:
+        return None
+    rule = space.tie_rule(B, D, best, c.mechanism, c.quant)
+    if rule is None:
+        return None
+    shorter = "the shorter draft is taken" if D < best else "the longer draft is kept (the schedule's maximum)"
+    if rule == "intervals":
+        text = f"D={best} and D={D} overlap within their 95% intervals: {shorter}"
+    else:
+        gain = -_loss_pct(space.bucket_score(B, D, c.mechanism, c.quant), space.bucket_score(B, best, c.mechanism, c.quant))
+        text = f"D={best} is {gain:.1f}% ahead of D={D}, within the {space.tie_tolerance:.0%} tie tolerance (no intervals): {shorter}"
+    return {"rule": rule, "with_draft_len": best, "text": text}
+
+
+def fit_flags(space: Space, B: int, D: int) -> list[str]:
+    """The verify cells a prediction rests on, (B, 1) and (B, 1+D), that the monotone fit moved beyond their interval."""
+    flags = []
+    for tokens in sorted({1, 1 + D}):
+        moved = space.cost.fit_moved(B, tokens)
+        if moved:
+            flags.append(f"rests on verify cell B={B}, 1+D={tokens}, ctx={space.cost.ctx} which the monotone fit moved from "
+                         f"{moved[0]:.2f} to {moved[1]:.2f} ms")
+    return flags
+
+
+def device_times(profile: Profile, predictions: list[Prediction]) -> dict:
+    """The plan's `device` record: what its figures rest on, the weakest source among the bucket predictions."""
+    counts = {s: n for s in SOURCES if (n := sum(p.speedup.source == s for p in predictions))}
+    projected = profile.device.get("projected_from")
+    times = "modeled (hardware table)" if projected else weakest(*counts)
+    return {"name": profile.device.get("name"), "projected_from": projected, "times": times, "sources": counts}
+
+
+def per_domain(space: Space, c: Candidate, domains: dict[str, Space]) -> dict | None:
+    """Each domain's own best schedule for the chosen drafter, where the domains disagree on D at some bucket.
+
+    Each domain's choice at a bucket already takes the shortest draft whose interval overlaps its best, so two
+    different choices are apart beyond their intervals (or, without intervals, beyond the tie tolerance).
+    """
+    served = space.served(c.max_batch)
+    own: dict[str, dict] = {}
+    choice: dict[str, dict[int, int]] = {}
+    for d, ds in domains.items():
+        allowed = ds.allowed(c.mechanism, c.tile_policy)
+        choice[d] = {B: max(allowed, key=lambda D, B=B: (ds.bucket_value(B, D, c.mechanism, c.quant, c.tile_policy), -D)) for B in served}
+        best = ds.fill(c.mechanism, c.quant, c.tile_policy, c.max_batch)
+        own[d] = {"schedule": [{"batch": B, "draft_len": D, "speedup": _fig(ds.predict(B, D, c.mechanism, c.quant).speedup)}
+                               for B, D in zip(served, best.schedule)],
+                  "mix_schedule_speedup": [_fig(ds.predict(B, D, c.mechanism, c.quant).speedup) for B, D in zip(served, c.schedule)]}
+    apart = [{"batch": B, "draft_len": D, "by_domain": {d: choice[d][B] for d in domains},
+              "apart_by": "95% intervals" if all(ds.predict(B, choice[d][B], c.mechanism, c.quant).tokens_per_s.has_interval
+                                                 for d, ds in domains.items()) else f"the {space.tie_tolerance:.0%} tie tolerance (no intervals)"}
+             for B, D in zip(served, c.schedule) if len({choice[d][B] for d in domains}) > 1]
+    return {"domains": own, "disagreeing_buckets": apart} if apart else None
+
+
+def disagreement_line(row: dict) -> str:
+    ds = ", ".join(f"{d} D={D}" for d, D in row["by_domain"].items())
+    return f"batch {row['batch']}: the domains disagree on D beyond {row['apart_by']} ({ds}); the mix takes D={row['draft_len']}"
 
 
 def _point(space: Space, c: Candidate) -> dict:
@@ -113,15 +203,22 @@ def front_coverage(space: Space, found: list[Candidate], exact: list[Candidate])
 
 
 def build_plan(profile: Profile, profile_hash: str, space: Space, c: Candidate, *, settings, storage: str, study_summary: dict,
-               study_front: list[Candidate] | None) -> dict:
+               study_front: list[Candidate] | None, domains: dict[str, Space] | None = None) -> dict:
     served = space.served(c.max_batch)
-    buckets = [{"batch": B, "draft_len": D, "predicted": _predicted(space.predict(B, D, c.mechanism, c.quant)),
-                "rationale": rationale(space, c, B, D)} for B, D in zip(served, c.schedule)]
+    predictions = [space.predict(B, D, c.mechanism, c.quant) for B, D in zip(served, c.schedule)]
+    buckets = [{"batch": B, "draft_len": D, "predicted": _predicted(p), "rationale": rationale(space, c, B, D), "flags": fit_flags(space, B, D)}
+               for B, D, p in zip(served, c.schedule, predictions)]
     exact = space.pareto_front()
     pareto = {"exact": [_point(space, x) for x in exact], "method": "every operating point (drafter, cap, D at the cap) through the cost model"}
     if study_front is not None:
         pareto |= {"study": [_point(space, x) for x in study_front], **front_coverage(space, study_front, exact)}
     unserved = [B for B in space.buckets if B > c.max_batch]
+    notes = list(profile.notes) + ([f"batch buckets {unserved} are above the chosen cap (max_num_seqs {c.max_batch})"] if unserved else [])
+    if space.excluded:
+        notes.append(f"batch buckets {sorted(space.excluded)} are not planned: {'; '.join(space.excluded.values())}")
+    split = per_domain(space, c, domains) if domains else None
+    if split:
+        notes += [disagreement_line(row) for row in split["disagreeing_buckets"]]
     # the best one D for every bucket (what an engine without a per-batch table runs), for fallbacks and comparison
     single = max(space.allowed(c.mechanism, c.tile_policy),
                  key=lambda D: (space.schedule_score(dataclasses.replace(c, schedule=(D,) * len(served))), -D))
@@ -130,15 +227,24 @@ def build_plan(profile: Profile, profile_hash: str, space: Space, c: Candidate, 
         "schema_version": PLAN_SCHEMA_VERSION, "tool_version": __version__,
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "profile": {"fingerprint": profile.fingerprint, "sha256": profile_hash, "device": profile.device.get("name"), "target": profile.target},
-        "device": {"name": profile.device.get("name"), "projected_from": profile.device.get("projected_from"),
-                   "times": "modeled (hardware table)" if profile.device.get("projected_from") else "measured"},
-        "notes": list(profile.notes) + ([f"batch buckets {unserved} are above the chosen cap (max_num_seqs {c.max_batch})"] if unserved else []),
+        "device": device_times(profile, predictions),
+        "notes": notes,
+        "excluded_buckets": [{"batch": B, "why": why} for B, why in sorted(space.excluded.items())],
+        "mix": dict(space.cost.mix) if space.cost.mix else None,
         "objective": {"kind": settings.objective, "min_user_tokens_per_s": settings.min_user_tokens_per_s, "min_tokens_per_s": settings.min_tokens_per_s},
         "mechanism": c.mechanism, "quant": c.quant, "max_draft_len": max(c.schedule), "max_batch": c.max_batch, "ctx": space.cost.ctx,
         "tile": {"policy": c.tile_policy, "rows": space.tile_rows, "group": space.group, "policies_searched": space.policies},
         "buckets": buckets,
+        **({"per_domain": split} if split else {}),
         "single_draft_len": {"draft_len": single, "mean_speedup": single_value, "schedule_mean_speedup": space.schedule_score(c)},
         "pareto": pareto,
         "study": {"storage": storage, "name": settings.study_name, "seed": settings.seed, "space_size": space.size(), **study_summary},
         "settings_hash": sha256_json(dataclasses.asdict(settings) | {"out_dir": None, "storage": None}),
+        "search_settings": recorded_settings(settings),
     }
+
+
+def recorded_settings(settings) -> dict:
+    """The search settings as plan.json keeps them (where the study lives is left out: it is the run's, not the plan's),
+    so that a plan can be searched again with the same settings (`export` does, after re-measuring)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(settings).items() if k not in ("out_dir", "storage")}

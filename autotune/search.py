@@ -5,6 +5,10 @@ engine constraints; the Optuna study (study.py) samples it; the sampled best is 
 bucket and checked against the exact optimum (the space decomposes, so `exhaustive` is cheap), and
 the plan records the gap. `--device` plans for a hardware-table device from a local profile
 (projection.py): every time is then modeled, and the plan says so.
+
+`--mix` weights the profile's domains by their share of the requests (the mixed acceptance is derived in
+cost_model.py). The plan records the normalised mix; where the domains, each searched alone for the chosen
+drafter, disagree on D at some bucket beyond their intervals, it adds `per_domain` and a note per bucket.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import dataclasses
 from pathlib import Path
 
 from specdec_tune import SpecdecError
-from specdec_tune.autotune.cost_model import CostModel
+from specdec_tune.autotune.cost_model import CostModel, normalise_mix
 from specdec_tune.autotune.plan import build_plan
 from specdec_tune.autotune.space import Candidate, Space
 from specdec_tune.autotune.study import best_of, front_of, run_study, trials_for
@@ -36,6 +40,7 @@ class SearchSettings:
     study_name: str = ""  # "" = named after the profile and these settings
     out_dir: Path = Path("artifacts")
     device: str | None = None  # plan for this hardware-table device instead of the profiled one (times modeled)
+    mix: tuple[tuple[str, float], ...] = ()  # (domain, share of requests); () = the profile's "all" domain
 
 
 def knee(space: Space, front: list[Candidate]) -> Candidate:
@@ -53,6 +58,18 @@ def knee(space: Space, front: list[Candidate]) -> Candidate:
     return max(meets, key=lambda c: space.at_cap(c).tokens_per_s.value / top_tps * space.at_cap(c).per_user_tokens_per_s.value / top_user)
 
 
+def domain_spaces(profile: Profile, settings: SearchSettings, mix: dict[str, float], chosen: Candidate) -> dict[str, Space]:
+    """One space per domain of the mix, for the chosen drafter (a domain whose floors cannot be met alone is left out)."""
+    alone = dataclasses.replace(settings, mechanisms=(chosen.mechanism,), quant_formats=(chosen.quant,))
+    spaces = {}
+    for domain in mix:
+        try:
+            spaces[domain] = Space(CostModel(profile, domain=domain), alone)
+        except SpecdecError:
+            continue
+    return spaces
+
+
 def search(profile: Profile, profile_hash: str, settings: SearchSettings) -> dict:
     if settings.min_tokens_per_s and settings.objective not in ("per-user", "pareto"):
         raise SpecdecError("--min-tps is a floor for the per-user and pareto objectives", "add --objective per-user, or drop --min-tps")
@@ -66,7 +83,8 @@ def search(profile: Profile, profile_hash: str, settings: SearchSettings) -> dic
         spec = get_device_spec(settings.device)
         profile = project(profile, spec)
         settings = dataclasses.replace(settings, quant_formats=tuple(f for f in ("none", "fp8", "nvfp4") if f in spec.formats))
-    space = Space(CostModel(profile), settings)
+    mix = normalise_mix(profile, dict(settings.mix)) if settings.mix else None
+    space = Space(CostModel(profile, mix=mix), settings)
     storage = settings.storage or f"sqlite:///{(settings.out_dir / 'study.db').resolve()}"
     settings.out_dir.mkdir(parents=True, exist_ok=True)
     study = run_study(space, storage, settings)
@@ -89,6 +107,7 @@ def search(profile: Profile, profile_hash: str, settings: SearchSettings) -> dic
                     "gap_to_strict_optimum_pct": 100 * (strict - space.strict_score(chosen)) / strict if strict else 0.0}
     # the default study lives beside plan.json: recorded relative to it, so that the plan does not depend on where it was written
     recorded_storage = settings.storage or "sqlite:///study.db (beside plan.json)"
-    plan = build_plan(profile, profile_hash, space, chosen, settings=settings, storage=recorded_storage, study_summary=summary, study_front=front)
+    plan = build_plan(profile, profile_hash, space, chosen, settings=settings, storage=recorded_storage, study_summary=summary, study_front=front,
+                      domains=domain_spaces(profile, settings, mix, chosen) if mix else None)
     write_json(settings.out_dir / "plan.json", plan)
     return plan

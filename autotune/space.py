@@ -17,18 +17,26 @@ Objectives (all from predictions; each figure keeps its measured/interpolated/mo
   throughput  tokens/s per device at the cap, with the per-user-rate floor at the cap
   per-user    per-user tokens/s at the cap, with a tokens/s-per-device floor at the cap
   pareto      both of the last two at once (NSGA-II); the plan carries the front
-A floor missed by a relative shortfall s costs SLO_PENALTY·s in the (unitless) objective. Within a
-bucket, predicted differences below the tie tolerance (2%) count as ties and the shorter draft wins
-(`bucket_value`); the plan reports what that costs against the strict optimum.
+A floor missed by a relative shortfall s costs SLO_PENALTY·s in the (unitless) objective.
+
+Ties (`bucket_value`). Within a bucket, a draft length whose predicted tokens/s interval (95%, cost_model.py)
+overlaps the interval of the bucket's best counts as tied with it, and the cheaper one wins: the shorter
+draft, D = 0 cheapest. Where either figure has no interval (a version-1 profile), predicted differences
+below the tie tolerance (2%) count as ties instead. A draft length that misses a floor the best meets is
+never tied with it. The plan reports what ties cost against the strict optimum (no ties at all).
+
+Batch buckets the profile could not run (the one-token verify step out of memory, or never timed, at the
+plan's context) are not in the space; the plan's notes name them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 
 from specdec_tune import SpecdecError
-from specdec_tune.autotune.cost_model import CostModel, Prediction
+from specdec_tune.autotune.cost_model import CostModel, Prediction, overlap
 
 OBJECTIVES = ("speedup", "throughput", "per-user", "pareto")
 TILE_POLICIES = ("free", "aligned")
@@ -73,7 +81,11 @@ class Space:
         if settings.objective not in OBJECTIVES:
             raise SpecdecError(f"unknown objective {settings.objective!r}", f"use one of {', '.join(OBJECTIVES)}")
         profile = cost.profile
-        self.buckets = list(profile.workload.batch_buckets)
+        self.excluded = {B: why for B in profile.workload.batch_buckets if (why := cost.unplannable(B))}  # batch -> why not planned
+        self.buckets = [B for B in profile.workload.batch_buckets if B not in self.excluded]
+        if not self.buckets:
+            raise SpecdecError(f"no batch bucket can be planned: {'; '.join(self.excluded.values())}",
+                               "re-profile with smaller batch buckets or a shorter context (--batch, --ctx)")
         known = cost.mechanisms
         for m in settings.mechanisms:
             if m not in known:
@@ -83,6 +95,7 @@ class Space:
         if not self.pairs:
             raise SpecdecError("no mechanism was profiled with the requested weight formats", "add --quant none or profile the formats")
         self.tie_tolerance = settings.tie_tolerance
+        self.strict = False  # True: no ties at all (the strict optimum)
         self.group = attention_group(profile)
         self.tile_rows = settings.tile_rows or attention_tile_rows(profile)
         self.multiple = {d.name: max(1, d.draft_len_multiple) for d in profile.drafters}
@@ -91,7 +104,7 @@ class Space:
             self.policies.append("aligned")
         self.caps = self.buckets if settings.objective != "speedup" else self.buckets[-1:]
         self._pred: dict[tuple[int, int, str, str], Prediction] = {}
-        self._best: dict[tuple, float] = {}
+        self._best: dict[tuple, tuple[float, int]] = {}  # (B, m, q, policy) -> (best score, its D)
         self._check_floors()
 
     # ------------------------------------------------------------------ constraints
@@ -140,12 +153,14 @@ class Space:
             self._pred[key] = self.cost.predict(B, D, m, q)
         return self._pred[key]
 
+    def floor_penalty(self, B: int, D: int, m: str, q: str) -> float:
+        """SLO_PENALTY times the relative shortfall from the per-user-rate floor at one bucket."""
+        floor = self.s.min_user_tokens_per_s
+        return SLO_PENALTY * max(0.0, floor - self.predict(B, D, m, q).per_user_tokens_per_s.value) / floor if floor else 0.0
+
     def bucket_score(self, B: int, D: int, m: str, q: str) -> float:
         """Speedup at one bucket, less the per-user-floor penalty."""
-        p = self.predict(B, D, m, q)
-        floor = self.s.min_user_tokens_per_s
-        shortfall = max(0.0, floor - p.per_user_tokens_per_s.value) / floor if floor else 0.0
-        return p.speedup.value - SLO_PENALTY * shortfall
+        return self.predict(B, D, m, q).speedup.value - self.floor_penalty(B, D, m, q)
 
     def served(self, cap: int) -> list[int]:
         return [B for B in self.buckets if B <= cap]
@@ -199,18 +214,36 @@ class Space:
         assert best is not None, "D = 0 is always allowed"
         return best[1]
 
-    def bucket_value(self, B: int, D: int, m: str, q: str, policy: str = "free") -> float:
-        """The bucket's score with predicted differences below the tie tolerance flattened to the best.
-
-        Differences that small are inside the profile's own uncertainty (acceptance from a few dozen
-        prompts, timing spread of a few percent); flattening them lets the shorter draft win, which wastes
-        less verify work when the served workload accepts less than the calibration set did.
-        """
+    def bucket_best(self, B: int, m: str, q: str, policy: str = "free") -> tuple[float, int]:
+        """(score, D) of the strictly best allowed draft length at one bucket (the shorter of equal ones)."""
         key = (B, m, q, policy)
         if key not in self._best:
-            self._best[key] = max(self.bucket_score(B, d, m, q) for d in self.allowed(m, policy))
-        top, score = self._best[key], self.bucket_score(B, D, m, q)
-        return top if score >= top - self.tie_tolerance * abs(top) else score
+            self._best[key] = max(((self.bucket_score(B, d, m, q), d) for d in self.allowed(m, policy)), key=lambda sd: (sd[0], -sd[1]))
+        return self._best[key]
+
+    def tie_rule(self, B: int, D: int, other: int, m: str, q: str) -> str | None:
+        """How D counts as tied with `other` at one bucket: "intervals" (their 95% tokens/s intervals overlap),
+        "tolerance" (no intervals: scores within the tie tolerance), or None (not tied; always None when strict)."""
+        if self.strict:
+            return None
+        a, b = self.predict(B, D, m, q), self.predict(B, other, m, q)
+        overlapping = overlap(a.tokens_per_s, b.tokens_per_s)
+        if overlapping is not None:
+            meets_floor = self.floor_penalty(B, D, m, q) <= self.floor_penalty(B, other, m, q) + 1e-12
+            return "intervals" if overlapping and meets_floor else None
+        score, top = self.bucket_score(B, D, m, q), self.bucket_score(B, other, m, q)
+        return "tolerance" if score >= top - self.tie_tolerance * abs(top) else None
+
+    def bucket_value(self, B: int, D: int, m: str, q: str, policy: str = "free") -> float:
+        """The bucket's score, flattened to the best where D is tied with the best (`tie_rule`).
+
+        Differences inside the profile's own uncertainty (acceptance from a few dozen prompts, the timing
+        interval of the median) are not decisions; flattening them lets the shorter draft win, which wastes
+        less verify work when the served workload accepts less than the calibration set did.
+        """
+        top, top_D = self.bucket_best(B, m, q, policy)
+        score = self.bucket_score(B, D, m, q)
+        return top if D == top_D or self.tie_rule(B, D, top_D, m, q) else score
 
     def operating_points(self, caps: list[int] | None = None):
         """Every (drafter, policy, cap, D at the cap): the whole space of the cap objectives."""
@@ -220,20 +253,23 @@ class Space:
                     for D in self.allowed(m, policy):
                         yield m, q, policy, cap, D
 
-    def strict_optimum(self) -> float:
-        """The objective's exact maximum with no tie tolerance: what the tolerance costs is measured against it."""
-        saved, self.tie_tolerance = self.tie_tolerance, 0.0
+    @contextlib.contextmanager
+    def strictly(self):
+        """No ties within this block: every predicted difference decides."""
+        saved, self.strict = self.strict, True
         try:
-            return self.exhaustive()[1]
+            yield
         finally:
-            self.tie_tolerance = saved
+            self.strict = saved
+
+    def strict_optimum(self) -> float:
+        """The objective's exact maximum with no ties: what the tie rule costs is measured against it."""
+        with self.strictly():
+            return self.exhaustive()[1]
 
     def strict_score(self, c: Candidate) -> float:
-        saved, self.tie_tolerance = self.tie_tolerance, 0.0
-        try:
+        with self.strictly():
             return self.score(c)
-        finally:
-            self.tie_tolerance = saved
 
     def exhaustive(self) -> tuple[Candidate, float]:
         if self.s.objective == "speedup":

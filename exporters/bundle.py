@@ -3,7 +3,7 @@
     bundle/
       README.md            how each engine takes its files, and the decisions made for this plan
       manifest.json        every file's sha256; staleness factors; inputs' hashes; figure sources; validation summary
-      validation.json      engine config checks, lossless gate, predicted vs measured throughput
+      validation.json      engine config checks, lossless gate, predicted vs measured throughput, and any repair of it
       inputs/              plan.json and profile.json the bundle was made from
       vllm/ trtllm/ sglang/ speculators/   one folder per engine (engines.py registry)
       kernels/             Triton kernels for the plan's shapes: sources, chosen configs, sm_90 / sm_100 cubins (artifacts.py)
@@ -13,6 +13,13 @@
 The bundle is built in a staging folder beside OUT and renamed into place only once it validates, so
 OUT holds either the previous bundle or a complete new one. Reading a bundle parses JSON only; every
 path in a manifest must stay inside the bundle folder.
+
+A failed throughput check repairs before it refuses: on a shared machine a profile cell that caught a slow
+spell makes a right plan look wrong. The verify cells the failing buckets' predictions rest on are measured
+again (profile.json rewritten), the plan is searched again with its own settings (plan.json rewritten, so that
+the bundle ships the plan it validated) and checked again, for at most `MeasureSettings.repair_rounds` rounds;
+each round is recorded under `repairs` in validation.json and the manifest. Export refuses only when the
+disagreement survives, naming the buckets, their cells and the figures.
 """
 
 from __future__ import annotations
@@ -21,17 +28,19 @@ import dataclasses
 import datetime
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from specdec_tune import SpecdecError, __version__
 from specdec_tune.exporters.artifacts import check_shipped_kernels, kernels_summary, onnx_summary, ship_drafter_onnx, ship_kernels
 from specdec_tune.exporters.engines import ENGINE_MODEL_IDS, ExportContext, load_engines, load_schema_file
-from specdec_tune.exporters.report import bundle_readme, write_report
-from specdec_tune.exporters.validate import MeasureSettings, check_document, lossless_gate, throughput_check
+from specdec_tune.exporters.report import bundle_readme, lossless_text, write_report
+from specdec_tune.exporters.validate import (MeasureSettings, check_document, failing_rows, lossless_gate, prediction_cells, repair_record,
+                                             throughput_check, throughput_refusal)
 from specdec_tune.exporters.versions import DEFAULT_VERSIONS, parse_version
 from specdec_tune.profiles.fingerprint import triton_version
 from specdec_tune.profiles.records import read_json, sha256_file, sha256_json, write_json
-from specdec_tune.profiles.schema import load_profile
+from specdec_tune.profiles.schema import Profile, load_profile
 
 BUNDLE_SCHEMA_VERSION = 1
 PLAN_SCHEMA_VERSIONS = (2,)
@@ -112,77 +121,212 @@ def staleness_factors(plan: dict, profile, versions: dict) -> dict:
             "engine_versions": versions, "tool_version": __version__, "kernels_triton": triton_version()}
 
 
-def export(s: ExportSettings) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Staged:
+    """What one plan renders into the staging folder before anything is measured."""
+
+    ctx: ExportContext
+    engines: dict
+    configs: list
+    kernels: dict
+    drafter_onnx: dict
+
+
+def _stage(plan: dict, profile, s: ExportSettings, versions: dict, staging: Path) -> Staged:
+    """Engine configs (each checked against its engine's rules), kernels and the drafter's ONNX, in a fresh staging folder."""
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    ctx = _context(plan, profile, s, versions)
+    engines, configs = {}, []
+    for name, engine in load_engines().items():
+        files = engine.render(ctx)
+        for rel, text in files.files.items():
+            (staging / engine.folder / rel).parent.mkdir(parents=True, exist_ok=True)
+            (staging / engine.folder / rel).write_text(text)
+        engines[name] = {"version": versions[name], "folder": engine.folder, "files": sorted(files.files), "decisions": files.decisions,
+                         "gates": files.gates}
+        configs.append(check_document(engine, files.document))
+    bad = [c for c in configs if c["errors"]]
+    if bad:
+        raise SpecdecError(f"the {bad[0]['engine']} config fails its check: {bad[0]['errors'][0]}", "report this with the plan.json")
+    kernels = ship_kernels(plan, profile, staging)
+    drafter_onnx = ship_drafter_onnx(plan, profile, staging) if s.onnx_drafter else {"skipped": "--no-onnx"}
+    return Staged(ctx, engines, configs, kernels, drafter_onnx)
+
+
+def _lossless_gate_or_refuse(plan: dict, profile, measure: MeasureSettings) -> dict:
+    gate = lossless_gate(plan, profile, measure)
+    if lossless_failed(gate):  # a plan that never speculates is not applicable, not failed
+        bad_run = next(r for r in gate["runs"] if r["identical"] != r["prompts"])
+        raise SpecdecError(f"lossless gate failed: {plan['mechanism']} at D={bad_run['draft_len']} changed the greedy output of "
+                           f"{bad_run['prompts'] - bad_run['identical']} of {bad_run['prompts']} held-back prompts",
+                           "the drafter or the loop is broken; nothing was exported")
+    return gate
+
+
+def _lossless_key(plan: dict) -> tuple:
+    """What the lossless gate's verdict depends on: the drafter, its weights and the draft lengths the plan runs."""
+    return plan["mechanism"], plan["quant"], sorted({b["draft_len"] for b in plan["buckets"] if b["draft_len"] > 0})
+
+
+def export(s: ExportSettings, on_repair: Callable[[dict], None] | None = None) -> dict:
+    """Stage, validate and swap the bundle into place. A failed throughput check is repaired before it refuses
+    (`repair_throughput`: plan.json and profile.json are then rewritten, and the bundle ships the plan that passed);
+    `on_repair` receives each round's record as it ends."""
     _recover_interrupted(s.out)
     plan = read_plan(s.plan)
     profile = load_profile(s.profile)
-    profile_sha = sha256_file(s.profile)
-    if profile_sha != plan["profile"]["sha256"]:
+    if sha256_file(s.profile) != plan["profile"]["sha256"]:
         raise SpecdecError(f"{s.plan} was searched on another profile than {s.profile}", "pass the profile the plan was made from, or re-run search")
     versions = _versions(s.versions)
-    ctx = _context(plan, profile, s, versions)
     out = s.out
     _refuse_foreign_folder(out)
     staging = out.parent / f".{out.name}.staging-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
     try:
-        staging.mkdir(parents=True)
-        engines, configs = {}, []
-        for name, engine in load_engines().items():
-            files = engine.render(ctx)
-            for rel, text in files.files.items():
-                (staging / engine.folder / rel).parent.mkdir(parents=True, exist_ok=True)
-                (staging / engine.folder / rel).write_text(text)
-            engines[name] = {"version": versions[name], "folder": engine.folder, "files": sorted(files.files), "decisions": files.decisions,
-                             "gates": files.gates}
-            configs.append(check_document(engine, files.document))
-        bad = [c for c in configs if c["errors"]]
-        if bad:
-            raise SpecdecError(f"the {bad[0]['engine']} config fails its check: {bad[0]['errors'][0]}", "report this with the plan.json")
-        kernels = ship_kernels(plan, profile, staging)
-        drafter_onnx = ship_drafter_onnx(plan, profile, staging) if s.onnx_drafter else {"skipped": "--no-onnx"}
-        validation: dict = {"configs": configs}
+        staged = _stage(plan, profile, s, versions, staging)
+        repairs: list[dict] = []
         if s.skip_measure:
-            validation["lossless"] = validation["throughput"] = {"skipped": "--configs-only"}
+            gate = tp = {"skipped": "--configs-only"}
         else:
-            validation["lossless"] = lossless_gate(plan, profile, s.measure)
-            if not validation["lossless"]["passed"]:
-                bad_run = next(r for r in validation["lossless"]["runs"] if r["identical"] != r["prompts"])
-                raise SpecdecError(f"lossless gate failed: {plan['mechanism']} at D={bad_run['draft_len']} changed the greedy output of "
-                                   f"{bad_run['prompts'] - bad_run['identical']} of {bad_run['prompts']} held-back prompts",
-                                   "the drafter or the loop is broken; nothing was exported")
-            validation["throughput"] = throughput_check(plan, profile, s.measure)
-            tp = validation["throughput"]
-            if tp.get("checked") and not tp["passed"]:
-                w = tp["worst"]
-                raise SpecdecError(f"batch {w['batch']}: measured throughput is {abs(w['error_pct']):.1f}% away from the plan's prediction "
-                                   f"(tolerance {tp['tolerance_pct']:g}%)", "re-profile on this machine, or raise --tolerance")
-        write_json(staging / "validation.json", validation)
-        (staging / "inputs").mkdir()
-        shutil.copyfile(s.plan, staging / "inputs" / "plan.json")
-        shutil.copyfile(s.profile, staging / "inputs" / "profile.json")
-        write_report(staging / "report", plan, profile, engines, validation)
-        (staging / "README.md").write_text(bundle_readme(plan, engines))
-        manifest = {
-            "schema_version": BUNDLE_SCHEMA_VERSION, "tool_version": __version__,
-            "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "plan": {"sha256": sha256_file(s.plan), "mechanism": plan["mechanism"], "quant": plan["quant"],
-                     "schedule": [[b["batch"], b["draft_len"]] for b in plan["buckets"]], "max_batch": plan["max_batch"]},
-            "profile": {"sha256": profile_sha, "fingerprint": profile.fingerprint},
-            "target": profile.target, "drafter": ctx.drafter, "device": plan["device"],
-            "factors": staleness_factors(plan, profile, versions),
-            "engines": engines, "figures": _figure_sources(plan),
-            "kernels": kernels_summary(kernels), "drafter_onnx": onnx_summary(drafter_onnx),
-            "validation": {"configs_ok": True, "lossless": validation["lossless"].get("passed"),
-                           "throughput_worst_error_pct": validation["throughput"].get("worst", {}).get("error_pct"),
-                           "device_drift_pct": validation["throughput"].get("device_drift_pct")},
-            "files": {str(p.relative_to(staging)): sha256_file(p) for p in sorted(staging.rglob("*")) if p.is_file()},
-        }
-        write_json(staging / "manifest.json", manifest)
+            gate = _lossless_gate_or_refuse(plan, profile, s.measure)
+            checked = repair_throughput(s, plan, profile, throughput_check(plan, profile, s.measure), on_repair)
+            tp, repairs = checked.throughput, checked.repairs
+            if checked.failed:
+                raise throughput_refusal(checked.plan, checked.profile, tp, repairs, checked.not_repaired)
+            if repairs:  # re-planned: stage (and, where its drafts changed, gate) the plan that passed
+                if _lossless_key(checked.plan) != _lossless_key(plan):
+                    gate = _lossless_gate_or_refuse(checked.plan, checked.profile, s.measure)
+                plan, profile = checked.plan, checked.profile
+                staged = _stage(plan, profile, s, versions, staging)
+        validation: dict = {"configs": staged.configs, "lossless": gate, "throughput": tp, **({"repairs": repairs} if repairs else {})}
+        manifest = _write_staged(staging, s, plan, profile, versions, staged, validation)
         _swap_into_place(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return manifest
+
+
+def _write_staged(staging: Path, s: ExportSettings, plan: dict, profile, versions: dict, staged: Staged, validation: dict) -> dict:
+    """validation.json, the inputs, the report, the README and, last, the manifest hashing them all."""
+    write_json(staging / "validation.json", validation)
+    (staging / "inputs").mkdir()
+    shutil.copyfile(s.plan, staging / "inputs" / "plan.json")
+    shutil.copyfile(s.profile, staging / "inputs" / "profile.json")
+    write_report(staging / "report", plan, profile, staged.engines, validation)
+    (staging / "README.md").write_text(bundle_readme(plan, staged.engines))
+    tp = validation["throughput"]
+    manifest = {
+        "schema_version": BUNDLE_SCHEMA_VERSION, "tool_version": __version__,
+        "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "plan": {"sha256": sha256_file(s.plan), "mechanism": plan["mechanism"], "quant": plan["quant"],
+                 "schedule": [[b["batch"], b["draft_len"]] for b in plan["buckets"]], "max_batch": plan["max_batch"]},
+        "profile": {"sha256": sha256_file(s.profile), "fingerprint": profile.fingerprint},
+        "target": profile.target, "drafter": staged.ctx.drafter, "device": plan["device"],
+        "factors": staleness_factors(plan, profile, versions),
+        "engines": staged.engines, "figures": _figure_sources(plan),
+        "kernels": kernels_summary(staged.kernels), "drafter_onnx": onnx_summary(staged.drafter_onnx),
+        "validation": {"configs_ok": True, "lossless": lossless_text(validation["lossless"]),
+                       "throughput_worst_error_pct": tp.get("worst", {}).get("error_pct"), "device_drift_pct": tp.get("device_drift_pct"),
+                       "repairs": validation.get("repairs", [])},
+        "files": {str(p.relative_to(staging)): sha256_file(p) for p in sorted(staging.rglob("*")) if p.is_file()},
+    }
+    write_json(staging / "manifest.json", manifest)
+    return manifest
+
+
+# ---------------------------------------------------------------------------- repairing a failed throughput check
+
+
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """A throughput check after any repair: the plan and profile it ran on, its result, and each round of repair."""
+
+    plan: dict
+    profile: Profile
+    throughput: dict
+    repairs: list[dict]
+    not_repaired: str | None = None  # why a failed check was refused without re-measuring
+
+    @property
+    def failed(self) -> bool:
+        return _check_failed(self.throughput)
+
+
+def _check_failed(tp: dict) -> bool:
+    return bool(tp.get("checked")) and not tp.get("passed")
+
+
+def repair_throughput(s: ExportSettings, plan: dict, profile: Profile, tp: dict, on_repair: Callable[[dict], None] | None = None) -> Checked:
+    """Up to `repair_rounds` rounds while the check fails: re-measure the verify cells the failing buckets' predictions
+    rest on (profile.json is rewritten), re-plan with the plan's own search settings (plan.json is rewritten), check again.
+
+    A check that did not run, or a plan modeled for another device (its cells were never measured here), is never
+    repaired."""
+    from specdec_tune.profiles import profiler
+
+    repairs: list[dict] = []
+    while _check_failed(tp) and len(repairs) < s.measure.repair_rounds:
+        settings = search_settings_of(plan, profile)
+        why = _not_repairable(plan, settings)
+        if why:
+            return Checked(plan, profile, tp, repairs, why)
+        cells = sorted({cell for r in failing_rows(tp) for cell in prediction_cells(plan, profile, r["batch"], r["draft_len"])})
+        _, changes = profiler.remeasure(s.profile, cells)
+        profile = load_profile(s.profile)
+        replanned = replan(s.plan, s.profile, profile, settings)
+        checked = throughput_check(replanned, profile, s.measure)
+        record = repair_record(len(repairs) + 1, plan, tp, changes, replanned, checked)
+        repairs.append(record)
+        if on_repair:
+            on_repair(record)
+        plan, tp = replanned, checked
+    why = "--repair-rounds is 0" if _check_failed(tp) and not repairs else None
+    return Checked(plan, profile, tp, repairs, why)
+
+
+def _not_repairable(plan: dict, settings) -> str | None:
+    if plan["device"].get("projected_from"):
+        return f"the plan is for {plan['device']['name']} (modeled), whose cells were not measured on this device"
+    if settings is None:
+        return "plan.json does not record its search settings (made by an older version): re-run `specdec-tune search`"
+    return None
+
+
+def replan(plan_path: Path, profile_path: Path, profile: Profile, settings) -> dict:
+    """Search again on the re-measured profile with the plan's own settings and write the plan over plan_path atomically.
+    The study is a fresh one: the plan's own study scored its trials on the cells before they were re-measured."""
+    import tempfile
+
+    from specdec_tune.autotune.search import search
+
+    with tempfile.TemporaryDirectory(prefix="specdec-replan-") as folder:
+        plan = search(profile, sha256_file(profile_path), dataclasses.replace(settings, out_dir=Path(folder), storage=None))
+    plan["study"]["storage"] = "a fresh study, for the re-plan after re-measuring (not kept)"
+    write_json(plan_path, plan)
+    return plan
+
+
+def search_settings_of(plan: dict, profile: Profile):
+    """The SearchSettings `search` made this plan with (recorded in plan.json), or None for a plan that does not record
+    them or was projected onto another device."""
+    from specdec_tune.autotune.search import SearchSettings
+
+    recorded = plan.get("search_settings")
+    if plan["device"].get("projected_from") or not isinstance(recorded, dict):
+        return None
+    fields = {f.name: f for f in dataclasses.fields(SearchSettings)}
+    try:
+        values = {k: tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
+                  for k, v in recorded.items() if k in fields}
+        return SearchSettings(**values)
+    except TypeError:
+        return None
+
+
+def lossless_failed(gate: dict) -> bool:
+    """Whether the lossless gate failed: passed is False. True passes; None (a plan that never speculates: not
+    applicable) and a skipped gate are not failures."""
+    return gate.get("passed") is False
 
 
 def _refuse_foreign_folder(out: Path) -> None:
@@ -298,7 +442,7 @@ def validate_bundle(bundle: Path, measure: MeasureSettings | None) -> dict:
         profile = load_profile(Path(bundle) / "inputs" / "profile.json")
         result["lossless"] = lossless_gate(plan, profile, measure)
         result["throughput"] = throughput_check(plan, profile, measure)
-    result["passed"] = (all(not c["errors"] for c in result["configs"]) and not kernel_errors and result.get("lossless", {}).get("passed", True)
+    result["passed"] = (all(not c["errors"] for c in result["configs"]) and not kernel_errors and not lossless_failed(result.get("lossless", {}))
                         and result.get("throughput", {}).get("passed", True))
     return result
 

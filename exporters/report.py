@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specdec_tune.exporters.validate import describe_throughput_row
+from specdec_tune.exporters.validate import describe_repair, describe_throughput_row
 
 PLOTS = ("verify_curve.png", "acceptance_by_domain.png", "speedup_by_bucket.png", "pareto_front.png")
 
@@ -93,6 +93,30 @@ def plot_pareto(plan: dict, path: Path) -> None:
     _save(plt, fig, path)
 
 
+def lossless_text(gate: dict | None) -> str:
+    """The lossless gate's outcome in words: passed, FAILED, not applicable (a plan that never speculates has
+    nothing to compare), or skipped."""
+    if not gate:
+        return "not run"
+    if "skipped" in gate:
+        return f"skipped ({gate['skipped']})"
+    if gate.get("applicable") is False:
+        return f"not applicable ({gate.get('note', 'the plan never speculates')})"
+    return "passed" if gate["passed"] else "FAILED"
+
+
+def repairs_text(repairs: list[dict]) -> list[str]:
+    """The rounds of repair before the throughput check passed: cells re-measured, schedule and worst error before and after."""
+    if not repairs:
+        return []
+    lines = [f"- the first throughput check failed; it passed after {len(repairs)} round(s) of re-measuring the verify cells behind "
+             "the failing buckets and re-planning (the plan shipped is the re-plan):"]
+    for record in repairs:
+        headline, *details = describe_repair(record)
+        lines += [f"  - {headline}", *(f"    - {line.strip()}" for line in details)]
+    return lines
+
+
 def write_report(folder: Path, plan: dict, profile, engines: dict, validation: dict) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     plot_verify(profile, plan, folder / PLOTS[0])
@@ -120,13 +144,14 @@ def write_report(folder: Path, plan: dict, profile, engines: dict, validation: d
         lines.append(f"- lossless gate and throughput check skipped ({gate['skipped']})")
     elif gate:
         runs = ", ".join(f"D={r['draft_len']}: {r['identical']}/{r['prompts']} identical" for r in gate.get("runs", []))
-        lines.append(f"- lossless (fp32 greedy, held-back prompts): {'passed' if gate['passed'] else 'FAILED'} {runs}")
+        lines.append(f"- lossless (fp32 greedy, held-back prompts): {lossless_text(gate)} {runs}".rstrip())
     tp = validation.get("throughput")
     if tp and tp.get("checked"):
         lines.append(f"- predicted vs measured decode throughput (tolerance {tp['tolerance_pct']:g}%, {tp['measured_rounds']}):")
         lines += [f"  - {describe_throughput_row(r)}" for r in tp["buckets"]]
         if tp.get("warning"):
             lines.append(f"  - warning: {tp['warning']}")
+        lines += repairs_text(validation.get("repairs", []))
     elif tp and "why" in tp:
         lines.append(f"- throughput not measured: {tp['why']}")
     lines += ["", *[f"![{name}]({name})" for name in PLOTS], ""]

@@ -7,6 +7,9 @@ gate, and predicted against measured throughput on the local device.
                 speculative output token for token equal to plain greedy output
     throughput  decode tokens/s at each bucket's batch with its D (the profile's dtype, every row decoding
                 the full length), against the plan's prediction; relative error per bucket
+    repair      a failed throughput check names the verify cells its failing buckets' predictions rest on
+                (`prediction_cells`); export re-measures them, re-plans and checks again (bundle.py), and
+                refuses only when the disagreement survives (`throughput_refusal`)
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ class MeasureSettings:
     repeats: int = 3  # timed runs per bucket after one warm-up (median)
     rows: int = 8  # prompts decoded per bucket at least, in batches of the bucket's size
     seed: int = 0
+    repair_rounds: int = 2  # a failed throughput check: rounds of re-measuring its verify cells and re-planning before refusing
 
 
 def _prompts(target, n: int, new_tokens: int, max_draft: int, split: str = "held_back") -> list[list[int]]:
@@ -71,12 +75,17 @@ def plan_drafter(plan: dict, profile, target):
 
 
 def lossless_gate(plan: dict, profile, s: MeasureSettings) -> dict:
+    """Greedy speculative output against plain greedy output at each D > 0 of the schedule.
+
+    Returns {"applicable": True, "passed": bool, "runs": [...], ...}, or, for a plan that never speculates (D = 0 in
+    every bucket: nothing to compare), {"applicable": False, "passed": None, "note": ...}: neither a pass nor a failure.
+    """
     from specdec_tune.profiles.decode_run import decode_prompts
     from specdec_tune.profiles.models.loading import load_model
 
     ds = sorted({b["draft_len"] for b in plan["buckets"] if b["draft_len"] > 0})
     if not ds:
-        return {"passed": True, "draft_lens": [], "note": "the plan never speculates"}
+        return {"applicable": False, "passed": None, "draft_lens": [], "note": "the plan never speculates"}
     target = load_model(profile.target["path"], dtype="float32")
     drafter = plan_drafter(plan, profile, target)
     ids = _prompts(target, s.prompts, s.new_tokens, max(ds))
@@ -88,7 +97,8 @@ def lossless_gate(plan: dict, profile, s: MeasureSettings) -> dict:
         spec, _, _ = decode_prompts(target, ids, len(ids), drafter=drafter, num_draft_tokens=D, **kwargs)
         same = sum(a == b for a, b in zip(spec, plain))
         runs.append({"draft_len": D, "prompts": len(ids), "identical": same})
-    return {"passed": all(r["identical"] == r["prompts"] for r in runs), "dtype": "float32", "split": "held_back", "runs": runs}
+    return {"applicable": True, "passed": all(r["identical"] == r["prompts"] for r in runs), "dtype": "float32", "split": "held_back",
+            "runs": runs}
 
 
 def context_prompts(target, ctx: int, new_tokens: int, max_draft: int, split: str) -> list[list[int]]:
@@ -222,3 +232,140 @@ def describe_throughput_row(r: dict) -> str:
     return (f"batch {r['batch']}, D={r['draft_len']}: predicted {r['predicted_tokens_per_s']:.0f} tokens/s "
             f"({r['predicted_at_current_speed_tokens_per_s']:.0f} at the device's current speed, x{1 / r['device_speed_ratio']:.3f}), "
             f"measured {r['measured_tokens_per_s']:.0f}: {r['error_pct']:+.1f}% ({r['raw_error_pct']:+.1f}% unscaled)")
+
+
+# ---------------------------------------------------------------------------- repair: the cells behind a failed check
+
+
+def failing_rows(tp: dict) -> list[dict]:
+    """The timed buckets of a throughput check outside its tolerance (none where the check did not run)."""
+    if not tp.get("checked"):
+        return []
+    return [r for r in tp["buckets"] if "error_pct" in r and abs(r["error_pct"]) > tp["tolerance_pct"]]
+
+
+def round_widths(cost, mechanism: str, quant: str, batch: int, draft_len: int) -> list[int]:
+    """The round widths w (the batch verifies 1+w tokens) whose verify time the cost model weighs at this draft
+    length: every w the batch's longest proposal takes with a share of the rounds (cost_model.py,
+    `round_verify_ms`), or D alone where every round drafts D."""
+    if draft_len == 0:
+        return [0]
+    shares = cost.acceptance(mechanism, quant).round_shares(draft_len)
+    if shares is None or shares[-1] >= 1 - 1e-12:
+        return [draft_len]
+    widths, below = [], 0.0
+    for w in range(draft_len + 1):
+        at_most = sum(shares[: min(w, len(shares) - 1) + 1]) ** batch if w < draft_len else 1.0
+        if at_most - below > 1e-12:
+            widths.append(w)
+        below = at_most
+    return widths
+
+
+def prediction_cells(plan: dict, profile, batch: int, draft_len: int) -> list[tuple[int, int, int]]:
+    """The profile's verify cells (batch, tokens, ctx) a bucket's predicted tokens/s rests on, at the plan's context:
+    one token (no speculation), 1+D, and 1+w for every round width w the prediction weighed. Cells that ran out of
+    memory when profiled are left out (there is nothing to re-measure)."""
+    from specdec_tune.autotune.cost_model import CostModel
+
+    ctx = plan["ctx"]
+    tokens = {1, 1 + draft_len}
+    if draft_len:
+        cost = CostModel(profile, ctx=ctx, mix=plan.get("mix"))
+        tokens |= {1 + w for w in round_widths(cost, plan["mechanism"], plan["quant"], batch, draft_len)}
+    timed = {(p.batch, p.tokens) for p in profile.verify if p.ctx == ctx and p.median_ms is not None}
+    return [(batch, t, ctx) for t in sorted(tokens) if (batch, t) in timed]
+
+
+def cell_ms(profile, cell: tuple[int, int, int]) -> float | None:
+    """A verify cell's time in the profile (its fitted median), None where it has none."""
+    return next((p.median_ms for p in profile.verify if (p.batch, p.tokens, p.ctx) == cell), None)
+
+
+def schedule_of(plan: dict) -> dict:
+    return {"mechanism": plan["mechanism"], "quant": plan["quant"], "schedule": [[b["batch"], b["draft_len"]] for b in plan["buckets"]]}
+
+
+def _worst_error_pct(tp: dict) -> float | None:
+    return tp.get("worst", {}).get("error_pct") if tp.get("checked") else None
+
+
+def _bucket_figures(r: dict) -> dict:
+    return {"batch": r["batch"], "draft_len": r["draft_len"], "predicted_tokens_per_s": r["predicted_tokens_per_s"],
+            "predicted_at_current_speed_tokens_per_s": r["predicted_at_current_speed_tokens_per_s"],
+            "measured_tokens_per_s": r["measured_tokens_per_s"], "error_pct": r["error_pct"]}
+
+
+def repair_record(round_number: int, plan_before: dict, tp_before: dict, cells: list[dict], plan_after: dict, tp_after: dict) -> dict:
+    """One round of repair as validation.json keeps it: the buckets that failed, the cells re-measured (ms before and
+    after), the schedule before and after the re-plan, and the worst error before and after."""
+    return {"round": round_number, "failing": [_bucket_figures(r) for r in failing_rows(tp_before)], "cells": cells,
+            "before": schedule_of(plan_before), "after": schedule_of(plan_after),
+            "worst_error_pct_before": _worst_error_pct(tp_before), "worst_error_pct_after": _worst_error_pct(tp_after),
+            "passed": bool(tp_after.get("checked") and tp_after.get("passed"))}
+
+
+def _schedule_text(s: dict) -> str:
+    return f"{s['mechanism']}/{s['quant']} " + ", ".join(f"B={B}: D={D}" for B, D in s["schedule"])
+
+
+def _cell_change_text(c: dict) -> str:
+    return f"verify cell B={c['batch']}, 1+D={c['tokens']}, ctx {c['ctx']}: {_ms(c['before_ms'])} -> {_ms(c['after_ms'])} ms ({c['source']})"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _pct(value: float | None) -> str:
+    return "not measured" if value is None else f"{value:+.1f}%"
+
+
+def describe_repair(record: dict) -> list[str]:
+    """One round of repair as the CLI prints it and the report lists it: a headline, then what changed."""
+    failing = "; ".join(f"batch {r['batch']}, D={r['draft_len']}: predicted {r['predicted_at_current_speed_tokens_per_s']:.1f} tokens/s, "
+                        f"measured {r['measured_tokens_per_s']:.1f} ({r['error_pct']:+.1f}%)" for r in record["failing"])
+    outcome = "passed" if record["passed"] else "still failing"
+    lines = [f"repair round {record['round']}: re-measured the verify cells behind {failing}"]
+    lines += [f"  {_cell_change_text(c)}" for c in record["cells"]]
+    before, after = _schedule_text(record["before"]), _schedule_text(record["after"])
+    lines.append(f"  schedule {before} -> {after}" if before != after else f"  schedule unchanged: {after}")
+    lines.append(f"  worst error {_pct(record['worst_error_pct_before'])} -> {_pct(record['worst_error_pct_after'])} ({outcome})")
+    return lines
+
+
+def _first_before_ms(repairs: list[dict]) -> dict[tuple[int, int, int], float | None]:
+    """Each re-measured cell's time before its first re-measurement."""
+    first: dict[tuple[int, int, int], float | None] = {}
+    for record in repairs:
+        for c in record["cells"]:
+            first.setdefault((c["batch"], c["tokens"], c["ctx"]), c["before_ms"])
+    return first
+
+
+def _cells_text(plan: dict, profile, r: dict, first_ms: dict) -> str:
+    if plan["device"].get("projected_from"):
+        return f"its verify times modeled for {plan['device']['name']}"
+    cells = prediction_cells(plan, profile, r["batch"], r["draft_len"])
+    parts = []
+    for cell in cells:
+        now = _ms(cell_ms(profile, cell))
+        parts.append(f"1+D={cell[1]} {_ms(first_ms[cell])} -> {now} ms" if cell in first_ms else f"1+D={cell[1]} {now} ms")
+    return f"verify cells at B={r['batch']}, ctx {plan['ctx']}: " + ", ".join(parts)
+
+
+def throughput_refusal(plan: dict, profile, tp: dict, repairs: list[dict], not_repaired: str | None = None) -> SpecdecError:
+    """The one-line error of a throughput check that still fails: each failing bucket with its predicted and measured
+    tokens/s and the verify cells (ms) its prediction rests on, after how many rounds of re-measuring."""
+    first_ms = _first_before_ms(repairs)
+    buckets = "; ".join(f"batch {r['batch']}, D={r['draft_len']}: predicted {r['predicted_at_current_speed_tokens_per_s']:.1f} tokens/s, "
+                        f"measured {r['measured_tokens_per_s']:.1f} ({r['error_pct']:+.1f}%), {_cells_text(plan, profile, r, first_ms)}"
+                        for r in failing_rows(tp))
+    if repairs:
+        when = f"after {len(repairs)} round(s) of re-measuring the cells and re-planning"
+        fix = ("the disagreement is not a slow spell in those cells: re-profile on a quiet machine (specdec-tune profile --force), "
+               "or raise --tolerance; profile.json and plan.json keep the re-measured cells and the re-plan")
+    else:
+        when = f"not repaired: {not_repaired}" if not_repaired else "not repaired"
+        fix = "re-profile on this machine, or raise --tolerance"
+    return SpecdecError(f"throughput check failed (tolerance {tp['tolerance_pct']:g}%, {when}): {buckets}", fix)

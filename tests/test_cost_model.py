@@ -27,7 +27,7 @@ def test_formula_by_hand(model):
     # the batch verifies 1 + its longest proposal: E[T] over the max of 4 rows' widths
     verify = sum((F[w] ** 4 - (F[w - 1] ** 4 if w else 0.0)) * T[1 + w] for w in range(4))
     draft = next(d.median_ms for d in p.draft if d.mechanism == "ngram" and d.batch == 4 and d.draft_len == 3)
-    host = next(h.host_ms_per_round for h in p.host if h.mechanism == "ngram" and h.batch == 4)
+    host = next(h.host_ms_per_round for h in p.host if h.mechanism == "ngram" and h.batch == 4 and h.draft_len == 3)
     tpf = next(a.tokens_per_forward[3] for a in p.acceptance if a.mechanism == "ngram" and a.domain == "all" and a.temperature == 0 and a.quant == "none")
     base = 4 / (next(v.median_ms for v in p.verify if v.batch == 4 and v.tokens == 1 and v.ctx == 128)
                 + next(h.host_ms_per_round for h in p.host if h.mechanism == "plain" and h.batch == 4))
@@ -48,10 +48,11 @@ def test_sources_follow_the_inputs(model):
     assert model.verify_ms(3, 1).source == "interpolated"  # between the 2 and 4 buckets
     assert model.verify_ms(64, 1).source == "modeled"  # beyond the largest bucket
     assert model.tokens_per_forward("ngram", "none", 15).source == "measured"  # D_max was run
-    assert model.tokens_per_forward("ngram", "none", 3).source == "measured"  # checked directly
+    assert model.tokens_per_forward("ngram", "none", 3).source == "modeled"  # derived from the D_max rounds (a direct check agreed)
     assert model.tokens_per_forward("ngram", "none", 5).source == "modeled"  # derived from the D_max rounds
     assert model.draft_ms("draft_model", "fp8", 1, 3).source == "modeled"  # FP8 not run on this CPU
-    assert model.tokens_per_forward("draft_model", "fp8", 15).source == "interpolated"  # emulated weights
+    assert model.tokens_per_forward("draft_model", "fp8", 15).source == "emulated"  # fake-quantized weights
+    assert model.host_ms("ngram", 4, 3).source == "measured" and model.host_ms("ngram", 4, 5).source == "modeled"  # host measured at D=3
     assert model.predict(3, 2, "ngram").speedup.source in ("interpolated", "modeled")
 
 

@@ -1,0 +1,392 @@
+"""search on version-2 profiles: intervals through the cost model, true labels, out-of-memory buckets, ties on
+evidence, domain mixes, and what `search` prints. Version-2 profiles are built in memory from the recorded
+version-1 demo profile (intervals, fitted and infeasible cells, replayed acceptance, host points at several D)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from specdec_tune import SpecdecError
+from specdec_tune.autotune.cli import _print_plan_table, main
+from specdec_tune.autotune.cost_model import SOURCES, CostModel, Figure, overlap, weakest
+from specdec_tune.autotune.search import SearchSettings, search
+from specdec_tune.autotune.space import Space
+from specdec_tune.profiles.schema import Profile, load_profile
+
+PROFILE_PATH = Path(__file__).parent / "data" / "demo_profile.json"
+MIX = {"writing": 0.5, "coding": 0.3, "humaneval": 0.2}
+
+
+@pytest.fixture(scope="module")
+def profile() -> Profile:
+    return load_profile(PROFILE_PATH)
+
+
+def version2(profile: Profile, *, verify_rel: float = 0.03, draft_rel: float = 0.05, tpf_rel: float = 0.03, method: str = "replay",
+             infeasible: tuple = (), absent: tuple = (), fitted: dict | None = None, host: dict | None = None,
+             update_acceptance=None, fp8_draft: bool = False) -> Profile:
+    """The demo profile as a version-2 profile would hold it.
+
+    verify_rel, draft_rel: relative half-width of the 95% interval of every measured cell's median;
+    tpf_rel: of tokens per forward (every record, every D > 0); infeasible / absent: verify cells (B, 1+D, ctx)
+    out of memory / never timed; fitted: {(B, 1+D, ctx): (raw_ms, fitted_ms)}; host: {mechanism: {D: ms per
+    round at every batch}} replacing that mechanism's host points; update_acceptance(record) -> fields to change;
+    fp8_draft: FP8 draft times as if measured (the full-precision times).
+    """
+    data = profile.model_dump(mode="json")
+    data["schema_version"] = 2
+    data["workload"]["prompts_by_domain"] = {d: profile.workload.prompts_per_domain for d in profile.workload.domains}
+    verify = []
+    for v in data["verify"]:
+        key = (v["batch"], v["tokens"], v["ctx"])
+        if key in absent:
+            continue
+        if key in infeasible:
+            v |= {"median_ms": None, "p10_ms": None, "p90_ms": None, "source": "infeasible"}
+        elif fitted and key in fitted:
+            raw, fit = fitted[key]
+            v |= {"median_ms": fit, "raw_median_ms": raw, "fit_moved": True, "source": "fitted",
+                  "ci_low_ms": raw * (1 - verify_rel), "ci_high_ms": raw * (1 + verify_rel)}
+        elif v["source"] == "measured":
+            v |= {"raw_median_ms": v["median_ms"], "ci_low_ms": v["median_ms"] * (1 - verify_rel), "ci_high_ms": v["median_ms"] * (1 + verify_rel)}
+        verify.append(v)
+    data["verify"] = verify
+    for d in data["draft"]:
+        d |= {"ci_low_ms": d["median_ms"] * (1 - draft_rel), "ci_high_ms": d["median_ms"] * (1 + draft_rel)}
+    if fp8_draft:
+        data["draft"] += [d | {"quant": "fp8"} for d in data["draft"] if d["mechanism"] == "draft_model"]
+    for a in data["acceptance"]:
+        a["method"] = method
+        a["tokens_per_forward_ci"] = [[max(1.0, t * (1 - tpf_rel)) if D else 1.0, t * (1 + tpf_rel) if D else 1.0]
+                                      for D, t in enumerate(a["tokens_per_forward"])]
+        a["mean_al_vllm_ci"] = [[t, t] for t in a["mean_al_vllm"]]
+        if update_acceptance:
+            a |= update_acceptance(a)
+    for mechanism, by_len in (host or {}).items():
+        data["host"] = [h for h in data["host"] if h["mechanism"] != mechanism]
+        data["host"] += [{"mechanism": mechanism, "batch": B, "draft_len": D, "host_ms_per_round": ms, "round_ms": 0.0, "rounds": 16,
+                          "source": "measured"} for D, ms in by_len.items() for B in profile.workload.batch_buckets]
+    return Profile.model_validate(data)
+
+
+def cell(profile: Profile, batch: int, tokens: int, ctx: int = 128):
+    return next(v for v in profile.verify if (v.batch, v.tokens, v.ctx) == (batch, tokens, ctx))
+
+
+def record(profile: Profile, mechanism: str, quant: str = "none", domain: str = "all"):
+    return next(a for a in profile.acceptance if (a.mechanism, a.quant, a.domain, a.temperature) == (mechanism, quant, domain, 0.0))
+
+
+@pytest.fixture(scope="module")
+def v2(profile) -> Profile:
+    return version2(profile)
+
+
+# ---------------------------------------------------------------------------- 1. intervals through the cost model
+
+
+def test_components_carry_the_profile_intervals(v2):
+    cost = CostModel(v2)
+    c = cell(v2, 4, 1)
+    one = cost.verify_ms(4, 1)
+    assert (one.value, one.source, one.low, one.high) == (c.median_ms, "measured", c.ci_low_ms, c.ci_high_ms)
+    # between the buckets 2 and 4: the value and both bounds on their lines
+    a, b, mid = cell(v2, 2, 1), cell(v2, 4, 1), cost.verify_ms(3, 1)
+    assert mid.source == "interpolated"
+    assert (mid.value, mid.low, mid.high) == pytest.approx(((a.median_ms + b.median_ms) / 2, (a.ci_low_ms + b.ci_low_ms) / 2,
+                                                            (a.ci_high_ms + b.ci_high_ms) / 2))
+    assert cost.verify_ms(64, 1).source == "modeled" and not cost.verify_ms(64, 1).has_interval  # extrapolated: no interval
+    d = next(p for p in v2.draft if (p.mechanism, p.quant, p.batch, p.draft_len) == ("ngram", "none", 4, 3))
+    assert (cost.draft_ms("ngram", "none", 4, 3).low, cost.draft_ms("ngram", "none", 4, 3).high) == (d.ci_low_ms, d.ci_high_ms)
+    tpf = cost.tokens_per_forward("ngram", "none", 3)
+    assert [tpf.low, tpf.high] == record(v2, "ngram").tokens_per_forward_ci[3]
+
+
+def test_prediction_interval_by_hand(v2):
+    """TPS low = B·AL_low / (T_verif_high + T_draft_high + T_host), high the other way; speedup over the baseline's value."""
+    cost = CostModel(v2)
+    B, D = 4, 3
+    rec = record(v2, "ngram")
+    share = [sum(r) for r in rec.rounds]
+    F = [sum(share[: w + 1]) / sum(share) if w < D else 1.0 for w in range(D + 1)]
+    p_max = [F[w] ** B - (F[w - 1] ** B if w else 0.0) for w in range(D + 1)]
+    bound = lambda attr: sum(p * getattr(cell(v2, B, 1 + w), attr) for w, p in enumerate(p_max))  # noqa: E731
+    verify_low, verify_high = bound("ci_low_ms"), bound("ci_high_ms")
+    draft = next(p for p in v2.draft if (p.mechanism, p.quant, p.batch, p.draft_len) == ("ngram", "none", B, D))
+    host = next(h.host_ms_per_round for h in v2.host if (h.mechanism, h.batch, h.draft_len) == ("ngram", B, D))
+    tpf_low, tpf_high = rec.tokens_per_forward_ci[D]
+    pred = cost.predict(B, D, "ngram")
+    low = 1e3 * B * tpf_low / (verify_high + draft.ci_high_ms + host)
+    high = 1e3 * B * tpf_high / (verify_low + draft.ci_low_ms + host)
+    assert (pred.tokens_per_s.low, pred.tokens_per_s.high) == pytest.approx((low, high))
+    assert pred.tokens_per_s.low < pred.tokens_per_s.value < pred.tokens_per_s.high
+    assert (pred.per_user_tokens_per_s.low, pred.per_user_tokens_per_s.high) == pytest.approx((low / B, high / B))
+    base = cost.baseline_tokens_per_s(B).value
+    assert (pred.speedup.low, pred.speedup.high) == pytest.approx((low / base, high / base))
+    # no speculation: the interval of the one-token verify step
+    one = cell(v2, B, 1)
+    plain = cost.predict(B, 0, "ngram").tokens_per_s
+    h0 = next(h.host_ms_per_round for h in v2.host if (h.mechanism, h.batch) == ("plain", B))
+    assert (plain.low, plain.high) == pytest.approx((1e3 * B / (one.ci_high_ms + h0), 1e3 * B / (one.ci_low_ms + h0)))
+
+
+def test_a_version_1_profile_has_no_intervals(profile):
+    pred = CostModel(profile).predict(4, 3, "ngram")
+    assert all(not f.has_interval for f in (pred.tokens_per_s, pred.speedup, pred.tokens_per_forward, pred.verify_ms, pred.draft_ms))
+
+
+# ---------------------------------------------------------------------------- 2. labels that are true
+
+
+def test_a_loop_run_derives_every_shorter_draft_and_a_replay_counts_every_one(profile, v2):
+    loop = CostModel(profile)
+    assert {c.draft_len for c in record(profile, "ngram").checks} == {3, 7} and record(profile, "ngram").method == "loop"
+    assert [loop.tokens_per_forward("ngram", "none", D).source for D in (0, 3, 5, 7, 15)] == \
+        ["measured", "modeled", "modeled", "modeled", "measured"]  # a direct check does not make the derived value measured
+    replay = CostModel(v2)
+    assert {replay.tokens_per_forward("ngram", "none", D).source for D in range(16)} == {"measured"}
+
+
+def test_emulated_acceptance_is_labelled_emulated_and_ranks_below_fitted(profile, v2):
+    assert list(SOURCES[:5]) == ["measured", "interpolated", "fitted", "emulated", "modeled"]
+    assert weakest("emulated", "fitted", "interpolated") == "emulated" and weakest("emulated", "modeled") == "modeled"
+    assert CostModel(profile).tokens_per_forward("draft_model", "fp8", 15).source == "emulated"
+    assert CostModel(profile).tokens_per_forward("draft_model", "fp8", 3).source == "modeled"  # loop: derived
+    assert CostModel(v2).tokens_per_forward("draft_model", "fp8", 3).source == "emulated"  # replay
+
+
+def strong_fp8_drafter(profile: Profile) -> Profile:
+    """A draft model whose FP8 weights (emulated) accept 80% per position, with FP8 draft times and host time at every D."""
+    def fp8(a):
+        if (a["mechanism"], a["quant"]) != ("draft_model", "fp8"):
+            return {}
+        al = [1 + sum(0.8 ** k for k in range(1, D + 1)) for D in range(16)]
+        return {"tokens_per_forward": al, "tokens_per_forward_ci": [[x, x] for x in al], "rounds": []}
+
+    host = {"draft_model": {D: 0.06 for D in range(1, 16)}}
+    return version2(profile, update_acceptance=fp8, fp8_draft=True, host=host)
+
+
+def test_plan_and_table_print_emulated_and_fitted(profile, tmp_path, capsys):
+    plan = search(strong_fp8_drafter(profile), "h", SearchSettings(mechanisms=("draft_model",), quant_formats=("fp8",), trials=40,
+                                                                    out_dir=tmp_path / "fp8"))
+    speculating = [b for b in plan["buckets"] if b["draft_len"]]
+    assert speculating and {b["predicted"]["tokens_per_forward"]["source"] for b in speculating} == {"emulated"}
+    assert {b["predicted"]["speedup"]["source"] for b in speculating} == {"emulated"}
+    _print_plan_table(plan)
+    assert "emulated" in capsys.readouterr().out
+    moved = version2(profile, fitted={(16, 1, 128): (26.0, 29.52)})
+    plan = search(moved, "h", SearchSettings(mechanisms=("suffix",), trials=40, out_dir=tmp_path / "fitted"))
+    last = plan["buckets"][-1]
+    assert (last["batch"], last["draft_len"], last["predicted"]["speedup"]["source"]) == (16, 0, "fitted")
+    _print_plan_table(plan)
+    assert re.search(r"│\s+16 │ 0 │.*fitted", capsys.readouterr().out)
+
+
+def test_device_times_tell_the_weakest_source_of_the_predictions(profile, tmp_path):
+    plan = search(profile, "h", SearchSettings(trials=40, out_dir=tmp_path / "cpu"))
+    sources = [b["predicted"]["speedup"]["source"] for b in plan["buckets"]]
+    assert plan["device"]["times"] == weakest(*sources) == "modeled"  # D > 0 below D_max: derived from the D_max run
+    assert plan["device"]["sources"] == {s: sources.count(s) for s in SOURCES if s in sources}
+    assert plan["device"]["projected_from"] is None
+    h200 = search(profile, "h", SearchSettings(trials=40, out_dir=tmp_path / "h200", device="h200"))
+    assert h200["device"]["times"] == "modeled (hardware table)" and h200["device"]["projected_from"] == profile.device["name"]
+
+
+def test_host_time_follows_the_measured_draft_lengths(profile):
+    cost = CostModel(version2(profile, host={"ngram": {1: 0.1, 7: 0.4}}))
+    assert cost.host_ms("ngram", 4, 1) == Figure(0.1, "measured")
+    at3 = cost.host_ms("ngram", 4, 3)
+    assert at3.source == "interpolated" and at3.value == pytest.approx(0.1 + (0.4 - 0.1) * 2 / 6)
+    assert (cost.host_ms("ngram", 4, 12).value, cost.host_ms("ngram", 4, 12).source) == (0.4, "modeled")  # beyond: the nearest
+    assert cost.host_ms("plain", 4, 0).source == "measured"
+    old = CostModel(profile)  # version 1: D = 3 only
+    at3_old = next(h.host_ms_per_round for h in profile.host if (h.mechanism, h.batch) == ("ngram", 4))
+    assert (old.host_ms("ngram", 4, 3).value, old.host_ms("ngram", 4, 3).source) == (at3_old, "measured")
+    assert (old.host_ms("ngram", 4, 5).value, old.host_ms("ngram", 4, 5).source) == (at3_old, "modeled")
+
+
+# ---------------------------------------------------------------------------- 3. out-of-memory buckets
+
+
+def test_a_bucket_out_of_memory_is_not_planned(profile, tmp_path):
+    oom = version2(profile, infeasible=tuple((16, t, ctx) for t in range(1, 17) for ctx in (128, 512)))
+    space = Space(CostModel(oom), SearchSettings())
+    assert space.buckets == [1, 2, 4, 8] and "ran out of memory" in space.excluded[16]
+    plan = search(oom, "h", SearchSettings(trials=40, out_dir=tmp_path))
+    assert [b["batch"] for b in plan["buckets"]] == [1, 2, 4, 8] and plan["max_batch"] == 8
+    assert any("[16] are not planned" in n and "ran out of memory" in n for n in plan["notes"])
+    assert plan["excluded_buckets"] == [{"batch": 16, "why": space.excluded[16]}]
+    # a bucket with no one-token verify step at the plan's context is not planned either
+    gap = version2(profile, absent=((8, 1, 128),))
+    assert Space(CostModel(gap), SearchSettings()).buckets == [1, 2, 4, 16]
+
+
+def test_a_draft_that_does_not_fit_is_never_taken(profile, tmp_path):
+    """Batch 8 fits one token but not 1+D ≥ 3 tokens: D ≥ 2 predicts nothing there (out of memory)."""
+    tight = version2(profile, infeasible=tuple((8, t, 128) for t in range(3, 17)))
+    space = Space(CostModel(tight), SearchSettings(mechanisms=("ngram",)))
+    assert space.predict(8, 5, "ngram", "none").tokens_per_s.value == 0.0
+    assert space.predict(8, 5, "ngram", "none").verify_ms.source == "infeasible"
+    best = space.fill("ngram", "none", "free", 16)
+    assert best.schedule[space.buckets.index(8)] <= 1
+    plan = search(tight, "h", SearchSettings(mechanisms=("ngram",), trials=40, out_dir=tmp_path))
+    at8 = next(b for b in plan["buckets"] if b["batch"] == 8)
+    assert at8["draft_len"] <= 1
+    if at8["draft_len"] == 1:
+        assert at8["rationale"]["guideline"] == "memory" and "D=2 does not fit in memory at batch 8" in at8["rationale"]["text"]
+    text = (tmp_path / "plan.json").read_text()
+    assert "Infinity" not in text and "NaN" not in text  # strict JSON
+
+
+def test_no_bucket_left_is_one_line(profile, tmp_path, capsys):
+    none_fit = version2(profile, infeasible=tuple((B, 1, 128) for B in profile.workload.batch_buckets))
+    with pytest.raises(SpecdecError, match="no batch bucket can be planned"):
+        Space(CostModel(none_fit), SearchSettings())
+    path = tmp_path / "profile.json"
+    path.write_text(none_fit.model_dump_json())
+    assert main(["search", "--profile", str(path), "--out", str(tmp_path / "out"), "--trials", "10"]) == 1
+    err = capsys.readouterr().err
+    assert "no batch bucket can be planned" in err and err.count("\n") == 1 and not (tmp_path / "out" / "plan.json").exists()
+
+
+# ---------------------------------------------------------------------------- 4. ties on evidence
+
+
+def test_narrow_intervals_decide_what_the_tolerance_would_tie(profile, tmp_path):
+    """At batch 4 suffix D=2 is 2.0% ahead of D=1: inside the 2% tolerance (version 1 takes D=1), but with 95%
+    intervals of ±0.1% the two are apart and D=2 is taken."""
+    v1 = search(profile, "h", SearchSettings(mechanisms=("suffix",), trials=40, out_dir=tmp_path / "v1"))
+    narrow = version2(profile, verify_rel=0.001, draft_rel=0.001, tpf_rel=0.001)
+    v2 = search(narrow, "h", SearchSettings(mechanisms=("suffix",), trials=40, out_dir=tmp_path / "v2"))
+    at = lambda plan, B: next(b for b in plan["buckets"] if b["batch"] == B)  # noqa: E731
+    assert at(v1, 4)["draft_len"] == 1 and at(v1, 4)["rationale"]["tie"]["rule"] == "tolerance"
+    assert at(v2, 4)["draft_len"] == 2 and at(v2, 4)["rationale"]["tie"] is None
+
+
+def test_overlapping_intervals_are_a_tie_and_the_shorter_draft_wins(profile, tmp_path):
+    wide = version2(profile, tpf_rel=0.08)
+    space = Space(CostModel(wide), SearchSettings(mechanisms=("suffix",)))
+    plan = search(wide, "h", SearchSettings(mechanisms=("suffix",), trials=40, out_dir=tmp_path))
+    top = plan["max_draft_len"]
+    ties = 0
+    for b in plan["buckets"][1:]:  # the smallest bucket carries the schedule's maximum
+        B, D = b["batch"], b["draft_len"]
+        _, best = space.bucket_best(B, "suffix", "none")
+        if best <= top:  # the shortest draft length whose interval overlaps the best one's
+            assert D == min(d for d in space.allowed("suffix", "free") if d == best or
+                            overlap(space.predict(B, d, "suffix", "none").tokens_per_s, space.predict(B, best, "suffix", "none").tokens_per_s))
+        tie = b["rationale"]["tie"]
+        if tie:
+            ties += 1
+            assert tie["rule"] == "intervals"
+            assert f"D={tie['with_draft_len']} and D={D} overlap within their 95% intervals: the shorter draft is taken" in b["rationale"]["text"]
+            chosen, runner_up = b["rationale"]["intervals"]["chosen"], b["rationale"]["intervals"]["runner_up"]
+            assert chosen["draft_len"] == D and runner_up["draft_len"] == tie["with_draft_len"]
+            assert chosen["tokens_per_s"][0] <= runner_up["tokens_per_s"][1] and runner_up["tokens_per_s"][0] <= chosen["tokens_per_s"][1]
+    assert ties
+    # strict, every difference decides: the tie costs something, and the plan says how much
+    assert plan["study"]["strict_optimum_value"] >= plan["study"]["exhaustive_value"]
+
+
+def test_a_decision_on_a_cell_the_fit_moved_is_flagged(profile, tmp_path):
+    moved = version2(profile, fitted={(4, 1, 128): (17.0, 19.72)})
+    plan = search(moved, "h", SearchSettings(mechanisms=("suffix",), trials=40, out_dir=tmp_path))
+    at4 = next(b for b in plan["buckets"] if b["batch"] == 4)
+    assert "rests on verify cell B=4, 1+D=1, ctx=128 which the monotone fit moved from 17.00 to 19.72 ms" in at4["flags"]
+    assert all(not b["flags"] for b in plan["buckets"] if b["batch"] != 4)
+    assert CostModel(moved).verify_ms(4, 1).source == "fitted"
+
+
+# ---------------------------------------------------------------------------- 5. --mix
+
+
+def test_mixed_acceptance_is_the_weighted_harmonic_mean(v2):
+    mixed = CostModel(v2, mix={"writing": 5, "coding": 3, "humaneval": 2})  # normalised to 0.5, 0.3, 0.2
+    assert mixed.mix == pytest.approx(MIX)
+    recs = {d: record(v2, "ngram", domain=d) for d in MIX}
+    for D in (1, 3, 15):
+        tpf = mixed.tokens_per_forward("ngram", "none", D)
+        assert tpf.value == pytest.approx(1 / sum(w / recs[d].tokens_per_forward[D] for d, w in MIX.items()))
+        assert tpf.low == pytest.approx(1 / sum(w / recs[d].tokens_per_forward_ci[D][0] for d, w in MIX.items()))
+        assert tpf.high == pytest.approx(1 / sum(w / recs[d].tokens_per_forward_ci[D][1] for d, w in MIX.items()))
+    # the round histogram: each domain's normalised histogram, weighted by its share of rounds w_d / AL_d(D)
+    B, D = 4, 3
+    rounds = {d: w / recs[d].tokens_per_forward[D] for d, w in MIX.items()}
+    share = [sum(rounds[d] / sum(rounds.values()) * sum(recs[d].rounds[L]) / sum(map(sum, recs[d].rounds)) for d in MIX) for L in range(16)]
+    F = [sum(share[: w + 1]) if w < D else 1.0 for w in range(D + 1)]
+    expected = sum((F[w] ** B - (F[w - 1] ** B if w else 0.0)) * cell(v2, B, 1 + w).median_ms for w in range(D + 1))
+    assert mixed.round_verify_ms("ngram", "none", B, D).value == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("mix, message", [
+    ({"poetry": 1.0}, "use the profile's domains: writing, roleplay"),
+    ({"writing": 0.0, "coding": 1.0}, "must be positive"),
+])
+def test_a_bad_mix_is_refused(v2, mix, message):
+    with pytest.raises(SpecdecError, match=message):
+        CostModel(v2, mix=mix)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--mix", "poetry=1"], "'poetry', which the profile has no acceptance for (use the profile's domains: writing, roleplay, reasoning"),
+    (["--mix", "writing"], "is not DOMAIN=WEIGHT"),
+    (["--mix", "writing=-1"], "must be positive"),
+])
+def test_a_bad_mix_is_one_line_and_writes_nothing(capsys, tmp_path, argv, message):
+    code = main(["search", "--profile", str(PROFILE_PATH), "--out", str(tmp_path), *argv])
+    err = capsys.readouterr().err
+    assert code == 1 and message in err and err.count("\n") == 1
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_the_plan_records_the_mix_and_where_the_domains_disagree(profile, tmp_path, capsys):
+    path = tmp_path / "profile.json"
+    path.write_text(version2(profile).model_dump_json())
+    argv = ["search", "--profile", str(path), "--mechanism", "ngram", "--trials", "40", "--mix", "writing=1,extraction=1"]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    plan = json.loads((tmp_path / "a" / "plan.json").read_text())
+    assert plan["mix"] == {"writing": 0.5, "extraction": 0.5}
+    split = plan["per_domain"]
+    assert set(split["domains"]) == {"writing", "extraction"} and split["disagreeing_buckets"]
+    for row in split["disagreeing_buckets"]:
+        assert row["by_domain"]["writing"] != row["by_domain"]["extraction"]
+        line = f"batch {row['batch']}: the domains disagree on D beyond 95% intervals"
+        assert line in out and any(n.startswith(line) for n in plan["notes"])
+    assert all(len(d["schedule"]) == len(plan["buckets"]) for d in split["domains"].values())
+    # the same profile, seed and mix: the same plan
+    assert main([*argv, "--out", str(tmp_path / "b")]) == 0
+    again = json.loads((tmp_path / "b" / "plan.json").read_text())
+    strip = lambda p: {k: v for k, v in p.items() if k not in ("created_at", "study")}  # noqa: E731
+    assert strip(again) == strip(plan)
+    # no --mix: today's "all" domain, no per-domain split
+    assert main(["search", "--profile", str(path), "--mechanism", "ngram", "--trials", "40", "--out", str(tmp_path / "c")]) == 0
+    plain = json.loads((tmp_path / "c" / "plan.json").read_text())
+    assert plain["mix"] is None and "per_domain" not in plain
+
+
+# ---------------------------------------------------------------------------- 6. what search prints
+
+
+def test_search_prints_the_intervals(profile, tmp_path, capsys):
+    path = tmp_path / "profile.json"
+    path.write_text(version2(profile).model_dump_json())
+    assert main(["search", "--profile", str(path), "--out", str(tmp_path / "v2"), "--trials", "40"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"\d\.\d\dx \[\d\.\d\d–\d\.\d\d\]", out) and re.search(r"│\s+\d+ \[\d+–\d+\] │", out)
+    words = " ".join(out.split())
+    assert "95% interval" in words and "acceptance bootstrap over prompts" in words and "timing interval of the median" in words
+    plan = json.loads((tmp_path / "v2" / "plan.json").read_text())
+    for b in plan["buckets"]:
+        for f in b["predicted"].values():
+            assert {"value", "source", "low", "high"} <= set(f)
+        s = b["predicted"]["speedup"]
+        assert s["low"] <= s["value"] <= s["high"]
+    assert main(["search", "--profile", str(PROFILE_PATH), "--out", str(tmp_path / "v1"), "--trials", "40"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"\d\.\d\dx \[-\]", out) and not re.search(r"\d\.\d\dx \[\d", out)
