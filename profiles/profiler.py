@@ -26,6 +26,7 @@ import os
 import random
 import statistics
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -233,6 +234,7 @@ def time_verify_step(model, batch: int, ctx: int, tokens: int, seed: int = 0) ->
 VERIFY_BUDGET_SHARE = 0.3  # of the budget left when the verify phase starts
 VERIFY_TARGET_REL_HALF_WIDTH = 0.03  # a cell is repeated until its median's 95% interval is this tight (or the share ends)
 VERIFY_SAMPLES_PER_VISIT = 3
+FIT_MAX_SWEEPS = 3000  # of Dykstra's projections (a 16 x 5 x 2 grid: ~2 ms each; noisy grids need a few hundred)
 
 
 class VerifySampler:
@@ -352,7 +354,9 @@ def fit_verify(samples: dict[tuple[int, int, int], list[float]], infeasible: dic
                 if source == "measured":
                     timings[(B, ctx, t)] = tm = Timing.of(samples[(B, ctx, t)])
                     weight[t - 1, bi, ci] = 1.0 / max((tm.ci_high_ms - tm.ci_low_ms) / 2, 0.005 * tm.median_ms) ** 2
-    fitted = monotone_fit(grid, weight) if np.isfinite(grid).any() else grid
+    with warnings.catch_warnings(record=True) as unconverged:  # still monotone, within tol of optimal: recorded below
+        warnings.simplefilter("always")
+        fitted = monotone_fit(grid, weight, max_iter=FIT_MAX_SWEEPS) if np.isfinite(grid).any() else grid
     points, moved = [], []
     for bi, B in enumerate(batches):
         for ci, ctx in enumerate(ctxs):
@@ -386,6 +390,7 @@ def fit_verify(samples: dict[tuple[int, int, int], list[float]], infeasible: dic
         "cells_above_target": sum(w > VERIFY_TARGET_REL_HALF_WIDTH for w in widths),
         "median_rel_half_width": statistics.median(widths) if widths else None,
         "moved_beyond_interval": moved,
+        "converged": not unconverged,
     }
     return points, summary
 
@@ -501,7 +506,6 @@ class Profiler:
         probe = VerifyStep(self.model, 1, self.s.ctx_buckets[0], 1, self.s.seed, self.device)
         self.guard = SpeedGuard(probe=lambda: probe.time(1)["median_ms"])
         verify, verify_fit = self._verify_curve(log, budget)
-        self._tick("verify", 1, 1)
         draft = self._draft_costs(log, budget)
         self._acceptance(log, budget)
         self._check_replay(log, budget)
@@ -561,6 +565,7 @@ class Profiler:
         sampler = VerifySampler(self, log, seeds=[1, 2, 4, 8, 16, 32, 64], t_max=s.max_draft_len + 1)
         deadline = time.monotonic() + VERIFY_BUDGET_SHARE * max(0.0, budget.deadline - time.monotonic())
         sampler.run(deadline)
+        self._tick("verify", sampler.visits, sampler.visits)
         return fit_verify(sampler.samples, sampler.infeasible, s.batch_buckets, s.ctx_buckets, s.max_draft_len + 1, sampler.visits)
 
     # ------------------------------------------------------------------ draft cost
@@ -693,7 +698,7 @@ class Profiler:
             if p not in self.used:
                 self.used.append(p)
 
-    def _acceptance(self, log: MeasurementLog, budget: Budget) -> list[dict]:
+    def _acceptance(self, log: MeasurementLog, budget: Budget) -> None:
         """Greedy acceptance by replay where the drafter allows it; the loop for the rest and for sampling."""
         s = self.s
         if self.replay_units:
@@ -722,7 +727,6 @@ class Profiler:
                     checks.append({"draft_len": D, "derived": derived, "direct": direct, "rel_diff": rel, "flagged": abs(rel) > FLAG_REL_DIFF})
             self.looped[(name, fmt, temp)] = (prompts, per_prompt, checks)
         self._tick("acceptance", len(units), len(units))
-        return self._acceptance_records()
 
     def _acceptance_records(self) -> list[dict]:
         records = []
