@@ -513,7 +513,12 @@ class Profiler:
         micro_points = self._micro(log, budget)
         growth_notes = self._grow_acceptance(log, budget, verify)
         acceptance = self._acceptance_records()
-        notes = [f"phase skipped for the time budget: {what}" for what in budget.skipped] + growth_notes
+        skipped: dict[str, list[str]] = {}  # "host overhead" -> ["ngram B=1 D=1", ...]
+        for what in budget.skipped:
+            phase, _, cell = what.partition(" B=") if " B=" in what else (what, "", "")
+            skipped.setdefault(phase, []).append(f"B={cell}" if cell else "")
+        notes = [f"phase skipped for the time budget: {phase}" + (f" ({len(cells)} cells: {', '.join(cells[:4])}{', ...' if len(cells) > 4 else ''})"
+                                                                   if any(cells) else "") for phase, cells in skipped.items()] + growth_notes
         notes += [f"{'replayed' if a['method'] == 'replay' else 'derived'} tokens per forward differs from a loop run in "
                   f"{self.model.dtype} by more than {FLAG_REL_DIFF:.0%}: {a['mechanism']} D={c['draft_len']} "
                   f"({c['derived']:.3f} against {c['direct']:.3f})" for a in acceptance for c in a["checks"] if c["flagged"]]
