@@ -3,33 +3,94 @@
 from __future__ import annotations
 
 import collections
+import contextlib
+import hashlib
+import json
 import sys
 import time
 from pathlib import Path
 
 from specdec_tune import SpecdecError
+from specdec_tune.profiles.drafters.dflash import DFlashHead
+from specdec_tune.profiles.drafters.eagle3 import Eagle3Head
+from specdec_tune.profiles.drafters.heads import DraftHead
+from specdec_tune.profiles.drafters.mtp import MtpHead
 from specdec_tune.profiles.models.llama import CausalLM
 from specdec_tune.profiles.records import write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# What one counted forward is, per kind (written into the results that count them).
+FORWARDS_COUNTED = {
+    "target": "one pass of the full-depth target (CausalLM forward or forward_capture): a verify step, a prefill, a timed profile step",
+    "draft_model": "one pass of a shallower CausalLM (the draft model): its catch-up over the new tokens, or one draft step",
+    "eagle3, mtp": "one DraftHead.step: a serial head's catch-up over the new target states, or one draft step",
+    "dflash, dspark": "one DFlashHead.block_hidden: the block pass (the catch-up's key/value projections are not counted)",
+}
+
+
+def _head_kind(head: DraftHead) -> str:
+    """The mechanism a head belongs to, as the drafter registry names it."""
+    if isinstance(head, DFlashHead):
+        return "dspark" if head.markov_head is not None else "dflash"
+    if isinstance(head, Eagle3Head):
+        return "eagle3"
+    return "mtp" if isinstance(head, MtpHead) else type(head).__name__
+
+
+class ForwardCounter:
+    """Model forwards run while `active()` is open: CausalLM passes by depth, learned-head passes by mechanism.
+
+    Every CausalLM pass goes through `CausalLM._run` (forward and forward_capture alike), a serial head's through
+    `DraftHead.step`, a block head's through `DFlashHead.block_hidden`: those three are patched while counting.
+    """
+
+    def __init__(self) -> None:
+        self.by_depth: collections.Counter = collections.Counter()  # CausalLM layers -> passes
+        self.heads: collections.Counter = collections.Counter()  # mechanism -> head passes
+
+    @contextlib.contextmanager
+    def active(self):
+        run, step, block = CausalLM._run, DraftHead.step, DFlashHead.block_hidden
+        by_depth, heads = self.by_depth, self.heads
+
+        def counted_run(model, *a, **k):
+            by_depth[len(model.layers)] += 1
+            return run(model, *a, **k)
+
+        def counted_step(head, *a, **k):
+            heads[_head_kind(head)] += 1
+            return step(head, *a, **k)
+
+        def counted_block(head, *a, **k):
+            heads[_head_kind(head)] += 1
+            return block(head, *a, **k)
+
+        CausalLM._run, DraftHead.step, DFlashHead.block_hidden = counted_run, counted_step, counted_block
+        try:
+            yield self
+        finally:
+            CausalLM._run, DraftHead.step, DFlashHead.block_hidden = run, step, block
+
+    def summary(self, target_layers: int) -> dict:
+        """{"target_forwards": n, "drafter_forwards": {"draft_model": n, "eagle3": n, ...}}: a CausalLM of the target's
+        depth is the target, a shallower (or deeper) one the draft model; kinds that never ran are left out."""
+        drafters = {"draft_model": sum(n for depth, n in self.by_depth.items() if depth != target_layers)} | dict(self.heads)
+        return {"target_forwards": self.by_depth[target_layers], "drafter_forwards": {k: n for k, n in sorted(drafters.items()) if n}}
+
 
 def counted(fn):
-    """Run fn() while counting CausalLM forwards by model depth; returns (result, {layers: calls}, seconds)."""
-    calls: collections.Counter = collections.Counter()
-    original = CausalLM.forward
-
-    def forward(self, *a, **k):
-        calls[len(self.layers)] += 1
-        return original(self, *a, **k)
-
-    CausalLM.forward = forward
+    """Run fn() while counting forwards; returns (result, ForwardCounter, seconds)."""
+    counter = ForwardCounter()
     t0 = time.perf_counter()
-    try:
+    with counter.active():
         result = fn()
-    finally:
-        CausalLM.forward = original
-    return result, calls, time.perf_counter() - t0
+    return result, counter, time.perf_counter() - t0
+
+
+def sha256_json(value) -> str:
+    """sha256 of a JSON value in canonical form (sorted keys, no spaces): the same value gives the same hash."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def shown(path) -> str | None:

@@ -1,12 +1,19 @@
 """Decision quality and cost-model fidelity of a tuned plan, measured end to end with the real
 speculative loop (never with the cost model), on held-back prompts the profile did not see.
 
-For every batch bucket it decodes at every D in 0..D_max (the oracle sweep) and compares:
-  (a) no speculation  (b) the best single D for all buckets, as a hand sweep finds it (measured)
-  (c) the engine's usual default K  (d) the tuned plan  (e) the oracle: the best measured D at that bucket
+For every batch bucket it decodes every profiled mechanism at every D it allows (the oracle sweep; D = 0,
+no speculation, once per bucket) and compares:
+  (a) no speculation  (b) the best single (mechanism, D) for all buckets, as a hand sweep finds it (measured)
+  (c) the engine's usual default K for the plan's mechanism  (d) the tuned plan
+  (e) the oracle: the best measured (mechanism, D) at that bucket
 and the cost model's predicted tokens/s and tokens per forward against the measured ones at every point.
+`--mechanisms plan` sweeps the plan's mechanism alone: its oracle is then a D-only oracle.
 
-    python bench/decision_quality.py                      # demo pair on this machine (about 15 minutes on 2 cores)
+Every figure is computed on the raw measured tokens/s. Beside it, under `scaled`, the same figure on
+speed-scaled tokens/s (SCALING below): a shared machine drifts while the sweep runs, and points minutes
+apart would otherwise compare the drift as well as the decisions.
+
+    python bench/decision_quality.py                      # demo pair on this machine (about 15 minutes per mechanism on 2 cores)
     python bench/decision_quality.py --profile P --quick  # a reduced run (the test uses it)
 
 Writes bench/results/decision_quality.json and prints a table.
@@ -30,123 +37,306 @@ from specdec_tune.profiles.models.loading import load_model
 from specdec_tune.profiles.records import sha256_file
 from specdec_tune.profiles.schema import load_profile
 
-from common import ROOT, counted, run_and_write, shown
+from common import FORWARDS_COUNTED, ROOT, ForwardCounter, run_and_write, sha256_json, shown
 
 # The K engines run when a user sets none or copies the docs' example: vLLM's n-gram and draft-model examples
 # use 5; suffix decoding defaults K to its tree depth (24); EAGLE-3 examples use 3; MTP defaults to its layer count (1).
 ENGINE_DEFAULT_K = {"ngram": 5, "draft_model": 5, "suffix": 24, "eagle3": 3, "mtp": 1, "dflash": 7, "dspark": 7}
+
+SCALING = ("each point's measured tokens/s x (probe ms now / probe ms at profile time), the probe being one verify step at "
+           "batch 1, one new token, ctx {ctx} cached (median of 5 after 2 warm-ups), timed before and after the point and "
+           "averaged; probe ms at profile time is the profile's measured verify step of that shape. A factor above 1 means the "
+           "device ran slower than when it was profiled, and the scaled figure is what the point would measure at profile-time speed")
+ORACLE_KINDS = {"all": "every profiled mechanism x D", "plan": "D-only (plan's mechanism)"}
+NO_SPEC = "none"  # the mechanism recorded for D = 0: no drafter runs
 
 
 def _rel_err(predicted: float, measured: float) -> float:
     return abs(predicted - measured) / measured
 
 
+# ---------------------------------------------------------------------------- what is swept
+
+
+def swept_mechanisms(profile, cost: CostModel, plan: dict, batches: list[int], which: str, max_mechanisms: int,
+                     max_draft_len: int) -> dict[str, dict]:
+    """{mechanism: {"quant", "max_draft_len"}} to sweep, the plan's first.
+
+    `which` "all": every profiled drafter the cost model has acceptance for; "plan": the plan's alone. Each runs
+    D = 1 .. min(its own limit `CostModel.draft_len_limit`, `max_draft_len`); the plan's at the plan's weight
+    format, the others at full precision. Past `max_mechanisms`, the others kept are those the cost model rates
+    best (mean over the buckets of their best predicted tokens/s): the plan's nearest rivals.
+    """
+    plan_mech = plan["mechanism"]
+    others = [d.name for d in profile.drafters if d.name in cost.mechanisms and d.name != plan_mech] if which == "all" else []
+    quant = {m: "none" if "none" in cost.quants(m) else cost.quants(m)[0] for m in others} | {plan_mech: plan["quant"]}
+
+    def rated(m: str) -> float:
+        limit = min(cost.draft_len_limit(m), max_draft_len)
+        return statistics.mean(max(cost.predict(B, D, m, quant[m]).tokens_per_s.value for D in range(1, limit + 1)) for B in batches)
+
+    others = sorted(others, key=rated, reverse=True)[: max(0, max_mechanisms - 1)]
+    chosen = {m: quant[m] for m in [plan_mech, *others]}
+    return {m: {"quant": q, "max_draft_len": min(cost.draft_len_limit(m), max_draft_len)} for m, q in chosen.items()}
+
+
+def sweep_settings(args, profile_sha256: str, dtype: str, **known) -> dict:
+    """What the sweep's measurements depend on. Without `known` (ctx, batches, mechanisms, prompts: they need the
+    plan and the tokenizer) the part that the command line alone sets, checked before anything runs."""
+    settings = {"profile_sha256": profile_sha256, "new_tokens": args.new_tokens, "repeats": args.repeats, "rows": args.rows,
+                "seed": args.seed, "split": "held_back", "max_draft_len": args.max_draft_len, "dtype": dtype}
+    return settings | known
+
+
+def check_reuse(reused: dict, settings: dict, path) -> None:
+    """Refuse a sweep measured with other settings: names the first key (in `settings`' order) that differs."""
+    recorded = reused.get("settings")
+    if recorded is None:
+        raise SpecdecError(f"{path} records no sweep settings (made before they were recorded)", "run the sweep again without --reuse-sweep")
+    for key, value in settings.items():
+        if recorded.get(key) != value:
+            raise SpecdecError(f"{path} was swept with {key} = {json.dumps(recorded.get(key))}, this run has {json.dumps(value)}",
+                               "run with the same settings, or without --reuse-sweep")
+
+
+# ---------------------------------------------------------------------------- the sweep
+
+
+def point_record(B: int, mech: str, quant: str, D: int, measured: dict, ratio: float, prediction) -> dict:
+    """One swept point: raw measurement, its speed-scaled tokens/s, the cost model's prediction."""
+    return {"batch": B, "mechanism": mech, "quant": quant, "draft_len": D, "measured_tokens_per_s": measured["tokens_per_s"],
+            "measured_tokens_per_forward": measured["tokens_per_forward"], "device_speed_ratio": ratio,
+            "scaled_measured_tokens_per_s": measured["tokens_per_s"] * ratio, "predicted_tokens_per_s": prediction.tokens_per_s.value,
+            "predicted_tokens_per_forward": prediction.tokens_per_forward.value, "predicted_source": prediction.tokens_per_s.source}
+
+
+def sweep_points(batches: list[int], mechanisms: dict[str, dict]) -> list[tuple[int, str, str, int]]:
+    """(batch, mechanism, quant, D) in measuring order: per bucket, D = 0 once, then every mechanism's D = 1 .. its limit."""
+    return [(B, m, s["quant"], D) for B in batches
+            for m, s in [(NO_SPEC, {"quant": NO_SPEC, "max_draft_len": 0}), *mechanisms.items()]
+            for D in ([0] if m == NO_SPEC else range(1, s["max_draft_len"] + 1))]
+
+
+# ---------------------------------------------------------------------------- decisions and fidelity (pure: no model)
+
+
+def _key(B: int, mech: str, D: int) -> tuple[int, str, int]:
+    return (B, NO_SPEC, 0) if D == 0 else (B, mech, D)
+
+
+def decisions(points: list[dict], schedule: list[list[int]], plan_mech: str, default_k: int, figure: str) -> tuple[list[dict], dict]:
+    """Per bucket: no speculation, best single (mechanism, D), engine default K, plan, oracle, on one tokens/s figure
+    of the points (`measured_tokens_per_s` or `scaled_measured_tokens_per_s`). Also the D-only oracle (the plan's
+    mechanism's best D), which shows how much of a gap is the D and how much the mechanism."""
+    tps = {_key(p["batch"], p["mechanism"], p["draft_len"]): p[figure] for p in points}
+    configs = sorted({(m, D) for _, m, D in tps})
+    batches = [B for B, _ in schedule]
+    # the best single config, as a hand sweep finds it: highest mean speedup over no speculation, then the shorter D
+    single = max((c for c in configs if all((B, *c) in tps for B in batches)),
+                 key=lambda c: (statistics.mean(tps[(B, *c)] / tps[(B, NO_SPEC, 0)] for B in batches), -c[1]))
+    rows = []
+    for B, plan_D in schedule:
+        here = [(m, D) for m, D in configs if (B, m, D) in tps]
+        oracle = max(here, key=lambda c: (tps[(B, *c)], -c[1]))
+        own = max((c for c in here if c[0] in (plan_mech, NO_SPEC)), key=lambda c: (tps[(B, *c)], -c[1]))
+        default = _key(B, plan_mech, default_k)
+        t = {"no_spec": tps[(B, NO_SPEC, 0)], "single_d": tps[(B, *single)], "engine_default": tps[default],
+             "plan": tps[_key(B, plan_mech, plan_D)], "d_only_oracle": tps[(B, *own)], "oracle": tps[(B, *oracle)]}
+        rows.append({"batch": B, "plan_mechanism": plan_mech if plan_D else NO_SPEC, "plan_draft_len": plan_D,
+                     "oracle_mechanism": oracle[0], "oracle_draft_len": oracle[1], "d_only_oracle_draft_len": own[1],
+                     "single_mechanism": single[0], "single_draft_len": single[1], "default_draft_len": default_k, "tokens_per_s": t,
+                     "vs_oracle": {k: v / t["oracle"] for k, v in t.items()}, "vs_no_spec": {k: v / t["no_spec"] for k, v in t.items()}})
+    return rows, {"mechanism": single[0], "draft_len": single[1]}
+
+
+def _errors(points: list[dict], predicted: str, measured: str) -> dict:
+    """Median and worst relative error (%) of `predicted` against `measured` over `points` (None when there are none)."""
+    errs = [_rel_err(p[predicted], p[measured]) for p in points]
+    return {"median": 100 * statistics.median(errs), "worst": 100 * max(errs)} if errs else {"median": None, "worst": None}
+
+
+def fidelity_of(points: list[dict]) -> dict:
+    """The cost model against the measurements: tokens/s on raw and on speed-scaled figures, tokens per forward
+    over the points that speculate (at D = 0 both are 1 by construction)."""
+    raw, scaled = _errors(points, "predicted_tokens_per_s", "measured_tokens_per_s"), _errors(points, "predicted_tokens_per_s", "scaled_measured_tokens_per_s")
+    tpf = _errors([p for p in points if p["draft_len"] > 0], "predicted_tokens_per_forward", "measured_tokens_per_forward")
+    return {"points": len(points), "tokens_per_s_median_err_pct": raw["median"], "tokens_per_s_worst_err_pct": raw["worst"],
+            "tokens_per_forward_median_err_pct": tpf["median"], "tokens_per_forward_worst_err_pct": tpf["worst"],
+            "scaled": {"tokens_per_s_median_err_pct": scaled["median"], "tokens_per_s_worst_err_pct": scaled["worst"]}}
+
+
+def summarize(points: list[dict], schedule: list[list[int]], plan_mech: str, default_k: int) -> dict:
+    """Everything the result says about the sweep: decisions per bucket (raw, with `scaled` beside), the best single
+    config, the cost model's fidelity (over all points, per mechanism, at the plan's points) and the targets."""
+    raw_rows, raw_single = decisions(points, schedule, plan_mech, default_k, "measured_tokens_per_s")
+    scaled_rows, scaled_single = decisions(points, schedule, plan_mech, default_k, "scaled_measured_tokens_per_s")
+    decided = ("oracle_mechanism", "oracle_draft_len", "d_only_oracle_draft_len", "single_mechanism", "single_draft_len",
+               "tokens_per_s", "vs_oracle", "vs_no_spec")
+    for row, scaled in zip(raw_rows, scaled_rows):
+        row["scaled"] = {k: scaled[k] for k in decided}
+    by_point = {_key(p["batch"], p["mechanism"], p["draft_len"]): p for p in points}
+    plan_points = [by_point[_key(B, plan_mech, D)] for B, D in schedule]
+    fidelity = fidelity_of(points)
+    fidelity["by_mechanism"] = {m: fidelity_of([p for p in points if p["mechanism"] == m]) for m in sorted({p["mechanism"] for p in points})}
+    fidelity["plan_tokens_per_s_err_pct"] = [100 * _rel_err(p["predicted_tokens_per_s"], p["measured_tokens_per_s"]) for p in plan_points]
+    fidelity["scaled"]["plan_tokens_per_s_err_pct"] = [100 * _rel_err(p["predicted_tokens_per_s"], p["scaled_measured_tokens_per_s"])
+                                                       for p in plan_points]
+    ratios = [p["device_speed_ratio"] for p in points]
+    fidelity["device_speed_ratio_range"] = [min(ratios), max(ratios)]
+
+    def targets(rows: list[dict]) -> dict:
+        mean_ratio = lambda key: statistics.mean(r["vs_no_spec"][key] for r in rows)  # noqa: E731
+        return {"plan_min_vs_oracle": min(r["vs_oracle"]["plan"] for r in rows), "plan_mean_speedup": mean_ratio("plan"),
+                "single_d_mean_speedup": mean_ratio("single_d"), "plan_beats_single_d": mean_ratio("plan") > mean_ratio("single_d")}
+
+    return {"buckets": raw_rows, "best_single_measured": raw_single | {"scaled": scaled_single}, "fidelity": fidelity,
+            "targets": targets(raw_rows) | {"scaled": targets(scaled_rows)}}
+
+
+def _config(mech: str, D: int) -> str:
+    return "no spec" if D == 0 else f"{mech} D={D}"
+
+
+def check_bounds(result: dict, min_vs_oracle: float = 0.8, max_median_err_pct: float = 25.0, figures: str = "raw") -> list[str]:
+    """What breaks the bounds a tuned plan should keep, on the raw figures (or `figures="scaled"`): the plan at
+    least `min_vs_oracle` of the oracle in every bucket, the cost model's median tokens/s error below
+    `max_median_err_pct`. One line per violation, naming the bucket and the configs; [] when none."""
+    pick = (lambda d: d) if figures == "raw" else (lambda d: d["scaled"])
+    out = []
+    for r in result["buckets"]:
+        row = pick(r)
+        if row["vs_oracle"]["plan"] < min_vs_oracle:
+            out.append(f"batch {r['batch']}: the plan ({_config(r['plan_mechanism'], r['plan_draft_len'])}) reaches {100 * row['vs_oracle']['plan']:.1f}% "
+                       f"of the oracle ({_config(row['oracle_mechanism'], row['oracle_draft_len'])}; {row['tokens_per_s']['plan']:.1f} against "
+                       f"{row['tokens_per_s']['oracle']:.1f} tok/s, {figures}), below {100 * min_vs_oracle:.0f}%")
+    err = pick(result["fidelity"])["tokens_per_s_median_err_pct"]
+    if err >= max_median_err_pct:
+        out.append(f"cost model: median tokens/s error {err:.1f}% over {result['fidelity']['points']} points ({figures}) is not below {max_median_err_pct:g}%")
+    return out
+
+
+# ---------------------------------------------------------------------------- the run
+
+
 def run(args) -> dict:
     profile = load_profile(args.profile)
+    profile_sha256, dtype = sha256_file(args.profile), profile.device.get("dtype", "auto")
+    reused = json.loads(args.reuse_sweep.read_text()) if args.reuse_sweep else None
+    if reused:  # what the command line sets is checked before the search and the model load
+        check_reuse(reused, sweep_settings(args, profile_sha256, dtype), args.reuse_sweep)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        plan = search(profile, sha256_file(args.profile), SearchSettings(seed=args.seed, out_dir=Path(tmp)))
+        plan = search(profile, profile_sha256, SearchSettings(seed=args.seed, out_dir=Path(tmp)))
     search_s = time.perf_counter() - started
     buckets = [b for b in plan["buckets"] if b["batch"] <= args.max_batch]
-    d_max = min(args.max_draft_len, profile.workload.max_draft_len)
-    mech, quant = plan["mechanism"], plan["quant"]
-    cost = CostModel(profile, ctx=plan["ctx"])
-    target = load_model(profile.target["path"], dtype=profile.device.get("dtype", "auto"))
-    drafter = plan_drafter(plan, profile, target)
-    pool = context_prompts(target, plan["ctx"], args.new_tokens, d_max, "held_back")
-    if len(pool) < max(args.rows, *(b["batch"] for b in buckets)):
-        raise SpecdecError(f"only {len(pool)} held-back prompts reach the context {plan['ctx']}", "use fewer or smaller batches")
-    sweep: dict = {}
-    speed = DeviceSpeed(target, profile, plan["ctx"], args.seed)
-    reused = json.loads(args.reuse_sweep.read_text()) if args.reuse_sweep else None
-    measured = {(p["batch"], p["draft_len"]): p for p in reused["sweep"]} if reused else {}
-
-    def oracle_sweep() -> None:
-        for b in buckets:
-            B = b["batch"]
-            for D in range(d_max + 1):
-                if (B, D) in measured:  # measured before, by this script: the measurements do not depend on the model
-                    old = measured[(B, D)]
-                    m = {"tokens_per_s": old["measured_tokens_per_s"], "tokens_per_forward": old["measured_tokens_per_forward"]}
-                    ratio = old.get("device_speed_ratio", 1.0)
-                else:
-                    rows = max(B, args.rows)  # small batches decode several batches, so that AL is not one prompt's
-                    # the device's speed against profile time, probed around each point (shared machines drift)
-                    m, ratio = speed.measure(lambda: measure_decode(target, drafter, pool[:rows], D, args.new_tokens, args.repeats, args.seed,
-                                                                    batch_size=B))
-                p = cost.predict(B, D, mech, quant)
-                sweep[(B, D)] = {"batch": B, "draft_len": D, "measured_tokens_per_s": m["tokens_per_s"],
-                                 "measured_tokens_per_forward": m["tokens_per_forward"], "predicted_tokens_per_s": p.tokens_per_s.value,
-                                 "predicted_tokens_per_forward": p.tokens_per_forward.value, "predicted_source": p.tokens_per_s.source,
-                                 "device_speed_ratio": ratio, "predicted_at_current_speed_tokens_per_s": p.tokens_per_s.value / ratio}
-                print(f"  B={B:3d} D={D:2d}: measured {m['tokens_per_s']:8.1f} tok/s (predicted {p.tokens_per_s.value:8.1f}), "
-                      f"tokens/forward {m['tokens_per_forward']:.3f} (predicted {p.tokens_per_forward.value:.3f})", file=sys.stderr, flush=True)
-
-    _, calls, sweep_s = counted(oracle_sweep)
-    sweep_forwards = calls[len(target.model.layers)]
-    if reused:  # the sweep's cost is the one its measurement took
-        sweep_s, sweep_forwards = reused["cost"]["oracle_sweep_s"], reused["cost"]["oracle_sweep_target_forwards"]
     batches = [b["batch"] for b in buckets]
-    # decisions are compared at one device speed: each point's measurement scaled to the speed at profile time
-    # (the machine drifts by 10-20% over the sweep; points minutes apart would otherwise compare the drift)
-    tps = lambda B, D: sweep[(B, D)]["measured_tokens_per_s"] * sweep[(B, D)]["device_speed_ratio"]  # noqa: E731
-    single = max(range(d_max + 1), key=lambda D: (statistics.mean(tps(B, D) / tps(B, 0) for B in batches), -D))
-    default_k = min(ENGINE_DEFAULT_K.get(mech, 3), d_max)
-    rows = []
-    for b in buckets:
-        B = b["batch"]
-        plan_D = min(b["draft_len"], d_max)
-        oracle_D = max(range(d_max + 1), key=lambda D: tps(B, D))
-        row = {"batch": B, "plan_draft_len": plan_D, "oracle_draft_len": oracle_D, "single_draft_len": single, "default_draft_len": default_k,
-               "tokens_per_s": {"no_spec": tps(B, 0), "single_d": tps(B, single), "engine_default": tps(B, default_k), "plan": tps(B, plan_D),
-                                "oracle": tps(B, oracle_D)}}
-        row["vs_oracle"] = {k: v / row["tokens_per_s"]["oracle"] for k, v in row["tokens_per_s"].items()}
-        row["vs_no_spec"] = {k: v / row["tokens_per_s"]["no_spec"] for k, v in row["tokens_per_s"].items()}
-        rows.append(row)
-    points = list(sweep.values())
-    tps_err = [_rel_err(p["predicted_at_current_speed_tokens_per_s"], p["measured_tokens_per_s"]) for p in points]
-    raw_err = [_rel_err(p["predicted_tokens_per_s"], p["measured_tokens_per_s"]) for p in points]
-    al_err = [_rel_err(p["predicted_tokens_per_forward"], p["measured_tokens_per_forward"]) for p in points]
-    plan_points = [sweep[(r["batch"], r["plan_draft_len"])] for r in rows]
-    mean_ratio = lambda key: statistics.mean(r["vs_no_spec"][key] for r in rows)  # noqa: E731
+    cost = CostModel(profile, ctx=plan["ctx"])
+    cap = min(args.max_draft_len, profile.workload.max_draft_len)
+    mechanisms = swept_mechanisms(profile, cost, plan, batches, args.mechanisms, args.max_mechanisms, cap)
+    mech, quant = plan["mechanism"], plan["quant"]
+    target = load_model(profile.target["path"], dtype=dtype)
+    pool = context_prompts(target, plan["ctx"], args.new_tokens, max(s["max_draft_len"] for s in mechanisms.values()), "held_back")
+    if len(pool) < max(args.rows, *batches):
+        raise SpecdecError(f"only {len(pool)} held-back prompts reach the context {plan['ctx']}", "use fewer or smaller batches")
+    pool = pool[: max(args.rows, *batches)]
+    settings = sweep_settings(args, profile_sha256, dtype, ctx=plan["ctx"], batches=batches, mechanisms=mechanisms,
+                              held_back_prompts_sha256=sha256_json(pool))
+    if reused:
+        check_reuse(reused, settings, args.reuse_sweep)
+    speed = DeviceSpeed(target, profile, plan["ctx"], args.seed)
+    counter = ForwardCounter()
+    measured_before = {(p["batch"], p["mechanism"], p["draft_len"]): p for p in reused["sweep"]} if reused else {}
+    drafters: dict = {}
+
+    def measure(B: int, m: str, q: str, D: int) -> tuple[dict, float]:
+        if m != NO_SPEC and m not in drafters:
+            drafters[m] = plan_drafter({"mechanism": m, "quant": q}, profile, target)
+        rows = max(B, args.rows)  # small batches decode several batches, so that AL is not one prompt's
+
+        def decode() -> dict:
+            with counter.active():  # the decodes' forwards only: the speed probes around them are not the sweep's
+                return measure_decode(target, drafters.get(m), pool[:rows], D, args.new_tokens, args.repeats, args.seed, batch_size=B)
+
+        return speed.measure(decode)  # the device's speed against profile time, probed around the point
+
+    points = []
+    sweep_started = time.perf_counter()
+    for B, m, q, D in sweep_points(batches, mechanisms):
+        old = measured_before.get((B, m, D))  # the settings matched: every point was measured, by this script
+        meas, ratio = ({"tokens_per_s": old["measured_tokens_per_s"], "tokens_per_forward": old["measured_tokens_per_forward"]},
+                       old["device_speed_ratio"]) if old else measure(B, m, q, D)
+        p = point_record(B, m, q, D, meas, ratio, cost.predict(B, D, m, q))
+        points.append(p)
+        print(f"  B={B:3d} {m:>12s} D={D:2d}: measured {p['measured_tokens_per_s']:8.1f} tok/s (scaled {p['scaled_measured_tokens_per_s']:8.1f}, "
+              f"predicted {p['predicted_tokens_per_s']:8.1f}), tokens/forward {p['measured_tokens_per_forward']:.3f} "
+              f"(predicted {p['predicted_tokens_per_forward']:.3f})", file=sys.stderr, flush=True)
+    counts = counter.summary(len(target.model.layers))
+    sweep_cost = {"oracle_sweep_s": time.perf_counter() - sweep_started, "oracle_sweep_target_forwards": counts["target_forwards"],
+                  "oracle_sweep_drafter_forwards": counts["drafter_forwards"]}
+    if reused:  # the sweep's cost is the one its measurement took
+        sweep_cost = {k: reused["cost"][k] for k in sweep_cost}
+    schedule = [[b["batch"], min(b["draft_len"], mechanisms[mech]["max_draft_len"])] for b in buckets]
+    default_k = min(ENGINE_DEFAULT_K.get(mech, 3), mechanisms[mech]["max_draft_len"])
     return {
         "source": "measured", "profile": shown(args.profile), "device": profile.device.get("name"), "dtype": profile.device.get("dtype"),
-        "mechanism": mech, "quant": quant, "ctx": plan["ctx"], "split": "held_back", "new_tokens": args.new_tokens, "repeats": args.repeats, "rows": args.rows,
-        "max_draft_len": d_max, "engine_default_k": default_k, "best_single_draft_len_measured": single,
-        "plan_schedule": [[b["batch"], b["draft_len"]] for b in buckets], "buckets": rows, "sweep": points,
+        "mechanism": mech, "quant": quant, "ctx": plan["ctx"], "split": "held_back", "new_tokens": args.new_tokens, "repeats": args.repeats,
+        "rows": args.rows, "max_draft_len": cap, "oracle_kind": ORACLE_KINDS[args.mechanisms], "mechanisms_swept": mechanisms,
+        "engine_default_k": default_k, "plan_schedule": [[b["batch"], b["draft_len"]] for b in buckets],
+        "plan_schedule_measured": schedule, "figures": "raw measured tokens/s; `scaled` beside them: see scaling",
+        "scaling": {"method": SCALING.format(ctx=plan["ctx"]), "probe_ms_at_profile_time": speed.profiled_ms,
+                    "applied": speed.profiled_ms is not None, "why_not": speed.why},
         "measured_rounds": "rounds with every row of the batch decoding (a continuously batched server's steady state)",
-        "fidelity": {"tokens_per_s_median_err_pct": 100 * statistics.median(tps_err), "tokens_per_s_worst_err_pct": 100 * max(tps_err),
-                     "unscaled_tokens_per_s_median_err_pct": 100 * statistics.median(raw_err), "unscaled_tokens_per_s_worst_err_pct": 100 * max(raw_err),
-                     "device_speed_ratio_range": [min(p["device_speed_ratio"] for p in points), max(p["device_speed_ratio"] for p in points)],
-                     "tokens_per_forward_median_err_pct": 100 * statistics.median(al_err), "tokens_per_forward_worst_err_pct": 100 * max(al_err),
-                     "plan_tokens_per_s_err_pct": [100 * _rel_err(p["predicted_at_current_speed_tokens_per_s"], p["measured_tokens_per_s"])
-                                                   for p in plan_points]},
-        "targets": {"plan_min_vs_oracle": min(r["vs_oracle"]["plan"] for r in rows), "plan_mean_speedup": mean_ratio("plan"),
-                    "single_d_mean_speedup": mean_ratio("single_d"), "plan_beats_single_d": mean_ratio("plan") > mean_ratio("single_d")},
-        "sweep_reused_from": shown(args.reuse_sweep),
-        "cost": {"search_s": search_s, "oracle_sweep_s": sweep_s, "oracle_sweep_target_forwards": sweep_forwards},
+        **summarize(points, schedule, mech, default_k), "sweep": points,
+        "settings": settings, "sweep_settings_hash": sha256_json(settings),
+        "sweep_reused_from": {"path": shown(args.reuse_sweep), "sha256": sha256_file(args.reuse_sweep)} if reused else None,
+        "cost": {"search_s": search_s, **sweep_cost,
+                 "forwards_counted": {k: v for k, v in FORWARDS_COUNTED.items() if k == "target" or set(k.split(", ")) & {*mechanisms}}},
     }
 
 
+# ---------------------------------------------------------------------------- the table
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1f}%"
+
+
 def table(result: dict) -> str:
-    lines = [f"decision quality (measured decode tokens/s at the profile's device speed; predictions from the cost model): {result['mechanism']} on {result['device']} ({result['dtype']}), held-back prompts, ctx {result['ctx']}, "
+    mechs = ", ".join(sorted(result["mechanisms_swept"], key=lambda m: m != result["mechanism"]))  # the plan's first
+    oracle = (f"oracle over every profiled mechanism x D ({mechs})" if result["oracle_kind"] == ORACLE_KINDS["all"]
+              else f"D-only oracle (the plan's mechanism, {mechs})")
+    lines = [f"decision quality, {oracle}: raw measured decode tokens/s first, speed-scaled beside them; predictions from the cost model. "
+             f"Plan: {result['mechanism']} on {result['device']} ({result['dtype']}), held-back prompts, ctx {result['ctx']}, "
              f"{result['new_tokens']} new tokens, at least {result['rows']} prompts per point, median of {result['repeats']} after a warm-up",
-             "| batch | plan D | oracle D | no spec | single D | engine default | plan | oracle | plan / oracle | plan / no spec |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| batch | plan | oracle | no spec | best single | engine default | plan tok/s | oracle tok/s | plan / oracle | plan / no spec "
+             "| scaled: oracle | scaled: plan / oracle | scaled: plan / no spec |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["buckets"]:
-        t = r["tokens_per_s"]
-        lines.append(f"| {r['batch']} | {r['plan_draft_len']} | {r['oracle_draft_len']} | {t['no_spec']:.0f} | {t['single_d']:.0f} (D={r['single_draft_len']}) | "
-                     f"{t['engine_default']:.0f} (D={r['default_draft_len']}) | {t['plan']:.0f} | {t['oracle']:.0f} | {r['vs_oracle']['plan']:.3f} | "
-                     f"{r['vs_no_spec']['plan']:.3f} |")
-    f, g = result["fidelity"], result["targets"]
+        t, s = r["tokens_per_s"], r["scaled"]
+        lines.append(f"| {r['batch']} | {_config(r['plan_mechanism'], r['plan_draft_len'])} | {_config(r['oracle_mechanism'], r['oracle_draft_len'])} "
+                     f"| {t['no_spec']:.0f} | {t['single_d']:.0f} ({_config(r['single_mechanism'], r['single_draft_len'])}) "
+                     f"| {t['engine_default']:.0f} (D={r['default_draft_len']}) | {t['plan']:.0f} | {t['oracle']:.0f} | {r['vs_oracle']['plan']:.3f} "
+                     f"| {r['vs_no_spec']['plan']:.3f} | {_config(s['oracle_mechanism'], s['oracle_draft_len'])} | {s['vs_oracle']['plan']:.3f} "
+                     f"| {s['vs_no_spec']['plan']:.3f} |")
+    f, g, c = result["fidelity"], result["targets"], result["cost"]
     lo, hi = f["device_speed_ratio_range"]
-    lines += ["", f"cost model vs measured over {len(result['sweep'])} points: tokens/s median {f['tokens_per_s_median_err_pct']:.1f}% "
-              f"(worst {f['tokens_per_s_worst_err_pct']:.1f}%) with predictions scaled by the device's speed now against profile time "
-              f"(x{1 / hi:.3f} to x{1 / lo:.3f}; unscaled median {f['unscaled_tokens_per_s_median_err_pct']:.1f}%, worst "
-              f"{f['unscaled_tokens_per_s_worst_err_pct']:.1f}%), tokens per forward median {f['tokens_per_forward_median_err_pct']:.1f}% "
-              f"(worst {f['tokens_per_forward_worst_err_pct']:.1f}%)",
-              f"plan at least {100 * g['plan_min_vs_oracle']:.1f}% of the oracle in every bucket; mean speedup plan {g['plan_mean_speedup']:.3f}x "
-              f"vs best single D {g['single_d_mean_speedup']:.3f}x"]
+    per_mech = "; ".join(f"{m} {_pct(x['tokens_per_s_median_err_pct'])} over {x['points']} (scaled {_pct(x['scaled']['tokens_per_s_median_err_pct'])})"
+                         for m, x in f["by_mechanism"].items())
+    reused = result["sweep_reused_from"]
+    lines += ["",
+              f"cost model vs measured over {f['points']} points, raw: tokens/s median {_pct(f['tokens_per_s_median_err_pct'])} "
+              f"(worst {_pct(f['tokens_per_s_worst_err_pct'])}); speed-scaled: median {_pct(f['scaled']['tokens_per_s_median_err_pct'])} "
+              f"(worst {_pct(f['scaled']['tokens_per_s_worst_err_pct'])}); tokens per forward (D >= 1) median "
+              f"{_pct(f['tokens_per_forward_median_err_pct'])} (worst {_pct(f['tokens_per_forward_worst_err_pct'])})",
+              f"tokens/s median error per mechanism: {per_mech}",
+              f"plan at least {100 * g['plan_min_vs_oracle']:.1f}% of the oracle in every bucket (scaled {100 * g['scaled']['plan_min_vs_oracle']:.1f}%); "
+              f"mean speedup plan {g['plan_mean_speedup']:.3f}x vs best single config {g['single_d_mean_speedup']:.3f}x "
+              f"(scaled {g['scaled']['plan_mean_speedup']:.3f}x vs {g['scaled']['single_d_mean_speedup']:.3f}x)",
+              f"scaling: {result['scaling']['method']}; factors x{lo:.3f} to x{hi:.3f}"
+              + ("" if result["scaling"]["applied"] else f" (not applied: {result['scaling']['why_not']})"),
+              f"oracle sweep: {len(result['sweep'])} points in {c['oracle_sweep_s']:.0f} s, {c['oracle_sweep_target_forwards']} target forwards, "
+              f"drafter forwards {json.dumps(c.get('oracle_sweep_drafter_forwards', {}))}"
+              + (f" (measured earlier: {reused['path']}, sha256 {reused['sha256'][:12]})" if reused else "")]
     return "\n".join(lines)
 
 
@@ -158,20 +348,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--rows", type=int, default=8, help="prompts decoded per point at least (in batches of the bucket's size)")
     ap.add_argument("--max-batch", type=int, default=1 << 30)
-    ap.add_argument("--max-draft-len", type=int, default=1 << 30)
+    ap.add_argument("--max-draft-len", type=int, default=1 << 30, help="caps every mechanism's D (each also stops at its own profiled limit)")
+    ap.add_argument("--mechanisms", choices=sorted(ORACLE_KINDS), default="all",
+                    help="all: the oracle sweeps every profiled mechanism x D; plan: the plan's mechanism alone (a D-only oracle)")
+    ap.add_argument("--max-mechanisms", type=int, default=1 << 30,
+                    help="sweep at most this many mechanisms: the plan's and the ones the cost model rates best after it")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--reuse-sweep", type=Path, default=None, help="take the measured points from an earlier result of this script "
-                    "(same profile, prompts and settings) and recompute the plan and the predictions")
-    ap.add_argument("--quick", action="store_true", help="batches up to 2, D up to 2, 8 tokens, 1 repeat")
+    ap.add_argument("--reuse-sweep", type=Path, default=None, help="take the measured points from an earlier result of this script and "
+                    "recompute the plan, the predictions and the decisions; refused unless it was swept with the same settings "
+                    "(profile, prompts, tokens, repeats, rows, seed, context, batches, mechanisms, D limits, dtype)")
+    ap.add_argument("--quick", action="store_true", help="batches up to 2, D up to 2, 8 tokens, 1 repeat, 2 prompts per point, and at most "
+                    "2 mechanisms (the plan's and the cost model's best other one)")
     args = ap.parse_args(argv)
     if args.quick:
         args.max_batch, args.max_draft_len, args.new_tokens, args.repeats, args.rows = 2, 2, 8, 1, 2
+        args.max_mechanisms = min(args.max_mechanisms, 2)
     result = run_and_write(run, args)
     if result is None:
         return 1
     text = table(result)
     args.out.with_suffix(".md").write_text(text + "\n")
     print(text)
+    violations = check_bounds(result)
+    print("bounds (plan >= 80% of the oracle in every bucket, median tokens/s error < 25%, raw figures): "
+          + ("kept" if not violations else "; ".join(violations)))
     return 0
 
 

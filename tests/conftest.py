@@ -7,7 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CLI sets it (autotune/cli.py): before torch starts its threads
+import torch  # noqa: E402
 
 # The GGUF -> safetensors conversion cache is the one normal use shares; a test that must not touch it
 # points SPECDEC_TUNE_CACHE elsewhere with monkeypatch.
