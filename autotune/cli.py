@@ -322,7 +322,7 @@ def search(
 ) -> None:
     """Choose the mechanism and draft length per batch bucket from a profile; writes OUT/plan.json."""
     from specdec_tune.autotune.search import SearchSettings, search as run_search
-    from specdec_tune.profiles.records import sha256_file
+    from specdec_tune.records import sha256_file
     from specdec_tune.profiles.schema import load_profile
 
     for name, value in (("--trials", trials), ("--min-user-tps", min_user_tps), ("--min-tps", min_tps), ("--tile-rows", tile_rows)):

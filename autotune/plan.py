@@ -24,8 +24,8 @@ import math
 from specdec_tune import __version__
 from specdec_tune.autotune.cost_model import SOURCES, Figure, Prediction, weakest
 from specdec_tune.autotune.space import Candidate, Space
-from specdec_tune.profiles.records import sha256_json
 from specdec_tune.profiles.schema import Profile
+from specdec_tune.records import sha256_json
 
 PLAN_SCHEMA_VERSION = 2
 

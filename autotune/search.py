@@ -21,8 +21,8 @@ from specdec_tune.autotune.cost_model import CostModel, normalise_mix
 from specdec_tune.autotune.plan import build_plan
 from specdec_tune.autotune.space import Candidate, Space
 from specdec_tune.autotune.study import best_of, front_of, run_study, trials_for
-from specdec_tune.profiles.records import sha256_json, write_json
 from specdec_tune.profiles.schema import Profile
+from specdec_tune.records import sha256_json, write_json
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,13 +24,13 @@ import sys
 from pathlib import Path
 
 from specdec_tune.profiles import replay
-from specdec_tune.profiles.decode_run import select_prompts
+from specdec_tune.profiles.calibration import select_prompts
 from specdec_tune.profiles.drafters import create
 from specdec_tune.profiles.models.loading import load_model
 from specdec_tune.profiles.prompts import encode_prompts
 from specdec_tune.profiles.specdec import SpecCounters, generate
 
-from common import ROOT, counted, run_and_write
+from common import ROOT, counted, run_and_write, write_table
 
 DRAFTERS = ("ngram", "suffix", "draft_model")
 
@@ -145,9 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run_and_write(run, args)
     if result is None:
         return 1
-    text = table(result)
-    args.out.with_suffix(".md").write_text(text + "\n")
-    print(text)
+    write_table(args, table(result))
     return 0 if result["all_equal"] else 1
 
 

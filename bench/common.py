@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import hashlib
-import json
 import sys
 import time
 from pathlib import Path
@@ -16,7 +14,7 @@ from specdec_tune.profiles.drafters.eagle3 import Eagle3Head
 from specdec_tune.profiles.drafters.heads import DraftHead
 from specdec_tune.profiles.drafters.mtp import MtpHead
 from specdec_tune.profiles.models.llama import CausalLM
-from specdec_tune.profiles.records import write_json
+from specdec_tune.records import write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,11 +86,6 @@ def counted(fn):
     return result, counter, time.perf_counter() - t0
 
 
-def sha256_json(value) -> str:
-    """sha256 of a JSON value in canonical form (sorted keys, no spaces): the same value gives the same hash."""
-    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
 def shown(path) -> str | None:
     """A path as a result file records it: relative to the repository when inside it, else its name."""
     if path is None:
@@ -110,3 +103,9 @@ def run_and_write(run, args) -> dict | None:
         return None
     write_json(args.out, result)
     return result
+
+
+def write_table(args, text: str) -> None:
+    """The result's short table, beside its JSON (same name, .md) and on stdout."""
+    args.out.with_suffix(".md").write_text(text + "\n")
+    print(text)

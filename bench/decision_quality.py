@@ -34,10 +34,10 @@ from specdec_tune.autotune.cost_model import CostModel
 from specdec_tune.autotune.search import SearchSettings, search
 from specdec_tune.exporters.validate import DeviceSpeed, context_prompts, measure_decode, plan_drafter
 from specdec_tune.profiles.models.loading import load_model
-from specdec_tune.profiles.records import sha256_file
 from specdec_tune.profiles.schema import load_profile
+from specdec_tune.records import sha256_file, sha256_json
 
-from common import FORWARDS_COUNTED, ROOT, ForwardCounter, run_and_write, sha256_json, shown
+from common import FORWARDS_COUNTED, ROOT, ForwardCounter, run_and_write, shown, write_table
 
 # The K engines run when a user sets none or copies the docs' example: vLLM's n-gram and draft-model examples
 # use 5; suffix decoding defaults K to its tree depth (24); EAGLE-3 examples use 3; MTP defaults to its layer count (1).
@@ -366,9 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run_and_write(run, args)
     if result is None:
         return 1
-    text = table(result)
-    args.out.with_suffix(".md").write_text(text + "\n")
-    print(text)
+    write_table(args, table(result))
     violations = check_bounds(result)
     print("bounds (plan >= 80% of the oracle in every bucket, median tokens/s error < 25%, raw figures): "
           + ("kept" if not violations else "; ".join(violations)))

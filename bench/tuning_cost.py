@@ -23,7 +23,7 @@ from pathlib import Path
 
 from specdec_tune.autotune.search import SearchSettings, search
 from specdec_tune.profiles.profiler import Profiler, ProfileSettings
-from specdec_tune.profiles.records import sha256_file
+from specdec_tune.records import sha256_file
 
 from common import FORWARDS_COUNTED, ROOT, counted, run_and_write
 

@@ -435,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from specdec_tune.profiles.decode_run import select_prompts
+    from specdec_tune.profiles.calibration import select_prompts
     from specdec_tune.profiles.models.loading import load_model
     from specdec_tune.profiles.prompts import encode_prompts
 

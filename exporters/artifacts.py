@@ -1,6 +1,6 @@
 """What the bundle carries besides engine configs: the tuned Triton kernels for the plan's shapes (AOT cubins
 per target architecture, `kernels.aot`) and, for a drafter with its own network, its ONNX graph with the
-onnxruntime parity check and a TensorRT engine or the command that builds one (`kernels.onnx_export`)."""
+onnxruntime parity check and a TensorRT engine or the command that builds one (`exporters.onnx_export`)."""
 
 from __future__ import annotations
 
@@ -20,11 +20,21 @@ def ship_kernels(plan: dict, profile, staging: Path) -> dict:
     import torch
 
     from specdec_tune.kernels import aot
-    from specdec_tune.kernels.autotune import ModelShapes
 
     device = torch.device("cuda") if torch.cuda.is_available() and not plan["device"].get("projected_from") else None
     dtype = {"float32": "float32", "float16": "float16"}.get(profile.target.get("dtype"), "bfloat16")
-    return aot.build_bundle_kernels(plan, staging, TARGET_ARCHS, shapes=ModelShapes.from_target(profile.target["path"]), dtype=dtype, device=device)
+    return aot.build_bundle_kernels(plan, staging, TARGET_ARCHS, shapes=target_shapes(profile.target["path"]), dtype=dtype, device=device)
+
+
+def target_shapes(path: str):
+    """The kernels' view of the target (`kernels.autotune.ModelShapes`) from its config (a Hugging Face folder or GGUF, as
+    `profile.target["path"]` names it); no weights are read."""
+    from specdec_tune.kernels.autotune import ModelShapes
+    from specdec_tune.profiles.models.llama import ModelConfig
+    from specdec_tune.profiles.models.loading import model_folder
+
+    _, _, config, _ = model_folder(path)
+    return ModelShapes.from_model_config(ModelConfig.from_hf(config))
 
 
 def ship_drafter_onnx(plan: dict, profile, staging: Path) -> dict:
@@ -43,12 +53,12 @@ def ship_drafter_onnx(plan: dict, profile, staging: Path) -> dict:
     cases = [(1, 1, 1), (3, 1 + D, ctx // 2), (min(plan["max_batch"], 4), 2, ctx)]
     try:
         if isinstance(network, CausalLM):
-            from specdec_tune.kernels.onnx_export import export_drafter
+            from specdec_tune.exporters.onnx_export import export_drafter
 
             return export_drafter(network, staging / "drafter", name=plan["mechanism"], max_batch=plan["max_batch"], max_draft_len=D,
                                   ctx=ctx, quant=plan["quant"], with_plain=False, parity_cases=cases)
-        if head is not None:  # a learned head: its per-round graphs (kernels.onnx_heads)
-            from specdec_tune.kernels.onnx_heads import export_head
+        if head is not None:  # a learned head: its per-round graphs (exporters.onnx_heads)
+            from specdec_tune.exporters.onnx_heads import export_head
 
             return export_head(head, staging / "drafter", name=plan["mechanism"], max_batch=plan["max_batch"], max_draft_len=D, ctx=ctx,
                                quant=plan["quant"], parity_cases=cases)

@@ -39,8 +39,8 @@ from specdec_tune.exporters.validate import (MeasureSettings, check_document, fa
                                              throughput_check, throughput_refusal)
 from specdec_tune.exporters.versions import DEFAULT_VERSIONS, parse_version
 from specdec_tune.profiles.fingerprint import triton_version
-from specdec_tune.profiles.records import read_json, sha256_file, sha256_json, write_json
 from specdec_tune.profiles.schema import Profile, load_profile
+from specdec_tune.records import read_json, sha256_file, sha256_json, write_json
 
 BUNDLE_SCHEMA_VERSION = 1
 PLAN_SCHEMA_VERSIONS = (2,)

@@ -55,7 +55,7 @@ class MeasureSettings:
 
 
 def _prompts(target, n: int, new_tokens: int, max_draft: int, split: str = "held_back") -> list[list[int]]:
-    from specdec_tune.profiles.decode_run import select_prompts
+    from specdec_tune.profiles.calibration import select_prompts
     from specdec_tune.profiles.prompts import encode_prompts
 
     chosen = select_prompts("default", split, n)

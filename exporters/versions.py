@@ -13,8 +13,9 @@ import dataclasses
 from packaging.version import InvalidVersion, Version
 
 from specdec_tune import SpecdecError
+from specdec_tune.profiles.drafters.speculators_layout import DEFAULT_VERSION as SPECULATORS_DEFAULT
 
-DEFAULT_VERSIONS = {"vllm": "0.32.0", "trtllm": "1.3.0", "sglang": "0.5.9", "speculators": "0.3.0"}
+DEFAULT_VERSIONS = {"vllm": "0.32.0", "trtllm": "1.3.0", "sglang": "0.5.9", "speculators": SPECULATORS_DEFAULT}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,7 +33,8 @@ import triton
 import triton.language as tl
 
 from specdec_tune import SpecdecError
-from specdec_tune.kernels.autotune import next_pow2, vocab_bucket
+from specdec_tune.kernels.buckets import next_pow2, vocab_bucket
+from specdec_tune.kernels.greedy import verify_greedy
 
 KERNELS = ("greedy_accept", "rejection_sample")
 KEY = ("vocab_bucket",)
@@ -187,9 +188,7 @@ def rejection_sample_kernel(
 
 
 def greedy_accept_ref(logits: torch.Tensor, drafts: torch.Tensor, draft_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reference loop's own greedy rule (profiles.specdec.verify_greedy)."""
-    from specdec_tune.profiles.specdec import verify_greedy
-
+    """The reference loop's own greedy rule (kernels.greedy.verify_greedy, which profiles.specdec applies)."""
     return verify_greedy(logits, drafts, draft_lens)
 
 

@@ -27,10 +27,10 @@ import math
 from pathlib import Path
 
 from specdec_tune import SpecdecError
-from specdec_tune.profiles.records import read_json, write_json
+from specdec_tune.kernels.buckets import DEFAULT_TILE_ROWS, kv_bucket, next_pow2, rows_bucket, vocab_bucket  # noqa: F401  (the table's keys)
+from specdec_tune.records import read_json, write_json
 
 KERNEL_TABLE_SCHEMA_VERSION = 1
-DEFAULT_TILE_ROWS = 128  # rows of one tensor-core attention tile on current NVIDIA parts (guideline 3)
 
 # kernel name -> the module that holds its kernel, reference, CONFIGS, prune, tile_rule and bench
 TUNED_KERNELS = {
@@ -38,28 +38,6 @@ TUNED_KERNELS = {
     "greedy_accept": "specdec_tune.kernels.acceptance",
     "rejection_sample": "specdec_tune.kernels.acceptance",
 }
-
-
-# ---------------------------------------------------------------------------------------- buckets
-
-
-def next_pow2(x: int) -> int:
-    return 1 << max(int(x) - 1, 0).bit_length()
-
-
-def rows_bucket(rows: int, tile_rows: int = DEFAULT_TILE_ROWS) -> int:
-    """G·(1+D) against the tile: the next power of two while it fits one tile, whole tiles above."""
-    if rows <= tile_rows:
-        return min(next_pow2(rows), tile_rows)
-    return math.ceil(rows / tile_rows) * tile_rows
-
-
-def kv_bucket(kv_len: int) -> int:
-    return next_pow2(max(kv_len, 16))
-
-
-def vocab_bucket(vocab_size: int) -> int:
-    return next_pow2(vocab_size)
 
 
 def kernel_module(kernel: str):
@@ -96,15 +74,6 @@ class ModelShapes:
     def from_model_config(cls, config) -> ModelShapes:
         """From a `profiles.models.llama.ModelConfig`."""
         return cls(config.num_heads, config.num_kv_heads, config.head_dim, config.vocab_size)
-
-    @classmethod
-    def from_target(cls, path: str) -> ModelShapes:
-        """From the target's config (a Hugging Face folder or GGUF, as `profile.target["path"]` names it); no weights are read."""
-        from specdec_tune.profiles.models.llama import ModelConfig
-        from specdec_tune.profiles.models.loading import model_folder
-
-        _, _, config, _ = model_folder(path)
-        return cls.from_model_config(ModelConfig.from_hf(config))
 
 
 def tile_rows_of(plan: dict) -> int:

@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 
 from specdec_tune import SpecdecError
-from specdec_tune.kernels.autotune import kv_bucket, next_pow2, rows_bucket
+from specdec_tune.kernels.buckets import kv_bucket, next_pow2, rows_bucket
 
 KERNEL = "verify_attention"
 KEY = ("rows_bucket", "head_dim", "kv_bucket")  # G·(1+D) bucket against the tile, head dim, KV-length bucket

@@ -286,3 +286,12 @@ def _load_user(path: Path) -> CalibrationSet:
 
 
 __all__ = ["BUILTIN_SETS", "HUMANEVAL_DOMAIN", "CalibrationPrompt", "CalibrationSet", "load_calibration"]
+
+
+def select_prompts(spec: str, split: str, n: int) -> CalibrationSet:
+    """The first n prompts (spread over domains by `take`) of a calibration set's split: profile, held_back or all."""
+    full = load_calibration(spec)
+    if split == "all":
+        return full.take(n)
+    profile_part, held_back = full.split()
+    return (profile_part if split == "profile" else held_back).take(n)

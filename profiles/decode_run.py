@@ -7,7 +7,7 @@ import dataclasses
 import torch
 
 from specdec_tune import SpecdecError
-from specdec_tune.profiles.calibration import CalibrationSet, load_calibration
+from specdec_tune.profiles.calibration import select_prompts
 from specdec_tune.profiles.drafters import available, create
 from specdec_tune.profiles.models.loading import LoadedModel, load_model
 from specdec_tune.profiles.prompts import encode_prompts
@@ -48,14 +48,6 @@ class DecodeSettings:
         if self.check_lossless and self.drafter is None:
             raise SpecdecError("--check-lossless needs a drafter: without one it compares plain decoding with plain decoding",
                                "add --drafter ngram (or another drafter)")
-
-
-def select_prompts(spec: str, split: str, n: int) -> CalibrationSet:
-    full = load_calibration(spec)
-    if split == "all":
-        return full.take(n)
-    profile_part, held_back = full.split()
-    return (profile_part if split == "profile" else held_back).take(n)
 
 
 def decode_prompts(target: LoadedModel, token_ids: list[list[int]], batch_size: int, **kwargs):

@@ -33,19 +33,18 @@ import numpy as np
 import torch
 
 from specdec_tune import SpecdecError, __version__
-from specdec_tune.profiles import micro
-from specdec_tune.profiles import replay
+from specdec_tune.profiles import micro, replay
 from specdec_tune.profiles.calibration import CalibrationPrompt, CalibrationSet, load_calibration
 from specdec_tune.profiles.drafters import Drafter, DraftRequest, create
 from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint, resolve_device
+from specdec_tune.profiles.intervals import median_interval, monotone_fit, moved_beyond_interval
 from specdec_tune.profiles.models.loading import LoadedModel, load_model, model_folder, weights_hash
 from specdec_tune.profiles.prompts import encode_prompts
-from specdec_tune.profiles.records import sha256_json, write_json
 from specdec_tune.profiles.schema import SCHEMA_VERSION, Profile, load_profile
 from specdec_tune.profiles.specdec import SpecCounters, generate
 from specdec_tune.profiles.store import MeasurementLog
-from specdec_tune.profiles.intervals import median_interval, monotone_fit, moved_beyond_interval
 from specdec_tune.profiles.timing import SpeedGuard, Timing, is_out_of_memory, time_call
+from specdec_tune.records import sha256_json, write_json
 
 BOOTSTRAP_RESAMPLES = 1000
 GROWTH_STEP = 4  # prompts added per domain and round while its acceptance interval is wide

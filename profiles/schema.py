@@ -12,7 +12,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from specdec_tune import SpecdecError
-from specdec_tune.profiles.records import read_json
+from specdec_tune.records import read_json
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # version 1: no intervals, no monotone fit (its figures load as they were recorded)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -51,20 +52,19 @@ import torch
 import torch.nn.functional as F
 
 from specdec_tune import SpecdecError
-from specdec_tune.profiles.calibration import load_calibration
-from specdec_tune.profiles.decode_run import select_prompts
+from specdec_tune.profiles.calibration import load_calibration, select_prompts
 from specdec_tune.profiles.drafters.base import _REGISTRY
-from specdec_tune.profiles.drafters.checkpoints import DSPARK_DEMO_RANK, save_head
+from specdec_tune.profiles.drafters.checkpoints import DSPARK_DEMO_RANK, resolve_head, save_head
 from specdec_tune.profiles.drafters.dflash import DFlashHead, default_mask_token, new_dflash_head
 from specdec_tune.profiles.drafters.eagle3 import Eagle3Head, new_eagle3_head
-from specdec_tune.profiles.drafters.heads import DraftHead, default_aux_layers
+from specdec_tune.profiles.drafters.heads import DraftHead, default_aux_layers, register_head_source
 from specdec_tune.profiles.drafters.mtp import new_mtp_head
 from specdec_tune.profiles.models.llama import gqa_attention
-from specdec_tune.profiles.package_text import package_text
 from specdec_tune.profiles.models.loading import LoadedModel, cache_root, cpu_has_native_bf16, load_model, model_folder
+from specdec_tune.profiles.package_text import package_text
 from specdec_tune.profiles.prompts import encode_prompts
-from specdec_tune.profiles.records import sha256_json, write_json
 from specdec_tune.profiles.specdec import SpecCounters, generate
+from specdec_tune.records import sha256_json, write_json
 
 log = logging.getLogger(__name__)
 MECHANISMS = ("eagle3", "mtp", "dflash", "dspark")
@@ -487,3 +487,6 @@ def train(settings: TrainSettings, progress: Callable[[str], None] | None = None
 
 
 __all__ = ["TrainSettings", "block_loss", "cached_demo_head", "demo_head_folder", "measure_al", "train", "ttt_mask"]
+
+
+register_head_source(functools.partial(resolve_head, demo_head=cached_demo_head))  # head drafters without model= train here

@@ -15,8 +15,8 @@ import pytest
 
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.cli import main
-from specdec_tune.profiles.records import sha256_file
 from specdec_tune.profiles.schema import Profile, load_profile
+from specdec_tune.records import sha256_file
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent

@@ -20,8 +20,8 @@ from specdec_tune.exporters.bundle import STALE_EXIT_CODE, ExportSettings, expor
 from specdec_tune.exporters.engines import ExportContext, load_engines
 from specdec_tune.exporters.validate import check_document
 from specdec_tune.exporters.versions import DEFAULT_VERSIONS
-from specdec_tune.profiles.records import sha256_file, write_json
 from specdec_tune.profiles.schema import load_profile
+from specdec_tune.records import sha256_file, write_json
 
 PROFILE_PATH = Path(__file__).parent / "data" / "demo_profile.json"
 MECHANISMS = ("ngram", "suffix", "draft_model", "eagle3", "mtp", "dflash", "dspark")

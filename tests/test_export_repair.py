@@ -21,8 +21,8 @@ from specdec_tune.autotune.search import SearchSettings, search
 from specdec_tune.exporters import bundle as bundle_module, validate
 from specdec_tune.exporters.bundle import ExportSettings, export, read_manifest, search_settings_of
 from specdec_tune.exporters.validate import MeasureSettings, prediction_cells
-from specdec_tune.profiles.records import sha256_file, write_json
 from specdec_tune.profiles.schema import load_profile
+from specdec_tune.records import sha256_file, write_json
 
 DEMO_PROFILE = Path(__file__).parent / "data" / "demo_profile.json"
 CTX = 128

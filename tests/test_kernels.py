@@ -280,7 +280,9 @@ def test_buckets_step_at_tile_multiples():
 
 
 def test_model_shapes_from_a_target_folder(tiny_hf_dir):
-    assert autotune.ModelShapes.from_target(str(tiny_hf_dir)) == autotune.ModelShapes(4, 2, 8, 64)
+    from specdec_tune.exporters.artifacts import target_shapes
+
+    assert target_shapes(str(tiny_hf_dir)) == autotune.ModelShapes(4, 2, 8, 64)
     with pytest.raises(SpecdecError, match="multiple of KV heads"):
         autotune.plan_shapes(DEMO_PLAN, autotune.ModelShapes(9, 4, 64, 100))
 

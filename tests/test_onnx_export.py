@@ -13,7 +13,7 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
 from specdec_tune import SpecdecError
-from specdec_tune.kernels import onnx_export
+from specdec_tune.exporters import onnx_export
 from specdec_tune.profiles.drafters.draft_model import DraftModelDrafter
 from specdec_tune.profiles.models.llama import CausalLM, ModelConfig, init_random
 from specdec_tune.profiles.models.loading import LoadedModel, ModelRef
@@ -153,7 +153,7 @@ GRAPHS = {"eagle3": {"combine.onnx", "step.onnx"}, "mtp": {"step.onnx"}, "dflash
 def test_learned_heads_export_with_parity_against_their_drafting_code(tmp_path, mechanism):
     """Each head's graphs match the head's own drafting code (the cached step, the context and block passes, the Markov
     step) in onnxruntime at batch, token and past shapes other than the traced ones (2, 3, 5), every output."""
-    from specdec_tune.kernels.onnx_heads import export_head
+    from specdec_tune.exporters.onnx_heads import export_head
 
     head = _heads(tiny_target(seed=2))[mechanism]()
     result = export_head(head, tmp_path, name=mechanism, max_batch=8, max_draft_len=6, ctx=64, parity_cases=[(1, 1, 1), (7, 6, 3), (3, 2, 40)])
@@ -169,7 +169,7 @@ def test_learned_heads_export_with_parity_against_their_drafting_code(tmp_path, 
 
 def test_head_parity_check_can_fail(tmp_path):
     """A test of the test: a head changed after its export no longer matches the graph."""
-    from specdec_tune.kernels.onnx_heads import _block_graphs, check_graph_parity, export_head
+    from specdec_tune.exporters.onnx_heads import _block_graphs, check_graph_parity, export_head
 
     head = _heads(tiny_target(seed=2))["dflash"]()
     export_head(head, tmp_path, name="dflash", max_batch=4, max_draft_len=4, ctx=32, parity_cases=[(2, 2, 3)])

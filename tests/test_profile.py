@@ -247,7 +247,8 @@ def test_out_of_memory_is_recorded_as_infeasible(tmp_path):
     sampler.run(deadline=time.monotonic() + 5)
     assert sampler.infeasible == {(2, 16): 3}  # the smallest 1+D that ran out of memory (bisection reaches it)
     points, _ = fit_verify(sampler.samples, sampler.infeasible, [2], [16], 8, sampler.visits)
-    assert [p["source"] for p in points][:2] == ["measured", "measured"] and all(p["median_ms"] > 0 for p in points[:2])
+    # timed (a fit may move one of two sub-millisecond cells that came out in the wrong order)
+    assert all(p["source"] in ("measured", "fitted") and p["median_ms"] > 0 for p in points[:2])
     assert all(p["source"] == "infeasible" and p["median_ms"] is None for p in points if p["tokens"] >= 3)
 
 

@@ -17,8 +17,8 @@ from specdec_tune.autotune.search import SearchSettings, search
 from specdec_tune.exporters.bundle import ExportSettings, export, read_manifest, read_plan, validate_bundle
 from specdec_tune.profiles.calibration import load_calibration
 from specdec_tune.profiles.models.llama import ModelConfig
-from specdec_tune.profiles.records import sha256_file
 from specdec_tune.profiles.schema import load_profile
+from specdec_tune.records import sha256_file
 
 PROFILE = Path(__file__).parent / "data" / "demo_profile.json"
 FIXTURES = dict(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow], deadline=None)

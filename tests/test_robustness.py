@@ -15,8 +15,8 @@ import pytest
 from specdec_tune.autotune.cli import main
 from specdec_tune.autotune.search import SearchSettings, search
 from specdec_tune.exporters.bundle import ExportSettings, export
-from specdec_tune.profiles.records import sha256_file
 from specdec_tune.profiles.schema import load_profile
+from specdec_tune.records import sha256_file
 
 PROFILE = Path(__file__).parent / "data" / "demo_profile.json"
 # Ctrl-C: the CLI's own exit code, or the signal itself when it lands while the interpreter is exiting

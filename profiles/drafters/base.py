@@ -133,9 +133,8 @@ def parse_options(cls: type, raw: dict[str, str]) -> object:
 
 
 def create(name: str, target: LoadedModel, options: dict[str, str] | None = None) -> Drafter:
-    """Instantiate the drafter registered as `name` for `target`."""
-    from specdec_tune.profiles import drafters as _load_all  # noqa: F401  (registers the built-ins)
-
+    """Instantiate the drafter registered as `name` for `target` (importing this module first imports the drafters
+    package, which registers every built-in one)."""
     if name not in _REGISTRY:
         raise SpecdecError(f"unknown drafter mechanism {name!r}", f"choose one of: {', '.join(available())}")
     cls = _REGISTRY[name]

@@ -33,6 +33,7 @@ from specdec_tune.profiles.drafters.dflash import MARKOV_TYPES, DFlashHead, new_
 from specdec_tune.profiles.drafters.eagle3 import Eagle3Head, new_eagle3_head
 from specdec_tune.profiles.drafters.heads import DraftHead, default_aux_layers
 from specdec_tune.profiles.drafters.mtp import MtpHead, new_mtp_head
+from specdec_tune.profiles.drafters.speculators_layout import DEFAULT_VERSION, config_json
 from specdec_tune.profiles.models.llama import CausalLM, ModelConfig
 from specdec_tune.profiles.models.loading import LoadedModel, weights_hash
 
@@ -51,9 +52,11 @@ class LoadedHead:
     config: dict
 
 
-def resolve_head(mechanism: str, target: LoadedModel, options) -> tuple[DraftHead, str | None, object]:
+def resolve_head(mechanism: str, target: LoadedModel, options, *, demo_head: Callable[[str, LoadedModel], Path]
+                 ) -> tuple[DraftHead, str | None, object]:
     """The head a drafter's options name: random weights, a checkpoint folder, or this target's cached demo head
-    (trained on first use). Returns (head, weights hash or None, the options with `model` resolved to the folder)."""
+    (`demo_head`: its folder, trained on first use). Returns (head, weights hash or None, the options with `model`
+    resolved to the folder)."""
     if options.random:
         if options.model:
             raise SpecdecError(f"{mechanism} options model= and random= exclude each other", "give one of them")
@@ -61,9 +64,7 @@ def resolve_head(mechanism: str, target: LoadedModel, options) -> tuple[DraftHea
     if options.model:
         folder = Path(options.model).expanduser()
     else:
-        from specdec_tune.profiles.train_drafter import cached_demo_head
-
-        folder = cached_demo_head(mechanism, target)
+        folder = demo_head(mechanism, target)
     loaded = load_head(folder, target, expect=mechanism)
     return loaded.head, loaded.weights_hash, dataclasses.replace(options, model=str(folder))
 
@@ -295,11 +296,7 @@ def transformer_layer_config(c: ModelConfig) -> dict:
 
 
 def speculators_config(head: DraftHead, mechanism: str, *, verifier: str, verifier_arch: str, speculative_tokens: int) -> dict:
-    """config.json for `head`, in the layout the bundle exporter writes (exporters/speculators_config.py)."""
-    from specdec_tune.exporters.engines import ExportContext
-    from specdec_tune.exporters.speculators_config import config_for
-    from specdec_tune.exporters.versions import DEFAULT_VERSIONS
-
+    """config.json for `head`, in the speculators layout (speculators_layout.py; the bundle exporter writes the same)."""
     fields: dict[str, object] = {"transformer_layer_config": transformer_layer_config(head.config)}
     if isinstance(head, Eagle3Head):
         fields.update(draft_vocab_size=head.draft_vocab_size, norm_before_residual=head.norm_before_residual,
@@ -316,11 +313,9 @@ def speculators_config(head: DraftHead, mechanism: str, *, verifier: str, verifi
     try:
         version = importlib.metadata.version("speculators")
     except importlib.metadata.PackageNotFoundError:
-        version = DEFAULT_VERSIONS["speculators"]
-    ctx = ExportContext(plan={"profile": {"target": {"arch": verifier_arch}}}, mechanism=mechanism, quant="none",
-                        schedule=[(1, speculative_tokens)], max_batch=1, drafter={"options": fields}, target_model=verifier,
-                        drafter_model=None, versions={"speculators": version})
-    return config_for(ctx)
+        version = DEFAULT_VERSION
+    return config_json(mechanism, fields, speculative_tokens=speculative_tokens, verifier=verifier, verifier_arch=verifier_arch,
+                       version=version)
 
 
 def save_head(head: DraftHead, mechanism: str, folder: Path, *, verifier: str, verifier_arch: str, speculative_tokens: int,

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from specdec_tune.profiles.drafters.base import Draft, DraftRequest, register
-from specdec_tune.profiles.drafters.heads import DraftHead, DraftVocabulary, HeadDrafter, default_aux_layers, head_layer_config
+from specdec_tune.profiles.drafters.heads import DraftHead, resolve_head, DraftVocabulary, HeadDrafter, default_aux_layers, head_layer_config
 from specdec_tune.profiles.models.llama import CausalLM, DecoderLayer, KVCache, ModelConfig, RMSNorm, gqa_attention
 from specdec_tune.profiles.models.loading import LoadedModel
 
@@ -276,8 +276,6 @@ class DFlashDrafter(BlockDrafter):
         random: bool = False  # random weights of the default shape: for timing and losslessness checks only
 
     def __init__(self, target: LoadedModel, options: Options) -> None:
-        from specdec_tune.profiles.drafters.checkpoints import resolve_head
-
         head, weights_hash, options = resolve_head("dflash", target, options)
         super().__init__(head, options, weights_hash)
 
@@ -290,8 +288,6 @@ class DSparkDrafter(BlockDrafter):
         random: bool = False  # random weights of the default shape: for timing and losslessness checks only
 
     def __init__(self, target: LoadedModel, options: Options) -> None:
-        from specdec_tune.profiles.drafters.checkpoints import resolve_head
-
         head, weights_hash, options = resolve_head("dspark", target, options)
         super().__init__(head, options, weights_hash)
 

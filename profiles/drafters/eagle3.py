@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from specdec_tune.profiles.drafters.base import register
-from specdec_tune.profiles.drafters.heads import DraftHead, DraftVocabulary, HeadDrafter, default_aux_layers, head_layer_config
+from specdec_tune.profiles.drafters.heads import DraftHead, resolve_head, DraftVocabulary, HeadDrafter, default_aux_layers, head_layer_config
 from specdec_tune.profiles.models.llama import CausalLM, DecoderLayer, ModelConfig, RMSNorm
 from specdec_tune.profiles.models.loading import LoadedModel
 
@@ -107,7 +107,5 @@ class Eagle3Drafter(HeadDrafter):
         random: bool = False  # random weights of the default shape: for timing and losslessness checks only
 
     def __init__(self, target: LoadedModel, options: Options) -> None:
-        from specdec_tune.profiles.drafters.checkpoints import resolve_head
-
         head, weights_hash, options = resolve_head("eagle3", target, options)
         super().__init__(head, options, weights_hash)

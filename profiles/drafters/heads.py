@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -23,6 +25,9 @@ from torch import nn
 from specdec_tune import SpecdecError
 from specdec_tune.profiles.drafters.base import Draft, Drafter, DraftRequest
 from specdec_tune.profiles.models.llama import KVCache, ModelConfig, rope_lookup, step_coordinates
+
+if TYPE_CHECKING:
+    from specdec_tune.profiles.models.loading import LoadedModel
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
@@ -122,6 +127,23 @@ def head_layer_config(target: ModelConfig, **changes) -> ModelConfig:
 
 
 # ---------------------------------------------------------------------------- the drafter
+
+
+# Where a head drafter's options find its head (random weights, a checkpoint folder, or this target's cached demo
+# head, trained on first use): registered by profiles/train_drafter.py, the one module that can train one
+# (checkpoints.resolve_head with its trainer). Importing the drafters package imports it.
+_HEAD_SOURCE: list[Callable[[str, LoadedModel, object], tuple[DraftHead, str | None, object]]] = []
+
+
+def register_head_source(source: Callable[[str, LoadedModel, object], tuple[DraftHead, str | None, object]]) -> None:
+    _HEAD_SOURCE[:] = [source]
+
+
+def resolve_head(mechanism: str, target: LoadedModel, options: object) -> tuple[DraftHead, str | None, object]:
+    """(head, weights hash or None, the options with `model` resolved to the folder) for a head drafter's options."""
+    if not _HEAD_SOURCE:
+        raise SpecdecError(f"no source of {mechanism} heads is registered", "import specdec_tune.profiles.drafters, which registers it")
+    return _HEAD_SOURCE[0](mechanism, target, options)
 
 
 class HeadDrafter(Drafter):

