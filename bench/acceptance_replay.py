@@ -43,7 +43,7 @@ def _encoded(target, n: int, new_tokens: int, d_max: int) -> list[list[int]]:
 
 def _replayed(target, drafters: dict, ids, args, stop: set[int], lens: list[int]) -> dict[str, list[list[SpecCounters]]]:
     trajectories = replay.trajectories(target.model, ids, args.new_tokens, args.batch)
-    return {name: [replay.replay(t, replay.PROPOSERS[d.replay](d, p, t), lens, args.new_tokens, stop, args.max_draft_len)
+    return {name: [replay.replay(t, replay.proposer(d, p, t, target.model, args.max_draft_len), lens, args.new_tokens, stop, args.max_draft_len)
                    for p, t in zip(ids, trajectories)] for name, d in drafters.items()}
 
 

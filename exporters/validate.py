@@ -148,7 +148,7 @@ class DeviceSpeed:
         self.profiled_ms = next((p.median_ms for p in profile.verify if (p.batch, p.tokens, p.ctx) == (1, 1, ctx) and p.source == "measured"), None)
         self.why = None if self.profiled_ms else f"the profile has no measured verify step at batch 1, ctx {ctx}"
         step = VerifyStep(target.model, 1, ctx, 1, seed)
-        self.guard = SpeedGuard(probe=lambda: step.time(1)["median_ms"], steady_only=True)
+        self.guard = SpeedGuard(probe=lambda: step.timing(1, warmup=1, repeats=3).median_ms, steady_only=True)
 
     def measure(self, fn):
         """(fn's result, speed ratio now / at profile time around it)."""

@@ -503,7 +503,7 @@ class Profiler:
         log = MeasurementLog(self.s.out_dir, self.fingerprint)
         budget = Budget(self.s.budget_minutes)
         probe = VerifyStep(self.model, 1, self.s.ctx_buckets[0], 1, self.s.seed, self.device)
-        self.guard = SpeedGuard(probe=lambda: probe.time(1)["median_ms"])
+        self.guard = SpeedGuard(probe=lambda: probe.timing(1, warmup=1, repeats=3).median_ms)
         verify, verify_fit = self._verify_curve(log, budget)
         draft = self._draft_costs(log, budget)
         self._acceptance(log, budget)
@@ -532,7 +532,7 @@ class Profiler:
                              for m in verify_fit["moved_beyond_interval"][:6]))
         if self.guard.repeated:
             notes.append(f"{self.guard.repeated} timing cells were measured again: the device ran more than "
-                         f"{self.guard.slack - 1:.0%} below its quietest speed around them (a shared machine)")
+                         f"{self.guard.slack - 1:.0%} slower than its quiet speed around them (a shared machine)")
         if self.guard.unsettled:
             notes.append(f"{self.guard.unsettled} timing cells were kept although the device never settled: their times may be inflated")
         if self.device.type == "cpu":
@@ -689,15 +689,15 @@ class Profiler:
         """Every replayed drafter's counters at every D on these prompts (the trajectories shared by all)."""
         self._trajectories(log, prompts)
         stop = set(self.stop_ids)
-        for name, fmt in self.replay_units:
-            D_max = self.d_max(self.drafters[name])
-            for p in prompts:
-                def run(p=p):
-                    drafter = self._drafter(name, fmt)
-                    propose = replay.PROPOSERS[drafter.replay](drafter, self.encoded[p.id], self.trajectory[p.id])
+        for p in prompts:  # prompt by prompt: a head's formats share the target's teacher-forced pass
+            for name, fmt in self.replay_units:
+                def run(p=p, name=name, fmt=fmt):
+                    drafter, D_max = self._drafter(name, fmt), self.d_max(self.drafters[name])
+                    propose = replay.proposer(drafter, self.encoded[p.id], self.trajectory[p.id], self.model, D_max)
                     counters = replay.replay(self.trajectory[p.id], propose, range(1, D_max + 1), self.s.new_tokens, stop, D_max)
                     return [dataclasses.asdict(c) for c in counters]
                 self.replayed.setdefault((name, fmt), {})[p.id] = [SpecCounters(**c) for c in log.measure(f"replay/{name}/{fmt}/{p.id}", run)]
+        replay.target_states.cache_clear()
         for p in prompts:
             if p not in self.used:
                 self.used.append(p)
@@ -794,7 +794,7 @@ class Profiler:
                 for D in lens:
                     looped = generate(exact.model, ids, drafter=drafter, num_draft_tokens=D, max_new_tokens=self.s.new_tokens,
                                       stop_token_ids=self.stop_ids).per_prompt
-                    mine = [replay.replay(t, replay.PROPOSERS[drafter.replay](drafter, self.encoded[p.id], t), [D], self.s.new_tokens, stop, D)[0]
+                    mine = [replay.replay(t, replay.proposer(drafter, self.encoded[p.id], t, exact.model, D), [D], self.s.new_tokens, stop, D)[0]
                             for p, t in zip(sample, trajs)]
                     for p, a, b in zip(sample, mine, looped):
                         if dataclasses.asdict(a) != dataclasses.asdict(b):

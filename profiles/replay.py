@@ -17,15 +17,20 @@ counts what it accepts there), and shared by every drafter. The proposals:
     time (its state follows the growing prefix exactly as in the loop); cached per (i, k);
   - a draft model: one teacher-forced forward over prompt + g gives its greedy token t[i] after g[:i]; the
     chain from i proposes t[i], t[i+1], ... for as long as each equals g (until then its context is g), and
-    its first mismatch is all a round needs, so p = t[i : i+k] has the true chain's accepted prefix and length.
+    its first mismatch is all a round needs, so p = t[i : i+k] has the true chain's accepted prefix and length;
+  - a learned head (EAGLE-3, MTP, DFlash, DSpark): one teacher-forced target pass over prompt + g gives the
+    hidden states the loop's verify passes would hand it; the head catches up over the whole sequence once and
+    drafts every round's chain (or block) as a row of one batch (`HeadDrafter.replay_proposals`).
 
-Sampling (temperature > 0) and drafters that read the target's hidden states keep the loop. The loop
-checks the replay on a sample (`profiler`): equal counters in fp32, a mismatch fails the profile.
+Sampling (temperature > 0) keeps the loop. The loop checks the replay on a sample (`profiler`): equal
+counters in fp32, a mismatch fails the profile.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+
+import functools
 
 import numpy as np
 import torch
@@ -74,7 +79,7 @@ def replay(trajectory: Sequence[int], propose: Proposer, draft_lens: Sequence[in
     return [counters[D] for D in draft_lens]
 
 
-def prefix_proposer(drafter: Drafter, prompt: Sequence[int], trajectory: Sequence[int]) -> Proposer:
+def prefix_proposer(drafter: Drafter, prompt: Sequence[int], trajectory: Sequence[int], target: CausalLM, max_draft_len: int) -> Proposer:
     """Ask a token-only drafter from each prefix prompt + g[:i], for i non-decreasing (cached per (i, k))."""
     drafter.start([list(prompt)])
     cache: dict[tuple[int, int], list[int]] = {}
@@ -102,17 +107,45 @@ def teacher_forced_tokens(model: CausalLM, prompt: Sequence[int], trajectory: Se
     return model.lm_head(last).argmax(-1).tolist()
 
 
-def teacher_forced_proposer(drafter: Drafter, prompt: Sequence[int], trajectory: Sequence[int]) -> Proposer:
+def teacher_forced_proposer(drafter: Drafter, prompt: Sequence[int], trajectory: Sequence[int], target: CausalLM,
+                            max_draft_len: int) -> Proposer:
     """A draft model's proposals (`drafter.model`, greedy chain): see the module docstring."""
     t = teacher_forced_tokens(drafter.model, prompt, trajectory)
     return lambda i, k: t[i : i + k]
 
 
+@functools.lru_cache(maxsize=2)  # the head drafters of one prompt (and their quantized twins) share a pass
+@torch.inference_mode()
+def target_states(target: CausalLM, sequence: tuple[int, ...], layers: tuple[int, ...]) -> torch.Tensor:
+    """The target's hidden states at `layers` for positions 0..len(sequence)-2, one teacher-forced pass:
+    [1, len(sequence) - 1, len(layers) * hidden] (what the loop's verify passes hand a head, position by position)."""
+    ids = torch.tensor([sequence[:-1]], dtype=torch.long, device=target.device)  # [1, S]
+    _, states = target.forward_capture(ids, target.new_cache(1, ids.shape[1]), torch.zeros(1, dtype=torch.long, device=target.device),
+                                       layers, logits="none")
+    return states
+
+
+def head_proposer(drafter: Drafter, prompt: Sequence[int], trajectory: Sequence[int], target: CausalLM, max_draft_len: int) -> Proposer:
+    """A learned head's greedy drafts for every round at once (see the module docstring); a round with fewer than two
+    tokens known has no target state yet and drafts nothing, as in the loop."""
+    sequence = tuple(prompt) + tuple(trajectory)
+    known = [N for N in range(len(prompt), len(sequence)) if N >= 2]
+    chains = drafter.replay_proposals(list(sequence), target_states(target, sequence, tuple(drafter.hidden_layers)), known, max_draft_len)
+    by_start = dict(zip((N - len(prompt) for N in known), chains))
+    return lambda i, k: by_start.get(i, [])[:k]
+
+
 # How each drafter is asked in a replay, by the name it declares in `Drafter.replay` (None: the loop measures it).
-PROPOSERS: dict[str, Callable[[Drafter, Sequence[int], Sequence[int]], Proposer]] = {
+PROPOSERS: dict[str, Callable[[Drafter, Sequence[int], Sequence[int], CausalLM, int], Proposer]] = {
     "prefix": prefix_proposer,
     "teacher_forced": teacher_forced_proposer,
+    "head": head_proposer,
 }
+
+
+def proposer(drafter: Drafter, prompt: Sequence[int], trajectory: Sequence[int], target: CausalLM, max_draft_len: int) -> Proposer:
+    """How `drafter` proposes at every round of `trajectory` (its PROPOSERS entry)."""
+    return PROPOSERS[drafter.replay](drafter, prompt, trajectory, target, max_draft_len)
 
 
 # ---------------------------------------------------------------------------- intervals

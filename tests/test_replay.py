@@ -1,5 +1,5 @@
-"""Acceptance by replay against the speculative loop: equal counters at every D (greedy, fp32), including
-rounds cut by the end of generation and by a stop token; and the intervals over prompts."""
+"""Acceptance by replay against the speculative loop, for every registered drafter: equal counters at every D
+(greedy, fp32), including rounds cut by the end of generation and by a stop token; and the intervals over prompts."""
 
 from __future__ import annotations
 
@@ -11,7 +11,11 @@ import numpy as np
 import pytest
 
 from specdec_tune.profiles import replay
+from specdec_tune.profiles.drafters.base import _REGISTRY, available
+from specdec_tune.profiles.drafters.dflash import DFlashDrafter, DSparkDrafter, new_dflash_head
 from specdec_tune.profiles.drafters.draft_model import DraftModelDrafter
+from specdec_tune.profiles.drafters.eagle3 import Eagle3Drafter, new_eagle3_head
+from specdec_tune.profiles.drafters.mtp import MtpDrafter, new_mtp_head
 from specdec_tune.profiles.drafters.ngram import NgramDrafter
 from specdec_tune.profiles.drafters.suffix import SuffixDrafter
 from specdec_tune.profiles.specdec import SpecCounters, generate
@@ -40,50 +44,78 @@ def _drafters(target):
     }
 
 
-def _proposer(name, drafter, prompt, trajectory):
-    return replay.PROPOSERS[drafter.replay](drafter, prompt, trajectory)
-
-
 def _as_dict(c: SpecCounters) -> dict:
     return dataclasses.asdict(c)
+
+
+def _replay_against_the_loop(target, make, d_max: int, with_stop: bool) -> int:
+    """Replayed counters equal the loop's at D = 1, 3 and d_max, prompt by prompt; returns the tokens accepted."""
+    trajectories = replay.trajectories(target, PROMPTS, NEW_TOKENS, batch=2)
+    assert all(len(t) == NEW_TOKENS for t in trajectories)
+    # a stop token that occurs early in one row and late (or never) in others: rounds cut by it
+    stop = {trajectories[0][7]} if with_stop else set()
+    replayed = [replay.replay(t, replay.proposer(make(), p, t, target, d_max), list(range(1, d_max + 1)), NEW_TOKENS, stop, d_max)
+                for p, t in zip(PROMPTS, trajectories)]
+    accepted = 0
+    for D in sorted({1, 3, d_max}):
+        loop = generate(target, PROMPTS, drafter=make(), num_draft_tokens=D, max_new_tokens=NEW_TOKENS, stop_token_ids=sorted(stop))
+        for p, (by_d, looped) in enumerate(zip(replayed, loop.per_prompt)):
+            mine = by_d[D - 1]
+            looped = SpecCounters.merge(looped, SpecCounters(max_draft_len=d_max))  # same histogram size
+            assert _as_dict(mine) == _as_dict(looped), f"D={D} prompt {p}"
+            accepted += mine.num_accepted_tokens
+    return accepted
 
 
 @pytest.mark.parametrize("name", ["ngram", "suffix", "draft_model", "draft_model_exact"])
 @pytest.mark.parametrize("with_stop", [False, True])
 def test_replay_equals_the_loop_at_every_draft_length(target, name, with_stop):
-    trajectories = replay.trajectories(target, PROMPTS, NEW_TOKENS, batch=2)
-    assert all(len(t) == NEW_TOKENS for t in trajectories)
-    # a stop token that occurs early in one row and late (or never) in others: rounds cut by it
-    stop = {trajectories[0][7]} if with_stop else set()
-    make = _drafters(target)[name]
-    replayed = [replay.replay(t, _proposer(name, make(), p, t), list(range(1, D_MAX + 1)), NEW_TOKENS, stop, D_MAX)
-                for p, t in zip(PROMPTS, trajectories)]
-    accepted_any = 0
-    for D in (1, 3, D_MAX):
-        loop = generate(target, PROMPTS, drafter=make(), num_draft_tokens=D, max_new_tokens=NEW_TOKENS, stop_token_ids=sorted(stop))
-        for p, (by_d, looped) in enumerate(zip(replayed, loop.per_prompt)):
-            mine = by_d[D - 1]
-            looped = SpecCounters.merge(looped, SpecCounters(max_draft_len=D_MAX))  # same histogram size
-            assert _as_dict(mine) == _as_dict(looped), f"{name} D={D} prompt {p}"
-            accepted_any += mine.num_accepted_tokens
-    assert accepted_any > 0  # the accepted paths ran
+    assert _replay_against_the_loop(target, _drafters(target)[name], D_MAX, with_stop) > 0  # the accepted paths ran
+
+
+# A target with a 10-token vocabulary: random heads agree with it often enough that rounds accept none, some and all
+# of their drafts. Every registered head mechanism, with a reduced draft vocabulary where the head has one.
+HEADS = {
+    "eagle3": lambda m: Eagle3Drafter.from_head(new_eagle3_head(m, draft_vocab=[0, 1, 3, 4, 6, 7, 9], seed=1)),
+    "mtp": lambda m: MtpDrafter.from_head(new_mtp_head(m, seed=1)),
+    "dflash": lambda m: DFlashDrafter.from_head(new_dflash_head(m, draft_vocab=[0, 2, 3, 5, 6, 7, 8], block_size=5, seed=1)),
+    "dspark": lambda m: DSparkDrafter.from_head(new_dflash_head(m, markov_rank=4, markov_head_type="rnn", block_size=4, seed=1)),
+}
+
+
+@pytest.fixture(scope="module")
+def head_target():
+    return tiny_model(vocab=10, layers=4, seed=5)
+
+
+def test_every_registered_drafter_replays():
+    covered = {"ngram", "suffix", "draft_model"} | set(HEADS)
+    assert covered == set(available()) and all(_REGISTRY[name].replay for name in covered)
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+@pytest.mark.parametrize("with_stop", [False, True])
+def test_head_replay_equals_the_loop_at_every_draft_length(head_target, name, with_stop):
+    make = lambda: HEADS[name](head_target)  # noqa: E731
+    d_max = min(D_MAX, make().max_draft_len or D_MAX)
+    assert _replay_against_the_loop(head_target, make, d_max, with_stop) > 0
 
 
 def test_replay_cut_by_stop_token_and_end_of_generation(target):
     """A draft equal to the target: every round accepts its whole draft, so the end cuts the last round."""
     trajectory = replay.trajectories(target, [PROMPTS[0]], 10, batch=1)[0]
     exact = _drafters(target)["draft_model_exact"]()
-    [c] = replay.replay(trajectory, _proposer("draft_model_exact", exact, PROMPTS[0], trajectory), [4], 10, set(), 4)
+    [c] = replay.replay(trajectory, replay.proposer(exact, PROMPTS[0], trajectory, target, 4), [4], 10, set(), 4)
     # rounds: 5 tokens, 5 tokens: the second round may draft only min(4, 10 - 5 - 1) = 4, so 5 + 5 = 10
     assert c.num_rounds == 2 and c.num_emitted_tokens == 10 and c.rounds[4][4] == 2
-    [c] = replay.replay(trajectory, _proposer("draft_model_exact", exact, PROMPTS[0], trajectory), [4], 10, {trajectory[2]}, 4)
+    [c] = replay.replay(trajectory, replay.proposer(exact, PROMPTS[0], trajectory, target, 4), [4], 10, {trajectory[2]}, 4)
     # the stop token at position 2 ends the row inside the first round: 3 tokens emitted, 4 accepted
     assert c.num_rounds == 1 and c.num_emitted_tokens == 3 and c.num_accepted_tokens == 4
 
 
 def test_prefix_proposer_refuses_going_back(target):
     t = replay.trajectories(target, [PROMPTS[2]], 8, batch=1)[0]
-    propose = replay.prefix_proposer(NgramDrafter(None, NgramDrafter.Options()), PROMPTS[2], t)
+    propose = replay.prefix_proposer(NgramDrafter(None, NgramDrafter.Options()), PROMPTS[2], t, target, 2)
     propose(3, 2)
     with pytest.raises(ValueError):
         propose(1, 2)

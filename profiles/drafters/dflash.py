@@ -267,6 +267,25 @@ class BlockDrafter(HeadDrafter):
         out = [d[:m] if n > 0 else [] for d, m, n in zip(draft_tokens, request.max_tokens, counts)]
         return Draft(tokens=out, probs=torch.stack(probs[:K], dim=1) if probs else None)
 
+    @torch.inference_mode()
+    def replay_proposals(self, ids: list[int], states: torch.Tensor, known: list[int], max_tokens: int) -> list[list[int]]:
+        """HeadDrafter.replay_proposals for a block head: the context keys and values of every position at once (a
+        per-position projection), then one block pass per round, all rounds as the rows of one batch (row a's block
+        sits at N_a - 1 and sees the context up to N_a - 2, as in `propose`)."""
+        head: DFlashHead = self.head
+        device, dtype = next(head.parameters()).device, next(head.parameters()).dtype
+        S, A, Q = len(ids) - 1, len(known), head.block_size
+        ctx = head.combine(states[:, :S].to(device=device, dtype=dtype))  # [1, S, H]
+        context = head.context_kv(ctx, *head.rope(torch.arange(S, device=device)[None]))  # per layer [1, H_kv, S, hd] x2
+        ctx_len = torch.tensor([N - 1 for N in known], dtype=torch.long, device=device)  # [A]
+        L = int(ctx_len.max())
+        tokens = torch.full((A, Q), head.mask_token_id, dtype=torch.long, device=device)
+        tokens[:, 0] = torch.tensor([ids[N - 1] for N in known], device=device)
+        rows = [(k[:, :, :L].expand(A, -1, -1, -1), v[:, :, :L].expand(A, -1, -1, -1)) for k, v in context]
+        hidden = head.block_hidden(tokens, *head.rope(ctx_len[:, None] + torch.arange(Q, device=device)), rows, block_mask(ctx_len, L, Q))
+        _, chosen = head.draft_logits(hidden, tokens[:, 0], lambda step_logits: head.to_target_ids(step_logits.argmax(-1)))
+        return torch.stack(chosen[:max_tokens], dim=1).tolist()  # [A, min(max_tokens, max_drafts)]
+
 
 @register("dflash")
 class DFlashDrafter(BlockDrafter):

@@ -150,6 +150,7 @@ class HeadDrafter(Drafter):
     """The drafting loop shared by every head (see the module docstring). Subclasses pick the head."""
 
     kind = "serial"
+    replay = "head"  # the head's state is a function of the prefix: rounds replay from one teacher-forced pass
 
     def __init__(self, head: DraftHead, options: object, weights_hash: str | None) -> None:
         self.head = head.eval().requires_grad_(False)
@@ -249,6 +250,34 @@ class HeadDrafter(Drafter):
         draft_tokens = torch.stack(drafted, dim=1).tolist()  # [B, K]
         out = [d[:m] if n > 0 else [] for d, m, n in zip(draft_tokens, request.max_tokens, counts)]
         return Draft(tokens=out, probs=torch.stack(probs, dim=1) if probs else None)
+
+    @torch.inference_mode()
+    def replay_proposals(self, ids: list[int], states: torch.Tensor, known: list[int], max_tokens: int) -> list[list[int]]:
+        """The greedy drafts (`max_tokens` long) of the rounds that start with ids[:N] known, for each N in `known` (≥ 2).
+
+        states [1, len(ids) - 1, len(hidden_layers) * hidden]: the target's states at positions 0..len(ids)-2 from one
+        teacher-forced pass. The head's cache at positions 0..N-2 depends only on those states and tokens (the draft
+        steps' entries are overwritten by the next catch-up), so one catch-up over the whole sequence serves every
+        round; each round's chain then runs as one row of a batch, over its own copy of that cache, exactly as in
+        `propose` (step k at position N-3+k, attending to positions up to its own)."""
+        head = self.head
+        device, dtype = next(head.parameters()).device, next(head.parameters()).dtype
+        S = len(ids) - 1
+        cache = head.new_cache(1, len(ids) + max_tokens + 1)
+        tokens = torch.tensor([ids[1:]], dtype=torch.long, device=device)  # [1, S]: x_{p+1} at position p
+        hidden = head.combine(states[:, :S].to(device=device, dtype=dtype))  # [1, S, hidden]
+        logits, carry = head.step(tokens, hidden, cache, torch.zeros(1, dtype=torch.long, device=device))  # [1, S, V], [1, S, hidden]
+        at = torch.tensor([N - 2 for N in known], dtype=torch.long, device=device)  # [A]: where each round's d_1 comes from
+        step_logits, carry = logits[0, at], carry[0, at][:, None]  # [A, V_draft], [A, 1, hidden]
+        cache.keep_rows(torch.zeros(len(known), dtype=torch.long, device=device))  # a copy of the catch-up per round
+        pos, drafted = at + 1, []
+        for step in range(max_tokens):
+            token = head.to_target_ids(step_logits.argmax(-1))  # [A]
+            drafted.append(token)
+            if step + 1 < max_tokens:
+                logits, carry = head.step(token[:, None], carry, cache, pos)
+                step_logits, pos = logits[:, 0], pos + 1
+        return torch.stack(drafted, dim=1).tolist()  # [A, max_tokens]
 
 
 __all__ = ["DraftHead", "DraftVocabulary", "HeadDrafter", "default_aux_layers", "head_layer_config"]
