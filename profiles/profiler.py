@@ -4,9 +4,9 @@ Phases, in order (a short --budget-minutes drops what is left and says so in `no
   verify      T_verif(B, 1+D, ctx): every cell visited in shuffled rounds (seeds, bisection where a line misses by
               > tol, repeats until the median's 95% interval is tight), then fitted non-decreasing in 1+D, B and ctx
   draft       T_draft(B, D) per mechanism, one propose() as it runs (serial steps / one pass / lookups), on real text
-  acceptance  greedy: replayed exactly at every D from the target's trajectories (profiles/replay.py) for the drafters
-              that allow it, in every weight format (FP8 / NVFP4 as fake-quantized weights: emulated); the loop at
-              D_max for the others (smaller D derived from its rounds) and for temperatures > 0
+  acceptance  greedy: replayed exactly at every D from the target's trajectories (profiles/replay.py), for every
+              drafter in every weight format (FP8 / NVFP4 as fake-quantized weights: emulated); the loop at D_max for
+              temperatures > 0 and with --acceptance loop (smaller D derived from its rounds)
   check       the loop against the replay on a sample: equal counters in fp32 (else the profile fails), the
               difference in the profile's dtype recorded
   host        loop time per round outside drafter and target, per batch bucket, at the shortest and longest draft
