@@ -1,6 +1,6 @@
 """Lossless on the real demo target: greedy speculative output equals plain greedy output, token for
-token, for every drafter, on 40 held-back prompts x 64 new tokens at batch 8 and the first 16 of them at
-batch 1 (16 and 8 for the learned heads), in fp32.
+token, for every drafter, on 16 held-back prompts x 48 new tokens at batch 8 (two batches whose rows finish
+at different rounds) and the first 4 of them at batch 1, in fp32.
 
 The learned heads run untrained (a trained head is not committed), and an untrained head accepts almost nothing,
 which would leave the paths that keep accepted drafts unexercised. So each head's proposals pass through an oracle:
@@ -20,7 +20,7 @@ from specdec_tune.profiles.prompts import encode_prompts
 
 pytestmark = pytest.mark.demo
 
-NUM_PROMPTS, MAX_NEW, D = 40, 64, 3
+NUM_PROMPTS, BATCH_1_PROMPTS, MAX_NEW, D = 16, 4, 48, 3
 # draft_model with 2 layers: the cheapest draft still exercises every rollback path. The learned heads run untrained
 # (random=1): losslessness does not depend on their quality, and a trained head is not committed.
 DRAFTER_OPTIONS = {"ngram": {}, "suffix": {}, "draft_model": {"layers": "2"}, "eagle3": {"random": "1"}, "mtp": {"random": "1"},
@@ -74,10 +74,9 @@ def test_every_registered_drafter_is_covered():
 @pytest.mark.parametrize("mechanism", sorted(DRAFTER_OPTIONS))
 def test_greedy_speculative_equals_plain(demo, mechanism, batch):
     target, ids, plain = demo
-    # batch 1 runs a target forward per round for each prompt alone; a head also pays its own steps every round (its
-    # drafts are replaced, not skipped): fewer prompts cover the same paths
+    # batch 1 runs a target forward per round for each prompt alone: fewer prompts cover the same paths
     untrained = bool(DRAFTER_OPTIONS[mechanism].get("random"))
-    n = (16 if untrained else NUM_PROMPTS) if batch > 1 else (8 if untrained else 16)
+    n = NUM_PROMPTS if batch > 1 else BATCH_1_PROMPTS
     drafter = create(mechanism, target, DRAFTER_OPTIONS[mechanism])
     if untrained:
         drafter = OracleProposals(drafter, ids[:n], plain[:n], target.model.config.vocab_size)
