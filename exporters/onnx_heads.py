@@ -14,7 +14,7 @@ the heads' own drafting code in onnxruntime, with a TensorRT engine or the comma
     markov.onnx   prev [batch], hidden [batch, H], state [batch, r] -> bias [batch, V_draft], state  (DSpark: per slot)
 
 batch, tokens, past and ctx are dynamic; the block is the checkpoint's (drafts beyond D are dropped). Every row of a
-batch shares one past length, as in the draft model's graphs (kernels.onnx_export). Parity: onnxruntime against the
+batch shares one past length, as in the draft model's graphs (exporters.onnx_export). Parity: onnxruntime against the
 head's own code (HeadDrafter's cached step, BlockDrafter's context and block passes, the Markov step) in fp32 at
 shapes other than the traced ones, every output, error scaled as in `check_parity`.
 """

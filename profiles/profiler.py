@@ -134,8 +134,10 @@ class Budget:
 # ---------------------------------------------------------------------------- verify curve
 
 
-def adaptive_sample(measure, lo: int, hi: int, tolerance: float, seeds: list[int]) -> dict[int, float | None]:
-    """Measure y(x) at `seeds`, then bisect each gap whose midpoint differs from the straight line by > tolerance.
+def adaptive_sample(measure, lo: int, hi: int, tolerance: float, seeds: list[int], noise=lambda x: 0.0) -> dict[int, float | None]:
+    """Measure y(x) at `seeds`, then bisect each gap whose midpoint differs from the straight line by more than the
+    tolerance and more than the noise: the midpoint's 95% half-width `noise(m)` (ms) plus the line's there (the mean of
+    its ends'). A miss inside the noise is not a bend, and on a noisy machine would bisect every gap.
 
     `measure(x)` returns milliseconds or None (infeasible: nothing larger is tried). Returns {x: y}.
     """
@@ -154,7 +156,7 @@ def adaptive_sample(measure, lo: int, hi: int, tolerance: float, seeds: list[int
         if ys[m] is None:
             continue
         line = ys[a] + (ys[b] - ys[a]) * (m - a) / (b - a)
-        if abs(ys[m] - line) > tolerance * ys[m]:
+        if abs(ys[m] - line) > max(tolerance * ys[m], noise(m) + (noise(a) + noise(b)) / 2):
             stack += [(a, m), (m, b)]
     return ys
 
@@ -243,7 +245,8 @@ class VerifySampler:
     under its own key so that a killed run resumes. Rounds of visits run in a shuffled order over every cell
     (a slow spell then lands on random cells of every batch and context, not on one curve's neighbours):
       1. the seeds in 1+D (and 1, 1+D_max) for every (B, ctx);
-      2. bisection: the midpoint of each gap whose straight line misses the midpoint by more than the tolerance;
+      2. bisection: the midpoint of each gap whose straight line misses the midpoint by more than the tolerance and
+         more than the noise (the midpoint's interval and the line's);
       3. repeats: another visit for every cell whose median's 95% interval is wider than the target,
          until all are tight, a cell has `verify_visits` visits, or the phase's share of the budget ends.
     Each cell's figures pool the samples of all its visits. A cell that runs out of memory is infeasible,
@@ -300,6 +303,11 @@ class VerifySampler:
         samples = self.samples.get((B, ctx, t))
         return statistics.median(samples) if samples else None
 
+    def half_width(self, B: int, ctx: int, t: int) -> float:
+        """Half the width of the cell's median's 95% interval (ms)."""
+        low, high = median_interval(self.samples[(B, ctx, t)])
+        return (high - low) / 2
+
     def run(self, deadline: float) -> None:
         cells = [(B, ctx) for ctx in self.p.s.ctx_buckets for B in self.p.s.batch_buckets]
         self._round([(B, ctx, t) for B, ctx in cells for t in self.seeds])
@@ -312,7 +320,10 @@ class VerifySampler:
                 for a, b in (p for p in pairs if p[1] - p[0] >= 2):
                     m = (a + b) // 2
                     ya, ym, yb = self.median(B, ctx, a), self.median(B, ctx, m), self.median(B, ctx, b)
-                    if None not in (ya, ym, yb) and abs(ym - (ya + (yb - ya) * (m - a) / (b - a))) > self.p.s.interp_tolerance * ym:
+                    if None in (ya, ym, yb):
+                        continue
+                    noise = self.half_width(B, ctx, m) + (self.half_width(B, ctx, a) + self.half_width(B, ctx, b)) / 2
+                    if abs(ym - (ya + (yb - ya) * (m - a) / (b - a))) > max(self.p.s.interp_tolerance * ym, noise):
                         nxt += [(a, m), (m, b)]
                 gaps[(B, ctx)] = nxt
         while time.monotonic() < deadline:  # repeats where the interval is still wide
@@ -643,7 +654,11 @@ class Profiler:
             timings[D] = _time_unless_oom(step, self.device, warmup=1)
             return timings[D]["median_ms"] if timings[D] else None
 
-        adaptive_sample(measure, 1, self.d_max(drafter), self.s.interp_tolerance, [d for d in (1, 2, 4, 8) if d <= self.d_max(drafter)])
+        def noise(D: int) -> float:
+            t = timings.get(D)
+            return (t["ci_high_ms"] - t["ci_low_ms"]) / 2 if t else 0.0
+
+        adaptive_sample(measure, 1, self.d_max(drafter), self.s.interp_tolerance, [d for d in (1, 2, 4, 8) if d <= self.d_max(drafter)], noise)
         return timings
 
     # ------------------------------------------------------------------ acceptance

@@ -35,6 +35,20 @@ def test_adaptive_sampling_finds_the_bend_and_skips_flat_stretches():
         assert y == pytest.approx(curve(x), rel=0.03)
 
 
+def test_adaptive_sampling_does_not_chase_noise():
+    """A straight line timed with ±10% noise: misses inside the noise bisect nothing (3% alone would bisect most
+    gaps); a bend larger than the noise is still found."""
+    rng = random.Random(1)
+    line = lambda x: 10.0 + 0.5 * x  # noqa: E731
+    noisy = adaptive_sample(lambda x: line(x) * (1 + rng.uniform(-0.1, 0.1)), 1, 16, 0.03, [1, 2, 4, 8, 16], noise=lambda x: 0.1 * line(x))
+    assert len(noisy) <= 8  # the seeds and at most one midpoint per gap: no gap bisected twice
+    blind = adaptive_sample(lambda x: line(x) * (1 + random.Random(x).uniform(-0.1, 0.1)), 1, 16, 0.03, [1, 2, 4, 8, 16])
+    assert len(blind) == 16  # the tolerance alone chases the noise into every point
+    bend = lambda x: 10.0 if x <= 6 else 10.0 + 5.0 * (x - 6)  # noqa: E731
+    found = adaptive_sample(bend, 1, 16, 0.03, [1, 2, 4, 8, 16], noise=lambda x: 0.5)
+    assert 6 in found and 7 in found
+
+
 def test_adaptive_sampling_stops_at_infeasible_points():
     measured = adaptive_sample(lambda x: None if x >= 9 else float(x), 1, 16, 0.03, [1, 2, 4, 8, 16])
     assert measured[16] is None
