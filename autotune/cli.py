@@ -473,7 +473,12 @@ def export(
         for line in describe_repair(record):
             console.print(line, markup=False)
 
-    manifest = run_export(settings, on_repair=show_repair)
+    started = time.monotonic()
+
+    def show_step(line: str) -> None:  # each check as it ends: a long export is never silent, on a terminal or in a CI log
+        console.print(f"{line} [{(time.monotonic() - started) / 60:.1f} min]", markup=False, soft_wrap=True)
+
+    manifest = run_export(settings, on_repair=show_repair, on_step=show_step)
     table = Table(title=f"bundle {out}: {manifest['plan']['mechanism']}, schedule {manifest['plan']['schedule']}")
     for col in ("engine", "version", "files", "decisions"):
         table.add_column(col)

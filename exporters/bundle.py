@@ -35,8 +35,8 @@ from specdec_tune import SpecdecError, __version__
 from specdec_tune.exporters.artifacts import check_shipped_kernels, kernels_summary, onnx_summary, ship_drafter_onnx, ship_kernels
 from specdec_tune.exporters.engines import ENGINE_MODEL_IDS, ExportContext, load_engines, load_schema_file
 from specdec_tune.exporters.report import bundle_readme, lossless_text, write_report
-from specdec_tune.exporters.validate import (MeasureSettings, check_document, failing_rows, lossless_gate, prediction_cells, repair_record,
-                                             throughput_check, throughput_refusal)
+from specdec_tune.exporters.validate import (MeasureSettings, check_document, describe_throughput_row, failing_rows, lossless_gate,
+                                             prediction_cells, repair_record, throughput_check, throughput_refusal)
 from specdec_tune.exporters.versions import DEFAULT_VERSIONS, parse_version
 from specdec_tune.profiles.fingerprint import triton_version
 from specdec_tune.profiles.schema import Profile, load_profile
@@ -169,10 +169,12 @@ def _lossless_key(plan: dict) -> tuple:
     return plan["mechanism"], plan["quant"], sorted({b["draft_len"] for b in plan["buckets"] if b["draft_len"] > 0})
 
 
-def export(s: ExportSettings, on_repair: Callable[[dict], None] | None = None) -> dict:
+def export(s: ExportSettings, on_repair: Callable[[dict], None] | None = None, on_step: Callable[[str], None] | None = None) -> dict:
     """Stage, validate and swap the bundle into place. A failed throughput check is repaired before it refuses
     (`repair_throughput`: plan.json and profile.json are then rewritten, and the bundle ships the plan that passed);
-    `on_repair` receives each round's record as it ends."""
+    `on_repair` receives each round's record as it ends, `on_step` a line for each check as it ends (the lossless
+    gate, each bucket of the throughput check)."""
+    step = on_step or (lambda line: None)
     _recover_interrupted(s.out)
     plan = read_plan(s.plan)
     profile = load_profile(s.profile)
@@ -189,7 +191,9 @@ def export(s: ExportSettings, on_repair: Callable[[dict], None] | None = None) -
             gate = tp = {"skipped": "--configs-only"}
         else:
             gate = _lossless_gate_or_refuse(plan, profile, s.measure)
-            checked = repair_throughput(s, plan, profile, throughput_check(plan, profile, s.measure), on_repair)
+            step(f"lossless gate: {lossless_text(gate)}")
+            first = throughput_check(plan, profile, s.measure, on_row=lambda row: step(f"throughput {describe_throughput_row(row)}"))
+            checked = repair_throughput(s, plan, profile, first, on_repair)
             tp, repairs = checked.throughput, checked.repairs
             if checked.failed:
                 raise throughput_refusal(checked.plan, checked.profile, tp, repairs, checked.not_repaired)

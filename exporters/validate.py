@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections.abc import Callable
 
 import jsonschema
 import torch
@@ -52,6 +53,9 @@ class MeasureSettings:
     rows: int = 8  # prompts decoded per bucket at least, in batches of the bucket's size
     seed: int = 0
     repair_rounds: int = 2  # a failed throughput check: rounds of re-measuring its verify cells and re-planning before refusing
+
+
+WARMUP_TOKENS = 8  # a decode's warm-up: the first batch, this many tokens (allocator and caches; not timed)
 
 
 def _prompts(target, n: int, new_tokens: int, max_draft: int, split: str = "held_back") -> list[list[int]]:
@@ -111,7 +115,7 @@ def context_prompts(target, ctx: int, new_tokens: int, max_draft: int, split: st
 def measure_decode(target, drafter, ids: list[list[int]], D: int, new_tokens: int, repeats: int, seed: int = 0,
                    batch_size: int | None = None) -> dict:
     """Decode tokens/s over `ids` in batches of `batch_size` (default: one batch), median of `repeats` after a
-    warm-up, and the tokens per target forward of the last run.
+    warm-up (the first batch, a few tokens), and the tokens per target forward of the last run.
 
     Only the rounds in which all `batch_size` rows are still decoding count towards tokens/s: that is the
     batch a continuously batched server keeps full, and what the cost model predicts. A static batch's
@@ -123,14 +127,15 @@ def measure_decode(target, drafter, ids: list[list[int]], D: int, new_tokens: in
     if len(ids) % B:
         raise SpecdecError(f"{len(ids)} prompts do not split into batches of {B}", "pass a multiple of the batch size")
     kwargs = dict(drafter=drafter if D else None, num_draft_tokens=D, max_new_tokens=new_tokens, temperature=0.0, seed=seed, stop_token_ids=())
+    generate(target.model, ids[:B], **(kwargs | {"max_new_tokens": min(new_tokens, WARMUP_TOKENS)}))  # warm-up
     rates = []
-    for _ in range(1 + repeats):
+    for _ in range(repeats):
         tokens, seconds, counters = 0, 0.0, []
         for start in range(0, len(ids), B):
             out = generate(target.model, ids[start : start + B], **kwargs)
             tokens, seconds, counters = tokens + out.full_batch_tokens, seconds + out.full_batch_s, counters + out.per_prompt
         rates.append(tokens / seconds)
-    return {"tokens_per_s": statistics.median(rates[1:]), "tokens_per_forward": SpecCounters.total(counters).tokens_per_target_forward}
+    return {"tokens_per_s": statistics.median(rates), "tokens_per_forward": SpecCounters.total(counters).tokens_per_target_forward}
 
 
 class DeviceSpeed:
@@ -165,8 +170,9 @@ def _another_device(profiled: dict) -> str:
                      if key in profiled and profiled.get(key) != here.get(key))
 
 
-def throughput_check(plan: dict, profile, s: MeasureSettings) -> dict:
-    """Measured decode tokens/s per bucket against the plan, at the plan's context length (this device).
+def throughput_check(plan: dict, profile, s: MeasureSettings, on_row: Callable[[dict], None] | None = None) -> dict:
+    """Measured decode tokens/s per bucket against the plan, at the plan's context length (this device); `on_row`
+    receives each bucket's row as it is measured.
 
     Around each bucket the device's speed is probed against profile time (`DeviceSpeed`); the gate compares
     the measurement with the prediction scaled by that ratio, so that a machine that is busier than when it
@@ -197,6 +203,8 @@ def throughput_check(plan: dict, profile, s: MeasureSettings) -> dict:
             if not is_out_of_memory(e):
                 raise
             rows.append({"batch": B, "draft_len": D, "infeasible": "out of memory on this device now"})
+            if on_row:
+                on_row(rows[-1])
             continue
         predicted = b["predicted"]["tokens_per_s"]["value"]
         at_speed = predicted / ratio
@@ -204,6 +212,8 @@ def throughput_check(plan: dict, profile, s: MeasureSettings) -> dict:
                      "device_speed_ratio": ratio, "predicted_at_current_speed_tokens_per_s": at_speed,
                      "measured_tokens_per_s": measured, "raw_error_pct": 100 * (predicted - measured) / measured,
                      "error_pct": 100 * (at_speed - measured) / measured})
+        if on_row:
+            on_row(rows[-1])
     timed = [r for r in rows if "infeasible" not in r]
     if not timed:
         return {"checked": False, "why": "every bucket ran out of memory on this device", "buckets": rows}

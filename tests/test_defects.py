@@ -95,7 +95,7 @@ def test_a_plan_that_never_speculates_exports_with_the_gate_not_applicable(never
     plan, profile = never_speculates
     _refuse_loading(monkeypatch)
     monkeypatch.setattr(bundle_module, "ship_kernels", lambda *a: {"skipped": "kernels are not what this test checks"})
-    monkeypatch.setattr(bundle_module, "throughput_check", lambda *a: {"checked": False, "why": "not measured in this test"})
+    monkeypatch.setattr(bundle_module, "throughput_check", lambda *a, **k: {"checked": False, "why": "not measured in this test"})
     out = tmp_path / "bundle"
     assert main(["export", "--plan", str(plan), "--profile", str(profile), "--out", str(out), "--no-onnx"]) == 0
     printed = capsys.readouterr().out

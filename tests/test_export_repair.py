@@ -202,7 +202,7 @@ def test_no_repair_without_a_check_of_this_device(case, inputs, simulated_device
     calls = remeasured(lowers=True)
     out = tmp_path / "bundle"
     if case == "check that did not run":
-        monkeypatch.setattr(bundle_module, "throughput_check", lambda *a: {"checked": False, "why": "no prompt reaches the context"})
+        monkeypatch.setattr(bundle_module, "throughput_check", lambda *a, **k: {"checked": False, "why": "no prompt reaches the context"})
         manifest = export(ExportSettings(plan=plan_path, profile=profile_path, out=out, onnx_drafter=False))
         assert manifest["validation"]["repairs"] == [] and "repairs" not in json.loads((out / "validation.json").read_text())
     else:
@@ -211,7 +211,7 @@ def test_no_repair_without_a_check_of_this_device(case, inputs, simulated_device
         assert plan["device"]["projected_from"]
         failed = validate.throughput_check(dict(plan, device={}), load_profile(profile_path), MeasureSettings())
         assert not failed["passed"]  # what this device measures disagrees with the plan at its first bucket
-        monkeypatch.setattr(bundle_module, "throughput_check", lambda *a: failed)
+        monkeypatch.setattr(bundle_module, "throughput_check", lambda *a, **k: failed)
         with pytest.raises(SpecdecError, match=r"not repaired: the plan is for .* \(modeled\)") as refused:
             export(ExportSettings(plan=plan_path, profile=profile_path, out=out, onnx_drafter=False))
         assert f"batch {failed['worst']['batch']}" in str(refused.value) and not out.exists()
