@@ -5,12 +5,14 @@ Phases, in order (a short --budget-minutes drops what is left and says so in `no
               > tol, repeats until the median's 95% interval is tight), then fitted non-decreasing in 1+D, B and ctx
   draft       T_draft(B, D) per mechanism, one propose() as it runs (serial steps / one pass / lookups), on real text
   acceptance  greedy: replayed exactly at every D from the target's trajectories (profiles/replay.py), for every
-              drafter in every weight format (FP8 / NVFP4 as fake-quantized weights: emulated); the loop at D_max for
-              temperatures > 0 and with --acceptance loop (smaller D derived from its rounds)
+              drafter in every weight format (FP8 / NVFP4 as fake-quantized weights: emulated)
   check       the loop against the replay on a sample: equal counters in fp32 (else the profile fails), the
               difference in the profile's dtype recorded
-  host        loop time per round outside drafter and target, per batch bucket, at the shortest and longest draft
+  host        loop time per round outside drafter and target, at the smallest and largest batch and the shortest
+              and longest draft (interpolated between)
   micro       attention vs G*(1+D) rows per KV head; linear layers vs M = B*(1+D)
+  loop        the speculative loop at D_max for temperatures > 0 (1 prompt per domain; with --acceptance loop, for
+              everything), smaller D derived from its rounds
   more prompts  greedy acceptance grows per domain until tokens per forward is within ±half-width (95% bootstrap
               interval over prompts) at the D a plan could take, the split runs out, or the budget ends
 
@@ -50,6 +52,7 @@ BOOTSTRAP_RESAMPLES = 1000
 GROWTH_STEP = 4  # prompts added per domain and round while its acceptance interval is wide
 FLAG_REL_DIFF = 0.05  # replay vs the loop in the profile's dtype: flag differences above this
 DRAFT_CALLS_PER_POINT = 1 + 5 * 10  # warm-up + time_call's repeats (at most 10x when they are short)
+HOST_NEW_TOKENS = 8  # the decode a host-overhead cell runs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +63,7 @@ class ProfileSettings:
     prompts_per_domain: int = 4  # to start with: greedy acceptance adds more until its interval is tight
     acceptance_half_width: float = 0.02  # target relative half-width (95%) of tokens per forward at the relevant D
     acceptance: str = "replay"  # greedy acceptance: "replay" where the drafter allows it, or "loop" for every drafter
-    sampled_prompts_per_domain: int = 2  # prompts per domain for temperatures > 0 (the loop)
+    sampled_prompts_per_domain: int = 1  # prompts per domain for temperatures > 0 (the loop, at D_max: the costliest unit)
     check_prompts: int = 4  # prompts on which the loop checks the replay
     new_tokens: int = 64
     temperatures: tuple[float, ...] = (0.0, 0.7)
@@ -232,7 +235,7 @@ def time_verify_step(model, batch: int, ctx: int, tokens: int, seed: int = 0) ->
     return step.time(tokens) if step.ready else None
 
 
-VERIFY_BUDGET_SHARE = 0.3  # of the budget left when the verify phase starts
+VERIFY_BUDGET_SHARE = 0.25  # of the budget left when the verify phase starts
 VERIFY_TARGET_REL_HALF_WIDTH = 0.03  # a cell is repeated until its median's 95% interval is this tight (or the share ends)
 VERIFY_SAMPLES_PER_VISIT = 3
 FIT_MAX_SWEEPS = 3000  # of Dykstra's projections (a 16 x 5 x 2 grid: ~2 ms each; noisy grids need a few hundred)
@@ -517,10 +520,11 @@ class Profiler:
         self.guard = SpeedGuard(probe=lambda: probe.timing(1, warmup=1, repeats=3).median_ms)
         verify, verify_fit = self._verify_curve(log, budget)
         draft = self._draft_costs(log, budget)
-        self._acceptance(log, budget)
+        self._acceptance(log)
         self._check_replay(log, budget)
         host = self._host(log, budget)
         micro_points = self._micro(log, budget)
+        self._acceptance_loops(log, budget)
         growth_notes = self._grow_acceptance(log, budget, verify)
         acceptance = self._acceptance_records()
         skipped: dict[str, list[str]] = {}  # "host overhead" -> ["ngram B=1 D=1", ...]
@@ -717,17 +721,22 @@ class Profiler:
             if p not in self.used:
                 self.used.append(p)
 
-    def _acceptance(self, log: MeasurementLog, budget: Budget) -> None:
-        """Greedy acceptance by replay where the drafter allows it; the loop for the rest and for sampling."""
-        s = self.s
+    def _acceptance(self, log: MeasurementLog) -> None:
+        """Greedy acceptance by replay, for every drafter and weight format (with --acceptance loop: none)."""
         if self.replay_units:
             self._tick("acceptance", 0, 1)
             self._replay_prompts(log, list(self.prompt_set.prompts))
+            self._tick("acceptance", 1, 1)
+
+    def _acceptance_loops(self, log: MeasurementLog, budget: Budget) -> None:
+        """The speculative loop at D_max where replay does not apply: temperatures > 0 (and everything with
+        --acceptance loop), smaller D derived from its rounds. Run after the cheaper phases: it is the costliest."""
+        s = self.s
         units = [(name, "none", t) for t in s.temperatures for name in self.drafters if t > 0 or (name, "none") not in self.replay_units]
         units += [(name, fmt, 0.0) for fmt in s.quant_formats for name, d in self.drafters.items()
                   if d.kind != "model_free" and (name, fmt) not in self.replay_units]
         for i, (name, fmt, temp) in enumerate(units):
-            self._tick("acceptance", i, len(units))
+            self._tick("loop acceptance", i, len(units))
             label = f"acceptance {name} quant={fmt} T={temp}"
             if not budget.allows(label):
                 continue
@@ -745,7 +754,7 @@ class Profiler:
                     rel = (derived - direct) / direct
                     checks.append({"draft_len": D, "derived": derived, "direct": direct, "rel_diff": rel, "flagged": abs(rel) > FLAG_REL_DIFF})
             self.looped[(name, fmt, temp)] = (prompts, per_prompt, checks)
-        self._tick("acceptance", len(units), len(units))
+        self._tick("loop acceptance", len(units), len(units))
 
     def _acceptance_records(self) -> list[dict]:
         records = []
@@ -892,10 +901,13 @@ class Profiler:
     # ------------------------------------------------------------------ host overhead
 
     def _host(self, log: MeasurementLog, budget: Budget) -> list[dict]:
-        """Per batch bucket and drafter, at the shortest and the longest draft: a short real decode; host = round -
-        draft - verify (the cost model interpolates between the two draft lengths)."""
+        """Per drafter, at the smallest and the largest batch bucket and the shortest and the longest draft: a short
+        real decode; host = round - draft - verify. The host's work is per-row bookkeeping, linear in B: the cost
+        model interpolates between the two batches (labelled so) and between the two draft lengths, and the
+        decodes at the middle batches, which cost as much as a verify curve on a CPU, are not run."""
         points = []
-        cells = [(name, B, D) for name in ("plain", *self.drafters) for B in self.s.batch_buckets
+        batches = sorted({min(self.s.batch_buckets), max(self.s.batch_buckets)})
+        cells = [(name, B, D) for name in ("plain", *self.drafters) for B in batches
                  for D in ([0] if name == "plain" else sorted({1, self.d_max(self.drafters[name])}))]
         for i, (name, B, D) in enumerate(cells):
             self._tick("host", i, len(cells))
@@ -904,7 +916,7 @@ class Profiler:
 
             def run():
                 ids = (self.prompt_ids * B)[:B]
-                res = generate(self.model, ids, drafter=self.drafters.get(name), num_draft_tokens=D, max_new_tokens=16)
+                res = generate(self.model, ids, drafter=self.drafters.get(name), num_draft_tokens=D, max_new_tokens=HOST_NEW_TOKENS)
                 return {"draft_s": res.draft_s, "verify_s": res.verify_s, "total_s": res.total_s, "forwards": res.target_forwards}
 
             r = log.measure(f"host/{name}/{B}/{D}", lambda: self._guarded(run))

@@ -324,6 +324,34 @@ def test_throughput_gate_scales_by_device_speed_and_names_the_bucket(monkeypatch
     assert not bad["passed"] and bad["worst"]["batch"] == 4 and bad["worst"]["error_pct"] == pytest.approx(100 * (400 - 300) / 300)
 
 
+def test_throughput_gate_passes_a_difference_inside_the_noise_and_refuses_one_outside(monkeypatch, fixed_speed):
+    """20% off with the prediction's interval overlapping the repeats' spread passes (inside the noise, said so);
+    20% off with both intervals apart fails at its bucket."""
+    import types
+
+    from specdec_tune.exporters import validate
+
+    spread = {1: [90.0, 110.0], 4: [290.0, 310.0]}
+    monkeypatch.setattr(validate, "measure_decode", lambda t, d, ids, D, *a, batch_size, **k: {
+        "tokens_per_s": sum(spread[batch_size]) / 2, "tokens_per_s_range": spread[batch_size]})
+    monkeypatch.setattr(validate, "DeviceSpeed", fixed_speed(1.0))
+    monkeypatch.setattr(validate, "plan_drafter", lambda *a: None)
+    monkeypatch.setattr("specdec_tune.profiles.models.loading.load_model", lambda *a, **k: None)
+    monkeypatch.setattr(validate, "context_prompts", lambda *a: [[1, 2, 3]])
+    profile = types.SimpleNamespace(target={"path": "x"}, device={"dtype": "float32"})
+
+    def plan(low_4):
+        return {"device": {}, "ctx": 128, "max_draft_len": 3, "buckets": [
+            {"batch": 1, "draft_len": 3, "predicted": {"tokens_per_s": {"value": 100.0, "source": "modeled", "low": 95.0, "high": 105.0}}},
+            {"batch": 4, "draft_len": 0, "predicted": {"tokens_per_s": {"value": 360.0, "source": "modeled", "low": low_4, "high": 380.0}}}]}
+
+    noisy = validate.throughput_check(plan(305.0), profile, validate.MeasureSettings())
+    assert noisy["passed"] and noisy["buckets"][1]["inside_noise"] and noisy["buckets"][1]["error_pct"] == pytest.approx(20)
+    assert "inside the noise" in validate.describe_throughput_row(noisy["buckets"][1]) and validate.failing_rows(noisy) == []
+    apart = validate.throughput_check(plan(340.0), profile, validate.MeasureSettings())
+    assert not apart["passed"] and [r["batch"] for r in validate.failing_rows(apart)] == [4]
+
+
 def test_device_speed_probes_the_profiled_step_around_a_measurement(tiny_hf_dir):
     import types
 
