@@ -53,6 +53,7 @@ GROWTH_STEP = 4  # prompts added per domain and round while its acceptance inter
 FLAG_REL_DIFF = 0.05  # replay vs the loop in the profile's dtype: flag differences above this
 DRAFT_CALLS_PER_POINT = 1 + 5 * 10  # warm-up + time_call's repeats (at most 10x when they are short)
 HOST_NEW_TOKENS = 8  # the decode a host-overhead cell runs
+DRAFT_POINT_MAX_MS = 3000.0  # a draft-cost point stops repeating (after 3) once its calls span this: a serial draft of 15 steps at batch 16 takes seconds on a CPU
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,10 +183,10 @@ def fill_curve(measured: dict[int, float | None], xs: range) -> list[tuple[int, 
     return out
 
 
-def _timing_unless_oom(fn, device: torch.device, warmup: int = 2, repeats: int = 5) -> Timing | None:
+def _timing_unless_oom(fn, device: torch.device, warmup: int = 2, repeats: int = 5, max_total_ms: float = float("inf")) -> Timing | None:
     """time_call's figures, or None when the call runs out of memory (recorded as infeasible)."""
     try:
-        return time_call(fn, device=device, warmup=warmup, repeats=repeats)
+        return time_call(fn, device=device, warmup=warmup, repeats=repeats, max_total_ms=max_total_ms)
     except (torch.OutOfMemoryError, RuntimeError) as e:
         if not is_out_of_memory(e):
             raise
@@ -194,8 +195,8 @@ def _timing_unless_oom(fn, device: torch.device, warmup: int = 2, repeats: int =
         return None
 
 
-def _time_unless_oom(fn, device: torch.device, warmup: int = 2) -> dict | None:
-    timing = _timing_unless_oom(fn, device, warmup)
+def _time_unless_oom(fn, device: torch.device, warmup: int = 2, max_total_ms: float = float("inf")) -> dict | None:
+    timing = _timing_unless_oom(fn, device, warmup, max_total_ms=max_total_ms)
     return timing.as_dict() if timing else None
 
 
@@ -655,7 +656,7 @@ class Profiler:
                     r.append(t[len(r)])
                 drafter.propose(request(rows, D, first=False))
 
-            timings[D] = _time_unless_oom(step, self.device, warmup=1)
+            timings[D] = _time_unless_oom(step, self.device, warmup=1, max_total_ms=DRAFT_POINT_MAX_MS)
             return timings[D]["median_ms"] if timings[D] else None
 
         def noise(D: int) -> float:

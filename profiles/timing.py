@@ -46,15 +46,17 @@ def _quantile(sorted_ms: list[float], q: float) -> float:
 
 
 def time_call(fn: Callable[[], object], *, device: torch.device, warmup: int = 2, repeats: int = 7,
-              min_total_ms: float = 0.0) -> Timing:
-    """Median over `repeats` calls after `warmup` calls; repeats grow until they span `min_total_ms`."""
+              min_total_ms: float = 0.0, max_total_ms: float = float("inf")) -> Timing:
+    """Median over `repeats` calls after `warmup` calls; repeats grow until they span `min_total_ms`, and stop
+    early (after at least 3) once they span `max_total_ms`: a call of seconds needs fewer repeats for a median."""
     for _ in range(warmup):
         fn()
     samples: list[float] = []
     use_events = device.type == "cuda"
     if use_events:
         torch.cuda.synchronize(device)
-    while len(samples) < repeats or (sum(samples) < min_total_ms and len(samples) < 10 * repeats):
+    while (len(samples) < repeats or (sum(samples) < min_total_ms and len(samples) < 10 * repeats)) and \
+            not (len(samples) >= 3 and sum(samples) >= max_total_ms):
         if use_events:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()

@@ -324,3 +324,13 @@ def test_progress_prints_one_line_per_finished_phase_where_output_is_not_a_termi
         tick("draft", 1, 2)
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1 and lines[0].startswith("verify: done (3 steps) at 0.0 min") and "min of the budget left" in lines[0]
+
+
+def test_time_call_stops_repeating_a_long_call_after_three():
+    import torch
+
+    from specdec_tune.profiles.timing import time_call
+
+    slow = lambda: time.sleep(0.02)  # noqa: E731
+    assert time_call(slow, device=torch.device("cpu"), warmup=0, repeats=7, max_total_ms=50).repeats == 3
+    assert time_call(slow, device=torch.device("cpu"), warmup=0, repeats=7).repeats == 7
