@@ -43,12 +43,7 @@ def held_back(profile, per_domain: int | None) -> CalibrationSet:
     if pool.fingerprint() != profile.workload.calibration_fingerprint:
         raise SpecdecError(f"the calibration set {profile.workload.calibration!r} is not the one this profile read",
                            "profile again with the installed calibration prompts")
-    picked, counts = [], {}
-    for p in held.prompts:
-        if p.domain in profile.workload.domains and (per_domain is None or counts.get(p.domain, 0) < per_domain):
-            picked.append(p)
-            counts[p.domain] = counts.get(p.domain, 0) + 1
-    return CalibrationSet(f"{held.name}[held back]", tuple(picked))
+    return held.per_domain(len(held.prompts) if per_domain is None else per_domain)
 
 
 def run(args) -> dict:

@@ -114,6 +114,15 @@ class CalibrationSet:
             h.update(b"\n")
         return h.hexdigest()
 
+    def per_domain(self, n: int) -> CalibrationSet:
+        """The first n prompts of each domain (in the set's order)."""
+        picked, counts = [], {}
+        for p in self.prompts:
+            if counts.get(p.domain, 0) < n:
+                picked.append(p)
+                counts[p.domain] = counts.get(p.domain, 0) + 1
+        return CalibrationSet(f"{self.name}[{n}/domain]", tuple(picked))
+
     def take(self, n: int) -> CalibrationSet:
         """The first `n` prompts in round-robin-by-domain order (so small subsets cover every domain)."""
         if n < 0:

@@ -428,11 +428,11 @@ class Profiler:
             self.drafters[name] = create(name, self.target, options)
         self.calibration = load_calibration(settings.prompts)
         self.pool, _ = self.calibration.split()  # the profiling split: acceptance grows into it, never the held-back part
-        self.prompt_set = _per_domain(self.pool, settings.prompts_per_domain)
+        self.prompt_set = self.pool.per_domain(settings.prompts_per_domain)
         self.prompt_ids = encode_prompts(self.target.tokenizer, self.prompt_set, context_tokens=self.model.config.max_position_embeddings,
                                          max_new_tokens=settings.new_tokens, max_draft_tokens=settings.max_draft_len)
         self.encoded = {p.id: ids for p, ids in zip(self.prompt_set, self.prompt_ids)} | self._encode_fitting(self.pool)
-        self.sampled_prompts = list(_per_domain(self.prompt_set, settings.sampled_prompts_per_domain).prompts)
+        self.sampled_prompts = list(self.prompt_set.per_domain(settings.sampled_prompts_per_domain).prompts)
         self.stop_ids = list(self.model.config.eos_token_ids)
         # greedy acceptance by replay (profiles/replay.py) for the drafters that declare how, in every weight format
         self.replay_units = [] if settings.acceptance == "loop" else [
@@ -994,16 +994,6 @@ def remeasure(profile_path: Path, verify_cells: list[tuple[int, int, int]], visi
     changes = [{"batch": B, "tokens": t, "ctx": ctx, "before_ms": before.get((B, t, ctx)), "after_ms": after[(B, t, ctx)].median_ms,
                 "source": after[(B, t, ctx)].source} for B, t, ctx in verify_cells if (B, t, ctx) in after]
     return updated, changes
-
-
-def _per_domain(cal: CalibrationSet, n: int) -> CalibrationSet:
-    """The first n prompts of each domain (in the set's order)."""
-    picked, counts = [], {}
-    for p in cal.prompts:
-        if counts.get(p.domain, 0) < n:
-            picked.append(p)
-            counts[p.domain] = counts.get(p.domain, 0) + 1
-    return CalibrationSet(f"{cal.name}[{n}/domain]", tuple(picked))
 
 
 def summary(profile: Profile) -> dict:

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from specdec_tune.profiles.drafters.base import Draft, DraftRequest, register
-from specdec_tune.profiles.drafters.heads import DraftHead, resolve_head, DraftVocabulary, HeadDrafter, default_aux_layers, head_layer_config
+from specdec_tune.profiles.drafters.heads import DraftHead, DraftVocabulary, HeadDrafter, default_aux_layers, head_layer_config, resolve_head
 from specdec_tune.profiles.models.llama import CausalLM, DecoderLayer, KVCache, ModelConfig, RMSNorm, gqa_attention
 from specdec_tune.profiles.models.loading import LoadedModel
 
