@@ -10,7 +10,7 @@ replay's equality does not depend on the head's quality):
                    every other D derived from D_max's rounds, not measured);
             replay one greedy trajectory per prompt shared by every drafter, plus each drafter's proposals (exact at every D).
 
-    python bench/acceptance_replay.py            # 16 held-back prompts, 64 tokens, D_max 15 (about 10 minutes on 2 cores)
+    python bench/acceptance_replay.py            # 16 held-back prompts, 32 tokens, D_max 7 (the CPU profile's defaults)
     python bench/acceptance_replay.py --quick    # 4 prompts, 16 tokens, D_max 3
 
 Writes bench/results/acceptance_replay.json and prints a short table.
@@ -144,9 +144,9 @@ def table(r: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--max-draft-len", type=int, default=15)
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--max-draft-len", type=int, default=7)
+    ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "acceptance_replay.json")
     ap.add_argument("--quick", action="store_true", help="4 prompts, 16 tokens, D_max 3")
     args = ap.parse_args(argv)

@@ -257,7 +257,7 @@ def run(args) -> dict:
             with counter.active():  # the decodes' forwards only: the speed probes around them are not the sweep's
                 return measure_decode(target, drafters.get(m), pool[:rows], D, args.new_tokens, args.repeats, args.seed, batch_size=B)
 
-        return speed.measure(decode)  # the device's speed against profile time, probed around the point
+        return speed.measure(decode, batch=B)  # the device's speed against profile time, probed around the point at B
 
     points = []
     sweep_started = time.perf_counter()

@@ -140,26 +140,41 @@ def measure_decode(target, drafter, ids: list[list[int]], D: int, new_tokens: in
 
 
 class DeviceSpeed:
-    """This device's speed now against profile time, probed around each measurement.
+    """This device's speed now against profile time, probed around each measurement at the measured batch.
 
-    The probe is one verify step (batch 1, one token, `ctx` cached), the same step the profile measured.
+    The probe is one verify step (the bucket's batch, one token, `ctx` cached), a step the profile measured.
     Around a measurement it runs before and after (`SpeedGuard`: a measurement during which the speed
-    changed is repeated); the ratio of their mean to the profile's figure says how much slower (> 1) the
-    device runs now. Shared machines drift with other tenants and clocks: the gate compares at the current speed.
+    changed is repeated); the ratio of their mean to the profile's raw median says how much slower (> 1) the
+    device runs now. Shared machines drift with other tenants and clocks, and not by one factor: on a 2-core
+    CPU the batch-1 step (bound by memory) ran at x0.98-1.12 of its profile time while batches 4-16 (bound
+    by compute) ran 20-35% slower, so each batch is probed at its own size.
     """
 
     def __init__(self, target, profile, ctx: int, seed: int = 0) -> None:
+        self.target, self.ctx, self.seed = target, ctx, seed
+        self.profiled_ms = {p.batch: p.raw_median_ms or p.median_ms for p in profile.verify
+                            if (p.tokens, p.ctx) == (1, ctx) and p.source in ("measured", "fitted") and (p.raw_median_ms or p.median_ms)}
+        self.why = None if self.profiled_ms else f"the profile has no measured verify step with one token at ctx {ctx}"
+        self.guards: dict[int, SpeedGuard] = {}
+
+    def probed_batch(self, batch: int) -> int | None:
+        """The batch whose profiled step stands for `batch`: itself where measured, else the nearest measured one."""
+        return min(self.profiled_ms, key=lambda b: (abs(b - batch), b)) if self.profiled_ms else None
+
+    def measure(self, fn, batch: int = 1):
+        """(fn's result, speed ratio now / at profile time around it, probed at `batch`'s step)."""
         from specdec_tune.profiles.profiler import VerifyStep
 
-        self.profiled_ms = next((p.median_ms for p in profile.verify if (p.batch, p.tokens, p.ctx) == (1, 1, ctx) and p.source == "measured"), None)
-        self.why = None if self.profiled_ms else f"the profile has no measured verify step at batch 1, ctx {ctx}"
-        step = VerifyStep(target.model, 1, ctx, 1, seed)
-        self.guard = SpeedGuard(probe=lambda: step.timing(1, warmup=1, repeats=3).median_ms, steady_only=True)
+        probed = self.probed_batch(batch) or 1
+        if probed not in self.guards:
+            step = VerifyStep(self.target.model, probed, self.ctx, 1, self.seed)
+            self.guards[probed] = SpeedGuard(probe=lambda: step.timing(1, warmup=1, repeats=3).median_ms, steady_only=True)
+        result, before, after = self.guards[probed].run(fn)
+        return result, ((before + after) / 2 / self.profiled_ms[probed]) if self.profiled_ms else 1.0
 
-    def measure(self, fn):
-        """(fn's result, speed ratio now / at profile time around it)."""
-        result, before, after = self.guard.run(fn)
-        return result, ((before + after) / 2 / self.profiled_ms) if self.profiled_ms else 1.0
+    @property
+    def repeated(self) -> int:
+        return sum(g.repeated for g in self.guards.values())
 
 
 def _another_device(profiled: dict) -> str:
@@ -199,7 +214,7 @@ def throughput_check(plan: dict, profile, s: MeasureSettings, on_row: Callable[[
         n = B * -(-s.rows // B)  # small batches decode several batches, so that AL is not one or two prompts'
         try:
             decoded, ratio = speed.measure(lambda: measure_decode(target, drafter, [pool[i % len(pool)] for i in range(n)], D, s.new_tokens,
-                                                                  s.repeats, s.seed, batch_size=B))
+                                                                  s.repeats, s.seed, batch_size=B), batch=B)
         except (torch.OutOfMemoryError, RuntimeError) as e:
             if not is_out_of_memory(e):
                 raise
@@ -236,8 +251,8 @@ def throughput_check(plan: dict, profile, s: MeasureSettings, on_row: Callable[[
               "device_drift_pct": drift}
     if speed.why:
         result["device_speed"] = f"not probed: {speed.why}"
-    if speed.guard.repeated:
-        result["repeated_after_a_speed_change"] = speed.guard.repeated
+    if speed.repeated:
+        result["repeated_after_a_speed_change"] = speed.repeated
     if len(timed) < len(rows):
         result["infeasible_batches"] = [r["batch"] for r in rows if "infeasible" in r]
     if drift > s.tolerance_pct:

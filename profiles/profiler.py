@@ -1,6 +1,6 @@
 """`specdec-tune profile`: measure the target, its drafters and the device into `profile.json`.
 
-Phases, in order (a short --budget-minutes drops what is left and says so in `notes`):
+Phases, in order (the budget counts from loading the models; a short --budget-minutes drops what is left and says so in `notes`):
   verify      T_verif(B, 1+D, ctx): every cell visited in shuffled rounds (seeds, bisection where a line misses by
               > tol, repeats until the median's 95% interval is tight), then fitted non-decreasing in 1+D, B and ctx
   draft       T_draft(B, D) per mechanism, one propose() as it runs (serial steps / one pass / lookups), on real text
@@ -14,7 +14,8 @@ Phases, in order (a short --budget-minutes drops what is left and says so in `no
   loop        the speculative loop at D_max for temperatures > 0 (1 prompt per domain; with --acceptance loop, for
               everything), smaller D derived from its rounds
   more prompts  greedy acceptance grows per domain until tokens per forward is within ±half-width (95% bootstrap
-              interval over prompts) at the D a plan could take, the split runs out, or the budget ends
+              interval over prompts) at the D a plan could take, the split runs out, or the budget ends: it fills
+              what the other phases left of the budget, adding only the prompts the replay's cost says fit
 
 Every measurement is appended to a log as soon as it finishes (`store.MeasurementLog`): a killed
 run resumes where it stopped, and a finished profile with the same fingerprint is reused.
@@ -52,8 +53,17 @@ BOOTSTRAP_RESAMPLES = 1000
 GROWTH_STEP = 4  # prompts added per domain and round while its acceptance interval is wide
 FLAG_REL_DIFF = 0.05  # replay vs the loop in the profile's dtype: flag differences above this
 DRAFT_CALLS_PER_POINT = 1 + 5 * 10  # warm-up + time_call's repeats (at most 10x when they are short)
-HOST_NEW_TOKENS = 8  # the decode a host-overhead cell runs
-DRAFT_POINT_MAX_MS = 3000.0  # a draft-cost point stops repeating (after 3) once its calls span this: a serial draft of 15 steps at batch 16 takes seconds on a CPU
+HOST_NEW_TOKENS = 6  # the decode a host-overhead cell runs
+HOST_PROMPT_TOKENS = 64  # of each prompt, its last: the host's work per round does not depend on the context
+# The target's greedy trajectories are generated this many prompts at a time: a decode step's cost grows little
+# with rows until compute saturates (demo target, 2-core CPU, ctx 256: 34 ms per row at 8 rows, 8.6 at 64). Rows
+# are grouped by prompt length, as the prefill pads each to the longest (there, on a CPU, the time goes).
+TRAJECTORY_BATCH = 64
+# The default grid per device kind: (largest batch bucket, D_max). A 2-core CPU decodes the demo target at about
+# 15 tokens/s per row at batch 1 and saturates its compute by batch 8, where a GPU's verify step stays flat to
+# batch 64 and beyond; its profile must also fit in minutes. --batch and --max-draft-len override either.
+DEFAULT_GRID = {"cpu": (8, 7), "cuda": (256, 15)}
+DRAFT_POINT_MAX_MS = 1000.0  # a draft-cost point stops repeating (after 3) once its calls span this: a serial draft of 7 steps at batch 8 takes half a second on a CPU
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,25 +71,25 @@ class ProfileSettings:
     target: str = "smollm2-135m"
     drafters: tuple[str, ...] = ("ngram", "suffix", "draft_model")  # "name" or "name:key=value,key=value"
     prompts: str = "default"
-    prompts_per_domain: int = 4  # to start with: greedy acceptance adds more until its interval is tight
+    prompts_per_domain: int = 4  # to start with: more are added (7 per MT-Bench category in the profiling split) until the interval is tight
     acceptance_half_width: float = 0.02  # target relative half-width (95%) of tokens per forward at the relevant D
     acceptance: str = "replay"  # greedy acceptance: "replay" where the drafter allows it, or "loop" for every drafter
     sampled_prompts_per_domain: int = 1  # prompts per domain for temperatures > 0 (the loop, at D_max: the costliest unit)
-    check_prompts: int = 4  # prompts on which the loop checks the replay
-    new_tokens: int = 64
+    check_prompts: int = 3  # prompts on which the loop checks the replay
+    new_tokens: int = 32  # per prompt: for a fixed cost, more prompts narrow the interval over prompts more than longer ones
     temperatures: tuple[float, ...] = (0.0, 0.7)
-    batch_buckets: tuple[int, ...] = ()  # () = 1..16 on CPU, 1..256 on a GPU (powers of two)
+    batch_buckets: tuple[int, ...] = ()  # () = the device's grid: DEFAULT_GRID
     ctx_buckets: tuple[int, ...] = (128, 512)
-    max_draft_len: int = 15
+    max_draft_len: int | None = None  # None = the device's grid: DEFAULT_GRID
     check_draft_lens: tuple[int, ...] = ()  # direct runs to check derived AL against; () = D_max/4 and D_max/2
-    acceptance_batch: int = 8
+    acceptance_batch: int = 16  # prompts the loop decodes together (temperatures > 0, --acceptance loop, the check)
     quant_formats: tuple[str, ...] = ("fp8", "nvfp4")
     interp_tolerance: float = 0.03  # bisect the verify curve where interpolation misses by more
     verify_visits: int = 6  # most visits per verify cell while its median's interval is wider than the target
     dtype: str = "auto"
     device: str = "auto"
     out_dir: Path = Path("artifacts/profile")
-    budget_minutes: float = 15.0
+    budget_minutes: float = 6.0
     seed: int = 0
     force: bool = False
     trust_remote_code: bool = False
@@ -89,13 +99,19 @@ class ProfileSettings:
         D = self.max_draft_len
         return self.check_draft_lens or tuple(sorted({max(1, D // 4), max(1, D // 2)} - {D}))
 
+    def for_device(self, kind: str) -> ProfileSettings:
+        """These settings with the device's default grid filled in where none was given (`DEFAULT_GRID`)."""
+        largest_batch, d_max = DEFAULT_GRID["cuda" if kind == "cuda" else "cpu"]
+        return dataclasses.replace(self, batch_buckets=self.batch_buckets or tuple(2**i for i in range(largest_batch.bit_length())),
+                                   max_draft_len=self.max_draft_len or d_max)
+
     def validate(self) -> None:
-        if self.max_draft_len < 1:
-            raise SpecdecError(f"--max-draft-len {self.max_draft_len} must be at least 1", "use 1 or more (default 15)")
+        if self.max_draft_len is not None and self.max_draft_len < 1:
+            raise SpecdecError(f"--max-draft-len {self.max_draft_len} must be at least 1", "use 1 or more (default 7 on CPU, 15 on a GPU)")
         for name, values in (("--batch", self.batch_buckets or (1,)), ("--ctx", self.ctx_buckets)):
             if not values or min(values) < 1 or list(values) != sorted(set(values)):
                 raise SpecdecError(f"{name} buckets {list(values)} must be distinct increasing positive integers", f"e.g. {name} 1,2,4,8")
-        if any(not 0 < d < self.max_draft_len for d in self.check_draft_lens):
+        if self.max_draft_len and any(not 0 < d < self.max_draft_len for d in self.check_draft_lens):
             raise SpecdecError(f"check draft lengths {list(self.check_draft_lens)} must lie in 1..{self.max_draft_len - 1}", "pick smaller D than --max-draft-len")
         if self.prompts_per_domain < 1 or self.new_tokens < 2 or self.budget_minutes <= 0:
             raise SpecdecError("--prompts-per-domain, --new-tokens and --budget-minutes must be positive (new tokens ≥ 2)", "raise them")
@@ -124,8 +140,8 @@ def parse_drafter_spec(spec: str) -> tuple[str, dict[str, str]]:
 class Budget:
     """Wall-clock budget; phases past the deadline are skipped and named in the profile's notes."""
 
-    def __init__(self, minutes: float) -> None:
-        self.deadline = time.monotonic() + 60 * minutes
+    def __init__(self, minutes: float, started: float | None = None) -> None:
+        self.deadline = (time.monotonic() if started is None else started) + 60 * minutes
         self.skipped: list[str] = []
 
     def allows(self, what: str) -> bool:
@@ -236,7 +252,7 @@ def time_verify_step(model, batch: int, ctx: int, tokens: int, seed: int = 0) ->
     return step.time(tokens) if step.ready else None
 
 
-VERIFY_BUDGET_SHARE = 0.25  # of the budget left when the verify phase starts
+VERIFY_BUDGET_SHARE = 0.2  # of the budget left when the verify phase starts
 VERIFY_TARGET_REL_HALF_WIDTH = 0.03  # a cell is repeated until its median's 95% interval is this tight (or the share ends)
 VERIFY_SAMPLES_PER_VISIT = 3
 FIT_MAX_SWEEPS = 3000  # of Dykstra's projections (a 16 x 5 x 2 grid: ~2 ms each; noisy grids need a few hundred)
@@ -411,12 +427,10 @@ def fit_verify(samples: dict[tuple[int, int, int], list[float]], infeasible: dic
 
 class Profiler:
     def __init__(self, settings: ProfileSettings, progress=None) -> None:
+        self.started = time.monotonic()  # the budget counts from here: loading the models is part of the profile's time
         settings.validate()
         self.device = resolve_device(settings.device)
-        if not settings.batch_buckets:
-            largest = 256 if self.device.type == "cuda" else 16
-            settings = dataclasses.replace(settings, batch_buckets=tuple(2**i for i in range(largest.bit_length())))
-        self.s = settings
+        self.s = settings = settings.for_device(self.device.type)
         self.progress = progress  # callable(phase: str, done: int, total: int) or None
         self.target = load_model(settings.target, dtype=settings.dtype, device=str(self.device), trust_remote_code=settings.trust_remote_code)
         self.model = self.target.model
@@ -438,6 +452,7 @@ class Profiler:
         self.replay_units = [] if settings.acceptance == "loop" else [
             (name, fmt) for name, d in self.drafters.items() if d.replay for fmt in ("none", *(settings.quant_formats if d.kind != "model_free" else ()))]
         self.used: list[CalibrationPrompt] = []  # prompts replayed so far, in order
+        self.replay_s_per_prompt = 0.0  # the slowest replay so far, wall seconds per prompt: how many more fit the budget
         self.trajectory: dict[str, list[int]] = {}
         self.replayed: dict[tuple[str, str], dict[str, list[SpecCounters]]] = {}  # (name, fmt) -> prompt id -> counters at D = 1..D_max
         self.looped: dict[tuple[str, str, float], tuple] = {}
@@ -516,7 +531,7 @@ class Profiler:
             if old is not None and old.fingerprint == self.fingerprint:
                 return old
         log = MeasurementLog(self.s.out_dir, self.fingerprint)
-        budget = Budget(self.s.budget_minutes)
+        budget = Budget(self.s.budget_minutes, self.started)
         probe = VerifyStep(self.model, 1, self.s.ctx_buckets[0], 1, self.s.seed, self.device)
         self.guard = SpeedGuard(probe=lambda: probe.timing(1, warmup=1, repeats=3).median_ms)
         verify, verify_fit = self._verify_curve(log, budget)
@@ -695,10 +710,11 @@ class Profiler:
         return out
 
     def _trajectories(self, log: MeasurementLog, prompts: list[CalibrationPrompt]) -> None:
-        """The target's greedy continuations, generated once per prompt at the largest batch bucket and logged."""
-        batch = max(self.s.batch_buckets)
-        for start in range(0, len(prompts), batch):  # fixed batches: a resumed run decodes the same rows together
-            chunk = prompts[start : start + batch]
+        """The target's greedy continuations, generated once per prompt, `TRAJECTORY_BATCH` at a time, and logged."""
+        batch = TRAJECTORY_BATCH
+        ordered = sorted(prompts, key=lambda p: (len(self.encoded[p.id]), p.id))  # the prefill pads every row to the longest
+        for start in range(0, len(ordered), batch):  # fixed batches: a resumed run decodes the same rows together
+            chunk = ordered[start : start + batch]
             if any(f"trajectory/{p.id}" not in log for p in chunk):
                 for p, t in zip(chunk, replay.trajectories(self.model, [self.encoded[p.id] for p in chunk], self.s.new_tokens, batch)):
                     log.measure(f"trajectory/{p.id}", lambda t=t: t)
@@ -707,6 +723,7 @@ class Profiler:
 
     def _replay_prompts(self, log: MeasurementLog, prompts: list[CalibrationPrompt]) -> None:
         """Every replayed drafter's counters at every D on these prompts (the trajectories shared by all)."""
+        started = time.monotonic()
         self._trajectories(log, prompts)
         stop = set(self.stop_ids)
         for p in prompts:  # prompt by prompt: a head's formats share the target's teacher-forced pass
@@ -721,6 +738,7 @@ class Profiler:
         for p in prompts:
             if p not in self.used:
                 self.used.append(p)
+        self.replay_s_per_prompt = max(self.replay_s_per_prompt, (time.monotonic() - started) / max(1, len(prompts)))
 
     def _acceptance(self, log: MeasurementLog) -> None:
         """Greedy acceptance by replay, for every drafter and weight format (with --acceptance loop: none)."""
@@ -800,21 +818,22 @@ class Profiler:
             return
         sample = list(self.prompt_set.prompts)[:: max(1, len(self.prompt_set.prompts) // self.s.check_prompts)][: self.s.check_prompts]
         stop = set(self.stop_ids)
-        exact = None
+        ids = [self.encoded[p.id] for p in sample]
+        exact, trajs = None, None
         for i, name in enumerate(names):
             self._tick("replay check", i, len(names))
             D_max = self.d_max(self.drafters[name])
             lens = sorted({min(3, D_max), D_max})
 
             def fp32_check():
-                nonlocal exact
-                if exact is None:  # the profile's own target where it already runs in fp32
+                nonlocal exact, trajs
+                if exact is None:  # the profile's own target and trajectories where it already runs in fp32
                     exact = self.target if self.model.dtype == torch.float32 else load_model(
                         self.s.target, dtype="float32", device=str(self.device), trust_remote_code=self.s.trust_remote_code)
+                    trajs = ([self.trajectory[p.id] for p in sample] if exact is self.target
+                             else replay.trajectories(exact.model, ids, self.s.new_tokens, len(ids)))
                 spec = next(x for x in self.s.drafters if parse_drafter_spec(x)[0] == name)
                 drafter = self.drafters[name] if exact is self.target else create(name, exact, parse_drafter_spec(spec)[1])
-                ids = [self.encoded[p.id] for p in sample]
-                trajs = replay.trajectories(exact.model, ids, self.s.new_tokens, len(ids))
                 tpf = {}
                 for D in lens:
                     looped = generate(exact.model, ids, drafter=drafter, num_draft_tokens=D, max_new_tokens=self.s.new_tokens,
@@ -867,7 +886,9 @@ class Profiler:
     def _grow_acceptance(self, log: MeasurementLog, budget: Budget, verify: list[dict]) -> list[str]:
         """Add prompts to every domain whose tokens per forward is not yet within ±half-width at the relevant D
         (95% bootstrap interval, every replayed drafter), until all are, the domain runs out of prompts, or the
-        budget ends. Returns the notes that say where it stopped."""
+        budget ends. This phase fills what is left of the budget: each round adds only as many prompts as the
+        replay so far says fit in it (widest domains first), so it ends near the deadline, not a round past it.
+        Returns the notes that say where it stopped."""
         target = self.s.acceptance_half_width
         if not self.replay_units or target <= 0:
             return []
@@ -878,9 +899,14 @@ class Profiler:
             self._tick("more prompts", len(widths) - len(wide), len(widths))
             if not wide:
                 return [f"acceptance: tokens per forward within ±{target:.0%} (95%) in every domain at D = {relevant}"]
-            added = [p for d in wide for p in [q for q in self.pool.prompts if q.domain == d and q.id in self.encoded and q not in self.used][:GROWTH_STEP]]
-            if not added or not budget.allows("more acceptance prompts"):
-                why = "the time budget ended" if added else "the profiling split has no more prompts for them"
+            unused = {d: [q for q in self.pool.prompts if q.domain == d and q.id in self.encoded and q not in self.used][:GROWTH_STEP] for d in wide}
+            by_width = sorted(wide, key=wide.get, reverse=True)
+            added = [unused[d][k] for k in range(GROWTH_STEP) for d in by_width if k < len(unused[d])]  # round-robin, widest first
+            left_s = budget.deadline - time.monotonic()
+            if self.replay_s_per_prompt > 0:
+                added = added[: int(left_s / self.replay_s_per_prompt)]
+            if not added or left_s <= 0:
+                why = "the profiling split has no more prompts for them" if not any(unused.values()) else "the time budget ended"
                 return [f"acceptance: {why}; tokens per forward at D = {relevant} is within ±{w:.1%} (95%) for {d} "
                         f"({sum(p.domain == d for p in self.used)} prompts), above the ±{target:.0%} target" for d, w in sorted(wide.items())]
             self._replay_prompts(log, added)
@@ -916,7 +942,7 @@ class Profiler:
                 continue
 
             def run():
-                ids = (self.prompt_ids * B)[:B]
+                ids = [row[-HOST_PROMPT_TOKENS:] for row in (self.prompt_ids * B)[:B]]  # short: the prefill is not what is timed
                 res = generate(self.model, ids, drafter=self.drafters.get(name), num_draft_tokens=D, max_new_tokens=HOST_NEW_TOKENS)
                 return {"draft_s": res.draft_s, "verify_s": res.verify_s, "total_s": res.total_s, "forwards": res.target_forwards}
 

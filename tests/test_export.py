@@ -352,7 +352,7 @@ def test_throughput_gate_passes_a_difference_inside_the_noise_and_refuses_one_ou
     assert not apart["passed"] and [r["batch"] for r in validate.failing_rows(apart)] == [4]
 
 
-def test_device_speed_probes_the_profiled_step_around_a_measurement(tiny_hf_dir):
+def test_device_speed_probes_each_batch_at_its_own_profiled_step(tiny_hf_dir):
     import types
 
     from specdec_tune.exporters.validate import DeviceSpeed
@@ -360,12 +360,24 @@ def test_device_speed_probes_the_profiled_step_around_a_measurement(tiny_hf_dir)
     from specdec_tune.profiles.profiler import time_verify_step
 
     target = load_model(str(tiny_hf_dir), dtype="float32")
-    now = time_verify_step(target.model, 1, 32, 1)["median_ms"]
-    point = types.SimpleNamespace(batch=1, tokens=1, ctx=32, median_ms=now * 1000, source="measured")
-    result, ratio = DeviceSpeed(target, types.SimpleNamespace(verify=[point]), 32).measure(lambda: "done")
-    assert result == "done" and 0 < ratio < 0.01  # "profiled" 1000x slower than now: this machine is far faster
+    now = {B: time_verify_step(target.model, B, 32, 1)["median_ms"] for B in (1, 4)}
+
+    def point(B, factor, **kw):
+        return types.SimpleNamespace(batch=B, tokens=1, ctx=32, median_ms=now[B] * factor, source="measured", **kw)
+
+    # batch 1 "profiled" 1000x slower than now, batch 4 1000x faster: each bucket's ratio comes from its own batch
+    two_tokens = types.SimpleNamespace(batch=4, tokens=2, ctx=32, median_ms=1.0, source="measured", raw_median_ms=None)  # not a probe's step
+    profile = types.SimpleNamespace(verify=[point(1, 1000, raw_median_ms=None), point(4, 1e-3, raw_median_ms=None), two_tokens])
+    speed = DeviceSpeed(target, profile, 32)
+    result, ratio_1 = speed.measure(lambda: "done", batch=1)
+    _, ratio_4 = speed.measure(lambda: "done", batch=4)
+    _, ratio_8 = speed.measure(lambda: "done", batch=8)  # not profiled: the nearest profiled batch stands for it
+    assert result == "done" and 0 < ratio_1 < 0.01 and ratio_4 > 100 and ratio_8 > 100 and speed.probed_batch(2) == 1
+    # the raw median (before the monotone fit) is what the probe compares with
+    raw = DeviceSpeed(target, types.SimpleNamespace(verify=[point(1, 1.0, raw_median_ms=now[1] * 1000)]), 32)
+    assert 0 < raw.measure(lambda: None)[1] < 0.01
     unprobed = DeviceSpeed(target, types.SimpleNamespace(verify=[]), 32)
-    assert unprobed.measure(lambda: 1) == (1, 1.0) and unprobed.why == "the profile has no measured verify step at batch 1, ctx 32"
+    assert unprobed.measure(lambda: 1, batch=4) == (1, 1.0) and unprobed.why == "the profile has no measured verify step with one token at ctx 32"
 
 
 def test_throughput_is_not_checked_against_a_profile_from_another_device():

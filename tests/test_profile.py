@@ -142,6 +142,14 @@ def test_bad_settings():
     assert ProfileSettings(max_draft_len=15).checks == (3, 7)
 
 
+def test_the_default_grid_is_the_devices_and_a_given_one_is_kept():
+    cpu, gpu = ProfileSettings().for_device("cpu"), ProfileSettings().for_device("cuda")
+    assert (cpu.batch_buckets, cpu.max_draft_len) == ((1, 2, 4, 8), 7)
+    assert (gpu.batch_buckets, gpu.max_draft_len) == ((1, 2, 4, 8, 16, 32, 64, 128, 256), 15)
+    given = ProfileSettings(batch_buckets=(1, 16), max_draft_len=3).for_device("cuda")
+    assert (given.batch_buckets, given.max_draft_len) == ((1, 16), 3)
+
+
 # ---------------------------------------------------------------------------- end to end on the demo target
 
 SMALL = dict(batch_buckets=(1, 2), ctx_buckets=(32,), max_draft_len=3, prompts_per_domain=1, new_tokens=8,
@@ -334,3 +342,35 @@ def test_time_call_stops_repeating_a_long_call_after_three():
     slow = lambda: time.sleep(0.02)  # noqa: E731
     assert time_call(slow, device=torch.device("cpu"), warmup=0, repeats=7, max_total_ms=50).repeats == 3
     assert time_call(slow, device=torch.device("cpu"), warmup=0, repeats=7).repeats == 7
+
+
+def test_growth_adds_only_the_prompts_that_fit_the_budget_widest_domain_first():
+    """Growth fills what is left of the budget: as many prompts as the replay's cost per prompt says fit,
+    round-robin over the wide domains, widest first; then it says the budget ended (not a skipped phase)."""
+    import time
+
+    from specdec_tune.profiles.calibration import CalibrationPrompt, CalibrationSet
+    from specdec_tune.profiles.profiler import Budget, Profiler
+
+    pool = CalibrationSet("t", tuple(CalibrationPrompt(f"{d}/{i}", d, "x") for d in ("chat", "code", "math") for i in range(10)))
+    prof = Profiler.__new__(Profiler)
+    prof.s, prof.pool, prof.progress = ProfileSettings(acceptance_half_width=0.02), pool, None
+    prof.replay_units, prof.used, prof.encoded = [("ngram", "none")], [], {p.id: [1] for p in pool}
+    prof._relevant_draft_lens = lambda verify: {1}
+    widths = {"chat": 0.10, "code": 0.30, "math": 0.01}  # math is already tight
+    prof._half_widths = lambda relevant: widths
+    rounds = []
+
+    def replay_prompts(log, prompts):
+        rounds.append([p.id for p in prompts])
+        prof.used += prompts
+        time.sleep(0.2 * len(prompts))
+
+    prof._replay_prompts = replay_prompts
+    prof.replay_s_per_prompt = 0.2
+    budget = Budget(1.3 / 60)  # room for 6 prompts at 0.2 s each
+    notes = prof._grow_acceptance(None, budget, [])
+    added = [i for r in rounds for i in r]
+    assert rounds[0][:2] == ["code/0", "chat/0"] and not any(i.startswith("math") for i in added)
+    assert 4 <= len(added) <= 7 and time.monotonic() - budget.deadline < 0.5  # ended near the deadline, not a round past it
+    assert budget.skipped == [] and all("the time budget ended" in n for n in notes) and len(notes) == 2
