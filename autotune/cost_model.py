@@ -167,14 +167,28 @@ def _record_tokens_per_forward(record: AcceptanceRecord, draft_len: int) -> Figu
     return bounded(record.tokens_per_forward[draft_len], acceptance_source(record, draft_len), low, high)
 
 
-def _round_shares(record: AcceptanceRecord, max_draft_len: int) -> list[float]:
-    """P(L), L = 0..max_draft_len: the share of the record's rounds that proposed L tokens (all L = D_max where it kept none)."""
+def _round_shares(record: AcceptanceRecord, max_draft_len: int, draft_len: int) -> list[float]:
+    """P(L), L = 0..max_draft_len: the share of rounds at draft length D that proposed L tokens.
+
+    The record keeps the rounds of D_max (all L = D_max where it kept none). At a shorter D a proposal of L
+    tokens is one of min(L, D), and the share q of rounds that propose at all is D's own: a round with a draft
+    emits vLLM's mean AL on average and one without emits one token, so tokens per forward = 1 + q (AL - 1) and
+    q = (tpf(D) - 1) / (AL(D) - 1), both measured at D. (D_max's share would understate it: there a draft emits
+    more, so the rounds that draft are fewer against the rounds that find nothing to propose.)
+    """
     counts = [float(sum(row)) for row in record.rounds[: max_draft_len + 1]]
     total = sum(counts)
     if not total:
         return [0.0] * max_draft_len + [1.0]
     counts += [0.0] * (max_draft_len + 1 - len(counts))
-    return [c / total for c in counts]
+    shares = [0.0] * (max_draft_len + 1)
+    for L, c in enumerate(counts):
+        shares[min(L, draft_len)] += c / total
+    tpf, al = record.tokens_per_forward[draft_len], record.mean_al_vllm[draft_len]
+    if draft_len < record.max_draft_len and al > 1 + 1e-9 and shares[0] < 1:
+        q = min(1.0, max(0.0, (tpf - 1) / (al - 1)))
+        shares = [1 - q] + [q * p / (1 - shares[0]) for p in shares[1:]]
+    return shares
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,7 +212,8 @@ class Acceptance:
         return bounded(value, source, 1.0 / sum(w / f.low for w, f in figures), 1.0 / sum(w / f.high for w, f in figures))  # type: ignore[operator]
 
     def round_shares(self, draft_len: int) -> list[float] | None:
-        """P(L) of the workload's rounds, L = 0..D_max (None where no record kept its rounds: every round drafts D)."""
+        """P(L) of the workload's rounds at draft length D, L = 0..D_max (`_round_shares`; None where no record kept its
+        rounds: every round drafts D)."""
         if not any(r.rounds for _, r in self.parts):
             return None
         n = self.max_draft_len
@@ -206,7 +221,7 @@ class Acceptance:
         total = sum(rounds)
         mixed = [0.0] * (n + 1)
         for (_, r), share in zip(self.parts, rounds):
-            for L, p in enumerate(_round_shares(r, n)):
+            for L, p in enumerate(_round_shares(r, n, draft_len)):
                 mixed[L] += share / total * p
         return mixed
 
@@ -342,7 +357,7 @@ class CostModel:
         """Expected verify time of a round at draft length D: the batch verifies its longest proposal."""
         acceptance = self._al.get((mechanism, quant))
         share = acceptance.round_shares(draft_len) if acceptance else None
-        if share is None or share[-1] >= 1 - 1e-12:  # always the full draft: no spread to model
+        if share is None or share[draft_len] >= 1 - 1e-12:  # always the full draft: no spread to model
             return self.verify_ms(batch, 1 + draft_len)
         cdf = [sum(share[: min(w, len(share) - 1) + 1]) if w < draft_len else 1.0 for w in range(draft_len + 1)]
         value = low = high = previous = 0.0

@@ -55,6 +55,7 @@ class MeasureSettings:
     repair_rounds: int = 2  # a failed throughput check: rounds of re-measuring its verify cells and re-planning before refusing
 
 
+PROBE_REPEATS = 5  # timed calls of a speed probe (median): the gate scales its prediction by the ratio, so it gets more than a guard
 WARMUP_TOKENS = 8  # a decode's warm-up: the first batch, this many tokens (allocator and caches; not timed)
 
 
@@ -144,16 +145,16 @@ class DeviceSpeed:
 
     The probe is one verify step (the bucket's batch, one token, `ctx` cached), a step the profile measured.
     Around a measurement it runs before and after (`SpeedGuard`: a measurement during which the speed
-    changed is repeated); the ratio of their mean to the profile's raw median says how much slower (> 1) the
-    device runs now. Shared machines drift with other tenants and clocks, and not by one factor: on a 2-core
+    changed is repeated); the ratio of their mean to the profile's figure for that step (the fitted curve's, which
+    the prediction was built from) says how much slower (> 1) the device runs now. Shared machines drift with other tenants and clocks, and not by one factor: on a 2-core
     CPU the batch-1 step (bound by memory) ran at x0.98-1.12 of its profile time while batches 4-16 (bound
     by compute) ran 20-35% slower, so each batch is probed at its own size.
     """
 
     def __init__(self, target, profile, ctx: int, seed: int = 0) -> None:
         self.target, self.ctx, self.seed = target, ctx, seed
-        self.profiled_ms = {p.batch: p.raw_median_ms or p.median_ms for p in profile.verify
-                            if (p.tokens, p.ctx) == (1, ctx) and p.source in ("measured", "fitted") and (p.raw_median_ms or p.median_ms)}
+        self.profiled_ms = {p.batch: p.median_ms for p in profile.verify
+                            if (p.tokens, p.ctx) == (1, ctx) and p.source in ("measured", "fitted") and p.median_ms}
         self.why = None if self.profiled_ms else f"the profile has no measured verify step with one token at ctx {ctx}"
         self.guards: dict[int, SpeedGuard] = {}
 
@@ -168,7 +169,7 @@ class DeviceSpeed:
         probed = self.probed_batch(batch) or 1
         if probed not in self.guards:
             step = VerifyStep(self.target.model, probed, self.ctx, 1, self.seed)
-            self.guards[probed] = SpeedGuard(probe=lambda: step.timing(1, warmup=1, repeats=3).median_ms, steady_only=True)
+            self.guards[probed] = SpeedGuard(probe=lambda: step.timing(1, warmup=1, repeats=PROBE_REPEATS).median_ms, steady_only=True)
         result, before, after = self.guards[probed].run(fn)
         return result, ((before + after) / 2 / self.profiled_ms[probed]) if self.profiled_ms else 1.0
 

@@ -22,8 +22,11 @@ def test_formula_by_hand(model):
     p = model.profile
     T = {v.tokens: v.median_ms for v in p.verify if v.batch == 4 and v.ctx == 128}
     rec = next(a for a in p.acceptance if a.mechanism == "ngram" and a.domain == "all" and a.temperature == 0 and a.quant == "none")
-    share = [sum(r) for r in rec.rounds]  # rounds that proposed L tokens
-    F = [sum(share[: w + 1]) / sum(share) if w < 3 else 1.0 for w in range(4)]  # P(min(L, 3) <= w)
+    share = [sum(r) / sum(map(sum, rec.rounds)) for r in rec.rounds]  # D_max's rounds that proposed L tokens
+    capped = share[:3] + [sum(share[3:])]  # proposals of min(L, 3) tokens
+    q = (rec.tokens_per_forward[3] - 1) / (rec.mean_al_vllm[3] - 1)  # the share of rounds at D = 3 that draft: tpf = 1 + q (AL - 1)
+    at_3 = [1 - q] + [q * x / (1 - capped[0]) for x in capped[1:]]
+    F = [sum(at_3[: w + 1]) for w in range(3)] + [1.0]  # P(a row's proposal <= w) at D = 3
     # the batch verifies 1 + its longest proposal: E[T] over the max of 4 rows' widths
     verify = sum((F[w] ** 4 - (F[w - 1] ** 4 if w else 0.0)) * T[1 + w] for w in range(4))
     draft = next(d.median_ms for d in p.draft if d.mechanism == "ngram" and d.batch == 4 and d.draft_len == 3)
@@ -74,3 +77,17 @@ def test_unknown_inputs_are_refused(model):
         CostModel(model.profile, ctx=999)
     with pytest.raises(SpecdecError, match="no acceptance for domain"):
         CostModel(model.profile, temperature=0.3)
+
+
+def test_the_share_of_rounds_that_draft_is_the_draft_lengths_own(model):
+    """At D < D_max the rounds that propose are a larger share than at D_max (a draft there emits more, so its rounds
+    are fewer against the rounds that find nothing): the share comes from D's own tokens per forward and AL."""
+    from specdec_tune.autotune.cost_model import Acceptance
+
+    rec = next(a for a in model.profile.acceptance if a.mechanism == "ngram" and a.domain == "all" and a.temperature == 0 and a.quant == "none")
+    n = rec.max_draft_len
+    rounds = [[90] + [0] * n] + [[0] * (n + 1) for _ in range(n - 1)] + [[0, 0, 0, 10] + [0] * (n - 3)]  # D_max: 10% draft n tokens
+    tpf, al = list(rec.tokens_per_forward), list(rec.mean_al_vllm)
+    tpf[1], al[1] = 1.2, 1.8  # at D = 1: a quarter of the rounds draft (1 + 0.25 x 0.8 = 1.2)
+    shares = Acceptance(((1.0, rec.model_copy(update={"rounds": rounds, "tokens_per_forward": tpf, "mean_al_vllm": al})),)).round_shares(1)
+    assert shares[:2] == pytest.approx([0.75, 0.25]) and sum(shares[2:]) == 0

@@ -373,9 +373,9 @@ def test_device_speed_probes_each_batch_at_its_own_profiled_step(tiny_hf_dir):
     _, ratio_4 = speed.measure(lambda: "done", batch=4)
     _, ratio_8 = speed.measure(lambda: "done", batch=8)  # not profiled: the nearest profiled batch stands for it
     assert result == "done" and 0 < ratio_1 < 0.01 and ratio_4 > 100 and ratio_8 > 100 and speed.probed_batch(2) == 1
-    # the raw median (before the monotone fit) is what the probe compares with
-    raw = DeviceSpeed(target, types.SimpleNamespace(verify=[point(1, 1.0, raw_median_ms=now[1] * 1000)]), 32)
-    assert 0 < raw.measure(lambda: None)[1] < 0.01
+    # the fitted figure (the one the prediction was built from) is what the probe compares with, not the raw median
+    fitted = DeviceSpeed(target, types.SimpleNamespace(verify=[point(1, 1000, raw_median_ms=now[1])]), 32)
+    assert 0 < fitted.measure(lambda: None)[1] < 0.01
     unprobed = DeviceSpeed(target, types.SimpleNamespace(verify=[]), 32)
     assert unprobed.measure(lambda: 1, batch=4) == (1, 1.0) and unprobed.why == "the profile has no measured verify step with one token at ctx 32"
 

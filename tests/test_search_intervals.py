@@ -106,13 +106,21 @@ def test_components_carry_the_profile_intervals(v2):
     assert [tpf.low, tpf.high] == record(v2, "ngram").tokens_per_forward_ci[3]
 
 
+def shares_at(rec, D: int) -> list[float]:
+    """P(L), L = 0..D, of a record's rounds at draft length D: D_max's rounds capped at D, the share of rounds that
+    draft from D's own figures (tokens per forward = 1 + q (AL - 1))."""
+    p = [sum(r) / sum(map(sum, rec.rounds)) for r in rec.rounds]
+    capped = p[:D] + [sum(p[D:])]
+    q = (rec.tokens_per_forward[D] - 1) / (rec.mean_al_vllm[D] - 1)
+    return [1 - q] + [q * x / (1 - capped[0]) for x in capped[1:]]
+
+
 def test_prediction_interval_by_hand(v2):
     """TPS low = B·AL_low / (T_verif_high + T_draft_high + T_host), high the other way; speedup over the baseline's value."""
     cost = CostModel(v2)
     B, D = 4, 3
     rec = record(v2, "ngram")
-    share = [sum(r) for r in rec.rounds]
-    F = [sum(share[: w + 1]) / sum(share) if w < D else 1.0 for w in range(D + 1)]
+    F = [sum(shares_at(rec, D)[: w + 1]) for w in range(D)] + [1.0]
     p_max = [F[w] ** B - (F[w - 1] ** B if w else 0.0) for w in range(D + 1)]
     bound = lambda attr: sum(p * getattr(cell(v2, B, 1 + w), attr) for w, p in enumerate(p_max))  # noqa: E731
     verify_low, verify_high = bound("ci_low_ms"), bound("ci_high_ms")
@@ -314,11 +322,12 @@ def test_mixed_acceptance_is_the_weighted_harmonic_mean(v2):
         assert tpf.value == pytest.approx(1 / sum(w / recs[d].tokens_per_forward[D] for d, w in MIX.items()))
         assert tpf.low == pytest.approx(1 / sum(w / recs[d].tokens_per_forward_ci[D][0] for d, w in MIX.items()))
         assert tpf.high == pytest.approx(1 / sum(w / recs[d].tokens_per_forward_ci[D][1] for d, w in MIX.items()))
-    # the round histogram: each domain's normalised histogram, weighted by its share of rounds w_d / AL_d(D)
+    # the round histogram: each domain's histogram at D (D_max's capped at D, the drafting share q from D's own
+    # tokens per forward and AL), weighted by its share of rounds w_d / AL_d(D)
     B, D = 4, 3
     rounds = {d: w / recs[d].tokens_per_forward[D] for d, w in MIX.items()}
-    share = [sum(rounds[d] / sum(rounds.values()) * sum(recs[d].rounds[L]) / sum(map(sum, recs[d].rounds)) for d in MIX) for L in range(16)]
-    F = [sum(share[: w + 1]) if w < D else 1.0 for w in range(D + 1)]
+    share = [sum(rounds[d] / sum(rounds.values()) * shares_at(recs[d], D)[L] for d in MIX) for L in range(D + 1)]
+    F = [sum(share[: w + 1]) for w in range(D)] + [1.0]
     expected = sum((F[w] ** B - (F[w - 1] ** B if w else 0.0)) * cell(v2, B, 1 + w).median_ms for w in range(D + 1))
     assert mixed.round_verify_ms("ngram", "none", B, D).value == pytest.approx(expected)
 
