@@ -26,10 +26,11 @@ from specdec_tune.records import sha256_file, write_json
 
 DEMO_PROFILE = Path(__file__).parent / "data" / "demo_profile.json"
 CTX = 128
-SLOW_CELL = (1, 1, CTX)  # batch 1, one token: the baseline, and the width of every batch-1 round that drafted nothing
+SLOW_CELL = (2, 1, CTX)  # batch 2, one token: the baseline, and the width of every batch-2 round in which no row drafted
+SLOW_BATCH = SLOW_CELL[0]
 SLOW_FACTOR = 2.0
 TIMED_FIELDS = ("median_ms", "raw_median_ms", "ci_low_ms", "ci_high_ms", "p10_ms", "p90_ms")
-SETTINGS = SearchSettings(seed=0, trials=10, mechanisms=("suffix",))
+SETTINGS = SearchSettings(seed=0, trials=10, mechanisms=("ngram",))
 
 
 def _cell(point: dict) -> tuple[int, int, int]:
@@ -120,6 +121,10 @@ def remeasured(monkeypatch, true_speed):
     return install
 
 
+def _bucket(plan: dict, batch: int) -> dict:
+    return next(b for b in plan["buckets"] if b["batch"] == batch)
+
+
 def _schedule(plan: dict) -> list[list[int]]:
     return [[b["batch"], b["draft_len"]] for b in plan["buckets"]]
 
@@ -128,7 +133,7 @@ def test_the_plan_records_enough_to_search_it_again(inputs):
     plan_path, profile_path = inputs
     plan, profile = json.loads(plan_path.read_text()), load_profile(profile_path)
     settings = search_settings_of(plan, profile)
-    assert settings is not None and settings.mechanisms == ("suffix",) and settings.trials == 10 and settings.seed == 0
+    assert settings is not None and settings.mechanisms == ("ngram",) and settings.trials == 10 and settings.seed == 0
     assert search_settings_of({k: v for k, v in plan.items() if k != "search_settings"}, profile) is None  # an older plan
 
 
@@ -137,7 +142,7 @@ def test_the_cells_behind_a_prediction_are_every_round_width_it_weighed(inputs):
     plan, profile = json.loads(plan_path.read_text()), load_profile(profile_path)
     bucket = plan["buckets"][0]
     cells = prediction_cells(plan, profile, bucket["batch"], bucket["draft_len"])
-    assert cells == [(bucket["batch"], t, CTX) for t in range(1, bucket["draft_len"] + 2)]  # suffix rounds propose 0..D tokens
+    assert cells == [(bucket["batch"], t, CTX) for t in range(1, bucket["draft_len"] + 2)]  # n-gram rounds propose 0..D tokens
     assert prediction_cells(plan, profile, 16, 0) == [(16, 1, CTX)]
 
 
@@ -148,9 +153,9 @@ def test_a_slow_cell_is_re_measured_and_the_re_plan_ships(inputs, simulated_devi
     rounds: list[dict] = []
     manifest = export(ExportSettings(plan=plan_path, profile=profile_path, out=tmp_path / "bundle", onnx_drafter=False), on_repair=rounds.append)
 
-    assert len(calls) == 1 and SLOW_CELL in calls[0] and (1, 1 + planted["buckets"][0]["draft_len"], CTX) in calls[0]
+    assert len(calls) == 1 and SLOW_CELL in calls[0] and (SLOW_BATCH, 1 + _bucket(planted, SLOW_BATCH)["draft_len"], CTX) in calls[0]
     record = rounds[0]
-    assert len(rounds) == 1 and [r["batch"] for r in record["failing"]] == [1]
+    assert len(rounds) == 1 and [r["batch"] for r in record["failing"]] == [SLOW_BATCH]
     assert record["worst_error_pct_before"] < -MeasureSettings().tolerance_pct and record["worst_error_pct_after"] == pytest.approx(0, abs=1e-9)
     slow = next(c for c in record["cells"] if (c["batch"], c["tokens"], c["ctx"]) == SLOW_CELL)
     true_ms = true_speed[0][SLOW_CELL]["median_ms"]
@@ -169,7 +174,8 @@ def test_a_slow_cell_is_re_measured_and_the_re_plan_ships(inputs, simulated_devi
     gated = sorted({b["draft_len"] for b in replanned["buckets"] if b["draft_len"]})
     assert [r["draft_len"] for r in validation["lossless"]["runs"]] == gated != sorted({b["draft_len"] for b in planted["buckets"] if b["draft_len"]})
     vllm = json.loads((bundle / "vllm" / "speculative_config.json").read_text())
-    assert vllm["num_speculative_tokens"] == replanned["max_draft_len"] != planted["max_draft_len"]
+    at_slow_batch = [k for lo, hi, k in vllm["num_speculative_tokens_per_batch_size"] if lo <= SLOW_BATCH <= hi]
+    assert at_slow_batch == [_bucket(replanned, SLOW_BATCH)["draft_len"]] != [_bucket(planted, SLOW_BATCH)["draft_len"]]
     report = (bundle / "report" / "report.md").read_text()
     assert "passed after 1 round(s) of re-measuring" in report and f"{SLOW_FACTOR * true_ms:.2f} -> {true_ms:.2f} ms" in report
 
@@ -181,7 +187,7 @@ def test_a_disagreement_that_survives_re_measuring_is_refused(inputs, simulated_
     previous = (out / "manifest.json").read_bytes()
     calls = remeasured(lowers=False)
     planted = json.loads(plan_path.read_text())
-    B, D = planted["buckets"][0]["batch"], planted["buckets"][0]["draft_len"]
+    B, D = SLOW_BATCH, _bucket(planted, SLOW_BATCH)["draft_len"]
 
     code = main(["export", "--plan", str(plan_path), "--profile", str(profile_path), "--out", str(out), "--no-onnx", "--repair-rounds", "2"])
     printed = capsys.readouterr()
@@ -189,7 +195,7 @@ def test_a_disagreement_that_survives_re_measuring_is_refused(inputs, simulated_
     error = printed.err.strip()
     assert "\n" not in error and error.startswith("error: throughput check failed") and "after 2 round(s)" in error
     measured = true_speed[1](B, D, planted["mechanism"], planted["quant"])
-    assert (f"batch {B}, D={D}: predicted {planted['buckets'][0]['predicted']['tokens_per_s']['value']:.1f} tokens/s, "
+    assert (f"batch {B}, D={D}: predicted {_bucket(planted, B)['predicted']['tokens_per_s']['value']:.1f} tokens/s, "
             f"measured {measured:.1f}") in error
     slow_ms = next(p.median_ms for p in load_profile(profile_path).verify if (p.batch, p.tokens, p.ctx) == SLOW_CELL)
     assert f"verify cells at B={B}, ctx {CTX}: 1+D=1 {slow_ms:.2f} -> {slow_ms:.2f} ms" in error and f"1+D={1 + D} " in error
