@@ -146,9 +146,9 @@ class DeviceSpeed:
     The probe is one verify step (the bucket's batch, one token, `ctx` cached), a step the profile measured.
     Around a measurement it runs before and after (`SpeedGuard`: a measurement during which the speed
     changed is repeated); the ratio of their mean to the profile's figure for that step (the fitted curve's, which
-    the prediction was built from) says how much slower (> 1) the device runs now. Shared machines drift with other tenants and clocks, and not by one factor: on a 2-core
-    CPU the batch-1 step (bound by memory) ran at x0.98-1.12 of its profile time while batches 4-16 (bound
-    by compute) ran 20-35% slower, so each batch is probed at its own size.
+    the prediction was built from) says how much slower (> 1) the device runs now. Shared machines drift with
+    other tenants and clocks, and not by one factor: on a 2-core CPU the batch-1 step ran at x0.98-1.12 of its
+    profile time while batches 4-16 ran 20-35% slower, so each batch is probed at its own size.
     """
 
     def __init__(self, target, profile, ctx: int, seed: int = 0) -> None:

@@ -265,8 +265,8 @@ def test_missing_or_foreign_profile(capsys, tmp_path):
 
 
 def test_h200_plan_differs_and_says_modeled(profile, tmp_path):
-    cpu = search(profile, "h", SearchSettings(seed=0, out_dir=tmp_path / "cpu"))
-    h200 = search(profile, "h", SearchSettings(seed=0, out_dir=tmp_path / "h200", device="h200"))
+    cpu = search(profile, "h", SearchSettings(seed=0, trials=120, out_dir=tmp_path / "cpu"))
+    h200 = search(profile, "h", SearchSettings(seed=0, trials=120, out_dir=tmp_path / "h200", device="h200"))
     # the CPU plan's speculating buckets use AL derived below D_max: the weakest of its predictions is modeled
     assert h200["device"]["times"] == "modeled (hardware table)" and cpu["device"]["times"] == "modeled"
     assert all(b["predicted"]["verify_ms"]["source"] == "modeled" for b in h200["buckets"])
