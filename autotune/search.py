@@ -25,6 +25,9 @@ from specdec_tune.profiles.schema import Profile
 from specdec_tune.records import sha256_json, write_json
 
 
+STUDY_FILE = "study.journal"
+
+
 @dataclasses.dataclass(frozen=True)
 class SearchSettings:
     objective: str = "speedup"  # speedup | throughput | per-user | pareto (space.py)
@@ -36,7 +39,7 @@ class SearchSettings:
     quant_formats: tuple[str, ...] = ("none",)
     tile_rows: int = 0  # attention tile for the tile policy; 0 = the device's
     tie_tolerance: float = 0.02  # predicted differences below this share count as ties: the shorter draft wins
-    storage: str | None = None  # Optuna storage URL; None = sqlite under out_dir
+    storage: str | None = None  # Optuna storage URL; None = a journal file under out_dir
     study_name: str = ""  # "" = named after the profile and these settings
     out_dir: Path = Path("artifacts")
     device: str | None = None  # plan for this hardware-table device instead of the profiled one (times modeled)
@@ -85,7 +88,8 @@ def search(profile: Profile, profile_hash: str, settings: SearchSettings) -> dic
         settings = dataclasses.replace(settings, quant_formats=tuple(f for f in ("none", "fp8", "nvfp4") if f in spec.formats))
     mix = normalise_mix(profile, dict(settings.mix)) if settings.mix else None
     space = Space(CostModel(profile, mix=mix), settings)
-    storage = settings.storage or f"sqlite:///{(settings.out_dir / 'study.db').resolve()}"
+    # the default study is an append-only journal file: one line per trial event, a fraction of SQLite's commit cost
+    storage = settings.storage or f"journal:{(settings.out_dir / STUDY_FILE).resolve()}"
     settings.out_dir.mkdir(parents=True, exist_ok=True)
     study = run_study(space, storage, settings)
     exact, exact_value = space.exhaustive()
@@ -106,7 +110,7 @@ def search(profile: Profile, profile_hash: str, settings: SearchSettings) -> dic
                     "gap_pct": 100 * (exact_value - value) / exact_value if exact_value else 0.0,
                     "gap_to_strict_optimum_pct": 100 * (strict - space.strict_score(chosen)) / strict if strict else 0.0}
     # the default study lives beside plan.json: recorded relative to it, so that the plan does not depend on where it was written
-    recorded_storage = settings.storage or "sqlite:///study.db (beside plan.json)"
+    recorded_storage = settings.storage or f"journal:{STUDY_FILE} (beside plan.json)"
     plan = build_plan(profile, profile_hash, space, chosen, settings=settings, storage=recorded_storage, study_summary=summary, study_front=front,
                       domains=domain_spaces(profile, settings, mix, chosen) if mix else None)
     write_json(settings.out_dir / "plan.json", plan)

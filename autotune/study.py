@@ -1,7 +1,8 @@
 """The Optuna study over a Space: TPE for one objective, NSGA-II for throughput vs per-user rate.
 
-Any Optuna storage holds it: SQLite under the run's folder by default, `journal:PATH` for a
-JournalStorage file (many processes, no server), or an RDB URL such as PostgreSQL (many machines).
+Any Optuna storage holds it: a JournalStorage file under the run's folder by default (`journal:PATH`: an
+append-only log, many processes, no server; about a fifth of SQLite's per-trial commit cost), or an RDB URL such
+as sqlite:///PATH or PostgreSQL (many machines).
 Each worker fills the study up to its trial count, so a rerun or a resumed run adds only what is missing.
 """
 
@@ -13,6 +14,7 @@ from specdec_tune import SpecdecError
 from specdec_tune.autotune.space import Candidate, Space
 
 RDB_OPEN_ATTEMPTS = 5
+JOURNAL_LOCK_GRACE_S = 5
 
 
 def open_storage(url: str):
@@ -20,9 +22,14 @@ def open_storage(url: str):
     import optuna
 
     if url.startswith("journal:"):
-        from optuna.storages.journal import JournalFileBackend
+        from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 
-        return optuna.storages.JournalStorage(JournalFileBackend(url.removeprefix("journal:")))
+        path = url.removeprefix("journal:")
+        _drop_torn_tail(path)
+        # a writer killed while holding the lock leaves it behind; an append holds it for milliseconds, so a lock
+        # untouched for JOURNAL_LOCK_GRACE_S is a dead writer's (Optuna's default waits 30 s)
+        lock = JournalFileSymlinkLock(path, grace_period=JOURNAL_LOCK_GRACE_S)
+        return optuna.storages.JournalStorage(JournalFileBackend(path, lock_obj=lock))
     for attempt in range(RDB_OPEN_ATTEMPTS):
         try:
             return optuna.storages.RDBStorage(url)
@@ -31,6 +38,18 @@ def open_storage(url: str):
             time.sleep(0.2 * (attempt + 1))
     raise SpecdecError(f"cannot open the study storage {url!r}: {str(error).splitlines()[0]}",
                        "check the URL and that the server is reachable, or use sqlite:///PATH or journal:PATH") from None
+
+
+def _drop_torn_tail(path: str) -> None:
+    """A journal whose writer was killed mid-line ends in a line without its newline; Optuna refuses every line
+    appended after it, so the torn record (an unfinished trial's, never a finished one) is cut before the study opens."""
+    try:
+        with open(path, "rb+") as f:
+            data = f.read()
+            if data and not data.endswith(b"\n"):
+                f.truncate(data.rfind(b"\n") + 1)
+    except FileNotFoundError:
+        pass
 
 
 def _labels(space: Space) -> list[str]:

@@ -357,11 +357,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reuse-sweep", type=Path, default=None, help="take the measured points from an earlier result of this script and "
                     "recompute the plan, the predictions and the decisions; refused unless it was swept with the same settings "
                     "(profile, prompts, tokens, repeats, rows, seed, context, batches, mechanisms, D limits, dtype)")
-    ap.add_argument("--quick", action="store_true", help="batches up to 2, D up to 2, 8 tokens, 1 repeat, 2 prompts per point, and at most "
+    ap.add_argument("--quick", action="store_true", help="batches up to 2, D up to 1, 8 tokens, 1 repeat, 2 prompts per point, and at most "
                     "2 mechanisms (the plan's and the cost model's best other one)")
     args = ap.parse_args(argv)
     if args.quick:
-        args.max_batch, args.max_draft_len, args.new_tokens, args.repeats, args.rows = 2, 2, 8, 1, 2
+        args.max_batch, args.max_draft_len, args.new_tokens, args.repeats, args.rows = 2, 1, 8, 1, 2
         args.max_mechanisms = min(args.max_mechanisms, 2)
     result = run_and_write(run, args)
     if result is None:

@@ -226,6 +226,11 @@ def test_profile_resumes_after_sigkill(tmp_path, sig, uninterrupted):
     assert proc.wait() in ((130, -signal.SIGINT) if sig == signal.SIGINT else (-signal.SIGKILL,))
     assert not (killed / "profile.json").exists()
     before = {json.loads(line)["key"]: json.loads(line)["value"] for line in log_lines}
+    if sig == signal.SIGINT:  # Ctrl-C: what was logged is kept whole (the resume itself is the SIGKILL case's)
+        kept = next(killed.glob("measurements-*.jsonl")).read_text()
+        assert kept.endswith("\n") and all("key" in json.loads(line) for line in kept.splitlines())  # no torn line
+        assert set(log_lines) <= set(kept.splitlines())
+        return
 
     subprocess.run(_cli(killed), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     resumed = load_profile(killed / "profile.json")

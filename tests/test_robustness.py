@@ -160,26 +160,50 @@ def test_two_exports_into_one_folder(files, tmp_path):
     assert not list(tmp_path.glob(".bundle.staging-*")) + list(tmp_path.glob(".bundle.old-*"))
 
 
+SEARCH_CMD = [sys.executable, "-m", "specdec_tune.autotune.cli", "search", "--profile", str(PROFILE), "--trials", "400", "--seed", "5"]
+
+
+@pytest.fixture(scope="module")
+def whole_search(tmp_path_factory) -> Path:
+    """The search run once without interruption: what a resumed one must reproduce."""
+    whole = tmp_path_factory.mktemp("whole")
+    assert subprocess.run([*SEARCH_CMD, "--out", str(whole)], capture_output=True, timeout=600).returncode == 0
+    return whole
+
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "Ctrl-C"])
-def test_search_killed_midway_resumes_to_the_same_plan(tmp_path, sig):
-    cmd = [sys.executable, "-m", "specdec_tune.autotune.cli", "search", "--profile", str(PROFILE), "--trials", "400", "--seed", "5"]
-    whole = tmp_path / "whole"
-    assert subprocess.run([*cmd, "--out", str(whole)], capture_output=True, timeout=600).returncode == 0
+def test_search_killed_midway_resumes_to_the_same_plan(tmp_path, sig, whole_search):
     cut = tmp_path / "cut"
-    proc = subprocess.Popen([*cmd, "--out", str(cut)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while not (cut / "study.db").exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(2.0)  # some trials in, the study not finished
+    proc = subprocess.Popen([*SEARCH_CMD, "--out", str(cut)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    journal, deadline = cut / "study.journal", time.monotonic() + 120
+    # some trials in (a trial is about ten journal lines), the study not finished
+    while time.monotonic() < deadline and proc.poll() is None and (not journal.exists() or journal.read_bytes().count(b"\n") < 500):
+        time.sleep(0.02)
     assert proc.poll() is None, "the search ended before it could be interrupted"
     proc.send_signal(sig)
     assert proc.wait() in (INTERRUPTED if sig == signal.SIGINT else (-signal.SIGKILL,))
     assert not (cut / "plan.json").exists()
-    assert subprocess.run([*cmd, "--out", str(cut)], capture_output=True, timeout=600).returncode == 0
+    assert subprocess.run([*SEARCH_CMD, "--out", str(cut)], capture_output=True, timeout=600).returncode == 0
     strip = lambda p: {k: v for k, v in json.loads(p.read_text()).items() if k not in ("created_at", "study")}  # noqa: E731
-    assert strip(cut / "plan.json") == strip(whole / "plan.json")
+    assert strip(cut / "plan.json") == strip(whole_search / "plan.json")
     study = json.loads((cut / "plan.json").read_text())["study"]
     assert study["trials"] >= 400 and study["gap_pct"] <= 1.0
+
+
+def test_a_journal_torn_by_a_kill_mid_line_reopens(tmp_path):
+    """SIGKILL inside a write leaves a line without its newline; Optuna refuses every line appended after it."""
+    import optuna
+
+    from specdec_tune.autotune.study import open_storage
+
+    url = f"journal:{tmp_path / 'study.journal'}"
+    study = optuna.create_study(study_name="s", storage=open_storage(url))
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=3)
+    with open(tmp_path / "study.journal", "ab") as f:
+        f.write(b'{"op_code": 4, "worker_id": "w", "stu')  # a record cut mid-write
+    again = optuna.load_study(study_name="s", storage=open_storage(url))
+    again.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    assert len(optuna.load_study(study_name="s", storage=open_storage(url)).trials) == 5
 
 
 # ---------------------------------------------------------------------------- export interrupted; determinism

@@ -136,7 +136,7 @@ def test_two_workers_fill_one_postgresql_study(postgres_url):
 def test_search_runs_on_a_postgresql_storage(profile, tmp_path, postgres_url):
     plan = search(profile, "h", SearchSettings(trials=60, seed=0, out_dir=tmp_path, storage=postgres_url))
     assert plan["study"]["storage"].startswith("postgresql") and plan["study"]["trials"] == 60
-    assert not (tmp_path / "study.db").exists()
+    assert not (tmp_path / "study.journal").exists()
 
 
 def test_unreachable_storage_is_one_line(capsys, tmp_path):
