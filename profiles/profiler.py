@@ -54,7 +54,7 @@ GROWTH_STEP = 4  # prompts added per domain and round while its acceptance inter
 FLAG_REL_DIFF = 0.05  # replay vs the loop in the profile's dtype: flag differences above this
 DRAFT_CALLS_PER_POINT = 1 + 5 * 10  # warm-up + time_call's repeats (at most 10x when they are short)
 HOST_NEW_TOKENS = 6  # the decode a host-overhead cell runs
-HOST_PROMPT_TOKENS = 64  # of each prompt, its last: the host's work per round does not depend on the context
+HOST_PROMPT_TOKENS = 32  # of each prompt, its last: the host's work per round does not depend on the context (nor is the prefill timed)
 # The target's greedy trajectories are generated this many prompts at a time: a decode step's cost grows little
 # with rows until compute saturates (demo target, 2-core CPU, ctx 256: 34 ms per row at 8 rows, 8.6 at 64). Rows
 # are grouped by prompt length, as the prefill pads each to the longest (there, on a CPU, the time goes).
@@ -452,7 +452,9 @@ class Profiler:
         self.replay_units = [] if settings.acceptance == "loop" else [
             (name, fmt) for name, d in self.drafters.items() if d.replay for fmt in ("none", *(settings.quant_formats if d.kind != "model_free" else ()))]
         self.used: list[CalibrationPrompt] = []  # prompts replayed so far, in order
-        self.replay_s_per_prompt = 0.0  # the slowest replay so far, wall seconds per prompt: how many more fit the budget
+        # wall seconds per prompt so far (the slowest call): a trajectory, and each unit's replay; growth's cost per prompt
+        self.trajectory_s_per_prompt = 0.0
+        self.unit_s_per_prompt: dict[tuple[str, str], float] = {}
         self.trajectory: dict[str, list[int]] = {}
         self.replayed: dict[tuple[str, str], dict[str, list[SpecCounters]]] = {}  # (name, fmt) -> prompt id -> counters at D = 1..D_max
         self.looped: dict[tuple[str, str, float], tuple] = {}
@@ -555,7 +557,7 @@ class Profiler:
         if self.replay_exact:
             notes.append("acceptance replayed from the target's greedy trajectories for " + ", ".join(sorted(self.replay_exact)) +
                          "; the loop gave equal counters in fp32 on " + "; ".join(
-                             f"{r['prompts']} prompts at D = {r['draft_lens']}" for r in list(self.replay_exact.values())[:1]))
+                             f"{r['prompts']} prompts dealt over D = {r['draft_lens']}" for r in list(self.replay_exact.values())[:1]))
         if verify_fit.get("moved_beyond_interval"):
             notes.append(f"{len(verify_fit['moved_beyond_interval'])} verify cells disagreed with their neighbours beyond their 95% "
                          "interval; the monotone fit moved them (source 'fitted'): " + ", ".join(
@@ -664,14 +666,14 @@ class Profiler:
             text = self._context_rows(B, ctx, extra=DRAFT_CALLS_PER_POINT)
             rows = [r[:ctx] for r in text]
             drafter.start([list(r) for r in rows])
-            drafter.propose(request(rows, D, first=True))  # catch up on the context, untimed
+            drafter.propose(request(rows, D, first=True))  # catch up on the context, untimed: the point's warm-up
 
             def step():
                 for r, t in zip(rows, text):
                     r.append(t[len(r)])
                 drafter.propose(request(rows, D, first=False))
 
-            timings[D] = _time_unless_oom(step, self.device, warmup=1, max_total_ms=DRAFT_POINT_MAX_MS)
+            timings[D] = _time_unless_oom(step, self.device, warmup=0, max_total_ms=DRAFT_POINT_MAX_MS)
             return timings[D]["median_ms"] if timings[D] else None
 
         def noise(D: int) -> float:
@@ -721,24 +723,31 @@ class Profiler:
         for p in prompts:
             self.trajectory[p.id] = log.get(f"trajectory/{p.id}")
 
-    def _replay_prompts(self, log: MeasurementLog, prompts: list[CalibrationPrompt]) -> None:
-        """Every replayed drafter's counters at every D on these prompts (the trajectories shared by all)."""
+    def _replay_prompts(self, log: MeasurementLog, prompts: list[CalibrationPrompt], units: list[tuple[str, str]] | None = None) -> None:
+        """The counters of every replayed unit (drafter, weight format) in `units` (default: all) at every D on these
+        prompts, the trajectories shared by all."""
+        units = self.replay_units if units is None else units
         started = time.monotonic()
         self._trajectories(log, prompts)
+        self.trajectory_s_per_prompt = max(self.trajectory_s_per_prompt, (time.monotonic() - started) / max(1, len(prompts)))
         stop = set(self.stop_ids)
+        spent = dict.fromkeys(units, 0.0)
         for p in prompts:  # prompt by prompt: a head's formats share the target's teacher-forced pass
-            for name, fmt in self.replay_units:
+            for name, fmt in units:
                 def run(p=p, name=name, fmt=fmt):
                     drafter, D_max = self._drafter(name, fmt), self.d_max(self.drafters[name])
                     propose = replay.proposer(drafter, self.encoded[p.id], self.trajectory[p.id], self.model, D_max)
                     counters = replay.replay(self.trajectory[p.id], propose, range(1, D_max + 1), self.s.new_tokens, stop, D_max)
                     return [dataclasses.asdict(c) for c in counters]
+                t0 = time.monotonic()
                 self.replayed.setdefault((name, fmt), {})[p.id] = [SpecCounters(**c) for c in log.measure(f"replay/{name}/{fmt}/{p.id}", run)]
+                spent[(name, fmt)] += time.monotonic() - t0
         replay.target_states.cache_clear()
         for p in prompts:
             if p not in self.used:
                 self.used.append(p)
-        self.replay_s_per_prompt = max(self.replay_s_per_prompt, (time.monotonic() - started) / max(1, len(prompts)))
+        for unit, s in spent.items():
+            self.unit_s_per_prompt[unit] = max(self.unit_s_per_prompt.get(unit, 0.0), s / max(1, len(prompts)))
 
     def _acceptance(self, log: MeasurementLog) -> None:
         """Greedy acceptance by replay, for every drafter and weight format (with --acceptance loop: none)."""
@@ -835,17 +844,19 @@ class Profiler:
                 spec = next(x for x in self.s.drafters if parse_drafter_spec(x)[0] == name)
                 drafter = self.drafters[name] if exact is self.target else create(name, exact, parse_drafter_spec(spec)[1])
                 tpf = {}
-                for D in lens:
-                    looped = generate(exact.model, ids, drafter=drafter, num_draft_tokens=D, max_new_tokens=self.s.new_tokens,
-                                      stop_token_ids=self.stop_ids).per_prompt
-                    mine = [replay.replay(t, replay.proposer(drafter, self.encoded[p.id], t, exact.model, D), [D], self.s.new_tokens, stop, D)[0]
-                            for p, t in zip(sample, trajs)]
-                    for p, a, b in zip(sample, mine, looped):
+                for D in lens:  # the sample's prompts dealt over the checked D, D_max first: each prompt runs the loop once
+                    rows = [j for j in range(len(sample)) if len(sample) < len(lens) or lens[-1 - j % len(lens)] == D]
+                    looped = generate(exact.model, [ids[j] for j in rows], drafter=drafter, num_draft_tokens=D,
+                                      max_new_tokens=self.s.new_tokens, stop_token_ids=self.stop_ids).per_prompt
+                    mine = [replay.replay(trajs[j], replay.proposer(drafter, self.encoded[sample[j].id], trajs[j], exact.model, D), [D],
+                                          self.s.new_tokens, stop, D)[0] for j in rows]
+                    for j, a, b in zip(rows, mine, looped):
                         if dataclasses.asdict(a) != dataclasses.asdict(b):
-                            return {"equal": False, "draft_len": D, "prompt": p.id,
+                            return {"equal": False, "draft_len": D, "prompt": sample[j].id,
                                     "replay": [a.num_rounds, a.num_accepted_tokens], "loop": [b.num_rounds, b.num_accepted_tokens]}
-                    tpf[D] = SpecCounters.total(looped).tokens_per_target_forward
-                return {"equal": True, "prompts": len(sample), "draft_lens": lens, "tokens_per_forward_at_d_max": tpf[D_max]}
+                    tpf[D] = (SpecCounters.total(looped).tokens_per_target_forward, [sample[j].id for j in rows])
+                return {"equal": True, "prompts": len(sample), "draft_lens": lens, "prompts_at": {str(D): ids_ for D, (_, ids_) in tpf.items()},
+                        "tokens_per_forward_at_d_max": tpf[D_max][0]}
 
             result = log.measure(f"replay-check/{name}/fp32", fp32_check)
             if not result["equal"]:
@@ -853,12 +864,14 @@ class Profiler:
                     f"replayed acceptance of {name} differs from the speculative loop in fp32 on prompt {result['prompt']} at "
                     f"D={result['draft_len']} (rounds, accepted: replay {result['replay']}, loop {result['loop']})",
                     "profile with --acceptance loop, and report the drafter: its proposals must depend only on the prefix")
-            replayed = SpecCounters.total([self.replayed[(name, "none")][p.id][-1] for p in sample]).tokens_per_target_forward
             if self.model.dtype == torch.float32:  # the check above ran in the profile's dtype: equal counters
+                at_max = [p for p in sample if p.id in result["prompts_at"][str(D_max)]]
                 direct = result["tokens_per_forward_at_d_max"]
             else:
+                at_max = sample
                 looped = self.run_counters(self.drafters[name], D_max, 0.0, log, f"replay-check/{name}/{self.model.dtype}", sample)
                 direct = SpecCounters.total(looped).tokens_per_target_forward
+            replayed = SpecCounters.total([self.replayed[(name, "none")][p.id][-1] for p in at_max]).tokens_per_target_forward
             rel = (replayed - direct) / direct
             self.replay_checks[name] = [{"draft_len": D_max, "derived": replayed, "direct": direct, "rel_diff": rel,
                                          "flagged": abs(rel) > FLAG_REL_DIFF}]
@@ -890,9 +903,11 @@ class Profiler:
         replay so far says fit in it (widest domains first), so it ends near the deadline, not a round past it.
         Returns the notes that say where it stopped."""
         target = self.s.acceptance_half_width
-        if not self.replay_units or target <= 0:
+        units = [(name, fmt) for name, fmt in self.replay_units if fmt == "none"]  # the FP8 / NVFP4 twins keep the starting set
+        if not units or target <= 0:
             return []
         relevant = sorted(self._relevant_draft_lens(verify))
+        s_per_prompt = self.trajectory_s_per_prompt + sum(self.unit_s_per_prompt.get(u, 0.0) for u in units)
         while True:
             widths = self._half_widths(relevant)
             wide = {d: w for d, w in widths.items() if w > target}
@@ -903,13 +918,13 @@ class Profiler:
             by_width = sorted(wide, key=wide.get, reverse=True)
             added = [unused[d][k] for k in range(GROWTH_STEP) for d in by_width if k < len(unused[d])]  # round-robin, widest first
             left_s = budget.deadline - time.monotonic()
-            if self.replay_s_per_prompt > 0:
-                added = added[: int(left_s / self.replay_s_per_prompt)]
+            if s_per_prompt > 0:
+                added = added[: int(left_s / s_per_prompt)]
             if not added or left_s <= 0:
-                why = "the profiling split has no more prompts for them" if not any(unused.values()) else "the time budget ended"
-                return [f"acceptance: {why}; tokens per forward at D = {relevant} is within ±{w:.1%} (95%) for {d} "
+                why = {d: "the time budget ended" if unused[d] else "the profiling split has no more prompts for it" for d in wide}
+                return [f"acceptance: {why[d]}; tokens per forward at D = {relevant} is within ±{w:.1%} (95%) for {d} "
                         f"({sum(p.domain == d for p in self.used)} prompts), above the ±{target:.0%} target" for d, w in sorted(wide.items())]
-            self._replay_prompts(log, added)
+            self._replay_prompts(log, added, units)
 
     def _half_widths(self, relevant: list[int]) -> dict[str, float]:
         """Per domain, the largest relative half-width of tokens per forward over the relevant D and replayed drafters."""

@@ -217,11 +217,57 @@ def verify_sampled(
 # ---------------------------------------------------------------------------- the loop
 
 
+PREFILL_PAD_WASTE = 0.25  # padded prefill tokens beyond the real ones, at most, per row group (`prefill_groups`)
+
+
 def _pad(rows: Sequence[Sequence[int]], width: int, device) -> torch.Tensor:
     out = torch.zeros((len(rows), width), dtype=torch.long)
     for b, r in enumerate(rows):
         out[b, : len(r)] = torch.tensor(r, dtype=torch.long)
     return out.to(device)
+
+
+def prefill_groups(lengths: Sequence[int], waste: float = PREFILL_PAD_WASTE) -> list[list[int]]:
+    """Rows grouped by length for the prefill: each group pads to its own longest row, and holds at most `waste`
+    more padded tokens than real ones (one padded prefill of 36 calibration prompts of 30 to 380 tokens ran
+    3.7x the tokens they hold)."""
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (lengths[i], i)):
+        rows = (groups[-1] + [i]) if groups else [i]
+        if groups and len(rows) * lengths[i] <= (1 + waste) * sum(lengths[j] for j in rows):
+            groups[-1] = rows
+        else:
+            groups.append([i])
+    return groups
+
+
+def _prefill(target: CausalLM, prompts: Sequence[Sequence[int]], cache, layers: tuple[int, ...]) -> list[torch.Tensor]:
+    """Every prompt but its last token into `cache`, a group of similar lengths at a time (`prefill_groups`);
+    with `layers`, each row's hidden states there: [len(prompt) - 1, len(layers) * hidden] (else [])."""
+    device = target.device
+    pending: list[torch.Tensor | None] = [None] * len(prompts)
+    for group in prefill_groups([len(p) - 1 for p in prompts]):
+        width = max(len(prompts[b]) - 1 for b in group)
+        if width == 0:
+            continue
+        ids = _pad([prompts[b][:-1] for b in group], width, device)  # [G, width]
+        part = target.new_cache(len(group), width)
+        start = torch.zeros(len(group), dtype=torch.long, device=device)
+        if layers:
+            _, hidden = target.forward_capture(ids, part, start, layers, logits="none")  # [G, width, len(layers) * hidden]
+            for g, b in enumerate(group):
+                pending[b] = hidden[g, : len(prompts[b]) - 1]
+        else:
+            target(ids, part, start, logits="none")
+        rows = torch.tensor(group, dtype=torch.long, device=device)
+        for k, v, pk, pv in zip(cache.k, cache.v, part.k, part.v):
+            k[rows, :, :width] = pk
+            v[rows, :, :width] = pv
+    if not layers:
+        return []
+    like = next((h for h in pending if h is not None), None)
+    empty = torch.zeros((0, 0), device=device) if like is None else like[:0]  # a one-token prompt has no state yet
+    return [empty if h is None else h for h in pending]
 
 
 @torch.inference_mode()
@@ -257,12 +303,7 @@ def generate(
     # Per live row: the target's hidden states [n, len(layers) * hidden] at the positions run since the last draft.
     pending: list[torch.Tensor] = []
     if int(cache_len.max()) > 0:  # prefill: everything but the last prompt token
-        prefill = _pad([p[:-1] for p in prompts], int(cache_len.max()), device)
-        if layers:
-            _, hidden = target.forward_capture(prefill, cache, torch.zeros_like(cache_len), layers, logits="none")
-            pending = [hidden[b, : len(p) - 1] for b, p in enumerate(prompts)]
-        else:
-            target(prefill, cache, torch.zeros_like(cache_len), logits="none")
+        pending = _prefill(target, prompts, cache, layers)
     if layers and not pending:
         pending = [torch.zeros((0, 0), device=device) for _ in prompts]
     if drafter is not None:

@@ -360,22 +360,51 @@ def test_growth_adds_only_the_prompts_that_fit_the_budget_widest_domain_first():
     pool = CalibrationSet("t", tuple(CalibrationPrompt(f"{d}/{i}", d, "x") for d in ("chat", "code", "math") for i in range(10)))
     prof = Profiler.__new__(Profiler)
     prof.s, prof.pool, prof.progress = ProfileSettings(acceptance_half_width=0.02), pool, None
-    prof.replay_units, prof.used, prof.encoded = [("ngram", "none")], [], {p.id: [1] for p in pool}
+    prof.used, prof.encoded = [], {p.id: [1] for p in pool}
     prof._relevant_draft_lens = lambda verify: {1}
     widths = {"chat": 0.10, "code": 0.30, "math": 0.01}  # math is already tight
     prof._half_widths = lambda relevant: widths
     rounds = []
 
-    def replay_prompts(log, prompts):
+    prof.replay_units = [("draft_model", "none"), ("draft_model", "fp8")]
+
+    def replay_prompts(log, prompts, units):
+        assert units == [("draft_model", "none")]  # the quantized twin keeps the starting set
         rounds.append([p.id for p in prompts])
         prof.used += prompts
         time.sleep(0.2 * len(prompts))
 
     prof._replay_prompts = replay_prompts
-    prof.replay_s_per_prompt = 0.2
+    prof.trajectory_s_per_prompt, prof.unit_s_per_prompt = 0.15, {("draft_model", "none"): 0.05, ("draft_model", "fp8"): 0.5}
     budget = Budget(1.3 / 60)  # room for 6 prompts at 0.2 s each
     notes = prof._grow_acceptance(None, budget, [])
     added = [i for r in rounds for i in r]
     assert rounds[0][:2] == ["code/0", "chat/0"] and not any(i.startswith("math") for i in added)
     assert 4 <= len(added) <= 7 and time.monotonic() - budget.deadline < 0.5  # ended near the deadline, not a round past it
     assert budget.skipped == [] and all("the time budget ended" in n for n in notes) and len(notes) == 2
+
+
+def test_growth_says_which_domain_ran_out_of_prompts_and_which_out_of_time():
+    import time
+
+    from specdec_tune.profiles.calibration import CalibrationPrompt, CalibrationSet
+    from specdec_tune.profiles.profiler import Budget, Profiler
+
+    pool = CalibrationSet("t", tuple(CalibrationPrompt(f"{d}/{i}", d, "x") for d, n in (("chat", 2), ("code", 40)) for i in range(n)))
+    prof = Profiler.__new__(Profiler)
+    prof.s, prof.pool, prof.progress = ProfileSettings(acceptance_half_width=0.02), pool, None
+    prof.used, prof.encoded, prof.replay_units = [], {p.id: [1] for p in pool}, [("ngram", "none")]
+    prof._relevant_draft_lens = lambda verify: {1}
+    prof._half_widths = lambda relevant: {"chat": 0.1, "code": 0.1}
+
+    def replay_prompts(log, prompts, units):
+        prof.used += prompts
+        time.sleep(0.05 * len(prompts))
+
+    prof._replay_prompts = replay_prompts
+    prof.trajectory_s_per_prompt, prof.unit_s_per_prompt = 0.05, {}
+    notes = prof._grow_acceptance(None, Budget(0.5 / 60), [])  # room for 10 prompts: chat runs out first
+    assert [p.domain for p in prof.used].count("chat") == 2
+    [chat] = [n for n in notes if "for chat" in n]
+    [code] = [n for n in notes if "for code" in n]
+    assert "no more prompts" in chat and "(2 prompts)" in chat and "the time budget ended" in code

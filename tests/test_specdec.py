@@ -307,3 +307,25 @@ def test_the_distribution_test_catches_a_perturbed_rule(peaked_target, exact_mar
     monkeypatch.setattr(specdec, "accept_probability", perturbation)
     firsts, seconds = sampled_pvalues(peaked_target, drafters_for(peaked_target)[which])
     assert min(chi2_p(firsts, exact_marginals[0]), chi2_p(seconds, exact_marginals[1])) < 1e-3
+
+
+def test_prefill_groups_bound_the_padding_and_cover_every_row_once():
+    lengths = [380, 30, 35, 200, 31, 120, 0, 60, 33, 210]
+    groups = specdec.prefill_groups(lengths)
+    assert sorted(b for g in groups for b in g) == list(range(len(lengths)))
+    for g in groups:  # a group pads to its longest row: at most 25% more tokens than its rows hold
+        assert len(g) * max(lengths[b] for b in g) <= 1.25 * sum(lengths[b] for b in g) or len(g) == 1
+    assert len(groups) < len(lengths)  # rows of similar length share one prefill
+    # one padded prefill would run 10 x 380 = 3800 tokens for 1099
+    assert sum(len(g) * max(lengths[b] for b in g) for g in groups) <= 1.25 * sum(lengths)
+
+
+def test_generation_of_prompts_of_very_different_lengths_equals_each_alone():
+    """The grouped prefill writes each row's keys where the batch's decode reads them, hidden states included."""
+    model = tiny_model(layers=2, seed=3)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 32, (n,), generator=g).tolist() for n in (1, 3, 40, 41, 90, 5)]
+    together = generate(model, prompts, max_new_tokens=12).tokens
+    assert together == [generate(model, [p], max_new_tokens=12).tokens[0] for p in prompts]
+    head = Eagle3Drafter(loaded(model), Eagle3Drafter.Options(random=True))
+    assert generate(model, prompts, drafter=head, num_draft_tokens=3, max_new_tokens=12).tokens == together
