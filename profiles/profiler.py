@@ -57,7 +57,8 @@ HOST_NEW_TOKENS = 6  # the decode a host-overhead cell runs
 HOST_PROMPT_TOKENS = 32  # of each prompt, its last: the host's work per round does not depend on the context (nor is the prefill timed)
 # The target's greedy trajectories are generated this many prompts at a time: a decode step's cost grows little
 # with rows until compute saturates (demo target, 2-core CPU, ctx 256: 34 ms per row at 8 rows, 8.6 at 64). Rows
-# are grouped by prompt length, as the prefill pads each to the longest (there, on a CPU, the time goes).
+# are sorted by prompt length so that a batch holds similar lengths; within it the prefill runs in length groups
+# (`specdec.prefill_groups`): on a CPU the prefill is where the time goes.
 TRAJECTORY_BATCH = 64
 # The default grid per device kind: (largest batch bucket, D_max). A 2-core CPU decodes the demo target at about
 # 15 tokens/s per row at batch 1 and saturates its compute by batch 8, where a GPU's verify step stays flat to
@@ -714,7 +715,7 @@ class Profiler:
     def _trajectories(self, log: MeasurementLog, prompts: list[CalibrationPrompt]) -> None:
         """The target's greedy continuations, generated once per prompt, `TRAJECTORY_BATCH` at a time, and logged."""
         batch = TRAJECTORY_BATCH
-        ordered = sorted(prompts, key=lambda p: (len(self.encoded[p.id]), p.id))  # the prefill pads every row to the longest
+        ordered = sorted(prompts, key=lambda p: (len(self.encoded[p.id]), p.id))  # similar lengths share a batch
         for start in range(0, len(ordered), batch):  # fixed batches: a resumed run decodes the same rows together
             chunk = ordered[start : start + batch]
             if any(f"trajectory/{p.id}" not in log for p in chunk):
