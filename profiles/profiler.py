@@ -52,7 +52,7 @@ from specdec_tune.records import sha256_json, write_json
 BOOTSTRAP_RESAMPLES = 1000
 GROWTH_STEP = 4  # prompts added per domain and round while its acceptance interval is wide
 FLAG_REL_DIFF = 0.05  # replay vs the loop in the profile's dtype: flag differences above this
-DRAFT_CALLS_PER_POINT = 1 + 5 * 10  # warm-up + time_call's repeats (at most 10x when they are short)
+DRAFT_CALLS_PER_POINT = 5 * 10  # time_call's repeats (at most 10x when they are short); the catch-up call warms up
 HOST_NEW_TOKENS = 6  # the decode a host-overhead cell runs
 HOST_PROMPT_TOKENS = 32  # of each prompt, its last: the host's work per round does not depend on the context (nor is the prefill timed)
 # The target's greedy trajectories are generated this many prompts at a time: a decode step's cost grows little
@@ -866,7 +866,7 @@ class Profiler:
                     f"D={result['draft_len']} (rounds, accepted: replay {result['replay']}, loop {result['loop']})",
                     "profile with --acceptance loop, and report the drafter: its proposals must depend only on the prefix")
             if self.model.dtype == torch.float32:  # the check above ran in the profile's dtype: equal counters
-                at_max = [p for p in sample if p.id in result["prompts_at"][str(D_max)]]
+                at_max = [p for p in sample if p.id in result.get("prompts_at", {}).get(str(D_max), [q.id for q in sample])]
                 direct = result["tokens_per_forward_at_d_max"]
             else:
                 at_max = sample
