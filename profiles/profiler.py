@@ -844,7 +844,7 @@ class Profiler:
                              else replay.trajectories(exact.model, ids, self.s.new_tokens, len(ids)))
                 spec = next(x for x in self.s.drafters if parse_drafter_spec(x)[0] == name)
                 drafter = self.drafters[name] if exact is self.target else create(name, exact, parse_drafter_spec(spec)[1])
-                tpf = {}
+                prompts_at, tpf_at_max = {}, None
                 for D in lens:  # the sample's prompts dealt over the checked D, D_max first: each prompt runs the loop once
                     rows = [j for j in range(len(sample)) if len(sample) < len(lens) or lens[-1 - j % len(lens)] == D]
                     looped = generate(exact.model, [ids[j] for j in rows], drafter=drafter, num_draft_tokens=D,
@@ -855,9 +855,10 @@ class Profiler:
                         if dataclasses.asdict(a) != dataclasses.asdict(b):
                             return {"equal": False, "draft_len": D, "prompt": sample[j].id,
                                     "replay": [a.num_rounds, a.num_accepted_tokens], "loop": [b.num_rounds, b.num_accepted_tokens]}
-                    tpf[D] = (SpecCounters.total(looped).tokens_per_target_forward, [sample[j].id for j in rows])
-                return {"equal": True, "prompts": len(sample), "draft_lens": lens, "prompts_at": {str(D): ids_ for D, (_, ids_) in tpf.items()},
-                        "tokens_per_forward_at_d_max": tpf[D_max][0]}
+                    prompts_at[str(D)] = [sample[j].id for j in rows]
+                    tpf_at_max = SpecCounters.total(looped).tokens_per_target_forward  # lens ends at D_max
+                return {"equal": True, "prompts": len(sample), "draft_lens": lens, "prompts_at": prompts_at,
+                        "tokens_per_forward_at_d_max": tpf_at_max}
 
             result = log.measure(f"replay-check/{name}/fp32", fp32_check)
             if not result["equal"]:

@@ -232,12 +232,14 @@ def prefill_groups(lengths: Sequence[int], waste: float = PREFILL_PAD_WASTE) -> 
     more padded tokens than real ones (one padded prefill of 36 calibration prompts of 30 to 380 tokens ran
     3.7x the tokens they hold)."""
     groups: list[list[int]] = []
-    for i in sorted(range(len(lengths)), key=lambda i: (lengths[i], i)):
-        rows = (groups[-1] + [i]) if groups else [i]
-        if groups and len(rows) * lengths[i] <= (1 + waste) * sum(lengths[j] for j in rows):
-            groups[-1] = rows
+    tokens = 0  # real tokens of the last group
+    for i in sorted(range(len(lengths)), key=lambda i: (lengths[i], i)):  # rows come shortest first: i pads the group
+        if groups and (len(groups[-1]) + 1) * lengths[i] <= (1 + waste) * (tokens + lengths[i]):
+            groups[-1].append(i)
+            tokens += lengths[i]
         else:
             groups.append([i])
+            tokens = lengths[i]
     return groups
 
 
