@@ -307,7 +307,7 @@ def train_drafter(
              "  specdec-tune search --storage journal:/shared/study.journal     # several workers, one study")
 def search(
     profile: Annotated[Path, typer.Option("--profile", "-p", help="profile.json written by `specdec-tune profile`.")] = Path("artifacts/profile/profile.json"),
-    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for plan.json (and the default SQLite study).")] = Path("artifacts"),
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for plan.json (and the default study, study.journal).")] = Path("artifacts"),
     objective: Annotated[str, typer.Option(help="speedup (mean over batch buckets), throughput (tokens/s per device at the chosen "
                                                 "max batch), per-user (per-user tokens/s at it), or pareto (both, NSGA-II).")] = "speedup",
     trials: Annotated[int, typer.Option(help="Optuna trials; 0 = the objective's default (the study is filled up to this count; reruns add only what is missing).")] = 0,

@@ -70,6 +70,19 @@ class ForwardCounter:
         finally:
             CausalLM._run, DraftHead.step, DFlashHead.block_hidden = run, step, block
 
+    def paused(self, fn):
+        """fn wrapped so that the forwards it runs (a speed probe's) are not counted."""
+
+        def run(*args, **kwargs):
+            by_depth, heads = self.by_depth.copy(), self.heads.copy()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.by_depth.clear(), self.by_depth.update(by_depth)
+                self.heads.clear(), self.heads.update(heads)
+
+        return run
+
     def summary(self, target_layers: int) -> dict:
         """{"target_forwards": n, "drafter_forwards": {"draft_model": n, "eagle3": n, ...}}: a CausalLM of the target's
         depth is the target, a shallower (or deeper) one the draft model; kinds that never ran are left out."""

@@ -32,7 +32,7 @@ from pathlib import Path
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.cost_model import CostModel
 from specdec_tune.autotune.search import SearchSettings, search
-from specdec_tune.exporters.validate import DeviceSpeed, context_prompts, measure_decode, plan_drafter
+from specdec_tune.exporters.validate import DeviceSpeed, at_profile_speed_tokens_per_s, context_prompts, measure_decode, plan_drafter
 from specdec_tune.profiles.models.loading import load_model
 from specdec_tune.profiles.schema import load_profile
 from specdec_tune.records import sha256_file, sha256_json
@@ -253,11 +253,13 @@ def run(args) -> dict:
             drafters[m] = plan_drafter({"mechanism": m, "quant": q}, profile, target)
         rows = max(B, args.rows)  # small batches decode several batches, so that AL is not one prompt's
 
-        def decode() -> dict:
-            with counter.active():  # the decodes' forwards only: the speed probes around them are not the sweep's
-                return measure_decode(target, drafters.get(m), pool[:rows], D, args.new_tokens, args.repeats, args.seed, batch_size=B)
+        def decode(between) -> dict:
+            with counter.active():  # the decodes' forwards only: the speed probes between the runs are not the sweep's
+                return measure_decode(target, drafters.get(m), pool[:rows], D, args.new_tokens, args.repeats, args.seed, batch_size=B,
+                                      between=counter.paused(between))
 
-        return speed.measure(decode, batch=B)  # the device's speed against profile time, probed around the point at B
+        decoded, ratios = speed.measure(decode, batch=B)  # the device's speed against profile time, probed between the runs at B
+        return decoded, at_profile_speed_tokens_per_s(decoded, ratios)[0] / decoded["tokens_per_s"]
 
     points = []
     sweep_started = time.perf_counter()

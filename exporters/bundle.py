@@ -36,7 +36,8 @@ from specdec_tune.exporters.artifacts import check_shipped_kernels, kernels_summ
 from specdec_tune.exporters.engines import ENGINE_MODEL_IDS, ExportContext, load_engines, load_schema_file
 from specdec_tune.exporters.report import bundle_readme, lossless_text, write_report
 from specdec_tune.exporters.validate import (MeasureSettings, check_document, describe_throughput_row, failing_rows, lossless_gate,
-                                             prediction_cells, repair_record, throughput_check, throughput_refusal)
+                                             prediction_cells, repair_record, schedule_of, schedule_text, throughput_check,
+                                             throughput_refusal)
 from specdec_tune.exporters.versions import DEFAULT_VERSIONS, parse_version
 from specdec_tune.profiles.fingerprint import triton_version
 from specdec_tune.profiles.schema import Profile, load_profile
@@ -193,7 +194,7 @@ def export(s: ExportSettings, on_repair: Callable[[dict], None] | None = None, o
             gate = _lossless_gate_or_refuse(plan, profile, s.measure)
             step(f"lossless gate: {lossless_text(gate)}")
             first = throughput_check(plan, profile, s.measure, on_row=lambda row: step(f"throughput {describe_throughput_row(row)}"))
-            checked = repair_throughput(s, plan, profile, first, on_repair)
+            checked = repair_throughput(s, plan, profile, first, on_repair, on_step=step)
             tp, repairs = checked.throughput, checked.repairs
             if checked.failed:
                 raise throughput_refusal(checked.plan, checked.profile, tp, repairs, checked.not_repaired)
@@ -260,26 +261,36 @@ def _check_failed(tp: dict) -> bool:
     return bool(tp.get("checked")) and not tp.get("passed")
 
 
-def repair_throughput(s: ExportSettings, plan: dict, profile: Profile, tp: dict, on_repair: Callable[[dict], None] | None = None) -> Checked:
+def repair_throughput(s: ExportSettings, plan: dict, profile: Profile, tp: dict, on_repair: Callable[[dict], None] | None = None,
+                      on_step: Callable[[str], None] | None = None) -> Checked:
     """Up to `repair_rounds` rounds while the check fails: re-measure the verify cells the failing buckets' predictions
-    rest on (profile.json is rewritten), re-plan with the plan's own search settings (plan.json is rewritten), check again.
+    rest on (profile.json is rewritten), re-plan with the plan's own search settings (plan.json is rewritten), check again
+    the buckets that failed or whose D or prediction the re-plan changed (the others' rows stand). `on_step` receives a
+    line as each part of a round ends.
 
     A check that did not run, or a plan modeled for another device (its cells were never measured here), is never
     repaired."""
     from specdec_tune.profiles import profiler
 
+    step = on_step or (lambda line: None)
     repairs: list[dict] = []
     while _check_failed(tp) and len(repairs) < s.measure.repair_rounds:
         settings = search_settings_of(plan, profile)
         why = _not_repairable(plan, settings)
         if why:
             return Checked(plan, profile, tp, repairs, why)
+        round_number = len(repairs) + 1
         cells = sorted({cell for r in failing_rows(tp) for cell in prediction_cells(plan, profile, r["batch"], r["draft_len"])})
         _, changes = profiler.remeasure(s.profile, cells)
+        step(f"repair round {round_number}: re-measured {len(cells)} verify cell(s) at batch "
+             + ", ".join(str(B) for B in sorted({c[0] for c in cells})))
         profile = load_profile(s.profile)
         replanned = replan(s.plan, s.profile, profile, settings)
-        checked = throughput_check(replanned, profile, s.measure)
-        record = repair_record(len(repairs) + 1, plan, tp, changes, replanned, checked)
+        step(f"repair round {round_number}: re-planned, {schedule_text(schedule_of(replanned))}")
+        standing = {r["batch"]: r for r in tp["buckets"] if r.get("within")}
+        checked = throughput_check(replanned, profile, s.measure, keep=standing,
+                                   on_row=lambda row: step(f"repair round {round_number}: throughput {describe_throughput_row(row)}"))
+        record = repair_record(round_number, plan, tp, changes, replanned, checked)
         repairs.append(record)
         if on_repair:
             on_repair(record)

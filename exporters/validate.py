@@ -6,7 +6,8 @@ gate, and predicted against measured throughput on the local device.
     lossless    the plan's mechanism at each D > 0 of the schedule, on held-back prompts, fp32: greedy
                 speculative output token for token equal to plain greedy output
     throughput  decode tokens/s at each bucket's batch with its D (the profile's dtype, every row decoding
-                the full length), against the plan's prediction; relative error per bucket
+                the full length), each timed run brought back to profile-time speed by the probes on either
+                side of it (`DeviceSpeed`), against the plan's prediction; relative error per bucket
     repair      a failed throughput check names the verify cells its failing buckets' predictions rest on
                 (`prediction_cells`); export re-measures them, re-plans and checks again (bundle.py), and
                 refuses only when the disagreement survives (`throughput_refusal`)
@@ -23,7 +24,7 @@ import torch
 
 from specdec_tune import SpecdecError
 from specdec_tune.exporters.engines import Engine, load_schema
-from specdec_tune.profiles.timing import SpeedGuard, is_out_of_memory
+from specdec_tune.profiles.timing import is_out_of_memory
 
 
 def check_document(engine: Engine, document: dict | None) -> dict:
@@ -114,9 +115,10 @@ def context_prompts(target, ctx: int, new_tokens: int, max_draft: int, split: st
 
 
 def measure_decode(target, drafter, ids: list[list[int]], D: int, new_tokens: int, repeats: int, seed: int = 0,
-                   batch_size: int | None = None) -> dict:
+                   batch_size: int | None = None, between: Callable[[], None] = lambda: None) -> dict:
     """Decode tokens/s over `ids` in batches of `batch_size` (default: one batch), median of `repeats` after a
-    warm-up (the first batch, a few tokens), and the tokens per target forward of the last run.
+    warm-up (the first batch, a few tokens), each run's figure, and the tokens per target forward of the last run.
+    `between` is called before the first timed run and after each (`DeviceSpeed` probes the device there).
 
     Only the rounds in which all `batch_size` rows are still decoding count towards tokens/s: that is the
     batch a continuously batched server keeps full, and what the cost model predicts. A static batch's
@@ -130,25 +132,29 @@ def measure_decode(target, drafter, ids: list[list[int]], D: int, new_tokens: in
     kwargs = dict(drafter=drafter if D else None, num_draft_tokens=D, max_new_tokens=new_tokens, temperature=0.0, seed=seed, stop_token_ids=())
     generate(target.model, ids[:B], **(kwargs | {"max_new_tokens": min(new_tokens, WARMUP_TOKENS)}))  # warm-up
     rates = []
+    between()
     for _ in range(repeats):
         tokens, seconds, counters = 0, 0.0, []
         for start in range(0, len(ids), B):
             out = generate(target.model, ids[start : start + B], **kwargs)
             tokens, seconds, counters = tokens + out.full_batch_tokens, seconds + out.full_batch_s, counters + out.per_prompt
         rates.append(tokens / seconds)
-    return {"tokens_per_s": statistics.median(rates), "tokens_per_s_range": [min(rates), max(rates)],
+        between()
+    return {"tokens_per_s": statistics.median(rates), "tokens_per_s_range": [min(rates), max(rates)], "tokens_per_s_runs": rates,
             "tokens_per_forward": SpecCounters.total(counters).tokens_per_target_forward}
 
 
 class DeviceSpeed:
-    """This device's speed now against profile time, probed around each measurement at the measured batch.
+    """This device's speed now against profile time, probed between the timed runs of each measurement.
 
     The probe is one verify step (the bucket's batch, one token, `ctx` cached), a step the profile measured.
-    Around a measurement it runs before and after (`SpeedGuard`: a measurement during which the speed
-    changed is repeated); the ratio of their mean to the profile's figure for that step (the fitted curve's, which
-    the prediction was built from) says how much slower (> 1) the device runs now. Shared machines drift with
-    other tenants and clocks, and not by one factor: on a 2-core CPU the batch-1 step ran at x0.98-1.12 of its
-    profile time while batches 4-16 ran 20-35% slower, so each batch is probed at its own size.
+    It runs before a measurement's first timed run and after each run; a run's speed ratio is the mean of the
+    probes on either side of it against the profile's figure for that step (the fitted curve's, which the
+    prediction was built from): > 1 where the device runs slower now. Pairing each run with the probes next to
+    it matters on a shared machine: there the speed moves by 20-30% within a minute, so a ratio probed once
+    before and once after a 40-second measurement can disagree with the runs in between by as much. Shared
+    machines drift with other tenants and clocks, and not by one factor: on a 2-core CPU the batch-1 step ran at
+    x0.98-1.12 of its profile time while batches 4-16 ran 20-35% slower, so each batch is probed at its own size.
     """
 
     def __init__(self, target, profile, ctx: int, seed: int = 0) -> None:
@@ -156,26 +162,30 @@ class DeviceSpeed:
         self.profiled_ms = {p.batch: p.median_ms for p in profile.verify
                             if (p.tokens, p.ctx) == (1, ctx) and p.source in ("measured", "fitted") and p.median_ms}
         self.why = None if self.profiled_ms else f"the profile has no measured verify step with one token at ctx {ctx}"
-        self.guards: dict[int, SpeedGuard] = {}
+        self.probes: dict[int, Callable[[], float]] = {}
 
     def probed_batch(self, batch: int) -> int | None:
         """The batch whose profiled step stands for `batch`: itself where measured, else the nearest measured one."""
         return min(self.profiled_ms, key=lambda b: (abs(b - batch), b)) if self.profiled_ms else None
 
-    def measure(self, fn, batch: int = 1):
-        """(fn's result, speed ratio now / at profile time around it, probed at `batch`'s step)."""
+    def measure(self, fn: Callable[[Callable[[], None]], object], batch: int = 1) -> tuple[object, list[float]]:
+        """(fn's result, the speed ratio now / at profile time of each of its timed runs, probed at `batch`'s step).
+
+        `fn` receives `between`, to call before its first timed run and after each (as `measure_decode` does);
+        a probe is added where it called fewer than two."""
         from specdec_tune.profiles.profiler import VerifyStep
 
-        probed = self.probed_batch(batch) or 1
-        if probed not in self.guards:
+        probed = self.probed_batch(batch)
+        if probed is None:
+            return fn(lambda: None), [1.0]
+        if probed not in self.probes:
             step = VerifyStep(self.target.model, probed, self.ctx, 1, self.seed)
-            self.guards[probed] = SpeedGuard(probe=lambda: step.timing(1, warmup=1, repeats=PROBE_REPEATS).median_ms, steady_only=True)
-        result, before, after = self.guards[probed].run(fn)
-        return result, ((before + after) / 2 / self.profiled_ms[probed]) if self.profiled_ms else 1.0
-
-    @property
-    def repeated(self) -> int:
-        return sum(g.repeated for g in self.guards.values())
+            self.probes[probed] = lambda: step.timing(1, warmup=1, repeats=PROBE_REPEATS).median_ms
+        probes_ms: list[float] = []
+        result = fn(lambda: probes_ms.append(self.probes[probed]()))
+        while len(probes_ms) < 2:
+            probes_ms.append(self.probes[probed]())
+        return result, [(a + b) / 2 / self.profiled_ms[probed] for a, b in zip(probes_ms, probes_ms[1:])]
 
 
 def _another_device(profiled: dict) -> str:
@@ -187,14 +197,58 @@ def _another_device(profiled: dict) -> str:
                      if key in profiled and profiled.get(key) != here.get(key))
 
 
-def throughput_check(plan: dict, profile, s: MeasureSettings, on_row: Callable[[dict], None] | None = None) -> dict:
-    """Measured decode tokens/s per bucket against the plan, at the plan's context length (this device); `on_row`
-    receives each bucket's row as it is measured.
+def at_profile_speed_tokens_per_s(decoded: dict, ratios: list[float]) -> tuple[float, list[float]]:
+    """A decode's tokens/s brought back to profile-time speed: (the median, each run's), each run's tokens/s times its
+    own speed ratio (`DeviceSpeed.measure`). A measurement without its runs, or with another number of ratios than
+    runs, is scaled by the median ratio."""
+    measured = decoded["tokens_per_s"]
+    runs = decoded.get("tokens_per_s_runs") or decoded.get("tokens_per_s_range") or [measured]
+    if len(runs) != len(ratios):
+        ratios = [statistics.median(ratios)] * len(runs)
+    each = [r * ratio for r, ratio in zip(runs, ratios)]
+    return (statistics.median(each) if "tokens_per_s_runs" in decoded else measured * ratios[0]), each
 
-    Around each bucket the device's speed is probed against profile time (`DeviceSpeed`); the gate compares
-    the measurement with the prediction scaled by that ratio, so that a machine that is busier than when it
-    was profiled does not fail a right plan. The raw error is kept beside it, and a drift beyond the
-    tolerance is reported as a reason to re-profile.
+
+def bucket_row(bucket: dict, decoded: dict, ratios: list[float], tolerance_pct: float) -> dict:
+    """One bucket of the throughput check: its prediction against its measurement at profile-time speed.
+
+        at profile speed   c_i = r_i x ratio_i  (run i's tokens/s r_i; ratio_i probed on either side of it)
+        error              predicted / median_i(c_i) - 1,  the same as the prediction at the current speed
+                           (predicted x m / median(c), m the median raw tokens/s) against m
+        inside the noise   the prediction's 95% interval overlaps [min_i c_i, max_i c_i]
+    """
+    figure = bucket["predicted"]["tokens_per_s"]
+    predicted, measured = figure["value"], decoded["tokens_per_s"]
+    corrected, at_profile_speed = at_profile_speed_tokens_per_s(decoded, ratios)
+    scale = measured / corrected  # the prediction at the current speed = predicted x scale
+    low, high = figure.get("low") or predicted, figure.get("high") or predicted
+    inside_noise = low <= max(at_profile_speed) and min(at_profile_speed) <= high
+    error_pct = 100 * (predicted / corrected - 1)
+    return {"batch": bucket["batch"], "draft_len": bucket["draft_len"], "predicted_tokens_per_s": predicted, "predicted_source": figure["source"],
+            "device_speed_ratio": 1 / scale, "device_speed_ratio_runs": ratios, "predicted_at_current_speed_tokens_per_s": predicted * scale,
+            "predicted_interval_tokens_per_s": [low, high], "predicted_interval_at_current_speed_tokens_per_s": [low * scale, high * scale],
+            "measured_tokens_per_s": measured,
+            "measured_range_tokens_per_s": decoded.get("tokens_per_s_range", [measured, measured]),
+            "measured_at_profile_speed_range_tokens_per_s": [min(at_profile_speed), max(at_profile_speed)],
+            "raw_error_pct": 100 * (predicted - measured) / measured, "error_pct": error_pct, "inside_noise": inside_noise,
+            "within": abs(error_pct) <= tolerance_pct or inside_noise}
+
+
+def _close(kept: float | None, now: float) -> bool:
+    return kept is not None and abs(kept - now) <= 0.01 * abs(now)
+
+
+def throughput_check(plan: dict, profile, s: MeasureSettings, on_row: Callable[[dict], None] | None = None,
+                     keep: dict[int, dict] | None = None) -> dict:
+    """Measured decode tokens/s per bucket against the plan, at the plan's context length (this device); `on_row`
+    receives each bucket's row as it is measured. `keep` maps a batch to a row of an earlier check that stands
+    (a repair re-checks only what failed or was re-planned): it is kept where the bucket's D is the same and its
+    prediction moved by less than 1%.
+
+    Between the timed runs of each bucket the device's speed is probed against profile time (`DeviceSpeed`);
+    the gate compares the prediction with the measurement brought back to profile-time speed run by run, so
+    that a machine that is busier than when it was profiled does not fail a right plan. The raw error is kept
+    beside it, and a drift beyond the tolerance is reported as a reason to re-profile.
     """
     from specdec_tune.profiles.models.loading import load_model
 
@@ -212,31 +266,21 @@ def throughput_check(plan: dict, profile, s: MeasureSettings, on_row: Callable[[
     rows = []
     for b in plan["buckets"]:
         B, D = b["batch"], b["draft_len"]
+        kept = (keep or {}).get(B)
+        if kept is not None and kept["draft_len"] == D and _close(kept.get("predicted_tokens_per_s"), b["predicted"]["tokens_per_s"]["value"]):
+            rows.append(kept | {"kept_from_the_previous_check": True})
+            continue
         n = B * -(-s.rows // B)  # small batches decode several batches, so that AL is not one or two prompts'
         try:
-            decoded, ratio = speed.measure(lambda: measure_decode(target, drafter, [pool[i % len(pool)] for i in range(n)], D, s.new_tokens,
-                                                                  s.repeats, s.seed, batch_size=B), batch=B)
+            decoded, ratios = speed.measure(lambda between: measure_decode(target, drafter, [pool[i % len(pool)] for i in range(n)], D,
+                                                                           s.new_tokens, s.repeats, s.seed, batch_size=B, between=between),
+                                            batch=B)
         except (torch.OutOfMemoryError, RuntimeError) as e:
             if not is_out_of_memory(e):
                 raise
             rows.append({"batch": B, "draft_len": D, "infeasible": "out of memory on this device now"})
-            if on_row:
-                on_row(rows[-1])
-            continue
-        figure = b["predicted"]["tokens_per_s"]
-        predicted, measured = figure["value"], decoded["tokens_per_s"]
-        at_speed = predicted / ratio
-        # The prediction's 95% interval at the current speed against the spread of the timed repeats: where they
-        # overlap, the disagreement is inside the noise of the two figures, and not a reason to refuse.
-        band = [(figure.get("low") or predicted) / ratio, (figure.get("high") or predicted) / ratio]
-        spread = decoded.get("tokens_per_s_range", [measured, measured])
-        inside_noise = band[0] <= spread[1] and spread[0] <= band[1]
-        rows.append({"batch": B, "draft_len": D, "predicted_tokens_per_s": predicted, "predicted_source": figure["source"],
-                     "device_speed_ratio": ratio, "predicted_at_current_speed_tokens_per_s": at_speed,
-                     "predicted_interval_at_current_speed_tokens_per_s": band, "measured_tokens_per_s": measured,
-                     "measured_range_tokens_per_s": spread, "raw_error_pct": 100 * (predicted - measured) / measured,
-                     "error_pct": 100 * (at_speed - measured) / measured, "inside_noise": inside_noise,
-                     "within": abs(100 * (at_speed - measured) / measured) <= s.tolerance_pct or inside_noise})
+        else:
+            rows.append(bucket_row(b, decoded, ratios, s.tolerance_pct))
         if on_row:
             on_row(rows[-1])
     timed = [r for r in rows if "infeasible" not in r]
@@ -248,12 +292,12 @@ def throughput_check(plan: dict, profile, s: MeasureSettings, on_row: Callable[[
               "measured_rounds": "rounds with every row of the batch decoding (a continuously batched server's steady state)",
               "passed": all(r["within"] for r in timed), "worst": {"batch": worst["batch"], "error_pct": worst["error_pct"]},
               "rule": f"a bucket passes when its error at the current speed is within {s.tolerance_pct:g}%, or when the prediction's "
-                      "95% interval and the range of the timed repeats overlap (a difference inside the noise)",
+                      "95% interval and the range of the timed runs at profile-time speed overlap (a difference inside the noise)",
+              "speed_scaling": "each timed run's tokens/s times the speed ratio probed on either side of it (the probed step's time now "
+                               "over its profile time), median over the runs",
               "device_drift_pct": drift}
     if speed.why:
         result["device_speed"] = f"not probed: {speed.why}"
-    if speed.repeated:
-        result["repeated_after_a_speed_change"] = speed.repeated
     if len(timed) < len(rows):
         result["infeasible_batches"] = [r["batch"] for r in rows if "infeasible" in r]
     if drift > s.tolerance_pct:
@@ -268,8 +312,12 @@ def describe_throughput_row(r: dict) -> str:
         return f"batch {r['batch']}, D={r['draft_len']}: infeasible ({r['infeasible']})"
     noise = ""
     if r.get("inside_noise"):
-        (b_lo, b_hi), (m_lo, m_hi) = r["predicted_interval_at_current_speed_tokens_per_s"], r["measured_range_tokens_per_s"]
-        noise = f"; inside the noise (predicted [{b_lo:.0f}–{b_hi:.0f}] at the current speed, repeats measured [{m_lo:.0f}–{m_hi:.0f}])"
+        if "measured_at_profile_speed_range_tokens_per_s" in r:
+            (b_lo, b_hi), (m_lo, m_hi) = r["predicted_interval_tokens_per_s"], r["measured_at_profile_speed_range_tokens_per_s"]
+            noise = f"; inside the noise (predicted [{b_lo:.1f}–{b_hi:.1f}], the runs at profile-time speed [{m_lo:.1f}–{m_hi:.1f}])"
+        else:  # a check from before the runs were scaled one by one
+            (b_lo, b_hi), (m_lo, m_hi) = r["predicted_interval_at_current_speed_tokens_per_s"], r["measured_range_tokens_per_s"]
+            noise = f"; inside the noise (predicted [{b_lo:.0f}–{b_hi:.0f}] at the current speed, repeats measured [{m_lo:.0f}–{m_hi:.0f}])"
     return (f"batch {r['batch']}, D={r['draft_len']}: predicted {r['predicted_tokens_per_s']:.0f} tokens/s ({r['predicted_source']}) "
             f"({r['predicted_at_current_speed_tokens_per_s']:.0f} at the device's current speed, x{1 / r['device_speed_ratio']:.3f}), "
             f"measured {r['measured_tokens_per_s']:.0f}: {r['error_pct']:+.1f}% ({r['raw_error_pct']:+.1f}% unscaled){noise}")
@@ -347,7 +395,7 @@ def repair_record(round_number: int, plan_before: dict, tp_before: dict, cells: 
             "passed": bool(tp_after.get("checked") and tp_after.get("passed"))}
 
 
-def _schedule_text(s: dict) -> str:
+def schedule_text(s: dict) -> str:
     return f"{s['mechanism']}/{s['quant']} " + ", ".join(f"B={B}: D={D}" for B, D in s["schedule"])
 
 
@@ -370,7 +418,7 @@ def describe_repair(record: dict) -> list[str]:
     outcome = "passed" if record["passed"] else "still failing"
     lines = [f"repair round {record['round']}: re-measured the verify cells behind {failing}"]
     lines += [f"  {_cell_change_text(c)}" for c in record["cells"]]
-    before, after = _schedule_text(record["before"]), _schedule_text(record["after"])
+    before, after = schedule_text(record["before"]), schedule_text(record["after"])
     lines.append(f"  schedule {before} -> {after}" if before != after else f"  schedule unchanged: {after}")
     lines.append(f"  worst error {_pct(record['worst_error_pct_before'])} -> {_pct(record['worst_error_pct_after'])} ({outcome})")
     return lines

@@ -240,3 +240,31 @@ def test_forward_counter_counts_the_target_and_each_drafter_apart(mechanism):
     assert c.num_drafts > 1
     expected = c.num_drafts if mechanism in ("dflash", "dspark") else c.num_draft_tokens
     assert counter.summary(6) == {"target_forwards": out.target_forwards + 1, "drafter_forwards": {mechanism: expected}}
+
+
+def test_forward_counter_leaves_out_what_runs_paused():
+    """The decision-quality sweep probes the device's speed between its timed runs: those forwards are not the sweep's."""
+    from specdec_tune.profiles.specdec import generate
+
+    target = _tiny_target()
+    counter = common.ForwardCounter()
+    with counter.active():
+        generate(target.model, [[1, 2, 3]], max_new_tokens=3)
+        counted = counter.summary(6)
+        counter.paused(lambda: generate(target.model, [[1, 2, 3]], max_new_tokens=3))()
+    assert counted["target_forwards"] > 0 and counter.summary(6) == counted
+
+
+def test_acceptance_coverage_states_what_a_calibrated_interval_would_cover():
+    """A held-back mean of m prompts against a 95% interval of the mean of n: inside with chance erf(1.96 / sqrt(2 (1 + n/m))),
+    95% only when the held-back set is much larger than the profile's; checked against a simulation."""
+    import acceptance_coverage
+
+    assert acceptance_coverage.calibrated_coverage(7, 3) == pytest.approx(0.715, abs=0.002)
+    assert acceptance_coverage.calibrated_coverage(7, 10**9) == pytest.approx(0.95, abs=1e-4)
+    gen = torch.Generator().manual_seed(0)
+    n, m, trials = 7, 3, 20000
+    profile, held = torch.randn(trials, n, generator=gen), torch.randn(trials, m, generator=gen)
+    half = 1.96 / n**0.5  # the known per-prompt spread: the interval's width is not what is simulated
+    inside = ((held.mean(1) - profile.mean(1)).abs() <= half).float().mean().item()
+    assert inside == pytest.approx(acceptance_coverage.calibrated_coverage(n, m), abs=0.01)

@@ -369,15 +369,53 @@ def test_device_speed_probes_each_batch_at_its_own_profiled_step(tiny_hf_dir):
     two_tokens = types.SimpleNamespace(batch=4, tokens=2, ctx=32, median_ms=1.0, source="measured", raw_median_ms=None)  # not a probe's step
     profile = types.SimpleNamespace(verify=[point(1, 1000, raw_median_ms=None), point(4, 1e-3, raw_median_ms=None), two_tokens])
     speed = DeviceSpeed(target, profile, 32)
-    result, ratio_1 = speed.measure(lambda: "done", batch=1)
-    _, ratio_4 = speed.measure(lambda: "done", batch=4)
-    _, ratio_8 = speed.measure(lambda: "done", batch=8)  # not profiled: the nearest profiled batch stands for it
+    result, (ratio_1,) = speed.measure(lambda between: "done", batch=1)
+    _, (ratio_4,) = speed.measure(lambda between: "done", batch=4)
+    _, (ratio_8,) = speed.measure(lambda between: "done", batch=8)  # not profiled: the nearest profiled batch stands for it
     assert result == "done" and 0 < ratio_1 < 0.01 and ratio_4 > 100 and ratio_8 > 100 and speed.probed_batch(2) == 1
     # the fitted figure (the one the prediction was built from) is what the probe compares with, not the raw median
     fitted = DeviceSpeed(target, types.SimpleNamespace(verify=[point(1, 1000, raw_median_ms=now[1])]), 32)
-    assert 0 < fitted.measure(lambda: None)[1] < 0.01
+    assert 0 < fitted.measure(lambda between: None)[1][0] < 0.01
     unprobed = DeviceSpeed(target, types.SimpleNamespace(verify=[]), 32)
-    assert unprobed.measure(lambda: 1, batch=4) == (1, 1.0) and unprobed.why == "the profile has no measured verify step with one token at ctx 32"
+    assert unprobed.measure(lambda between: 1, batch=4) == (1, [1.0]) and unprobed.why == "the profile has no measured verify step with one token at ctx 32"
+
+
+def test_device_speed_pairs_each_timed_run_with_the_probes_on_either_side():
+    """measure_decode calls `between` before its first run and after each; each run's ratio is the mean of its two probes."""
+    import types
+
+    from specdec_tune.exporters.validate import DeviceSpeed
+
+    profile = types.SimpleNamespace(verify=[types.SimpleNamespace(batch=1, tokens=1, ctx=32, median_ms=10.0, source="fitted")])
+    speed = DeviceSpeed(None, profile, 32)
+    speed.probes[1] = iter([10.0, 20.0, 30.0, 40.0]).__next__
+
+    def runs(between):
+        for _ in range(2):
+            between()
+        between()
+        return "runs"
+
+    assert speed.measure(runs) == ("runs", [1.5, 2.5])
+    speed.probes[1] = iter([10.0, 30.0]).__next__
+    assert speed.measure(lambda between: "no probes of its own") == ("no probes of its own", [2.0])  # probed around it instead
+
+
+def test_a_bucket_is_judged_on_its_runs_each_at_the_speed_probed_beside_it():
+    """Runs of 100, 50, 50 tokens/s, with the probes beside them reading the device at profile speed for the first and
+    half as fast for the next two, are 100 tokens/s at profile speed: a prediction of 100 is right. Runs that all fell
+    in a slow spell which the probes before the first and after the last missed (one ratio, 1.0) fail it."""
+    from specdec_tune.exporters.validate import bucket_row
+
+    bucket = {"batch": 1, "draft_len": 2, "predicted": {"tokens_per_s": {"value": 100.0, "source": "modeled", "low": 99.0, "high": 101.0}}}
+    runs = {"tokens_per_s": 50.0, "tokens_per_s_range": [50.0, 100.0], "tokens_per_s_runs": [100.0, 50.0, 50.0]}
+    row = bucket_row(bucket, runs, [1.0, 2.0, 2.0], tolerance_pct=15)
+    assert row["within"] and row["error_pct"] == pytest.approx(0) and row["device_speed_ratio"] == pytest.approx(2.0)
+    assert row["predicted_at_current_speed_tokens_per_s"] == pytest.approx(50.0) and row["measured_at_profile_speed_range_tokens_per_s"] == [100.0, 100.0]
+    slow = {"tokens_per_s": 50.0, "tokens_per_s_range": [49.0, 51.0], "tokens_per_s_runs": [49.0, 50.0, 51.0]}
+    assert bucket_row(bucket, slow, [2.0, 2.0, 2.0], tolerance_pct=15)["within"]
+    missed = bucket_row(bucket, slow, [1.0], tolerance_pct=15)
+    assert not missed["within"] and missed["error_pct"] == pytest.approx(100)
 
 
 def test_throughput_is_not_checked_against_a_profile_from_another_device():

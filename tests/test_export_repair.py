@@ -129,6 +129,10 @@ def _schedule(plan: dict) -> list[list[int]]:
     return [[b["batch"], b["draft_len"]] for b in plan["buckets"]]
 
 
+def checked_rows(tmp_path: Path) -> list[dict]:
+    return json.loads((tmp_path / "bundle" / "validation.json").read_text())["throughput"]["buckets"]
+
+
 def test_the_plan_records_enough_to_search_it_again(inputs):
     plan_path, profile_path = inputs
     plan, profile = json.loads(plan_path.read_text()), load_profile(profile_path)
@@ -161,6 +165,9 @@ def test_a_slow_cell_is_re_measured_and_the_re_plan_ships(inputs, simulated_devi
     true_ms = true_speed[0][SLOW_CELL]["median_ms"]
     assert slow["before_ms"] == pytest.approx(SLOW_FACTOR * true_ms) and slow["after_ms"] == pytest.approx(true_ms)
     assert record["before"]["schedule"] == _schedule(planted) != record["after"]["schedule"] and record["passed"]
+    rechecked = {r["batch"] for r in checked_rows(tmp_path) if not r.get("kept_from_the_previous_check")}
+    changed = {B for (B, D), (_, D_before) in zip(record["after"]["schedule"], record["before"]["schedule"]) if D != D_before}
+    assert SLOW_BATCH in rechecked and rechecked <= changed | {SLOW_BATCH} and len(rechecked) < len(planted["buckets"])  # the rest stand
 
     replanned = json.loads(plan_path.read_text())
     assert _schedule(replanned) == record["after"]["schedule"] == manifest["plan"]["schedule"]
@@ -191,7 +198,10 @@ def test_a_disagreement_that_survives_re_measuring_is_refused(inputs, simulated_
 
     code = main(["export", "--plan", str(plan_path), "--profile", str(profile_path), "--out", str(out), "--no-onnx", "--repair-rounds", "2"])
     printed = capsys.readouterr()
-    assert code == 1 and len(calls) == 2 and printed.out.count("repair round") == 2
+    assert code == 1 and len(calls) == 2 and printed.out.count("re-measured the verify cells behind") == 2
+    for n in (1, 2):  # each round says what it is doing as each part ends, not only when the round is over
+        assert f"repair round {n}: re-measured " in printed.out and f"repair round {n}: re-planned, " in printed.out
+        assert f"repair round {n}: throughput batch {B}" in printed.out
     error = printed.err.strip()
     assert "\n" not in error and error.startswith("error: throughput check failed") and "after 2 round(s)" in error
     measured = true_speed[1](B, D, planted["mechanism"], planted["quant"])

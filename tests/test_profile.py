@@ -349,13 +349,15 @@ def test_time_call_stops_repeating_a_long_call_after_three():
     assert time_call(slow, device=torch.device("cpu"), warmup=0, repeats=7).repeats == 7
 
 
-def test_growth_adds_only_the_prompts_that_fit_the_budget_widest_domain_first():
+def test_growth_adds_only_the_prompts_that_fit_the_budget_widest_domain_first(monkeypatch):
     """Growth fills what is left of the budget: as many prompts as the replay's cost per prompt says fit,
     round-robin over the wide domains, widest first; then it says the budget ended (not a skipped phase)."""
     import time
 
     from specdec_tune.profiles.calibration import CalibrationPrompt, CalibrationSet
     from specdec_tune.profiles.profiler import Budget, Profiler
+
+    monkeypatch.setattr("specdec_tune.profiles.profiler.FINISH_RESERVE_S", 0.0)  # a budget of seconds
 
     pool = CalibrationSet("t", tuple(CalibrationPrompt(f"{d}/{i}", d, "x") for d in ("chat", "code", "math") for i in range(10)))
     prof = Profiler.__new__(Profiler)
@@ -384,11 +386,37 @@ def test_growth_adds_only_the_prompts_that_fit_the_budget_widest_domain_first():
     assert budget.skipped == [] and all("the time budget ended" in n for n in notes) and len(notes) == 2
 
 
-def test_growth_says_which_domain_ran_out_of_prompts_and_which_out_of_time():
+def test_growth_rounds_stay_large_when_one_domain_is_left():
+    """A round's trajectories decode together: once the other domains are tight or used up, the last wide domain
+    gets the whole round (GROWTH_ROUND_PROMPTS), not a few prompts a round decoded at a small batch."""
+    from specdec_tune.profiles.calibration import CalibrationPrompt, CalibrationSet
+    from specdec_tune.profiles.profiler import GROWTH_ROUND_PROMPTS, Budget, Profiler
+
+    pool = CalibrationSet("t", tuple(CalibrationPrompt(f"{d}/{i}", d, "x") for d, n in (("chat", 2), ("code", 40)) for i in range(n)))
+    prof = Profiler.__new__(Profiler)
+    prof.s, prof.pool, prof.progress = ProfileSettings(acceptance_half_width=0.02), pool, None
+    prof.used, prof.encoded, prof.replay_units = [], {p.id: [1] for p in pool}, [("ngram", "none")]
+    prof._relevant_draft_lens = lambda verify: {1}
+    prof._half_widths = lambda relevant: {"chat": 0.1, "code": 0.2}
+    rounds = []
+
+    def replay_prompts(log, prompts, units):
+        rounds.append([p.domain for p in prompts])
+        prof.used += prompts
+
+    prof._replay_prompts = replay_prompts
+    prof.trajectory_s_per_prompt, prof.unit_s_per_prompt = 0.001, {}
+    prof._grow_acceptance(None, Budget(1.0), [])
+    assert GROWTH_ROUND_PROMPTS == 32 and [len(r) for r in rounds] == [32, 10] and rounds[0][:4] == ["code", "chat", "code", "chat"]
+
+
+def test_growth_says_which_domain_ran_out_of_prompts_and_which_out_of_time(monkeypatch):
     import time
 
     from specdec_tune.profiles.calibration import CalibrationPrompt, CalibrationSet
     from specdec_tune.profiles.profiler import Budget, Profiler
+
+    monkeypatch.setattr("specdec_tune.profiles.profiler.FINISH_RESERVE_S", 0.0)  # a budget of seconds
 
     pool = CalibrationSet("t", tuple(CalibrationPrompt(f"{d}/{i}", d, "x") for d, n in (("chat", 2), ("code", 40)) for i in range(n)))
     prof = Profiler.__new__(Profiler)
