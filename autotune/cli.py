@@ -155,6 +155,7 @@ def profile(
     trust_remote_code: TrustOpt = False,
 ) -> None:
     """Measure the target, its drafters and the device; writes OUT/profile.json (resumable: a killed run continues)."""
+    started = time.monotonic()  # the budget counts from the command's start, its imports included
     from specdec_tune.profiles.profiler import Profiler, ProfileSettings
 
     formats = tuple(f for f in quant.split(",") if f and f != "none")
@@ -171,7 +172,7 @@ def profile(
         acceptance_half_width=half_width, acceptance=acceptance, verify_visits=verify_visits,
     )
     with _progress(budget_minutes) as tick:
-        profiler = Profiler(settings, progress=tick)
+        profiler = Profiler(settings, progress=tick, started=started)
         result = profiler.run()
     _print_profile_summary(result, out / "profile.json")
 

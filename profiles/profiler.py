@@ -1,6 +1,6 @@
 """`specdec-tune profile`: measure the target, its drafters and the device into `profile.json`.
 
-Phases, in order (the budget counts from loading the models; a short --budget-minutes drops what is left and says so in `notes`):
+Phases, in order (the budget counts from the command's start, imports and model loading included; a short --budget-minutes drops what is left and says so in `notes`):
   verify      T_verif(B, 1+D, ctx): every cell visited in shuffled rounds (seeds, bisection where a line misses by
               > tol, repeats until the median's 95% interval is tight), then fitted non-decreasing in 1+D, B and ctx
   draft       T_draft(B, D) per mechanism, one propose() as it runs (serial steps / one pass / lookups), on real text
@@ -432,8 +432,9 @@ def fit_verify(samples: dict[tuple[int, int, int], list[float]], infeasible: dic
 
 
 class Profiler:
-    def __init__(self, settings: ProfileSettings, progress=None) -> None:
-        self.started = time.monotonic()  # the budget counts from here: loading the models is part of the profile's time
+    def __init__(self, settings: ProfileSettings, progress=None, started: float | None = None) -> None:
+        # the budget counts from `started` (time.monotonic(); default: now): loading the models is part of the profile's time
+        self.started = time.monotonic() if started is None else started
         settings.validate()
         self.device = resolve_device(settings.device)
         self.s = settings = settings.for_device(self.device.type)
