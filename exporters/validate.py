@@ -312,12 +312,8 @@ def describe_throughput_row(r: dict) -> str:
         return f"batch {r['batch']}, D={r['draft_len']}: infeasible ({r['infeasible']})"
     noise = ""
     if r.get("inside_noise"):
-        if "measured_at_profile_speed_range_tokens_per_s" in r:
-            (b_lo, b_hi), (m_lo, m_hi) = r["predicted_interval_tokens_per_s"], r["measured_at_profile_speed_range_tokens_per_s"]
-            noise = f"; inside the noise (predicted [{b_lo:.1f}–{b_hi:.1f}], the runs at profile-time speed [{m_lo:.1f}–{m_hi:.1f}])"
-        else:  # a check from before the runs were scaled one by one
-            (b_lo, b_hi), (m_lo, m_hi) = r["predicted_interval_at_current_speed_tokens_per_s"], r["measured_range_tokens_per_s"]
-            noise = f"; inside the noise (predicted [{b_lo:.0f}–{b_hi:.0f}] at the current speed, repeats measured [{m_lo:.0f}–{m_hi:.0f}])"
+        (b_lo, b_hi), (m_lo, m_hi) = r["predicted_interval_tokens_per_s"], r["measured_at_profile_speed_range_tokens_per_s"]
+        noise = f"; inside the noise (predicted [{b_lo:.1f}–{b_hi:.1f}], the runs at profile-time speed [{m_lo:.1f}–{m_hi:.1f}])"
     return (f"batch {r['batch']}, D={r['draft_len']}: predicted {r['predicted_tokens_per_s']:.0f} tokens/s ({r['predicted_source']}) "
             f"({r['predicted_at_current_speed_tokens_per_s']:.0f} at the device's current speed, x{1 / r['device_speed_ratio']:.3f}), "
             f"measured {r['measured_tokens_per_s']:.0f}: {r['error_pct']:+.1f}% ({r['raw_error_pct']:+.1f}% unscaled){noise}")

@@ -386,25 +386,34 @@ def test_growth_adds_only_the_prompts_that_fit_the_budget_widest_domain_first(mo
     assert budget.skipped == [] and all("the time budget ended" in n for n in notes) and len(notes) == 2
 
 
-def test_growth_rounds_stay_large_when_one_domain_is_left():
-    """A round's trajectories decode together: once the other domains are tight or used up, the last wide domain
-    gets the whole round (GROWTH_ROUND_PROMPTS), not a few prompts a round decoded at a small batch."""
+def _growth_profiler(counts: tuple[tuple[str, int], ...], widths: dict[str, float], replay_prompts):
+    """A Profiler with only what growth reads: a pool of `counts` prompts per domain, fixed interval `widths`, one
+    replayed unit, and `replay_prompts(prof, prompts)` standing in for the replay."""
     from specdec_tune.profiles.calibration import CalibrationPrompt, CalibrationSet
-    from specdec_tune.profiles.profiler import GROWTH_ROUND_PROMPTS, Budget, Profiler
+    from specdec_tune.profiles.profiler import Profiler
 
-    pool = CalibrationSet("t", tuple(CalibrationPrompt(f"{d}/{i}", d, "x") for d, n in (("chat", 2), ("code", 40)) for i in range(n)))
+    pool = CalibrationSet("t", tuple(CalibrationPrompt(f"{d}/{i}", d, "x") for d, n in counts for i in range(n)))
     prof = Profiler.__new__(Profiler)
     prof.s, prof.pool, prof.progress = ProfileSettings(acceptance_half_width=0.02), pool, None
     prof.used, prof.encoded, prof.replay_units = [], {p.id: [1] for p in pool}, [("ngram", "none")]
     prof._relevant_draft_lens = lambda verify: {1}
-    prof._half_widths = lambda relevant: {"chat": 0.1, "code": 0.2}
+    prof._half_widths = lambda relevant: widths
+    prof._replay_prompts = lambda log, prompts, units: replay_prompts(prof, prompts)
+    return prof
+
+
+def test_growth_rounds_stay_large_when_one_domain_is_left():
+    """A round's trajectories decode together: once the other domains are tight or used up, the last wide domain
+    gets the whole round (GROWTH_ROUND_PROMPTS), not a few prompts a round decoded at a small batch."""
+    from specdec_tune.profiles.profiler import GROWTH_ROUND_PROMPTS, Budget
+
     rounds = []
 
-    def replay_prompts(log, prompts, units):
+    def replay_prompts(prof, prompts):
         rounds.append([p.domain for p in prompts])
         prof.used += prompts
 
-    prof._replay_prompts = replay_prompts
+    prof = _growth_profiler((("chat", 2), ("code", 40)), {"chat": 0.1, "code": 0.2}, replay_prompts)
     prof.trajectory_s_per_prompt, prof.unit_s_per_prompt = 0.001, {}
     prof._grow_acceptance(None, Budget(1.0), [])
     assert GROWTH_ROUND_PROMPTS == 32 and [len(r) for r in rounds] == [32, 10] and rounds[0][:4] == ["code", "chat", "code", "chat"]
@@ -413,23 +422,15 @@ def test_growth_rounds_stay_large_when_one_domain_is_left():
 def test_growth_says_which_domain_ran_out_of_prompts_and_which_out_of_time(monkeypatch):
     import time
 
-    from specdec_tune.profiles.calibration import CalibrationPrompt, CalibrationSet
-    from specdec_tune.profiles.profiler import Budget, Profiler
+    from specdec_tune.profiles.profiler import Budget
 
     monkeypatch.setattr("specdec_tune.profiles.profiler.FINISH_RESERVE_S", 0.0)  # a budget of seconds
 
-    pool = CalibrationSet("t", tuple(CalibrationPrompt(f"{d}/{i}", d, "x") for d, n in (("chat", 2), ("code", 40)) for i in range(n)))
-    prof = Profiler.__new__(Profiler)
-    prof.s, prof.pool, prof.progress = ProfileSettings(acceptance_half_width=0.02), pool, None
-    prof.used, prof.encoded, prof.replay_units = [], {p.id: [1] for p in pool}, [("ngram", "none")]
-    prof._relevant_draft_lens = lambda verify: {1}
-    prof._half_widths = lambda relevant: {"chat": 0.1, "code": 0.1}
-
-    def replay_prompts(log, prompts, units):
+    def replay_prompts(prof, prompts):
         prof.used += prompts
         time.sleep(0.05 * len(prompts))
 
-    prof._replay_prompts = replay_prompts
+    prof = _growth_profiler((("chat", 2), ("code", 40)), {"chat": 0.1, "code": 0.1}, replay_prompts)
     prof.trajectory_s_per_prompt, prof.unit_s_per_prompt = 0.05, {}
     notes = prof._grow_acceptance(None, Budget(0.5 / 60), [])  # room for 10 prompts: chat runs out first
     assert [p.domain for p in prof.used].count("chat") == 2
