@@ -136,7 +136,7 @@ def profile(
     target: TargetOpt = "smollm2-135m",
     drafter: Annotated[list[str], typer.Option("--drafter", "-m", help="Drafter to profile, NAME or NAME:KEY=VALUE,... (repeatable). Default: ngram, suffix, draft_model.")] = [],  # noqa: B006
     prompts: PromptsOpt = "default",
-    prompts_per_domain: Annotated[int, typer.Option(help="Profiling prompts per domain to start greedy acceptance with (more are added until --half-width).")] = 4,
+    prompts_per_domain: Annotated[int, typer.Option(help="Profiling prompts per domain to start greedy acceptance with (more are added until --half-width).")] = 3,
     half_width: Annotated[float, typer.Option("--half-width", help="Target relative half-width (95%) of tokens per forward per domain; prompts are added until it holds (0: none added).")] = 0.02,
     acceptance: Annotated[str, typer.Option(help="Greedy acceptance: replay (from the target's trajectory, checked against the loop) or loop.")] = "replay",
     verify_visits: Annotated[int, typer.Option(help="Most visits per verify cell (a warm-up and 3 timed calls each) while its median's 95% interval is wider than ±3%.")] = 6,
@@ -335,8 +335,8 @@ def search(
                               mix=_mix_option(mix) if mix is not None else ())
     plan = run_search(loaded, sha256_file(profile), settings)
     _print_plan_table(plan)
-    console.print("why: the guideline that set D (g1 compute-bound GEMMs, g2/g3 attention tile, g4 draft cost, engine: "
-                  "TensorRT-LLM's smallest key carries max_draft_len, memory: a longer draft ran out of memory); next D: the runner-up "
+    console.print("why: the guideline that set D (g1 compute-bound GEMMs, g2/g3 attention tile, g4 draft cost, schedule: "
+                  "D never rises with batch, memory: a longer draft ran out of memory); next D: the runner-up "
                   "and its predicted change", markup=False)
     console.print("[low–high]: 95% interval of the prediction, from the acceptance bootstrap over prompts and the timing interval of the "
                   "median, taken together at their worst and best; - where the profile has none. Within a bucket, draft lengths whose "

@@ -6,7 +6,8 @@ Rationale per bucket names the guideline of DESIGN.md §1 that set D:
   3 tile alignment: G·(1+D) a whole number of tiles
   4 low latency: the draft cost caps D
   5 the measured acceptance: it stops growing, or still pays at the longest draft
-and, where an engine rule set it instead, that rule ("engine"), or where the next longer draft does not fit in
+and, where the schedule's rule set it instead (D never rises with batch; TensorRT-LLM's smallest key carries the
+maximum: space.py), that rule ("schedule"), or where the next longer draft does not fit in
 memory at that batch ("memory"). Where D was taken over a longer one it ties with (cost_model.py's 95% intervals
 overlap, or, without intervals, the 2% tolerance) the rationale says so and carries both intervals; a bucket whose
 prediction rests on a verify cell the monotone fit moved beyond its interval carries a flag naming the cell.
@@ -67,9 +68,12 @@ def rationale(space: Space, c: Candidate, B: int, D: int) -> dict:
              f"(M = {B * (1 + D)} GEMM rows)" if D else f"speculation off at batch {B}"]
     longer = [d for d in allowed if d > D]
     better_alone = max(allowed, key=lambda d: (space.bucket_value(B, d, m, q, c.tile_policy), -d))
-    if D and B == space.buckets[0] and D > better_alone:
-        guideline = "engine"
-        lines.append(f"alone this bucket would take D={better_alone}; TensorRT-LLM's smallest key carries the schedule's maximum")
+    at = space.buckets.index(B)
+    near = at + 1 if D > better_alone else at - 1  # the neighbour that holds it: a larger batch up, a smaller one down
+    if D != better_alone and 0 <= near < len(c.schedule):  # the schedule's rule moved it: D never rises with batch (space.py)
+        guideline = "schedule"
+        lines.append(f"alone this bucket would take D={better_alone}; D never rises with batch, and the schedule as a whole scores "
+                     f"higher with D={D} here (batch {space.buckets[near]} takes D={c.schedule[near]})")
     elif not longer:
         guideline = 5
         lines.append(f"the longest allowed draft: measured acceptance still pays at D={D}")

@@ -2,9 +2,12 @@
 
 A candidate deployment is one drafter (mechanism and weight format: one per deployment), a tile
 policy, a serving cap `max_batch` (vLLM's `max_num_seqs`) and D per batch bucket up to the cap.
-Engine constraints are part of the space, not checked afterwards:
-  - TensorRT-LLM: the `draft_len_schedule` value at the smallest key equals `max_draft_len`, so the
-    smallest bucket carries the schedule's maximum (a sampled schedule is repaired to satisfy it);
+Physics and engine constraints are part of the space, not checked afterwards:
+  - D never rises with batch. A larger batch makes the verify step's GEMMs compute-bound sooner
+    (guideline 1) and every draft costlier, while acceptance does not depend on the batch, so where a
+    larger batch's best D exceeds a smaller one's, noise decided one of them. The smallest bucket then
+    carries the schedule's maximum, which TensorRT-LLM requires too (its `draft_len_schedule` value at
+    the smallest key equals `max_draft_len`). A sampled schedule is repaired to satisfy both;
   - vLLM: ranges start at batch 1 and each K is capped at `num_speculative_tokens` (the maximum), which
     every schedule satisfies once the smallest bucket is 1;
   - MTP: K is a multiple of the checkpoint's layer count (`draft_len_multiple` of the drafter);
@@ -138,8 +141,11 @@ class Space:
 
     @staticmethod
     def repair(schedule: list[int]) -> tuple[int, ...]:
-        """TensorRT-LLM: the smallest bucket carries the schedule's maximum."""
-        return (max(schedule), *schedule[1:])
+        """The smallest bucket carries the schedule's maximum, and no later bucket exceeds the one before it."""
+        out = [max(schedule)]
+        for D in schedule[1:]:
+            out.append(min(out[-1], D))
+        return tuple(out)
 
     def snap(self, D: int, mechanism: str, policy: str) -> int:
         """The largest allowed draft length not above D."""
@@ -193,26 +199,27 @@ class Space:
     # ------------------------------------------------------------------ exact answers
 
     def fill(self, m: str, q: str, policy: str, cap: int, held: dict[int, int] | None = None) -> Candidate:
-        """The best schedule up to `cap` for one drafter and policy, with some buckets' D held.
+        """The best schedule up to `cap` for one drafter and policy, D non-increasing in batch, some buckets' D held.
 
-        Buckets are independent once the schedule's maximum (carried by the smallest bucket) is fixed:
-        enumerate that maximum, then take each bucket's best D below it; ties go to the shorter draft.
+        A dynamic program from the largest bucket down: `tail[d]` is the best (value, schedule) of the buckets
+        from this one on when this one takes at most d. Equal values go to the shorter draft, bucket by bucket.
         """
         held = held or {}
         served = self.served(cap)
         allowed = self.allowed(m, policy)
-        best: tuple[float, Candidate] | None = None
-        for top in allowed:  # ascending: an equal value keeps the shorter maximum
-            if any(D > top for D in held.values()) or (served[0] in held and held[served[0]] != top):
-                continue
-            rest = [held[B] if B in held else max((D for D in allowed if D <= top), key=lambda D, B=B: (self.bucket_value(B, D, m, q, policy), -D))
-                    for B in served[1:]]
-            cand = Candidate(m, q, policy, cap, (top, *rest))
-            value = self.schedule_score(cand)
-            if best is None or value > best[0] + 1e-12:
-                best = (value, cand)
-        assert best is not None, "D = 0 is always allowed"
-        return best[1]
+        tail: dict[int, tuple[float, tuple[int, ...]]] = {d: (0.0, ()) for d in allowed}
+        for B in reversed(served):
+            options = [held[B]] if B in held else allowed
+            here = {D: (self.bucket_value(B, D, m, q, policy) + tail[D][0], (D, *tail[D][1])) for D in options if tail[D][0] > -math.inf}
+            best_up_to: tuple[float, tuple[int, ...]] = (-math.inf, ())
+            tail = {}
+            for d in allowed:  # ascending: a later d replaces the best only when strictly better
+                if d in here and here[d][0] > best_up_to[0] + 1e-12:
+                    best_up_to = here[d]
+                tail[d] = best_up_to
+        value, schedule = tail[allowed[-1]]
+        assert value > -math.inf, "D = 0 is always allowed"
+        return Candidate(m, q, policy, cap, schedule)
 
     def bucket_best(self, B: int, m: str, q: str, policy: str = "free") -> tuple[float, int]:
         """(score, D) of the strictly best allowed draft length at one bucket (the shorter of equal ones)."""
@@ -287,8 +294,8 @@ class Space:
         return round(self.score(c), 12), self.schedule_score(c), c.tile_policy == "aligned", -max(c.schedule)
 
     def size(self) -> int:
-        if self.s.objective == "speedup":  # D at the smallest bucket is fixed by the rest
-            return sum(len(self.allowed(m, p)) ** (len(self.buckets) - 1) for m, _ in self.pairs for p in self.policies)
+        if self.s.objective == "speedup":  # the non-increasing schedules: n buckets over k draft lengths, C(n + k - 1, n)
+            return sum(math.comb(len(self.buckets) + len(self.allowed(m, p)) - 1, len(self.buckets)) for m, _ in self.pairs for p in self.policies)
         return sum(1 for _ in self.operating_points())
 
     def pareto_front(self, caps: set[int] | None = None) -> list[Candidate]:

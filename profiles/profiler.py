@@ -52,9 +52,9 @@ from specdec_tune.records import sha256_json, write_json
 BOOTSTRAP_RESAMPLES = 1000
 # Prompts a round of growth adds, dealt round-robin over the domains whose interval is still wide (widest first): a
 # round's trajectories decode together, and a prompt's trajectory costs 2.7x as much in a batch of 4 as in one of 32
-# (demo target, 2-core CPU, 124-token prompts: 1.64-1.78 against 0.61-0.62 s), so a round stays this large when few
-# domains are left.
-GROWTH_ROUND_PROMPTS = 32
+# and 12% less again in one of 64 (demo target, 2-core CPU: 1.64-1.78, 0.61-0.71 and 0.62 s on 124- to 167-token
+# prompts), so a round stays this large when few domains are left.
+GROWTH_ROUND_PROMPTS = 64
 FINISH_RESERVE_S = 5.0  # growth leaves this much of the budget to the acceptance records (bootstrap intervals) and the writing
 FLAG_REL_DIFF = 0.05  # replay vs the loop in the profile's dtype: flag differences above this
 DRAFT_CALLS_PER_POINT = 5 * 10  # time_call's repeats (at most 10x when they are short); the catch-up call warms up
@@ -69,7 +69,7 @@ TRAJECTORY_BATCH = 64
 # 15 tokens/s per row at batch 1 and saturates its compute by batch 8, where a GPU's verify step stays flat to
 # batch 64 and beyond; its profile must also fit in minutes. --batch and --max-draft-len override either.
 DEFAULT_GRID = {"cpu": (8, 7), "cuda": (256, 15)}
-DRAFT_POINT_MAX_MS = 1000.0  # a draft-cost point stops repeating (after 3) once its calls span this: a serial draft of 7 steps at batch 8 takes half a second on a CPU
+DRAFT_POINT_MAX_MS = 500.0  # a draft-cost point stops repeating (after 3) once its calls span this: a serial draft of 7 steps at batch 8 takes half a second on a CPU
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,11 +77,11 @@ class ProfileSettings:
     target: str = "smollm2-135m"
     drafters: tuple[str, ...] = ("ngram", "suffix", "draft_model")  # "name" or "name:key=value,key=value"
     prompts: str = "default"
-    prompts_per_domain: int = 4  # to start with: more are added (7 per MT-Bench category in the profiling split) until the interval is tight
+    prompts_per_domain: int = 3  # to start with: more are added (7 per MT-Bench category in the profiling split) until the interval is tight
     acceptance_half_width: float = 0.02  # target relative half-width (95%) of tokens per forward at the relevant D
     acceptance: str = "replay"  # greedy acceptance: "replay" where the drafter allows it, or "loop" for every drafter
     sampled_prompts_per_domain: int = 1  # prompts per domain for temperatures > 0 (the loop, at D_max: the costliest unit)
-    check_prompts: int = 3  # prompts on which the loop checks the replay
+    check_prompts: int = 2  # prompts on which the loop checks the replay (dealt over the checked D: one each by default)
     new_tokens: int = 32  # per prompt: for a fixed cost, more prompts narrow the interval over prompts more than longer ones
     temperatures: tuple[float, ...] = (0.0, 0.7)
     batch_buckets: tuple[int, ...] = ()  # () = the device's grid: DEFAULT_GRID
@@ -258,7 +258,7 @@ def time_verify_step(model, batch: int, ctx: int, tokens: int, seed: int = 0) ->
     return step.time(tokens) if step.ready else None
 
 
-VERIFY_BUDGET_SHARE = 0.2  # of the budget left when the verify phase starts
+VERIFY_BUDGET_SHARE = 0.18  # of the budget left when the verify phase starts
 VERIFY_TARGET_REL_HALF_WIDTH = 0.03  # a cell is repeated until its median's 95% interval is this tight (or the share ends)
 VERIFY_SAMPLES_PER_VISIT = 3
 FIT_MAX_SWEEPS = 3000  # of Dykstra's projections (a 16 x 5 x 2 grid: ~2 ms each; noisy grids need a few hundred)
@@ -543,15 +543,23 @@ class Profiler:
         budget = Budget(self.s.budget_minutes, self.started)
         probe = VerifyStep(self.model, 1, self.s.ctx_buckets[0], 1, self.s.seed, self.device)
         self.guard = SpeedGuard(probe=lambda: probe.timing(1, warmup=1, repeats=3).median_ms)
-        verify, verify_fit = self._verify_curve(log, budget)
-        draft = self._draft_costs(log, budget)
-        self._acceptance(log)
-        self._check_replay(log, budget)
-        host = self._host(log, budget)
-        micro_points = self._micro(log, budget)
-        self._acceptance_loops(log, budget)
-        growth_notes = self._grow_acceptance(log, budget, verify)
-        acceptance = self._acceptance_records()
+        phase_s = {"load": time.monotonic() - self.started}  # wall seconds per phase, in the order run
+
+        def timed(phase: str, fn, *args):
+            t0 = time.monotonic()
+            out = fn(*args)
+            phase_s[phase] = phase_s.get(phase, 0.0) + time.monotonic() - t0
+            return out
+
+        verify, verify_fit = timed("verify", self._verify_curve, log, budget)
+        draft = timed("draft", self._draft_costs, log, budget)
+        timed("acceptance replay", self._acceptance, log)
+        timed("replay check", self._check_replay, log, budget)
+        host = timed("host", self._host, log, budget)
+        micro_points = timed("micro", self._micro, log, budget)
+        timed("acceptance loop", self._acceptance_loops, log, budget)
+        growth_notes = timed("acceptance growth", self._grow_acceptance, log, budget, verify)
+        acceptance = timed("acceptance records", self._acceptance_records)
         skipped: dict[str, list[str]] = {}  # "host overhead" -> ["ngram B=1 D=1", ...]
         for what in budget.skipped:
             phase, _, cell = what.partition(" B=") if " B=" in what else (what, "", "")
@@ -588,7 +596,7 @@ class Profiler:
             "drafters": self._drafter_infos(),
             "workload": self._workload() | {"prompts_by_domain": self._prompts_by_domain()},
             "verify": verify, "draft": draft, "host": host, "acceptance": acceptance, "micro": micro_points, "notes": notes,
-            "verify_fit": verify_fit,
+            "verify_fit": verify_fit, "phase_s": {k: round(v, 1) for k, v in phase_s.items()},
         })
         write_json(out, profile.model_dump(mode="json"))
         return profile
@@ -622,7 +630,11 @@ class Profiler:
             self._tick("draft", i, len(cells))
             if not budget.allows(f"draft cost {name} B={B}"):
                 continue
-            timings = log.measure(f"draft/{name}/{B}/{ctx}", lambda: self._guarded(lambda: {str(d): t for d, t in self._draft_cell(self.drafters[name], B, ctx).items()}))
+            drafter = self.drafters[name]
+            cell = lambda: {str(d): t for d, t in self._draft_cell(drafter, B, ctx).items()}  # noqa: E731
+            # a lookup's draft costs a fraction of a millisecond, thousands of times less than a verify step: a slow
+            # spell cannot move a decision through it, and guarding it would cost two probes per cell
+            timings = log.measure(f"draft/{name}/{B}/{ctx}", cell if drafter.kind == "model_free" else lambda: self._guarded(cell))
             measured = {int(d): (t["median_ms"] if t else None) for d, t in timings.items()}
             for d, y, source in fill_curve(measured, range(1, self.d_max(self.drafters[name]) + 1)):
                 t = timings.get(str(d)) or {}
@@ -850,21 +862,25 @@ class Profiler:
                              else replay.trajectories(exact.model, ids, self.s.new_tokens, len(ids)))
                 spec = next(x for x in self.s.drafters if parse_drafter_spec(x)[0] == name)
                 drafter = self.drafters[name] if exact is self.target else create(name, exact, parse_drafter_spec(spec)[1])
-                prompts_at, tpf_at_max = {}, None
-                for D in lens:  # the sample's prompts dealt over the checked D, D_max first: each prompt runs the loop once
-                    rows = [j for j in range(len(sample)) if len(sample) < len(lens) or lens[-1 - j % len(lens)] == D]
-                    looped = generate(exact.model, [ids[j] for j in rows], drafter=drafter, num_draft_tokens=D,
+                # the sample's prompts dealt over the checked D, D_max first, in one batch (each row its own D); a sample
+                # smaller than the D checked runs once per D
+                runs = [[(j, lens[-1 - j % len(lens)]) for j in range(len(sample))]] if len(sample) >= len(lens) else \
+                    [[(j, D) for j in range(len(sample))] for D in lens]
+                prompts_at: dict[str, list[str]] = {}
+                at_max: list[SpecCounters] = []
+                for run in runs:
+                    looped = generate(exact.model, [ids[j] for j, _ in run], drafter=drafter, num_draft_tokens=[D for _, D in run],
                                       max_new_tokens=self.s.new_tokens, stop_token_ids=self.stop_ids).per_prompt
-                    mine = [replay.replay(trajs[j], replay.proposer(drafter, self.encoded[sample[j].id], trajs[j], exact.model, D), [D],
-                                          self.s.new_tokens, stop, D)[0] for j in rows]
-                    for j, a, b in zip(rows, mine, looped):
+                    for (j, D), b in zip(run, looped):
+                        a = replay.replay(trajs[j], replay.proposer(drafter, self.encoded[sample[j].id], trajs[j], exact.model, D), [D],
+                                          self.s.new_tokens, stop, D)[0]
                         if dataclasses.asdict(a) != dataclasses.asdict(b):
                             return {"equal": False, "draft_len": D, "prompt": sample[j].id,
                                     "replay": [a.num_rounds, a.num_accepted_tokens], "loop": [b.num_rounds, b.num_accepted_tokens]}
-                    prompts_at[str(D)] = [sample[j].id for j in rows]
-                    tpf_at_max = SpecCounters.total(looped).tokens_per_target_forward  # lens ends at D_max
-                return {"equal": True, "prompts": len(sample), "draft_lens": lens, "prompts_at": prompts_at,
-                        "tokens_per_forward_at_d_max": tpf_at_max}
+                        prompts_at.setdefault(str(D), []).append(sample[j].id)
+                        at_max += [b] if D == D_max else []
+                return {"equal": True, "prompts": len(sample), "draft_lens": lens, "prompts_at": {str(D): prompts_at[str(D)] for D in lens},
+                        "tokens_per_forward_at_d_max": SpecCounters.total(at_max).tokens_per_target_forward}
 
             result = log.measure(f"replay-check/{name}/fp32", fp32_check)
             if not result["equal"]:

@@ -168,6 +168,7 @@ class Profile(Record):
     micro: list[MicroPoint]
     notes: list[str] = []
     verify_fit: dict = {}  # how the verify curve was fitted: method, cells moved beyond their interval
+    phase_s: dict[str, float] = {}  # wall seconds per profiling phase (a resumed run counts only what it re-ran)
 
 
 def load_profile(path: Path) -> Profile:

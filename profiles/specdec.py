@@ -278,20 +278,26 @@ def generate(
     prompts: Sequence[Sequence[int]],
     *,
     drafter: Drafter | None = None,
-    num_draft_tokens: int = 0,
+    num_draft_tokens: int | Sequence[int] = 0,
     max_new_tokens: int = 64,
     temperature: float = 0.0,
     seed: int = 0,
     stop_token_ids: Sequence[int] = (),
 ) -> GenerationResult:
-    """Generate for a batch of prompts with speculative decoding (or plainly, with no drafter / D = 0)."""
-    if drafter is not None and num_draft_tokens < 1:
-        raise SpecdecError(f"draft length D = {num_draft_tokens} is invalid with a drafter", "use D ≥ 1, or no drafter for plain decoding")
+    """Generate for a batch of prompts with speculative decoding (or plainly, with no drafter / D = 0).
+
+    `num_draft_tokens` is one D for every row, or one per row (the rows then draft ragged, as near their end)."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise SpecdecError("every prompt needs at least one token", "drop empty prompts")
+    row_d = [num_draft_tokens] * len(prompts) if isinstance(num_draft_tokens, int) else list(num_draft_tokens)
+    if len(row_d) != len(prompts):
+        raise SpecdecError(f"{len(row_d)} draft lengths for {len(prompts)} prompts", "give one D, or one per prompt")
+    if drafter is not None and min(row_d) < 1:
+        raise SpecdecError(f"draft length D = {min(row_d)} is invalid with a drafter", "use D ≥ 1, or no drafter for plain decoding")
     if temperature < 0:
         raise SpecdecError(f"temperature {temperature} is negative", "use 0 for greedy or a positive value")
-    D = num_draft_tokens if drafter is not None else 0
+    row_d = row_d if drafter is not None else [0] * len(prompts)
+    D = max(row_d)
     device = target.device
     generator = torch.Generator(device=device).manual_seed(seed) if temperature > 0 else None
     stop = set(stop_token_ids)
@@ -311,14 +317,14 @@ def generate(
     if drafter is not None:
         drafter.start([list(p) for p in prompts])
 
-    counters = [SpecCounters(max_draft_len=D) for _ in range(B)]
+    counters = [SpecCounters(max_draft_len=d) for d in row_d]
     outputs: list[list[int]] = [[] for _ in range(B)]
     live = list(range(B))  # input index of each cache row
     forwards, draft_s, verify_s = 0, 0.0, 0.0
     full_batch_s, full_batch_tokens = 0.0, 0
     t_start = time.perf_counter()
     while live:
-        max_tokens = [min(D, max_new_tokens - len(outputs[i]) - 1) for i in live]
+        max_tokens = [min(row_d[i], max_new_tokens - len(outputs[i]) - 1) for i in live]
         t0 = time.perf_counter()
         if D > 0:
             hidden, num_hidden = _pad_hidden(pending) if layers else (None, None)

@@ -231,7 +231,7 @@ def test_rationale_names_a_guideline_and_the_runner_up(profile, tmp_path):
     plan = search(profile, "h", SearchSettings(seed=0, trials=100, out_dir=tmp_path))
     for b in plan["buckets"]:
         why = b["rationale"]
-        assert why["guideline"] in (1, 2, 3, 4, 5, "engine") and why["text"]
+        assert why["guideline"] in (1, 2, 3, 4, 5, "schedule", "memory") and why["text"]
         # the runner-up is never better than the choice by more than the tie tolerance (ties go to the shorter draft)
         assert why["next_best"]["loss_pct"] >= -100 * plan["study"]["tie_tolerance"] - 1e-9
         # another mechanism may win a bucket alone (negative loss): one mechanism serves every bucket

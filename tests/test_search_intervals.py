@@ -14,7 +14,7 @@ from specdec_tune import SpecdecError
 from specdec_tune.autotune.cli import _print_plan_table, main
 from specdec_tune.autotune.cost_model import SOURCES, CostModel, Figure, overlap, weakest
 from specdec_tune.autotune.search import SearchSettings, search
-from specdec_tune.autotune.space import Space
+from specdec_tune.autotune.space import Candidate, Space
 from specdec_tune.profiles.schema import Profile, load_profile
 
 PROFILE_PATH = Path(__file__).parent / "data" / "demo_profile.json"
@@ -299,6 +299,40 @@ def test_overlapping_intervals_are_a_tie_and_the_shorter_draft_wins(profile, tmp
     assert ties
     # strict, every difference decides: the tie costs something, and the plan says how much
     assert plan["study"]["strict_optimum_value"] >= plan["study"]["exhaustive_value"]
+
+
+def slower_to_verify_more(profile: Profile, batch: int, factor: float) -> Profile:
+    """version2's profile with every verify cell of more than one token at `batch` `factor` times slower (noise)."""
+    data = version2(profile).model_dump(mode="json")
+    for v in data["verify"]:
+        if v["batch"] == batch and v["tokens"] > 1 and v["median_ms"]:
+            v |= {k: v[k] * factor for k in ("median_ms", "raw_median_ms", "ci_low_ms", "ci_high_ms") if v.get(k)}
+    return Profile.model_validate(data)
+
+
+def test_d_never_rises_with_batch(profile, tmp_path):
+    """A slow spell over batch 2's multi-token cells makes that bucket alone turn speculation off between two buckets
+    that keep it; the plan's schedule stays non-increasing, is the best such schedule, and says where the rule decided."""
+    import itertools
+
+    noisy = slower_to_verify_more(profile, 2, 1.3)
+    space = Space(CostModel(noisy), SearchSettings(mechanisms=("ngram",)))
+    allowed = space.allowed("ngram", "free")
+    alone = [max(allowed, key=lambda d, B=B: (space.bucket_value(B, d, "ngram", "none"), -d)) for B in space.buckets]
+    assert any(a < b for a, b in zip(alone, alone[1:]))  # bucket by bucket, D would rise from batch 2 to 4
+    plan = search(noisy, "h", SearchSettings(mechanisms=("ngram",), trials=60, out_dir=tmp_path))
+    ds = [b["draft_len"] for b in plan["buckets"]]
+    assert all(a >= b for a, b in zip(ds, ds[1:])), ds
+    non_increasing = [s for s in itertools.product(allowed[:4], repeat=len(space.buckets)) if all(a >= b for a, b in zip(s, s[1:]))]
+    brute = max(space.score(Candidate("ngram", "none", "free", space.buckets[-1], s)) for s in non_increasing)
+    assert plan["study"]["exhaustive_value"] == pytest.approx(brute)
+    moved = [b for b, a in zip(plan["buckets"], alone) if b["draft_len"] != a]
+    assert moved
+    for b in moved:
+        assert b["rationale"]["guideline"] == "schedule"
+        assert f"alone this bucket would take D={alone[space.buckets.index(b['batch'])]}; D never rises with batch" in b["rationale"]["text"]
+    # a sampled schedule is repaired into one the engines and the physics accept
+    assert Space.repair([1, 0, 3, 2]) == (3, 0, 0, 0) and Space.repair([2, 2, 1, 1]) == (2, 2, 1, 1)
 
 
 def test_a_decision_on_a_cell_the_fit_moved_is_flagged(profile, tmp_path):

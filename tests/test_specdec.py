@@ -156,6 +156,26 @@ def test_greedy_lossless_tiny(target, reference, make, batch):
     assert outs == [reference[tuple(p)] for p in PROMPTS]
 
 
+@pytest.mark.parametrize("make", ["ngram", "draft_model", "eagle3"])
+def test_a_draft_length_per_row_gives_each_row_what_it_gives_alone(target, reference, make):
+    """Rows of one batch at different D: each row's tokens and counters are its own run's at that D."""
+    drafter = {
+        "ngram": lambda: NgramDrafter(None, NgramDrafter.Options(prompt_lookup_min=1, prompt_lookup_max=3)),
+        "draft_model": lambda: DraftModelDrafter(loaded(target), DraftModelDrafter.Options(layers=1)),
+        "eagle3": lambda: Eagle3Drafter(loaded(target), Eagle3Drafter.Options(random=True)),
+    }[make]()  # one instance: every generate starts it afresh
+    lens = [1, 5, 3, 2][: len(PROMPTS)]
+    together = generate(target, PROMPTS, drafter=drafter, num_draft_tokens=lens, max_new_tokens=40)
+    for p, D, toks, counters in zip(PROMPTS, lens, together.tokens, together.per_prompt):
+        alone = generate(target, [p], drafter=drafter, num_draft_tokens=D, max_new_tokens=40)
+        assert toks == alone.tokens[0] == reference[tuple(p)][:40]
+        assert counters == alone.per_prompt[0] and counters.max_draft_len == D
+    with pytest.raises(SpecdecError, match="draft lengths for"):
+        generate(target, PROMPTS, drafter=drafter, num_draft_tokens=[2, 3])
+    with pytest.raises(SpecdecError, match="draft length D = 0"):
+        generate(target, PROMPTS, drafter=drafter, num_draft_tokens=[2, 0] + [1] * (len(PROMPTS) - 2))
+
+
 def test_full_batch_rounds_end_when_the_first_row_finishes(target, reference):
     """Throughput at batch B counts only rounds with all B rows decoding (a continuously batched server's
     steady state), not a static batch's tail running fewer rows."""

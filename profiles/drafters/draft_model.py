@@ -88,16 +88,19 @@ class DraftModelDrafter(Drafter):
         self._ensure_cache(B, max(len(s) for s in seqs) + K + 1)
 
         # Catch up: the cache is correct up to where its unchecked drafts and the sequence part.
-        start = [c + _common_prefix(u, s[c:]) for c, u, s in zip(self.checked, self.unchecked, seqs)]
-        pending = [s[p:] for s, p in zip(seqs, start)]  # ≥ 1 token each: the last token is never cached
+        # The last token is always run again: its logits start the draft (a row drafting less than the batch's longest
+        # can have it cached already, when the target took the drafts beyond its own D)
+        start = [c + min(_common_prefix(u, s[c:]), len(s) - c - 1) for c, u, s in zip(self.checked, self.unchecked, seqs)]
+        pending = [s[p:] for s, p in zip(seqs, start)]  # ≥ 1 token each
         width = max(len(p) for p in pending)
         tokens = torch.zeros((B, width), dtype=torch.long)
         for b, p in enumerate(pending):
             tokens[b, : len(p)] = torch.tensor(p)
         pos = torch.tensor(start, dtype=torch.long, device=device)
-        logits = self.model(tokens.to(device), self.cache, pos)  # [B, width, V]
+        hidden = self.model(tokens.to(device), self.cache, pos, logits="hidden")  # [B, width, W]
         last = torch.tensor([len(p) - 1 for p in pending], device=device)
-        step_logits = logits[torch.arange(B, device=device), last]  # [B, V]
+        # the head only where the draft starts: over a whole prompt's catch-up it would cost as much as the layers
+        step_logits = self.model.lm_head(hidden[torch.arange(B, device=device), last]).float()  # [B, V]
         pos = pos + last + 1
 
         drafted, probs = [], []
