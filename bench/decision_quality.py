@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 
 from specdec_tune import SpecdecError
-from specdec_tune.autotune.cost_model import CostModel
+from specdec_tune.autotune.cost_model import CostModel, normalise_mix
 from specdec_tune.autotune.search import SearchSettings, search
-from specdec_tune.exporters.validate import DeviceSpeed, at_profile_speed_tokens_per_s, context_prompts, measure_decode, plan_drafter
+from specdec_tune.exporters.validate import DeviceSpeed, at_profile_speed_tokens_per_s, context_prompts_by_domain, measure_decode, plan_drafter
 from specdec_tune.profiles.models.loading import load_model
 from specdec_tune.profiles.schema import load_profile
 from specdec_tune.records import sha256_file, sha256_json
@@ -224,21 +224,29 @@ def run(args) -> dict:
     reused = json.loads(args.reuse_sweep.read_text()) if args.reuse_sweep else None
     if reused:  # what the command line sets is checked before the search and the model load
         check_reuse(reused, sweep_settings(args, profile_sha256, dtype), args.reuse_sweep)
+    # the held-back prompts decoded (long enough for the plan's context, the search's default: the first bucket)
+    ctx = profile.workload.ctx_buckets[0]
+    needed = max(args.rows, *(B for B in profile.workload.batch_buckets if B <= args.max_batch))
+    target = load_model(profile.target["path"], dtype=dtype)
+    held = context_prompts_by_domain(target, ctx, args.new_tokens, profile.workload.max_draft_len, "held_back")
+    if len(held) < needed:
+        raise SpecdecError(f"only {len(held)} held-back prompts reach the context {ctx}", "use fewer or smaller batches")
+    pool = [ids for ids, _ in held[:needed]]
+    # the plan is searched, and every point predicted, for the domain mix of the prompts decoded: the length filter
+    # keeps mostly HumanEval and extraction prompts, which accept more than the profile's equal mix of nine domains
+    domains = [d for _, d in held[:needed]]
+    mix = normalise_mix(profile, {d: domains.count(d) for d in dict.fromkeys(domains)})
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        plan = search(profile, profile_sha256, SearchSettings(seed=args.seed, out_dir=Path(tmp)))
+        plan = search(profile, profile_sha256, SearchSettings(seed=args.seed, out_dir=Path(tmp), mix=tuple(mix.items())))
     search_s = time.perf_counter() - started
+    assert plan["ctx"] == ctx, "the search plans for the profile's first context bucket"
     buckets = [b for b in plan["buckets"] if b["batch"] <= args.max_batch]
     batches = [b["batch"] for b in buckets]
-    cost = CostModel(profile, ctx=plan["ctx"])
+    cost = CostModel(profile, ctx=plan["ctx"], mix=mix)
     cap = min(args.max_draft_len, profile.workload.max_draft_len)
     mechanisms = swept_mechanisms(profile, cost, plan, batches, args.mechanisms, args.max_mechanisms, cap)
     mech, quant = plan["mechanism"], plan["quant"]
-    target = load_model(profile.target["path"], dtype=dtype)
-    pool = context_prompts(target, plan["ctx"], args.new_tokens, max(s["max_draft_len"] for s in mechanisms.values()), "held_back")
-    if len(pool) < max(args.rows, *batches):
-        raise SpecdecError(f"only {len(pool)} held-back prompts reach the context {plan['ctx']}", "use fewer or smaller batches")
-    pool = pool[: max(args.rows, *batches)]
     settings = sweep_settings(args, profile_sha256, dtype, ctx=plan["ctx"], batches=batches, mechanisms=mechanisms,
                               held_back_prompts_sha256=sha256_json(pool))
     if reused:
@@ -281,7 +289,7 @@ def run(args) -> dict:
     default_k = min(ENGINE_DEFAULT_K.get(mech, 3), mechanisms[mech]["max_draft_len"])
     return {
         "source": "measured", "profile": shown(args.profile), "device": profile.device.get("name"), "dtype": profile.device.get("dtype"),
-        "mechanism": mech, "quant": quant, "ctx": plan["ctx"], "split": "held_back", "new_tokens": args.new_tokens, "repeats": args.repeats,
+        "mechanism": mech, "quant": quant, "ctx": plan["ctx"], "split": "held_back", "mix": mix, "new_tokens": args.new_tokens, "repeats": args.repeats,
         "rows": args.rows, "max_draft_len": cap, "oracle_kind": ORACLE_KINDS[args.mechanisms], "mechanisms_swept": mechanisms,
         "engine_default_k": default_k, "plan_schedule": [[b["batch"], b["draft_len"]] for b in buckets],
         "plan_schedule_measured": schedule, "figures": "raw measured tokens/s; `scaled` beside them: see scaling",
@@ -308,7 +316,8 @@ def table(result: dict) -> str:
     oracle = (f"oracle over every profiled mechanism x D ({mechs})" if result["oracle_kind"] == ORACLE_KINDS["all"]
               else f"D-only oracle (the plan's mechanism, {mechs})")
     lines = [f"decision quality, {oracle}: raw measured decode tokens/s first, speed-scaled beside them; predictions from the cost model. "
-             f"Plan: {result['mechanism']} on {result['device']} ({result['dtype']}), held-back prompts, ctx {result['ctx']}, "
+             f"Plan: {result['mechanism']} on {result['device']} ({result['dtype']}), searched and predicted for the decoded prompts' mix ("
+             + ", ".join(f"{d} {w:.0%}" for d, w in result.get("mix", {}).items()) + f"), held-back prompts, ctx {result['ctx']}, "
              f"{result['new_tokens']} new tokens, at least {result['rows']} prompts per point, median of {result['repeats']} after a warm-up",
              "| batch | plan | oracle | no spec | best single | engine default | plan tok/s | oracle tok/s | plan / oracle | plan / no spec "
              "| scaled: oracle | scaled: plan / oracle | scaled: plan / no spec |",

@@ -60,13 +60,19 @@ PROBE_REPEATS = 5  # timed calls of a speed probe (median): the gate scales its 
 WARMUP_TOKENS = 8  # a decode's warm-up: the first batch, this many tokens (allocator and caches; not timed)
 
 
-def _prompts(target, n: int, new_tokens: int, max_draft: int, split: str = "held_back") -> list[list[int]]:
+def _prompts_by_domain(target, n: int, new_tokens: int, max_draft: int, split: str = "held_back") -> list[tuple[list[int], str]]:
+    """(token ids, domain) of the first n calibration prompts of a split."""
     from specdec_tune.profiles.calibration import select_prompts
     from specdec_tune.profiles.prompts import encode_prompts
 
     chosen = select_prompts("default", split, n)
-    return encode_prompts(target.tokenizer, chosen, context_tokens=target.model.config.max_position_embeddings,
-                          max_new_tokens=new_tokens, max_draft_tokens=max_draft)
+    ids = encode_prompts(target.tokenizer, chosen, context_tokens=target.model.config.max_position_embeddings,
+                         max_new_tokens=new_tokens, max_draft_tokens=max_draft)
+    return list(zip(ids, [p.domain for p in chosen.prompts]))
+
+
+def _prompts(target, n: int, new_tokens: int, max_draft: int, split: str = "held_back") -> list[list[int]]:
+    return [ids for ids, _ in _prompts_by_domain(target, n, new_tokens, max_draft, split)]
 
 
 def plan_drafter(plan: dict, profile, target):
@@ -107,11 +113,16 @@ def lossless_gate(plan: dict, profile, s: MeasureSettings) -> dict:
             "runs": runs}
 
 
-def context_prompts(target, ctx: int, new_tokens: int, max_draft: int, split: str) -> list[list[int]]:
-    """Calibration prompts at least ctx − new_tokens/2 tokens long, cut to that length from the left (the
-    chat template's reply header stays last), so that the KV cache averages `ctx` over the decode."""
+def context_prompts_by_domain(target, ctx: int, new_tokens: int, max_draft: int, split: str) -> list[tuple[list[int], str]]:
+    """(ids, domain) of the calibration prompts at least ctx − new_tokens/2 tokens long, cut to that length from the
+    left (the chat template's reply header stays last), so that the KV cache averages `ctx` over the decode. The
+    length filter favours the domains of long prompts (HumanEval, extraction): the domains say what was decoded."""
     length = max(1, ctx - new_tokens // 2)
-    return [ids[-length:] for ids in _prompts(target, 1000, new_tokens, max_draft, split=split) if len(ids) >= length]
+    return [(ids[-length:], domain) for ids, domain in _prompts_by_domain(target, 1000, new_tokens, max_draft, split=split) if len(ids) >= length]
+
+
+def context_prompts(target, ctx: int, new_tokens: int, max_draft: int, split: str) -> list[list[int]]:
+    return [ids for ids, _ in context_prompts_by_domain(target, ctx, new_tokens, max_draft, split)]
 
 
 def measure_decode(target, drafter, ids: list[list[int]], D: int, new_tokens: int, repeats: int, seed: int = 0,

@@ -50,6 +50,7 @@ def test_decision_quality_quick(tmp_path):
         assert row["tokens_per_s"]["oracle"] == max(p["measured_tokens_per_s"] for p in here)
         assert row["scaled"]["tokens_per_s"]["oracle"] == max(p["scaled_measured_tokens_per_s"] for p in here)
     assert "probe ms now / probe ms at profile time" in r["scaling"]["method"]
+    assert r["mix"] and sum(r["mix"].values()) == pytest.approx(1.0)  # the plan's and the predictions' mix: the decoded prompts'
     assert r["cost"]["oracle_sweep_target_forwards"] > 0 and set(r["cost"]["oracle_sweep_drafter_forwards"]) <= set(mechanisms)
     assert len(r["sweep_settings_hash"]) == 64 and r["settings"]["held_back_prompts_sha256"] and r["sweep_reused_from"] is None
     md = (tmp_path / "dq.md").read_text()
