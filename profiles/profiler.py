@@ -543,7 +543,7 @@ class Profiler:
         budget = Budget(self.s.budget_minutes, self.started)
         probe = VerifyStep(self.model, 1, self.s.ctx_buckets[0], 1, self.s.seed, self.device)
         self.guard = SpeedGuard(probe=lambda: probe.timing(1, warmup=1, repeats=3).median_ms)
-        phase_s = {"load": time.monotonic() - self.started}  # wall seconds per phase, in the order run
+        phase_s = {"load": time.monotonic() - self.started}  # measured wall seconds per phase (profile.json sorts the keys)
 
         def timed(phase: str, fn, *args):
             t0 = time.monotonic()
