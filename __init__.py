@@ -1,7 +1,7 @@
 """specdec-tune: an ahead-of-time autotuner and deployment-config compiler for speculative decoding.
 
 Every error the package raises on purpose is a `SpecdecError`: a one-line message that names the
-problem, plus a `hint` that names the fix. The CLI (`specdec_tune.autotune.cli`) is the one place that
+problem, plus a `hint` that names the fix. The CLI (`specdec_tune.cli`) is the one place that
 turns them into messages and exit codes.
 """
 

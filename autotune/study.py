@@ -8,7 +8,10 @@ Each worker fills the study up to its trial count, so a rerun or a resumed run a
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
+from contextlib import contextmanager
 
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.space import Candidate, Space
@@ -118,8 +121,36 @@ def run_study(space: Space, storage: str, settings, n_trials: int | None = None)
         return space.score(c)
 
     if n_trials:
-        study.optimize(objective, n_trials=n_trials)
+        with _ctrl_c_stops_after_the_trial(study):
+            study.optimize(objective, n_trials=n_trials)
     return study
+
+
+@contextmanager
+def _ctrl_c_stops_after_the_trial(study):
+    """Ctrl-C lets the running trial finish and be told, then interrupts: a KeyboardInterrupt raised inside
+    Optuna's tell leaves the trial half-recorded (and Optuna 5.0 then fails with an UnboundLocalError instead of
+    the interrupt). A second Ctrl-C interrupts at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before, asked = signal.getsignal(signal.SIGINT), []
+
+    def stop(signum, frame):
+        signal.signal(signal.SIGINT, before)
+        asked.append(signum)
+        try:
+            study.stop()
+        except RuntimeError:  # the study had already returned: the interrupt is raised below
+            pass
+
+    signal.signal(signal.SIGINT, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+    if asked:
+        raise KeyboardInterrupt
 
 
 def trials_for(space: Space, settings) -> int:

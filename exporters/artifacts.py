@@ -23,7 +23,17 @@ def ship_kernels(plan: dict, profile, staging: Path) -> dict:
 
     device = torch.device("cuda") if torch.cuda.is_available() and not plan["device"].get("projected_from") else None
     dtype = {"float32": "float32", "float16": "float16"}.get(profile.target.get("dtype"), "bfloat16")
-    return aot.build_bundle_kernels(plan, staging, TARGET_ARCHS, shapes=target_shapes(profile.target["path"]), dtype=dtype, device=device)
+    return aot.build_bundle_kernels(served_shapes(plan), staging, TARGET_ARCHS, shapes=target_shapes(profile.target["path"]), dtype=dtype, device=device)
+
+
+def served_shapes(plan: dict):
+    """The plan's buckets, context and attention tile as the kernels see them; a plan made on a device without a
+    tile (a CPU) gets the NVIDIA one."""
+    from specdec_tune.kernels.autotune import DEFAULT_TILE_ROWS, ServedShapes
+
+    rows = (plan.get("tile") or {}).get("rows") or 1
+    return ServedShapes(tuple((int(b["batch"]), int(b["draft_len"])) for b in plan["buckets"]), int(plan["ctx"]),
+                        int(rows) if rows > 1 else DEFAULT_TILE_ROWS)
 
 
 def target_shapes(path: str):

@@ -18,7 +18,7 @@ TensorRT: where `tensorrt` imports, an engine is built with an optimisation prof
 batch 1..max_batch, tokens 1..1+max_draft_len (and past 1..ctx), in bf16 (fp16 where bf16 is absent),
 with FP8 enabled when the plan quantizes the drafter to fp8. Elsewhere the result is a skip record
 naming the reason and the `trtexec` command, which the folder's README.md repeats. Quantized plans
-export weights that carry the format's rounding (`kernels.quant`), which is what the profile's
+export weights that carry the format's rounding (`profiles.drafters.quant`), which is what the profile's
 acceptance was measured with.
 """
 
@@ -303,7 +303,7 @@ def export_drafter(
     """
     if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnxscript") is None:
         raise SpecdecError("exporting the drafter to ONNX needs onnx, onnxscript and onnxruntime", "pip install onnx onnxscript onnxruntime")
-    from specdec_tune.kernels.quant import QUANT_FORMATS, quantize_linear_weights
+    from specdec_tune.profiles.drafters.quant import QUANT_FORMATS, quantize_linear_weights
 
     if quant not in QUANT_FORMATS:
         raise SpecdecError(f"unknown quantization {quant!r}", f"use one of {', '.join(QUANT_FORMATS)}")

@@ -242,7 +242,7 @@ def export_head(head: DraftHead, out_dir: Path, *, name: str, max_batch: int = 6
     Raises SpecdecError when a graph's parity fails (nothing should ship then)."""
     if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnxscript") is None:
         raise SpecdecError("exporting the drafter to ONNX needs onnx, onnxscript and onnxruntime", "pip install onnx onnxscript onnxruntime")
-    from specdec_tune.kernels.quant import QUANT_FORMATS, quantize_linear_weights
+    from specdec_tune.profiles.drafters.quant import QUANT_FORMATS, quantize_linear_weights
 
     if quant not in QUANT_FORMATS:
         raise SpecdecError(f"unknown quantization {quant!r}", f"use one of {', '.join(QUANT_FORMATS)}")

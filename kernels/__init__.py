@@ -1,13 +1,13 @@
-"""Kernels the bundle carries, and the weight-format emulation the profiler uses.
+"""Kernels the bundle carries. Imports no stage: profiles, autotune and exporters import these.
 
-One module per job, imported on use (the Triton ones need `triton`; `quant` needs only torch):
+One module per job, imported on use (the Triton ones need `triton`):
 
 - `verify_attention`  Triton decode attention verifying 1+D tokens per sequence (GQA-packed, contiguous or paged KV)
-- `acceptance`        Triton greedy acceptance and rejection sampling, matching `profiles.specdec`
-- `autotune`          tuning keys from the plan's shapes, tile rules, timed choices, the `KernelTable`
+- `acceptance`        Triton greedy acceptance and rejection sampling, matching `greedy`
+- `greedy`            the greedy verification rule in torch, the reference the kernels and the loop share
+- `buckets`           bucket keys: the batch and context sizes a tuned table is keyed by
+- `autotune`          tuning keys from model shapes, tile rules, timed choices, the `KernelTable`
 - `aot`               cubins per target architecture, the kernel manifest, and the loader with its JIT fallback
-- `onnx_export`       the learned drafter to ONNX, parity in onnxruntime, the TensorRT engine or its build command
-- `quant`             FP8 / NVFP4 fake quantization of drafter weights
 """
 
-__all__ = ["acceptance", "aot", "autotune", "onnx_export", "quant", "verify_attention"]
+__all__ = ["acceptance", "aot", "autotune", "buckets", "greedy", "verify_attention"]

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from specdec_tune import SpecdecError
-from specdec_tune.kernels.autotune import KernelTable, ModelShapes, plan_shapes, source_hashes, tile_rows_of, tune_kernels
+from specdec_tune.kernels.autotune import KernelTable, ModelShapes, ServedShapes, call_shapes, source_hashes, tune_kernels
 from specdec_tune.kernels.buckets import next_pow2
 from specdec_tune.records import sha256_file, write_json
 
@@ -241,7 +241,7 @@ def _compile_worker() -> None:
 
 
 def build_bundle_kernels(
-    plan: dict,
+    served: ServedShapes,
     out_dir: Path,
     archs: tuple[str, ...] = DEFAULT_ARCHS,
     *,
@@ -251,7 +251,7 @@ def build_bundle_kernels(
     table: KernelTable | None = None,
     device: torch.device | None = None,
 ) -> dict:
-    """Tune (on a CUDA `device`) or model the configs for the plan's shapes, compile them for `archs`, and write
+    """Tune (on a CUDA `device`) or model the configs for the served shapes, compile them for `archs`, and write
     kernels/ under out_dir. Returns the kernel manifest (also written to kernels/manifest.json); its paths are
     relative to out_dir."""
     if dtype not in _DTYPES:
@@ -261,8 +261,8 @@ def build_bundle_kernels(
     out_dir = Path(out_dir)
     root = out_dir / KERNEL_DIR
     root.mkdir(parents=True, exist_ok=True)
-    calls = plan_shapes(plan, shapes)
-    table = table or tune_kernels(calls, device=device, tile_rows=tile_rows_of(plan))
+    calls = call_shapes(served, shapes)
+    table = table or tune_kernels(calls, device=device, tile_rows=served.tile_rows)
     table.write(root / "kernel_table.json")
     sources = {}
     for name in source_hashes():

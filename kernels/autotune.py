@@ -53,7 +53,7 @@ def source_hashes() -> dict[str, str]:
     return {name: hashlib.sha256((here / f"{name}.py").read_bytes()).hexdigest() for name in files}
 
 
-# ---------------------------------------------------------------------------------- plan shapes
+# ---------------------------------------------------------------------------------- served shapes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,29 +76,30 @@ class ModelShapes:
         return cls(config.num_heads, config.num_kv_heads, config.head_dim, config.vocab_size)
 
 
-def tile_rows_of(plan: dict) -> int:
-    """The plan's attention tile, or the NVIDIA one when the plan was made on a device without one."""
-    rows = (plan.get("tile") or {}).get("rows") or 1
-    return int(rows) if rows > 1 else DEFAULT_TILE_ROWS
+@dataclasses.dataclass(frozen=True)
+class ServedShapes:
+    """What a deployment serves: (batch, draft length) per bucket, the context the kernels are keyed at, and the
+    attention tile's rows."""
+
+    buckets: tuple[tuple[int, int], ...]  # (B, D)
+    ctx: int
+    tile_rows: int = DEFAULT_TILE_ROWS
 
 
-def plan_shapes(plan: dict, shapes: ModelShapes) -> list[dict]:
-    """Every kernel call shape the plan produces: {"kernel", "key", "shape" (bench keyword arguments)}.
+def call_shapes(served: ServedShapes, shapes: ModelShapes) -> list[dict]:
+    """Every kernel call shape a deployment produces: {"kernel", "key", "shape" (bench keyword arguments)}.
 
     Per bucket (B, D): verification attention with T = 1+D rows per query head over ctx + T keys; with
     speculation on (D > 0) the two acceptance kernels over [B, 1+D, V] logits.
     """
     if shapes.num_heads % shapes.num_kv_heads:
         raise SpecdecError(f"{shapes.num_heads} query heads over {shapes.num_kv_heads} KV heads", "query heads must be a multiple of KV heads")
-    from specdec_tune.kernels import acceptance, verify_attention
+    from specdec_tune.kernels import acceptance, verify_attention  # these import this module's table helpers back
 
-    tile_rows = tile_rows_of(plan)
-    ctx = int(plan["ctx"])
-    out = []
-    for bucket in plan["buckets"]:
-        B, D = int(bucket["batch"]), int(bucket["draft_len"])
+    ctx, out = served.ctx, []
+    for B, D in served.buckets:
         T = 1 + D
-        out.append({"kernel": "verify_attention", "key": verify_attention.key_for(shapes.group, T, shapes.head_dim, ctx + T, tile_rows),
+        out.append({"kernel": "verify_attention", "key": verify_attention.key_for(shapes.group, T, shapes.head_dim, ctx + T, served.tile_rows),
                     "shape": {"batch": B, "num_heads": shapes.num_heads, "num_kv_heads": shapes.num_kv_heads, "head_dim": shapes.head_dim,
                               "num_tokens": T, "kv_len": ctx + T}})
         if D > 0:
@@ -208,7 +209,7 @@ def _time_config(module, config: dict, shapes: list[dict]) -> float:
 
 
 def tune_kernels(calls: list[dict], *, device=None, tile_rows: int = DEFAULT_TILE_ROWS) -> KernelTable:
-    """One config per (kernel, key) of `calls` (from `plan_shapes`): timed on a CUDA `device`, else the tile rule."""
+    """One config per (kernel, key) of `calls` (from `call_shapes`): timed on a CUDA `device`, else the tile rule."""
     timed = device is not None and getattr(device, "type", None) == "cuda"
     grouped: dict[str, list[dict]] = {}
     for call in calls:

@@ -12,6 +12,7 @@ from specdec_tune.profiles.drafters import available, create
 from specdec_tune.profiles.models.loading import LoadedModel, load_model
 from specdec_tune.profiles.prompts import encode_prompts
 from specdec_tune.profiles.specdec import SpecCounters, generate
+from specdec_tune.profiles.train_drafter import cached_demo_head  # noqa: F401  (registers it: head drafters without model= load it)
 
 SPLITS = ("profile", "held_back", "all")
 

@@ -45,6 +45,7 @@ from specdec_tune.profiles.models.loading import LoadedModel, load_model, model_
 from specdec_tune.profiles.prompts import encode_prompts
 from specdec_tune.profiles.schema import SCHEMA_VERSION, Profile, load_profile
 from specdec_tune.profiles.specdec import SpecCounters, generate
+from specdec_tune.profiles.train_drafter import cached_demo_head  # noqa: F401  (registers it: head drafters without model= load it)
 from specdec_tune.profiles.store import MeasurementLog
 from specdec_tune.profiles.timing import SpeedGuard, Timing, is_out_of_memory, time_call
 from specdec_tune.records import sha256_json, write_json

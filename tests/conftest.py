@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CLI sets it (autotune/cli.py): before torch starts its threads
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CLI sets it (cli.py): before torch starts its threads
 import torch  # noqa: E402
 
 # The GGUF -> safetensors conversion cache is the one normal use shares; a test that must not touch it

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from specdec_tune import __version__
-from specdec_tune.autotune.cli import main
+from specdec_tune.cli import main
 
 COMMANDS = ["decode", "profile", "search", "export", "check"]
 
@@ -63,7 +63,7 @@ def test_usage_errors_exit_2(capsys, argv):
 
 
 def test_debug_flag_shows_the_traceback():
-    proc = subprocess.run([sys.executable, "-m", "specdec_tune.autotune.cli", "--debug", "decode", "--drafter", "nope"],
+    proc = subprocess.run([sys.executable, "-m", "specdec_tune.cli", "--debug", "decode", "--drafter", "nope"],
                           capture_output=True, text=True)
     assert proc.returncode != 0 and "Traceback" in proc.stderr and "SpecdecError" in proc.stderr
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from specdec_tune import SpecdecError
-from specdec_tune.autotune.cli import main
+from specdec_tune.cli import main
 from specdec_tune.profiles.schema import Profile, load_profile
 from specdec_tune.records import sha256_file
 
@@ -125,9 +125,9 @@ CLAIMS_OF_MEASURED_QUANT_TIME = (
 
 def test_nothing_claims_quantized_draft_time_is_measured_and_it_is_modeled():
     from specdec_tune.autotune.cost_model import CostModel
-    from specdec_tune.kernels import quant
+    from specdec_tune.profiles.drafters import quant
 
-    texts = {"README.md": README, "kernels/quant.py docstring": quant.__doc__}
+    texts = {"README.md": README, "profiles/drafters/quant.py docstring": quant.__doc__}
     for folder in ("kernels", "profiles", "autotune", "exporters"):
         texts |= {str(p.relative_to(REPO)): p.read_text() for p in (REPO / folder).rglob("*.py")}
     for where, text in texts.items():

@@ -13,7 +13,7 @@ import yaml
 from hypothesis import given, settings, strategies as st
 
 from specdec_tune import SpecdecError, __version__
-from specdec_tune.autotune.cli import main
+from specdec_tune.cli import main
 from specdec_tune.autotune.search import SearchSettings, search
 from specdec_tune.exporters import schedule as sched
 from specdec_tune.exporters.bundle import STALE_EXIT_CODE, ExportSettings, export, read_manifest

@@ -269,6 +269,7 @@ def test_acceptance_rejects_bad_input():
 
 DEMO_PLAN = {"ctx": 512, "tile": {"rows": 128, "group": 3}, "max_draft_len": 3, "mechanism": "draft_model", "quant": "none",
              "buckets": [{"batch": 1, "draft_len": 3}, {"batch": 4, "draft_len": 1}, {"batch": 16, "draft_len": 0}]}
+DEMO_SERVED = autotune.ServedShapes(((1, 3), (4, 1), (16, 0)), ctx=512, tile_rows=128)
 DEMO_SHAPES = autotune.ModelShapes(num_heads=9, num_kv_heads=3, head_dim=64, vocab_size=49152)
 
 
@@ -280,15 +281,17 @@ def test_buckets_step_at_tile_multiples():
 
 
 def test_model_shapes_from_a_target_folder(tiny_hf_dir):
-    from specdec_tune.exporters.artifacts import target_shapes
+    from specdec_tune.exporters.artifacts import served_shapes, target_shapes
 
     assert target_shapes(str(tiny_hf_dir)) == autotune.ModelShapes(4, 2, 8, 64)
+    assert served_shapes(DEMO_PLAN) == DEMO_SERVED
+    assert served_shapes(DEMO_PLAN | {"tile": {"rows": 1}}).tile_rows == autotune.DEFAULT_TILE_ROWS  # a CPU plan: the NVIDIA tile
     with pytest.raises(SpecdecError, match="multiple of KV heads"):
-        autotune.plan_shapes(DEMO_PLAN, autotune.ModelShapes(9, 4, 64, 100))
+        autotune.call_shapes(DEMO_SERVED, autotune.ModelShapes(9, 4, 64, 100))
 
 
-def test_plan_shapes_and_modeled_table(tmp_path):
-    calls = autotune.plan_shapes(DEMO_PLAN, DEMO_SHAPES)
+def test_call_shapes_and_modeled_table(tmp_path):
+    calls = autotune.call_shapes(DEMO_SERVED, DEMO_SHAPES)
     attention = [c for c in calls if c["kernel"] == "verify_attention"]
     assert [c["key"]["rows_bucket"] for c in attention] == [16, 8, 4] and {c["key"]["kv_bucket"] for c in attention} == {1024}
     assert sum(c["kernel"] == "greedy_accept" for c in calls) == 2  # buckets with D > 0
@@ -305,7 +308,7 @@ def test_plan_shapes_and_modeled_table(tmp_path):
 
 def test_tuning_times_candidates_and_keeps_the_fastest(monkeypatch):
     """The timed path without a GPU: a fake bench that prefers one config, and one candidate that fails (scores inf)."""
-    calls = [c for c in autotune.plan_shapes(DEMO_PLAN, DEMO_SHAPES) if c["kernel"] == "verify_attention"][:1]
+    calls = [c for c in autotune.call_shapes(DEMO_SERVED, DEMO_SHAPES) if c["kernel"] == "verify_attention"][:1]
     candidates = va.prune(va.CONFIGS, calls[0]["key"])
     favourite = candidates[-1]
 
@@ -333,7 +336,7 @@ def test_tuning_times_candidates_and_keeps_the_fastest(monkeypatch):
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
     out = tmp_path_factory.mktemp("bundle")
-    manifest = aot.build_bundle_kernels(DEMO_PLAN, out, shapes=DEMO_SHAPES, archs=("sm_90", "sm_100"))
+    manifest = aot.build_bundle_kernels(DEMO_SERVED, out, shapes=DEMO_SHAPES, archs=("sm_90", "sm_100"))
     return out, manifest
 
 

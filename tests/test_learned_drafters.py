@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from specdec_tune import SpecdecError
-from specdec_tune.autotune.cli import main
+from specdec_tune.cli import main
 from specdec_tune.profiles.drafters.base import Draft, DraftRequest
 from specdec_tune.profiles.drafters.checkpoints import load_head, save_head
 from specdec_tune.profiles.drafters.dflash import DFlashDrafter, DSparkDrafter, new_dflash_head

@@ -196,7 +196,7 @@ def test_profile_end_to_end_and_reuse(tmp_path):
 
 
 def _cli(out: Path) -> list[str]:
-    return [sys.executable, "-m", "specdec_tune.autotune.cli", "profile", "--out", str(out), *SMALL_CLI]
+    return [sys.executable, "-m", "specdec_tune.cli", "profile", "--out", str(out), *SMALL_CLI]
 
 
 @pytest.fixture(scope="module")

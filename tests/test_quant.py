@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from specdec_tune import SpecdecError
-from specdec_tune.kernels.quant import (
+from specdec_tune.profiles.drafters.quant import (
     E2M1_GRID,
     FORMATS,
     QUANT_FORMATS,

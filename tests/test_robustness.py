@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec_tune.autotune.cli import main
+from specdec_tune.cli import main
 from specdec_tune.autotune.search import SearchSettings, search
 from specdec_tune.exporters.bundle import ExportSettings, export
 from specdec_tune.profiles.schema import load_profile
@@ -148,7 +148,7 @@ def test_a_full_disk_is_one_line_and_keeps_the_old_bundle(files, tmp_path, capsy
 
 def test_two_exports_into_one_folder(files, tmp_path):
     out = tmp_path / "bundle"
-    cmd = [sys.executable, "-m", "specdec_tune.autotune.cli", "export", "--plan", str(files / "plan" / "plan.json"), "--profile", str(PROFILE),
+    cmd = [sys.executable, "-m", "specdec_tune.cli", "export", "--plan", str(files / "plan" / "plan.json"), "--profile", str(PROFILE),
            "--out", str(out), "--configs-only"]
     procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     codes = [p.wait(300) for p in procs]
@@ -160,7 +160,7 @@ def test_two_exports_into_one_folder(files, tmp_path):
     assert not list(tmp_path.glob(".bundle.staging-*")) + list(tmp_path.glob(".bundle.old-*"))
 
 
-SEARCH_CMD = [sys.executable, "-m", "specdec_tune.autotune.cli", "search", "--profile", str(PROFILE), "--trials", "400", "--seed", "5"]
+SEARCH_CMD = [sys.executable, "-m", "specdec_tune.cli", "search", "--profile", str(PROFILE), "--trials", "400", "--seed", "5"]
 
 
 @pytest.fixture(scope="module")
@@ -225,7 +225,7 @@ def _leftovers(folder: Path) -> list[Path]:
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "Ctrl-C"])
 def test_export_interrupted_keeps_the_previous_bundle_and_reexports_identically(files, tmp_path, sig):
     out = tmp_path / "bundle"
-    cmd = [sys.executable, "-m", "specdec_tune.autotune.cli", "export", "--plan", str(files / "plan" / "plan.json"), "--profile", str(PROFILE),
+    cmd = [sys.executable, "-m", "specdec_tune.cli", "export", "--plan", str(files / "plan" / "plan.json"), "--profile", str(PROFILE),
            "--out", str(out)]
     assert subprocess.run([*cmd, "--configs-only"], capture_output=True, timeout=300).returncode == 0
     first = _bundle_bytes(out)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from specdec_tune import SpecdecError
-from specdec_tune.autotune.cli import main
+from specdec_tune.cli import main
 from specdec_tune.autotune.cost_model import CostModel
 from specdec_tune.autotune.search import SearchSettings, search
 from specdec_tune.autotune.space import Candidate, Space, non_dominated

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from specdec_tune import SpecdecError
-from specdec_tune.autotune.cli import _print_plan_table, main
+from specdec_tune.cli import _print_plan_table, main
 from specdec_tune.autotune.cost_model import SOURCES, CostModel, Figure, overlap, weakest
 from specdec_tune.autotune.search import SearchSettings, search
 from specdec_tune.autotune.space import Candidate, Space

@@ -87,7 +87,7 @@ class Drafter(ABC):
         """Drop finished rows; the kept rows are renumbered 0..len(indices)-1."""
 
     def with_quantized_weights(self, fmt: str) -> Drafter:
-        """A copy whose weights are fake-quantized to `fmt` (kernels.quant); the original is untouched."""
+        """A copy whose weights are fake-quantized to `fmt` (profiles.drafters.quant); the original is untouched."""
         raise SpecdecError(f"the {self.name} drafter has no weights to quantize", "quantize only model-based drafters")
 
     def describe(self) -> dict[str, object]:

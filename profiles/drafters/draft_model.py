@@ -52,7 +52,7 @@ class DraftModelDrafter(Drafter):
         self.unchecked: list[list[int]] = []
 
     def with_quantized_weights(self, fmt: str) -> DraftModelDrafter:
-        from specdec_tune.kernels.quant import quantize_linear_weights
+        from specdec_tune.profiles.drafters.quant import quantize_linear_weights
 
         twin = copy.copy(self)
         twin.model = quantize_linear_weights(self.model, fmt)  # a deep copy: the target's shared weights stay exact

@@ -131,7 +131,8 @@ def head_layer_config(target: ModelConfig, **changes) -> ModelConfig:
 
 # Where a head drafter's options find its head (random weights, a checkpoint folder, or this target's cached demo
 # head, trained on first use): registered by profiles/train_drafter.py, the one module that can train one
-# (checkpoints.resolve_head with its trainer). Importing the drafters package imports it.
+# (checkpoints.resolve_head with its trainer). The modules that decode and profile import it; the drafters do not
+# (the trainer runs the speculative loop, which runs the drafters).
 _HEAD_SOURCE: list[Callable[[str, LoadedModel, object], tuple[DraftHead, str | None, object]]] = []
 
 
@@ -142,7 +143,8 @@ def register_head_source(source: Callable[[str, LoadedModel, object], tuple[Draf
 def resolve_head(mechanism: str, target: LoadedModel, options: object) -> tuple[DraftHead, str | None, object]:
     """(head, weights hash or None, the options with `model` resolved to the folder) for a head drafter's options."""
     if not _HEAD_SOURCE:
-        raise SpecdecError(f"no source of {mechanism} heads is registered", "import specdec_tune.profiles.drafters, which registers it")
+        raise SpecdecError(f"no source of {mechanism} heads is registered",
+                           "give model=FOLDER or random=1, or import specdec_tune.profiles.train_drafter, which registers the cached demo head")
     return _HEAD_SOURCE[0](mechanism, target, options)
 
 
@@ -174,7 +176,7 @@ class HeadDrafter(Drafter):
         return out
 
     def with_quantized_weights(self, fmt: str) -> HeadDrafter:
-        from specdec_tune.kernels.quant import quantize_linear_weights
+        from specdec_tune.profiles.drafters.quant import quantize_linear_weights
 
         twin = copy.copy(self)
         twin.head = quantize_linear_weights(self.head, fmt)  # a deep copy: weights shared with the target stay exact

@@ -159,7 +159,7 @@ def profile(
     from specdec_tune.profiles.profiler import Profiler, ProfileSettings
 
     formats = tuple(f for f in quant.split(",") if f and f != "none")
-    from specdec_tune.kernels.quant import QUANT_FORMATS
+    from specdec_tune.profiles.drafters.quant import QUANT_FORMATS
 
     for f in formats:
         if f not in QUANT_FORMATS:
