@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specdec_tune import SpecdecError, __version__
+from specdec_tune.formats import get_format
 
 app = typer.Typer(
     name="specdec-tune",
@@ -159,11 +160,8 @@ def profile(
     from specdec_tune.profiles.profiler import Profiler, ProfileSettings
 
     formats = tuple(f for f in quant.split(",") if f and f != "none")
-    from specdec_tune.profiles.drafters.quant import QUANT_FORMATS
-
     for f in formats:
-        if f not in QUANT_FORMATS:
-            raise SpecdecError(f"unknown quantization format {f!r}", f"use {', '.join(QUANT_FORMATS)}")
+        get_format(f)
     settings = ProfileSettings(
         target=target, drafters=tuple(drafter) or ProfileSettings.drafters, prompts=prompts, prompts_per_domain=prompts_per_domain,
         new_tokens=new_tokens, temperatures=_float_list(temperatures, "--temperatures"), batch_buckets=_int_list(batch, "--batch"),

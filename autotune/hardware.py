@@ -32,16 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from specdec_tune import SpecdecError
+from specdec_tune.formats import WEIGHT_FORMATS, supported_natively
 
 TERA = 1e12
 GIGA = 1e9
-
-#: Weight formats the tool knows, in the order the search tries them.
-WEIGHT_FORMATS = ("none", "fp8", "nvfp4")
-
-#: Smallest NVIDIA compute capability that runs each weight format natively (DESIGN.md §1): FP8 tensor
-#: cores arrive with Ada/Hopper (sm_89), FP4 tensor cores with Blackwell (sm_100).
-FORMAT_MIN_CAPABILITY: dict[str, tuple[int, int]] = {"none": (0, 0), "fp8": (8, 9), "nvfp4": (10, 0)}
 
 #: Names callers may use for a dtype, mapped to the table's keys.
 DTYPE_ALIASES: dict[str, str] = {
@@ -52,10 +46,6 @@ DTYPE_ALIASES: dict[str, str] = {
     "float8": "fp8", "float8_e4m3fn": "fp8", "float8_e4m3fnuz": "fp8", "e4m3": "fp8",
     "fp4": "nvfp4", "nvfp4": "nvfp4", "float4": "nvfp4",
 }
-
-#: Weight format -> the dtype its GEMMs run in (for `roofline_ms` on a quantized model).
-FORMAT_COMPUTE_DTYPE: dict[str, str] = {"none": "bf16", "fp8": "fp8", "nvfp4": "nvfp4"}
-
 
 @dataclass(frozen=True)
 class DeviceSpec:
@@ -73,14 +63,19 @@ class DeviceSpec:
     #: Query rows one attention tile processes (guideline 3: prefer G*(1+D) a multiple of it).
     #: 1 means no tile quantization, so the guideline is neutral.
     attention_tile_rows: int
-    #: Weight formats the device runs natively, among WEIGHT_FORMATS.
-    formats: tuple[str, ...]
     sources: tuple[str, ...]
+    #: Weight formats the device runs natively, among WEIGHT_FORMATS; empty: what an NVIDIA part of its
+    #: compute capability runs (`formats_for_capability`).
+    formats: tuple[str, ...] = ()
     #: AMD ISA name, e.g. "gfx942"; None elsewhere.
     gfx: str | None = None
     #: True when the figures are estimates rather than datasheet values (the local CPU).
     estimated: bool = False
     notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.formats:
+            object.__setattr__(self, "formats", formats_for_capability(self.capability))
 
     @property
     def arch(self) -> str:
@@ -132,9 +127,7 @@ def _tf(**tflops: float) -> dict[str, float]:
 def formats_for_capability(capability: tuple[int, int] | None) -> tuple[str, ...]:
     """Weight formats an NVIDIA part of this compute capability runs natively (the rule, for parts not in
     the table). None (non-NVIDIA, unknown) -> ("none",)."""
-    if capability is None:
-        return ("none",)
-    return tuple(f for f in WEIGHT_FORMATS if tuple(capability) >= FORMAT_MIN_CAPABILITY[f])
+    return tuple(f for f in WEIGHT_FORMATS if supported_natively(f, capability))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -156,7 +149,6 @@ _TABLE: tuple[DeviceSpec, ...] = (
         memory_bw_bytes_s=2.039 * TERA,
         peak_flops=_tf(fp32=19.5, tf32=156.0, bf16=312.0, fp16=312.0),
         attention_tile_rows=128,
-        formats=("none",),
         sources=(
             "NVIDIA A100 Tensor Core GPU datasheet (nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
             "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf), A100 80GB SXM column: FP32 19.5 TFLOPS; "
@@ -174,7 +166,6 @@ _TABLE: tuple[DeviceSpec, ...] = (
         memory_bw_bytes_s=3.35 * TERA,
         peak_flops=_tf(fp32=67.0, tf32=494.5, bf16=989.5, fp16=989.5, fp8=1979.0),
         attention_tile_rows=128,
-        formats=("none", "fp8"),
         sources=(
             "NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h100), H100 SXM column: "
             "FP32 67 TFLOPS; TF32 989 TFLOPS with sparsity -> 494.5 dense; BF16 1,979 with sparsity -> 989.5 "
@@ -192,7 +183,6 @@ _TABLE: tuple[DeviceSpec, ...] = (
         memory_bw_bytes_s=4.8 * TERA,
         peak_flops=_tf(fp32=67.0, tf32=494.5, bf16=989.5, fp16=989.5, fp8=1979.0),
         attention_tile_rows=128,
-        formats=("none", "fp8"),
         sources=(
             "NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200), H200 SXM column: "
             "141 GB HBM3e; 4.8 TB/s; FP32 67 TFLOPS; TF32 989 TFLOPS with sparsity -> 494.5 dense; BF16/FP16 "
@@ -210,7 +200,6 @@ _TABLE: tuple[DeviceSpec, ...] = (
         memory_bw_bytes_s=7.7 * TERA,
         peak_flops=_tf(fp32=75.0, tf32=1100.0, bf16=2250.0, fp16=2250.0, fp8=4500.0, nvfp4=9000.0),
         attention_tile_rows=128,
-        formats=("none", "fp8", "nvfp4"),
         sources=(
             "NVIDIA HGX platform specifications (nvidia.com/en-us/data-center/hgx), HGX B200 per-GPU column: "
             "FP4 Tensor Core 18 PFLOPS with sparsity -> 9 dense; FP8/FP6 9 PFLOPS with sparsity -> 4.5 dense; "
@@ -230,7 +219,6 @@ _TABLE: tuple[DeviceSpec, ...] = (
         memory_bw_bytes_s=864 * GIGA,
         peak_flops=_tf(fp32=91.6, tf32=183.0, bf16=362.05, fp16=362.05, fp8=733.0),
         attention_tile_rows=128,
-        formats=("none", "fp8"),
         sources=(
             "NVIDIA L40S datasheet (nvidia.com/en-us/data-center/l40s): FP32 91.6 TFLOPS; TF32 183 | 366 "
             "with sparsity; BF16 362.05 | 733 with sparsity; FP16 362.05 | 733 with sparsity; FP8 733 | 1,466 "
@@ -514,8 +502,6 @@ __all__ = [
     "DEVICES",
     "DEVICE_ALIASES",
     "DTYPE_ALIASES",
-    "FORMAT_COMPUTE_DTYPE",
-    "FORMAT_MIN_CAPABILITY",
     "WEIGHT_FORMATS",
     "DeviceSpec",
     "find_device_spec",

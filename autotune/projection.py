@@ -31,6 +31,7 @@ import math
 
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.hardware import DeviceSpec, roofline_ms
+from specdec_tune.formats import FORMATS
 from specdec_tune.profiles.schema import DrafterInfo, Profile
 
 LAUNCH_S = 4e-6  # per kernel under CUDA-graph replay (an assumption, not a datasheet figure)
@@ -69,8 +70,8 @@ def shapes_from_profile(profile: Profile) -> Shapes:
     )
 
 
-WEIGHT_BYTES = {"none": 2.0, "fp8": 1.0 + 4 / 4096, "nvfp4": 0.5 + 1 / 16}  # bf16; e4m3 + row scales; e2m1 + block scales
-GEMM_DTYPE = {"none": "bf16", "fp8": "fp8", "nvfp4": "nvfp4"}
+# bytes per weight, scales included, on a 4096 x 4096 layer: bf16 2; e4m3 + row scales 1 + 4/4096; e2m1 + block scales 0.5625
+WEIGHT_BYTES = {name: f.bits_per_weight((4096, 4096)) / 8 for name, f in FORMATS.items()}
 
 
 def step_ms(spec: DeviceSpec, s: Shapes, layers: int, batch: int, tokens: int, ctx: int, quant: str = "none",
@@ -83,7 +84,7 @@ def step_ms(spec: DeviceSpec, s: Shapes, layers: int, batch: int, tokens: int, c
     flops = 2 * params * rows + layers * 4 * batch * padded_tokens * ctx * s.q_width
     kv_bytes = layers * batch * (ctx + tokens) * 2 * s.kv_width * 2
     launches = layers * KERNELS_PER_LAYER + 4
-    return roofline_ms(spec, flops, WEIGHT_BYTES[quant] * params + kv_bytes, GEMM_DTYPE[quant]) + 1e3 * launches * LAUNCH_S
+    return roofline_ms(spec, flops, WEIGHT_BYTES[quant] * params + kv_bytes, FORMATS[quant].compute_dtype) + 1e3 * launches * LAUNCH_S
 
 
 def is_learned_head(info: DrafterInfo) -> bool:

@@ -18,10 +18,13 @@ from pathlib import Path
 
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.cost_model import CostModel, normalise_mix
+from specdec_tune.autotune.hardware import get_device_spec
 from specdec_tune.autotune.plan import build_plan
+from specdec_tune.autotune.projection import project
 from specdec_tune.autotune.space import Candidate, Space
 from specdec_tune.autotune.study import best_of, front_of, run_study, trials_for
 from specdec_tune.profiles.schema import Profile
+from specdec_tune.formats import WEIGHT_FORMATS
 from specdec_tune.records import sha256_json, write_json
 
 
@@ -80,12 +83,9 @@ def search(profile: Profile, profile_hash: str, settings: SearchSettings) -> dic
         key = sha256_json([profile.fingerprint, dataclasses.asdict(settings) | {"out_dir": None, "storage": None, "trials": None}])
         settings = dataclasses.replace(settings, study_name=f"specdec-tune-{key[:12]}")
     if settings.device:
-        from specdec_tune.autotune.hardware import get_device_spec
-        from specdec_tune.autotune.projection import project
-
         spec = get_device_spec(settings.device)
         profile = project(profile, spec)
-        settings = dataclasses.replace(settings, quant_formats=tuple(f for f in ("none", "fp8", "nvfp4") if f in spec.formats))
+        settings = dataclasses.replace(settings, quant_formats=tuple(f for f in WEIGHT_FORMATS if f in spec.formats))
     mix = normalise_mix(profile, dict(settings.mix)) if settings.mix else None
     space = Space(CostModel(profile, mix=mix), settings)
     # the default study is an append-only journal file: one line per trial event, a fraction of SQLite's commit cost

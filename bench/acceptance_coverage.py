@@ -21,7 +21,6 @@ Writes bench/results/acceptance_coverage.json and prints a short table.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import sys
 from pathlib import Path

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from specdec_tune import SpecdecError
+from specdec_tune.formats import get_format
 from specdec_tune.profiles.models.llama import CausalLM, gqa_attention, rotate
 from specdec_tune.records import sha256_file, write_json
 
@@ -303,10 +304,9 @@ def export_drafter(
     """
     if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnxscript") is None:
         raise SpecdecError("exporting the drafter to ONNX needs onnx, onnxscript and onnxruntime", "pip install onnx onnxscript onnxruntime")
-    from specdec_tune.profiles.drafters.quant import QUANT_FORMATS, quantize_linear_weights
+    from specdec_tune.profiles.drafters.quant import quantize_linear_weights
 
-    if quant not in QUANT_FORMATS:
-        raise SpecdecError(f"unknown quantization {quant!r}", f"use one of {', '.join(QUANT_FORMATS)}")
+    get_format(quant)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     fp32 = quantize_linear_weights(model, quant) if quant != "none" else model  # quantize_linear_weights copies

@@ -32,6 +32,7 @@ from torch import nn
 from torch.export import Dim
 
 from specdec_tune import SpecdecError
+from specdec_tune.formats import get_format
 from specdec_tune.exporters.onnx_export import (
     PARITY_TOLERANCE_FP32, Ranges, export_module, export_readme, inverse_frequencies, rope_tables, scaled_error, tensorrt_step,
 )
@@ -242,14 +243,13 @@ def export_head(head: DraftHead, out_dir: Path, *, name: str, max_batch: int = 6
     Raises SpecdecError when a graph's parity fails (nothing should ship then)."""
     if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnxscript") is None:
         raise SpecdecError("exporting the drafter to ONNX needs onnx, onnxscript and onnxruntime", "pip install onnx onnxscript onnxruntime")
-    from specdec_tune.profiles.drafters.quant import QUANT_FORMATS, quantize_linear_weights
+    from specdec_tune.profiles.drafters.quant import quantize_linear_weights
 
-    if quant not in QUANT_FORMATS:
-        raise SpecdecError(f"unknown quantization {quant!r}", f"use one of {', '.join(QUANT_FORMATS)}")
+    get_format(quant)
     shared = {id(head.embed_tokens): copy.deepcopy(head.embed_tokens)}
     fp32 = (quantize_linear_weights(head, quant) if quant != "none" else copy.deepcopy(head, memo=shared)).float().eval()
     fp32._rope_table = None
-    block = isinstance(fp32, DFlashHead)
+    block = fp32.block
     max_tokens = 1 + max_draft_len
     graphs = (_block_graphs if block else _serial_graphs)(fp32, max_batch, max_tokens, ctx)
     cases = parity_cases or [(1, 1, 1), (3, max_tokens, 7), (min(max_batch, 5), 2, 17)]

@@ -36,12 +36,13 @@ import numpy as np
 import torch
 
 from specdec_tune import SpecdecError, __version__
+from specdec_tune.formats import WEIGHT_FORMATS
 from specdec_tune.profiles import micro, replay
 from specdec_tune.profiles.calibration import CalibrationPrompt, CalibrationSet, load_calibration
 from specdec_tune.profiles.drafters import Drafter, DraftRequest, create
 from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint, resolve_device
 from specdec_tune.profiles.intervals import median_interval, monotone_fit, moved_beyond_interval
-from specdec_tune.profiles.models.loading import LoadedModel, load_model, model_folder, weights_hash
+from specdec_tune.profiles.models.loading import load_model, model_folder, weights_hash
 from specdec_tune.profiles.prompts import encode_prompts
 from specdec_tune.profiles.schema import SCHEMA_VERSION, Profile, load_profile
 from specdec_tune.profiles.specdec import SpecCounters, generate
@@ -90,7 +91,7 @@ class ProfileSettings:
     max_draft_len: int | None = None  # None = the device's grid: DEFAULT_GRID
     check_draft_lens: tuple[int, ...] = ()  # direct runs to check derived AL against; () = D_max/4 and D_max/2
     acceptance_batch: int = 16  # prompts the loop decodes together (temperatures > 0, --acceptance loop, the check)
-    quant_formats: tuple[str, ...] = ("fp8", "nvfp4")
+    quant_formats: tuple[str, ...] = tuple(f for f in WEIGHT_FORMATS if f != "none")  # every quantized format
     interp_tolerance: float = 0.03  # bisect the verify curve where interpolation misses by more
     verify_visits: int = 6  # most visits per verify cell while its median's interval is wider than the target
     dtype: str = "auto"

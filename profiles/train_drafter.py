@@ -54,11 +54,9 @@ import torch.nn.functional as F
 from specdec_tune import SpecdecError
 from specdec_tune.profiles.calibration import load_calibration, select_prompts
 from specdec_tune.profiles.drafters.base import _REGISTRY
-from specdec_tune.profiles.drafters.checkpoints import DSPARK_DEMO_RANK, resolve_head, save_head
-from specdec_tune.profiles.drafters.dflash import DFlashHead, default_mask_token, new_dflash_head
-from specdec_tune.profiles.drafters.eagle3 import Eagle3Head, new_eagle3_head
-from specdec_tune.profiles.drafters.heads import DraftHead, default_aux_layers, register_head_source
-from specdec_tune.profiles.drafters.mtp import new_mtp_head
+from specdec_tune.profiles.drafters.checkpoints import resolve_head, save_head
+from specdec_tune.profiles.drafters.dflash import DSPARK_DEMO_RANK, DFlashHead, default_mask_token
+from specdec_tune.profiles.drafters.heads import HEAD_KINDS, DraftHead, DraftVocabulary, default_aux_layers, head_kind, register_head_source
 from specdec_tune.profiles.models.llama import gqa_attention
 from specdec_tune.profiles.models.loading import LoadedModel, cache_root, cpu_has_native_bf16, load_model, model_folder
 from specdec_tune.profiles.package_text import package_text
@@ -67,11 +65,8 @@ from specdec_tune.profiles.specdec import SpecCounters, generate
 from specdec_tune.records import sha256_json, write_json
 
 log = logging.getLogger(__name__)
-MECHANISMS = ("eagle3", "mtp", "dflash", "dspark")
-BLOCK_MECHANISMS = ("dflash", "dspark")
-EVAL_DRAFT_LEN = {"eagle3": 3, "mtp": 3, "dflash": 7, "dspark": 7}
-SERIAL_ONLY = ("ttt_steps", "step_decay")
-BLOCK_ONLY = ("block_size", "draft_layers", "markov_rank", "position_decay")
+MECHANISMS = tuple(HEAD_KINDS)
+SHAPE_FIELDS = ("ttt_steps", "step_decay", "block_size", "draft_layers", "markov_rank", "position_decay")  # each kind reads some
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,8 +106,7 @@ class TrainSettings:
 
     def key(self) -> str:
         """What makes one trained head differ from another (not where it goes, not how it is measured)."""
-        other = SERIAL_ONLY if self.mechanism in BLOCK_MECHANISMS else BLOCK_ONLY
-        other += ("markov_rank",) if self.mechanism == "dflash" else ()
+        other = tuple(f for f in SHAPE_FIELDS if f not in head_kind(self.mechanism).training_fields)
         fields = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("out", "eval_points", "eval_prompts", "eval_new_tokens", *other)}
         return sha256_json(fields)[:12]
 
@@ -284,7 +278,8 @@ def ttt_loss(head: DraftHead, batch: dict, vocab: torch.Tensor, label_weight: to
         teacher = F.log_softmax((final @ label_weight.T).float(), dim=-1)  # [B, S, v]: log p_t over the shortlist
     token_in = torch.cat([tokens[:, 1:], tokens.new_zeros((B, 1))], dim=1)  # x_{p+1}
     hidden = head.combine(aux)  # [B, S, hidden]
-    student_weight = head.lm_head.weight if isinstance(head, Eagle3Head) else head.lm_head.weight[vocab]  # [v, hidden]
+    # [v, hidden]: a head with its own draft vocabulary has an LM head over exactly the shortlist; else the target's, restricted
+    student_weight = head.lm_head.weight if isinstance(head, DraftVocabulary) else head.lm_head.weight[vocab]
     kv: list = []
     loss = torch.zeros(())
     agree = []
@@ -372,7 +367,7 @@ def measure_al(target: LoadedModel, head: DraftHead, mechanism: str, settings: T
     shared = {id(target.model.embed_tokens): target.model.embed_tokens, id(target.model.lm_head): target.model.lm_head}
     snapshot = copy.deepcopy(head, memo=shared).to(target.model.dtype)
     drafter = _REGISTRY[mechanism].from_head(snapshot)  # type: ignore[attr-defined]
-    D = EVAL_DRAFT_LEN[mechanism]
+    D = head_kind(mechanism).eval_draft_len
     prompts = select_prompts("mtbench", "held_back", settings.eval_prompts)
     ids = encode_prompts(target.tokenizer, prompts, context_tokens=target.model.config.max_position_embeddings,
                          max_new_tokens=settings.eval_new_tokens, max_draft_tokens=D)
@@ -415,16 +410,12 @@ def train(settings: TrainSettings, progress: Callable[[str], None] | None = None
     model = target.model
     eos = tuple(model.config.eos_token_ids)
     vocab = vocabulary_shortlist(data, settings.draft_vocab, model.config.vocab_size, eos)
-    n_aux = 0 if settings.mechanism == "mtp" else len(data.layers) - 1
-    if settings.mechanism == "eagle3":
-        head = new_eagle3_head(model, draft_vocab=vocab.tolist(), aux_layers=data.layers[:-1], seed=settings.seed)
-    elif settings.mechanism == "mtp":
-        head = new_mtp_head(model, seed=settings.seed)
-    else:
-        head = new_dflash_head(model, draft_vocab=vocab.tolist(), layers=settings.draft_layers, block_size=settings.block_size,
-                               mask_token_id=default_mask_token(model.config.vocab_size, target.tokenizer), layer_ids=data.layers[:-1],
-                               markov_rank=settings.markov_rank if settings.mechanism == "dspark" else 0, seed=settings.seed)
-    loss_of = block_loss if settings.mechanism in BLOCK_MECHANISMS else ttt_loss
+    kind = head_kind(settings.mechanism)
+    n_aux = len(data.layers) - 1 if kind.reads_aux_states else 0
+    head = kind.new(model, draft_vocab=vocab.tolist(), aux_layers=data.layers[:-1], seed=settings.seed, draft_layers=settings.draft_layers,
+                    block_size=settings.block_size, mask_token_id=default_mask_token(model.config.vocab_size, target.tokenizer),
+                    markov_rank=settings.markov_rank)
+    loss_of = block_loss if head.block else ttt_loss
     label_weight = model.lm_head.weight[vocab].detach()  # [v, hidden]: the target's head restricted to the shortlist
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0, betas=(0.9, 0.95))
@@ -481,7 +472,7 @@ def train(settings: TrainSettings, progress: Callable[[str], None] | None = None
                         "final_loss": last_loss, "argmax_agreement_per_step": last_agree},
               "learning_curve": curve, "draft_vocab": len(vocab)}
     save_head(head, settings.mechanism, Path(folder), verifier=str(model_folder(settings.target)[1]), verifier_arch=target.ref.arch,
-              speculative_tokens=head.max_drafts if isinstance(head, DFlashHead) else settings.ttt_steps, extra=record)
+              speculative_tokens=head.max_drafts if head.block else settings.ttt_steps, extra=record)
     record["folder"] = str(folder)
     return record
 

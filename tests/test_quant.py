@@ -9,18 +9,15 @@ import torch
 from torch import nn
 
 from specdec_tune import SpecdecError
+from specdec_tune.formats import FORMATS, WEIGHT_FORMATS as QUANT_FORMATS, bits_per_weight, supported_natively
 from specdec_tune.profiles.drafters.quant import (
     E2M1_GRID,
-    FORMATS,
-    QUANT_FORMATS,
-    bits_per_weight,
     fake_quant,
     fake_quant_fp8_e4m3,
     fake_quant_nvfp4,
     quantization_error,
     quantize_linear_weights,
     round_e2m1,
-    supported_natively,
 )
 
 

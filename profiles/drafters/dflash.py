@@ -22,12 +22,16 @@ the block's are recomputed each round, so the draft costs one pass whatever D is
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import torch
 from torch import nn
 
+from specdec_tune import SpecdecError
 from specdec_tune.profiles.drafters.base import Draft, DraftRequest, register
-from specdec_tune.profiles.drafters.heads import DraftHead, DraftVocabulary, HeadDrafter, default_aux_layers, head_layer_config, resolve_head
+from specdec_tune.profiles.drafters.head_reading import check_verifier, draft_map, layer_config, load_into
+from specdec_tune.profiles.drafters.heads import (DraftHead, DraftVocabulary, HeadDrafter, HeadKind, Layout, default_aux_layers, head_layer_config,
+                                                  register_head_kind, resolve_head)
 from specdec_tune.profiles.models.llama import CausalLM, DecoderLayer, KVCache, ModelConfig, RMSNorm, gqa_attention
 from specdec_tune.profiles.models.loading import LoadedModel
 
@@ -71,6 +75,7 @@ class ConfidenceHead(nn.Module):
 
 
 class DFlashHead(DraftVocabulary, DraftHead):
+    block = True
     def __init__(self, config: ModelConfig, *, target_hidden_size: int, layer_ids: tuple[int, ...], block_size: int, mask_token_id: int,
                  draft_vocab_size: int, embed_tokens: nn.Embedding, lm_head: nn.Linear | None = None, sample_from_anchor: bool = False,
                  markov_rank: int = 0, markov_head_type: str = "vanilla", confidence_head: bool = False) -> None:
@@ -311,5 +316,95 @@ class DSparkDrafter(BlockDrafter):
         super().__init__(head, options, weights_hash)
 
 
-__all__ = ["BlockDrafter", "DFlashDrafter", "DFlashHead", "DSparkDrafter", "MARKOV_TYPES", "block_mask", "default_mask_token",
+# ---------------------------------------------------------------------------- checkpoints
+
+
+def _block_head(what: str, layer: ModelConfig, state: dict, target: CausalLM, folder: Path, *, layer_ids, block_size, mask_token_id,
+                draft_vocab: int, target_hidden: int, sample_from_anchor: bool, markov_rank: int = 0, markov_type: str = "vanilla",
+                confidence: bool = False) -> DFlashHead:
+    ids = tuple(int(i) for i in (layer_ids or default_aux_layers(target.config.num_layers)))
+    check_verifier(folder, what, target, hidden=target_hidden, vocab=layer.vocab_size, layer_ids=ids)
+    if layer.hidden_size != target.config.hidden_size:
+        raise SpecdecError(f"the {what} in {folder} is {layer.hidden_size} wide", f"it reads the target's embedding: it needs width {target.config.hidden_size}")
+    if not isinstance(block_size, int) or block_size < 2:
+        raise SpecdecError(f"the {what} in {folder} has block_size {block_size!r}", "give an integer block_size of at least 2")
+    if not isinstance(mask_token_id, int) or not 0 <= mask_token_id < target.config.vocab_size:
+        raise SpecdecError(f"the {what} in {folder} has mask_token_id {mask_token_id!r}",
+                           f"set mask_token_id to the id its blocks were trained with (0..{target.config.vocab_size - 1})")
+    if markov_type not in MARKOV_TYPES:
+        raise SpecdecError(f"the {what} in {folder} has markov_head_type {markov_type!r}", f"use one of {', '.join(MARKOV_TYPES)}")
+    state = draft_map(state, draft_vocab, layer, target, folder, what)
+    own_head = "lm_head.weight" in state
+    head = DFlashHead(layer, target_hidden_size=target_hidden, layer_ids=ids, block_size=block_size, mask_token_id=mask_token_id,
+                      draft_vocab_size=draft_vocab, embed_tokens=target.embed_tokens, lm_head=None if own_head else target.lm_head,
+                      sample_from_anchor=sample_from_anchor, markov_rank=markov_rank, markov_head_type=markov_type, confidence_head=confidence)
+    if not own_head and draft_vocab != target.config.vocab_size:
+        raise SpecdecError(f"the {what} in {folder} has a {draft_vocab}-token draft vocabulary but no lm_head.weight", "add its LM head")
+    state = {k: v for k, v in state.items() if not k.startswith("verifier_")}
+    return load_into(head, state, folder, {"embed_tokens.weight"} | (set() if own_head else {"lm_head.weight"}), target)
+
+
+def _speculators_block(kind: str):
+    def read(config: dict, state: dict, target: CausalLM, folder: Path) -> DFlashHead:
+        layer = layer_config(config.get("transformer_layer_config") or {}, f"{folder}/config.json transformer_layer_config")
+        dspark = kind == "dspark"
+        confidence = bool(config.get("enable_confidence_head", True)) if dspark else False
+        if confidence and not config.get("confidence_head_with_markov", True):
+            raise SpecdecError(f"the DSpark head in {folder} feeds its confidence head without the Markov state", "this tool reads confidence_head_with_markov heads")
+        return _block_head("DSpark head" if dspark else "DFlash head", layer, state, target, folder,
+                           layer_ids=config.get("aux_hidden_state_layer_ids"), block_size=config.get("block_size", 8),
+                           mask_token_id=config.get("mask_token_id"), draft_vocab=int(config.get("draft_vocab_size") or layer.vocab_size),
+                           target_hidden=int(config.get("target_hidden_size") or layer.hidden_size),
+                           sample_from_anchor=bool(config.get("sample_from_anchor", dspark)),
+                           markov_rank=int(config.get("markov_rank", 256)) if dspark else 0,
+                           markov_type=config.get("markov_head_type", "vanilla"), confidence=confidence)
+    return read
+
+
+def read_zlab(config: dict, state: dict, target: CausalLM, folder: Path) -> DFlashHead:
+    dflash = config["dflash_config"]
+    layer = layer_config(config, f"{folder}/config.json")
+    ids = dflash.get("target_layer_ids")
+    if ids is None:  # z-lab's default: draft-layer-many target layers spread over [1, L-3] (L/2 for one draft layer)
+        L, n = int(config.get("num_target_layers", target.config.num_layers)), layer.num_layers
+        ids = [L // 2] if n == 1 else [round(1 + i * (L - 4) / (n - 1)) for i in range(n)]
+    return _block_head("DFlash head", layer, state, target, folder, layer_ids=[int(i) + 1 for i in ids],
+                       block_size=config.get("block_size", dflash.get("block_size")), mask_token_id=dflash.get("mask_token_id"),
+                       draft_vocab=layer.vocab_size, target_hidden=layer.hidden_size, sample_from_anchor=False)
+
+
+DSPARK_DEMO_RANK = 64  # the demo DSpark's Markov rank (speculators' default, 256, would outgrow the demo backbone)
+
+
+def speculators_fields(head: DFlashHead) -> dict:
+    fields = {"draft_vocab_size": head.draft_vocab_size, "block_size": head.block_size, "target_hidden_size": head.target_hidden_size,
+              "aux_hidden_state_layer_ids": list(head.hidden_layers), "mask_token_id": head.mask_token_id,
+              "sample_from_anchor": head.sample_from_anchor}
+    if head.markov_head is not None:
+        fields.update(markov_rank=head.markov_head.rank, markov_head_type=head.markov_head.head_type,
+                      enable_confidence_head=head.confidence_head is not None, confidence_head_with_markov=True)
+    return fields
+
+
+def shared(head: DFlashHead) -> set[str]:
+    """The target's embedding, and its LM head where the head drafts over the full vocabulary (speculators' rule)."""
+    return {"embed_tokens.weight"} | ({"lm_head.weight"} if head.draft_vocab_size == head.config.vocab_size else set())
+
+
+def _new(markov_rank_default: int, dspark: bool):
+    def new(target: CausalLM, draft_vocab=None, aux_layers=None, seed=0, draft_layers=2, block_size=8, mask_token_id=None,
+            markov_rank=markov_rank_default, **_) -> DFlashHead:
+        return new_dflash_head(target, draft_vocab=draft_vocab, layers=draft_layers, block_size=block_size, mask_token_id=mask_token_id,
+                               layer_ids=aux_layers, markov_rank=markov_rank if dspark else 0, seed=seed)
+    return new
+
+
+_BLOCK_FIELDS = ("block_size", "draft_layers", "position_decay")
+register_head_kind(HeadKind("dflash", new=_new(0, dspark=False), read=_speculators_block("dflash"), speculators_fields=speculators_fields,
+                            shared=shared, training_fields=_BLOCK_FIELDS, eval_draft_len=7, layouts=(Layout("z-lab", "dflash_config", read_zlab),)))
+register_head_kind(HeadKind("dspark", new=_new(DSPARK_DEMO_RANK, dspark=True), read=_speculators_block("dspark"), speculators_fields=speculators_fields,
+                            shared=shared, training_fields=(*_BLOCK_FIELDS, "markov_rank"), eval_draft_len=7))
+
+
+__all__ = ["DSPARK_DEMO_RANK", "BlockDrafter", "DFlashDrafter", "DFlashHead", "DSparkDrafter", "MARKOV_TYPES", "block_mask", "default_mask_token",
            "new_dflash_head"]

@@ -17,7 +17,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import nn
@@ -27,6 +28,7 @@ from specdec_tune.profiles.drafters.base import Draft, Drafter, DraftRequest
 from specdec_tune.profiles.models.llama import KVCache, ModelConfig, rope_lookup, step_coordinates
 
 if TYPE_CHECKING:
+    from specdec_tune.profiles.models.llama import CausalLM
     from specdec_tune.profiles.models.loading import LoadedModel
 
 
@@ -42,6 +44,7 @@ class DraftHead(nn.Module):
     hidden_layers: tuple[int, ...]  # target layers read (CausalLM.forward_capture ids)
     embed_tokens: nn.Embedding  # usually the target's, shared
     lm_head: nn.Linear  # its own (EAGLE-3, draft vocabulary) or the target's (MTP)
+    block: ClassVar[bool] = False  # drafts a whole block in one pass (DFlash, DSpark), else one token per step
 
     def __init__(self) -> None:
         super().__init__()
@@ -124,6 +127,55 @@ class DraftVocabulary:
 def head_layer_config(target: ModelConfig, **changes) -> ModelConfig:
     """The target's transformer settings for a one-layer head (what speculators' transformer_layer_config holds)."""
     return dataclasses.replace(target, num_layers=1, o_bias=False, qk_norm=False, attention_bias=False, **changes)
+
+
+# ---------------------------------------------------------------------------- head kinds
+
+
+Reader = Callable[[dict, dict, "CausalLM", Path], DraftHead]  # (config.json, weights, target, folder) -> the head, checked
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """A checkpoint layout other than speculators', told apart by a field of its config.json."""
+
+    name: str  # "modelopt", "z-lab"
+    marker: str  # the config.json field (an object) that marks it
+    read: Reader
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadKind:
+    """One kind of learned head as the rest of the package sees it; each head's module registers its kinds."""
+
+    name: str  # the mechanism: "eagle3", "mtp", "dflash", "dspark"
+    new: Callable[..., DraftHead]  # (target CausalLM, **shape) -> random weights of the default shape; shape keys: draft_vocab,
+    #                                aux_layers, seed, draft_layers, block_size, mask_token_id, markov_rank (each kind reads its own)
+    read: Reader  # its speculators checkpoint
+    speculators_fields: Callable[[DraftHead], dict]  # its algorithm fields in speculators' config.json
+    shared: Callable[[DraftHead], set[str]]  # the target's tensors it runs with: left out of its checkpoint
+    training_fields: tuple[str, ...]  # the trainer's settings that shape it (and so name its cached demo head)
+    eval_draft_len: int  # the D its learning curve is measured at
+    reads_aux_states: bool = True  # reads target states below the last layer (MTP reads the last layer's only)
+    layouts: tuple[Layout, ...] = ()
+
+
+HEAD_KINDS: dict[str, HeadKind] = {}
+
+
+def register_head_kind(kind: HeadKind) -> None:
+    HEAD_KINDS[kind.name] = kind
+
+
+def head_kind(name: str) -> HeadKind:
+    if name not in HEAD_KINDS:
+        raise SpecdecError(f"{name!r} is not a learned head", f"use one of {', '.join(HEAD_KINDS)}")
+    return HEAD_KINDS[name]
+
+
+def shares_embedding(head: DraftHead) -> set[str]:
+    """The common case of `HeadKind.shared`: the target's embedding only."""
+    return {"embed_tokens.weight"}
 
 
 # ---------------------------------------------------------------------------- the drafter
@@ -282,4 +334,5 @@ class HeadDrafter(Drafter):
         return torch.stack(drafted, dim=1).tolist()  # [A, max_tokens]
 
 
-__all__ = ["DraftHead", "DraftVocabulary", "HeadDrafter", "default_aux_layers", "head_layer_config"]
+__all__ = ["HEAD_KINDS", "DraftHead", "DraftVocabulary", "HeadDrafter", "HeadKind", "Layout", "default_aux_layers", "head_kind", "head_layer_config",
+           "register_head_kind"]

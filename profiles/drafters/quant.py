@@ -6,11 +6,11 @@ This is what the profiler uses to measure a quantized drafter's acceptance lengt
 quantization): accuracy is emulated here. Time is not: emulated weights run at full-precision speed, so
 the profiler times drafters in full precision only. A quantized drafter's draft time is the full-precision
 time labelled modeled (`autotune.cost_model.CostModel.draft_ms`), or, under `specdec-tune search --device`,
-the hardware table's roofline projection for a device that runs the format natively (`supported_natively`,
+the hardware table's roofline projection for a device that runs the format natively (`specdec_tune.formats`,
 `autotune.projection`), also modeled.
 
-Formats
--------
+Formats (the table: `specdec_tune.formats`)
+-------------------------------------------
 - ``none``:  identity.
 - ``fp8``:   FP8 E4M3 (``float8_e4m3fn``: max 448, 3 mantissa bits, subnormals down to 2^-9) with one
              fp32 scale per output channel (row of an ``[out, in]`` Linear weight).
@@ -28,18 +28,15 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from specdec_tune import SpecdecError
-
-QUANT_FORMATS = ("none", "fp8", "nvfp4")
+from specdec_tune.formats import NVFP4_BLOCK, WEIGHT_FORMATS, get_format
 
 E4M3_MAX = 448.0  # largest finite float8_e4m3fn magnitude
 E2M1_MAX = 6.0  # largest FP4 e2m1 magnitude
-NVFP4_BLOCK = 16  # elements per NVFP4 block scale, along the last dim
 
 # FP4 e2m1 magnitudes indexed by their 3-bit code (exponent 2 bits, mantissa 1 bit = the code's low bit).
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -137,95 +134,21 @@ def round_e2m1(x: torch.Tensor) -> torch.Tensor:
     return torch.copysign(grid[code], x)
 
 
-# --------------------------------------------------------------------------------------- registry
-
-
-@dataclass(frozen=True)
-class QuantFormat:
-    """One weight format: how to emulate it, what it costs in storage, and where it runs natively.
-
-    ``element_bits`` is the stored width of one weight; ``scale_bits`` / ``scale_group`` is the scale
-    overhead per weight when one scale covers ``scale_group`` weights (``None`` = one per row, i.e.
-    the row length); ``tensor_scale_bits`` is the per-tensor overhead. ``min_capability`` is the CUDA
-    compute capability from which tensor cores run the format (``None`` = everywhere).
-    """
-
-    name: str
-    fake_quant: Callable[[torch.Tensor], torch.Tensor]
-    element_bits: int
-    scale_bits: int
-    scale_group: int | None
-    tensor_scale_bits: int
-    min_capability: tuple[int, int] | None
-    description: str
-
-    def bits_per_weight(self, shape: tuple[int, ...] | torch.Size | None = None) -> float:
-        """Average stored bits per weight, scales included; without ``shape`` the per-tensor and
-        per-row terms (which vanish for large tensors) are left out."""
-        bits = float(self.element_bits)
-        if shape is None or len(shape) == 0:
-            return bits + (self.scale_bits / self.scale_group if self.scale_group else 0.0)
-        numel = max(1, _numel(shape))
-        group = self.scale_group or max(1, shape[-1])
-        return bits + (self.scale_bits / group if self.scale_bits else 0.0) + self.tensor_scale_bits / numel
+# --------------------------------------------------------------------------------------- by name
 
 
 def _identity(w: torch.Tensor) -> torch.Tensor:
     return w
 
 
-FORMATS: dict[str, QuantFormat] = {
-    "none": QuantFormat(
-        name="none", fake_quant=_identity, element_bits=16, scale_bits=0, scale_group=None,
-        tensor_scale_bits=0, min_capability=None,
-        description="unquantized weights in the compute dtype (16 bits assumed for bf16/fp16)",
-    ),
-    "fp8": QuantFormat(
-        name="fp8", fake_quant=fake_quant_fp8_e4m3, element_bits=8, scale_bits=32, scale_group=None,
-        tensor_scale_bits=0, min_capability=(8, 9),
-        description="FP8 E4M3 weights with one fp32 scale per output channel (sm_89+ natively)",
-    ),
-    "nvfp4": QuantFormat(
-        name="nvfp4", fake_quant=fake_quant_nvfp4, element_bits=4, scale_bits=8, scale_group=NVFP4_BLOCK,
-        tensor_scale_bits=32, min_capability=(10, 0),
-        description=(
-            "NVFP4: FP4 E2M1 weights, an E4M3 scale per 16 weights, an fp32 scale per tensor (sm_100+ natively)"
-        ),
-    ),
-}
-
-
-def get_format(fmt: str) -> QuantFormat:
-    """The registry entry for ``fmt``; an unknown name is a SpecdecError naming the known ones."""
-    try:
-        return FORMATS[fmt]
-    except (KeyError, TypeError):
-        raise SpecdecError(
-            f"unknown quantization format {fmt!r}", f"use one of: {', '.join(QUANT_FORMATS)}"
-        ) from None
+# the emulation of each format of the weight-format table (specdec_tune.formats)
+FAKE_QUANT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"none": _identity, "fp8": fake_quant_fp8_e4m3, "nvfp4": fake_quant_nvfp4}
+assert tuple(FAKE_QUANT) == WEIGHT_FORMATS
 
 
 def fake_quant(w: torch.Tensor, fmt: str) -> torch.Tensor:
     """Quantize-dequantize ``w`` in format ``fmt``; same shape and dtype as ``w``."""
-    return get_format(fmt).fake_quant(w)
-
-
-def bits_per_weight(fmt: str, shape: tuple[int, ...] | torch.Size | None = None) -> float:
-    """Average stored bits per weight of ``fmt`` (see `QuantFormat.bits_per_weight`)."""
-    return get_format(fmt).bits_per_weight(shape)
-
-
-def supported_natively(fmt: str, capability: tuple[int, int] | None) -> bool:
-    """Whether a device of CUDA compute ``capability`` runs ``fmt`` in hardware.
-
-    ``None`` means no CUDA device (CPU): only ``none`` is native there.
-    """
-    need = get_format(fmt).min_capability
-    if need is None:
-        return True
-    if capability is None:
-        return False
-    return tuple(capability) >= need
+    return FAKE_QUANT[get_format(fmt).name](w)
 
 
 def quantization_error(w: torch.Tensor, fmt: str) -> float:
@@ -336,28 +259,17 @@ def _pad_last(x: torch.Tensor, multiple: int) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, pad)) if pad else x
 
 
-def _numel(shape: tuple[int, ...] | torch.Size) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
 
 
 __all__ = [
     "E2M1_GRID",
-    "FORMATS",
-    "NVFP4_BLOCK",
-    "QUANT_FORMATS",
-    "QuantFormat",
-    "bits_per_weight",
+    "FAKE_QUANT",
     "fake_quant",
     "fake_quant_fp8_e4m3",
     "fake_quant_nvfp4",
-    "get_format",
     "nvfp4_block_scales",
     "nvfp4_global_scale",
     "quantization_error",
     "quantize_linear_weights",
     "round_e2m1",
-    "supported_natively",
 ]
