@@ -24,11 +24,11 @@ import math
 
 from specdec_tune import __version__
 from specdec_tune.autotune.cost_model import SOURCES, Figure, Prediction, weakest
+from specdec_tune.autotune.plan_schema import PLAN_SCHEMA_VERSION, plan_record
 from specdec_tune.autotune.space import Candidate, Space
 from specdec_tune.profiles.schema import Profile
 from specdec_tune.records import sha256_json
 
-PLAN_SCHEMA_VERSION = 2
 
 
 def _fig(f: Figure) -> dict:
@@ -227,7 +227,7 @@ def build_plan(profile: Profile, profile_hash: str, space: Space, c: Candidate, 
     single = max(space.allowed(c.mechanism, c.tile_policy),
                  key=lambda D: (space.schedule_score(dataclasses.replace(c, schedule=(D,) * len(served))), -D))
     single_value = space.schedule_score(dataclasses.replace(c, schedule=(single,) * len(served)))
-    return {
+    return plan_record({
         "schema_version": PLAN_SCHEMA_VERSION, "tool_version": __version__,
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "profile": {"fingerprint": profile.fingerprint, "sha256": profile_hash, "device": profile.device.get("name"), "target": profile.target},
@@ -245,7 +245,7 @@ def build_plan(profile: Profile, profile_hash: str, space: Space, c: Candidate, 
         "study": {"storage": storage, "name": settings.study_name, "seed": settings.seed, "space_size": space.size(), **study_summary},
         "settings_hash": sha256_json(dataclasses.asdict(settings) | {"out_dir": None, "storage": None}),
         "search_settings": recorded_settings(settings),
-    }
+    }).to_json()
 
 
 def recorded_settings(settings) -> dict:

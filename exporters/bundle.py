@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from specdec_tune import SpecdecError, __version__
+from specdec_tune.autotune.plan_schema import load_plan
 from specdec_tune.exporters.artifacts import check_shipped_kernels, kernels_summary, onnx_summary, ship_drafter_onnx, ship_kernels
 from specdec_tune.exporters.engines import ENGINE_MODEL_IDS, ExportContext, load_engines, load_schema_file
 from specdec_tune.exporters.report import bundle_readme, lossless_text, write_report
@@ -44,7 +45,6 @@ from specdec_tune.profiles.schema import Profile, load_profile
 from specdec_tune.records import read_json, sha256_file, sha256_json, write_json
 
 BUNDLE_SCHEMA_VERSION = 1
-PLAN_SCHEMA_VERSIONS = (2,)
 STALE_EXIT_CODE = 3
 
 
@@ -71,14 +71,8 @@ def _conform(document, schema_file: str, path: Path, what: str, fix: str) -> Non
 
 
 def read_plan(path: Path) -> dict:
-    plan = read_json(path, "plan")
-    if not isinstance(plan, dict) or "schema_version" not in plan or "buckets" not in plan:
-        raise SpecdecError(f"{path} is not a specdec-tune plan", "pass the plan.json that `specdec-tune search` wrote")
-    if plan["schema_version"] not in PLAN_SCHEMA_VERSIONS:
-        raise SpecdecError(f"{path} has plan schema {plan['schema_version']}, this tool reads {PLAN_SCHEMA_VERSIONS}",
-                           "re-run `specdec-tune search` with this version")
-    _conform(plan, "plan.schema.json", path, "plan", "re-run `specdec-tune search`; plans are not edited by hand")
-    return plan
+    """plan.json as `search` wrote it, checked against the plan record (`autotune.plan_schema`)."""
+    return load_plan(path).to_json()
 
 
 def _versions(overrides) -> dict[str, str]:

@@ -286,3 +286,21 @@ def test_unknown_device_is_refused(capsys, tmp_path):
 def test_unknown_forced_mechanism_raises(profile):
     with pytest.raises(SpecdecError, match="not in the profile"):
         Space(CostModel(profile), SearchSettings(mechanisms=("dflash",)))
+
+
+@pytest.mark.parametrize("objective", ["speedup", "pareto"])
+def test_plan_json_is_the_plan_record_and_its_generated_schema_holds_it(profile, tmp_path, objective):
+    import jsonschema
+
+    from specdec_tune.autotune.plan_schema import load_plan, plan_json_schema
+
+    plan = search(profile, "h", SearchSettings(trials=60, objective=objective, out_dir=tmp_path))
+    written = json.loads((tmp_path / "plan.json").read_text())
+    assert written == plan and load_plan(tmp_path / "plan.json").to_json() == written  # the record round-trips the file
+    jsonschema.Draft202012Validator(plan_json_schema()).validate(written)
+    written["buckets"][0]["draft_len"] = -1
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft202012Validator(plan_json_schema()).validate(written)
+    (tmp_path / "bad.json").write_text(json.dumps(written))
+    with pytest.raises(SpecdecError, match="at buckets/0/draft_len"):
+        load_plan(tmp_path / "bad.json")

@@ -1,0 +1,166 @@
+"""The `plan.json` record: what `search` decided and why, each predicted figure with its source and interval.
+
+Pydantic models, as `profiles/schema.py` is for `profile.json`: `search` writes a plan through `Plan`, `export`
+reads one through it (a foreign or edited file is refused with one line naming the field), and the JSON Schema is
+generated from it (`plan_json_schema`). Parts only people read (the rationale's figures, the study's summary, the
+per-domain split) are plain objects. `PLAN_SCHEMA_VERSION` changes whenever a field's meaning does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from specdec_tune import SpecdecError
+from specdec_tune.profiles.schema import Source
+from specdec_tune.records import read_json
+
+PLAN_SCHEMA_VERSION = 2
+READABLE_PLAN_VERSIONS = (2,)
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Figure(Record):
+    value: float
+    source: Source
+    low: Optional[float] = None  # 95% interval, where the inputs have one
+    high: Optional[float] = None
+
+
+class Predicted(Record):
+    tokens_per_s: Figure
+    per_user_tokens_per_s: Figure
+    speedup: Figure
+    tokens_per_forward: Figure
+    verify_ms: Figure
+    draft_ms: Figure
+    host_ms: Figure
+
+
+class Rationale(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="allow")  # the figures behind the decision, for people
+    text: str
+
+
+class Bucket(Record):
+    batch: int = Field(ge=1)
+    draft_len: int = Field(ge=0)
+    predicted: Predicted
+    rationale: Rationale
+    flags: list[str] = []
+
+
+class ProfileRef(Record):
+    fingerprint: str  # the profile's fingerprint: a plan from another profile is refused
+    sha256: str
+    device: Optional[str]
+    target: dict
+
+
+class DeviceTimes(Record):
+    name: Optional[str]
+    projected_from: Optional[str] = None
+    times: str  # the weakest source among the bucket predictions, or "modeled (hardware table)"
+    sources: dict[str, int] = {}
+
+
+class ExcludedBucket(Record):
+    batch: int
+    why: str
+
+
+class Objective(Record):
+    kind: str
+    min_user_tokens_per_s: Optional[float] = None
+    min_tokens_per_s: Optional[float] = None
+
+
+class Tile(Record):
+    policy: str
+    rows: int = Field(ge=1)
+    group: int = Field(ge=1)
+    policies_searched: list[str] = []
+
+
+class SingleDraftLen(Record):
+    draft_len: int = Field(ge=0)
+    mean_speedup: float
+    schedule_mean_speedup: float
+
+
+class Point(Record):
+    mechanism: str
+    quant: str
+    max_batch: int = Field(ge=1)
+    draft_len: int = Field(ge=0)
+    tile_policy: str
+    tokens_per_s: Figure
+    per_user_tokens_per_s: Figure
+
+
+class Pareto(Record):
+    exact: list[Point]
+    method: str
+    study: Optional[list[Point]] = None
+    study_found: Optional[int] = None
+    study_worst_gap_pct: Optional[float] = None
+
+
+class Plan(Record):
+    schema_version: Literal[2]
+    tool_version: str
+    created_at: str
+    profile: ProfileRef
+    device: DeviceTimes
+    notes: list[str]
+    excluded_buckets: list[ExcludedBucket]
+    mix: Optional[dict[str, float]]
+    objective: Objective
+    mechanism: str = Field(min_length=1)
+    quant: str = Field(min_length=1)
+    max_draft_len: int = Field(ge=0)
+    max_batch: int = Field(ge=1)
+    ctx: int = Field(ge=1)
+    tile: Tile
+    buckets: list[Bucket] = Field(min_length=1)
+    per_domain: Optional[dict] = None  # each domain's own schedule, where the domains of the mix disagree on D
+    single_draft_len: SingleDraftLen
+    pareto: Pareto
+    study: dict
+    settings_hash: str
+    search_settings: dict
+
+    def to_json(self) -> dict:
+        """The JSON object plan.json holds (fields left unset, such as a missing per-domain split, stay out)."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+def plan_record(fields: dict) -> Plan:
+    """A plan from the fields `search` assembled; a field that leaves the record is a bug, named here."""
+    return Plan.model_validate(fields)
+
+
+def load_plan(path: Path) -> Plan:
+    """Read and validate a plan; every failure is one line naming the file and the fix."""
+    raw = read_json(path, "plan")
+    if not isinstance(raw, dict) or "schema_version" not in raw or "buckets" not in raw:
+        raise SpecdecError(f"{path} is not a specdec-tune plan", "pass the plan.json that `specdec-tune search` wrote")
+    if raw["schema_version"] not in READABLE_PLAN_VERSIONS:
+        raise SpecdecError(f"{path} has plan schema {raw['schema_version']}, this tool reads {READABLE_PLAN_VERSIONS}",
+                           "re-run `specdec-tune search` with this version")
+    try:
+        return Plan.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = "/".join(str(p) for p in err["loc"]) or "(top level)"
+        raise SpecdecError(f"{path} is not a valid plan: at {where}, {err['msg'][:160]} ({e.error_count()} problems)",
+                           "re-run `specdec-tune search`; plans are not edited by hand") from None
+
+
+def plan_json_schema() -> dict:
+    return Plan.model_json_schema()
