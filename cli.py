@@ -26,6 +26,9 @@ from rich.table import Table
 from specdec_tune import SpecdecError, __version__
 from specdec_tune.formats import get_format
 
+# Each command imports its stage inside its own body: the stages import torch (seconds on a small CPU), which
+# `--help` and bad usage do not need.
+
 app = typer.Typer(
     name="specdec-tune",
     help="Ahead-of-time autotuner and deployment-config compiler for speculative decoding.\n\n"

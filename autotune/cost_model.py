@@ -249,6 +249,7 @@ class CostModel:
     def __init__(self, profile: Profile, *, ctx: int | None = None, temperature: float = 0.0, domain: str = "all",
                  mix: dict[str, float] | None = None) -> None:
         self.profile = profile
+        self._predictions: dict[tuple[int, int, str, str], Prediction] = {}
         self.ctx = ctx if ctx is not None else profile.workload.ctx_buckets[0]
         if self.ctx not in profile.workload.ctx_buckets:
             raise SpecdecError(f"context {self.ctx} is not a profiled bucket", f"use one of {profile.workload.ctx_buckets}")
@@ -397,6 +398,13 @@ class CostModel:
             else Figure(value, source)
 
     def predict(self, batch: int, draft_len: int, mechanism: str, quant: str = "none") -> Prediction:
+        """The figures of one operating point (remembered: the search asks for each many times)."""
+        key = (batch, draft_len, mechanism, quant)
+        if key not in self._predictions:
+            self._predictions[key] = self._predict(batch, draft_len, mechanism, quant)
+        return self._predictions[key]
+
+    def _predict(self, batch: int, draft_len: int, mechanism: str, quant: str) -> Prediction:
         D = draft_len
         if D == 0:  # no speculation: the mechanism and its weights play no part
             mechanism, quant = "none", "none"

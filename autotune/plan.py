@@ -57,7 +57,7 @@ def _loss_pct(own: float, other: float) -> float:
 def rationale(space: Space, c: Candidate, B: int, D: int) -> dict:
     """Why this D at this batch: the deciding guideline, the figures behind it, the next-best alternatives."""
     cost, m, q = space.cost, c.mechanism, c.quant
-    p = space.predict(B, D, m, q)
+    p = space.cost.predict(B, D, m, q)
     one_ms = cost.verify_ms(B, 1).value
     cost_ratio = cost.verify_ms(B, 1 + max(D, 1)).value / one_ms  # infinite where 1+D tokens ran out of memory
     round_ms = p.verify_ms.value + p.draft_ms.value + p.host_ms.value
@@ -77,11 +77,11 @@ def rationale(space: Space, c: Candidate, B: int, D: int) -> dict:
     elif not longer:
         guideline = 5
         lines.append(f"the longest allowed draft: measured acceptance still pays at D={D}")
-    elif space.predict(B, longer[0], m, q).verify_ms.source == "infeasible":
+    elif space.cost.predict(B, longer[0], m, q).verify_ms.source == "infeasible":
         guideline = "memory"
         lines.append(f"D={longer[0]} does not fit in memory at batch {B} (out of memory when profiled)")
     else:  # what the next longer draft would add, as shares of this round
-        n = space.predict(B, longer[0], m, q)
+        n = space.cost.predict(B, longer[0], m, q)
         tpf_gain = n.tokens_per_forward.value / p.tokens_per_forward.value - 1
         verify_gain = (n.verify_ms.value - p.verify_ms.value) / round_ms
         draft_gain = (n.draft_ms.value + n.host_ms.value - p.draft_ms.value - p.host_ms.value) / round_ms
@@ -114,7 +114,7 @@ def rationale(space: Space, c: Candidate, B: int, D: int) -> dict:
                        "draft_share": draft_share, **tile},
            "next_best": {"draft_len": others[0][1], "loss_pct": _loss_pct(own, others[0][0])} if others else None,
            "tie": tie,
-           "intervals": {"chosen": _bounds_of(p), "runner_up": _bounds_of(space.predict(B, runner_up, m, q)) if runner_up is not None else None}}
+           "intervals": {"chosen": _bounds_of(p), "runner_up": _bounds_of(space.cost.predict(B, runner_up, m, q)) if runner_up is not None else None}}
     if rivals:
         score, m2, q2 = max(rivals)
         out["next_mechanism"] = {"mechanism": m2, "quant": q2, "loss_pct": _loss_pct(own, score)}  # guideline 5
@@ -170,11 +170,11 @@ def per_domain(space: Space, c: Candidate, domains: dict[str, Space]) -> dict | 
         allowed = ds.allowed(c.mechanism, c.tile_policy)
         choice[d] = {B: max(allowed, key=lambda D, B=B: (ds.bucket_value(B, D, c.mechanism, c.quant, c.tile_policy), -D)) for B in served}
         best = ds.fill(c.mechanism, c.quant, c.tile_policy, c.max_batch)
-        own[d] = {"schedule": [{"batch": B, "draft_len": D, "speedup": _fig(ds.predict(B, D, c.mechanism, c.quant).speedup)}
+        own[d] = {"schedule": [{"batch": B, "draft_len": D, "speedup": _fig(ds.cost.predict(B, D, c.mechanism, c.quant).speedup)}
                                for B, D in zip(served, best.schedule)],
-                  "mix_schedule_speedup": [_fig(ds.predict(B, D, c.mechanism, c.quant).speedup) for B, D in zip(served, c.schedule)]}
+                  "mix_schedule_speedup": [_fig(ds.cost.predict(B, D, c.mechanism, c.quant).speedup) for B, D in zip(served, c.schedule)]}
     apart = [{"batch": B, "draft_len": D, "by_domain": {d: choice[d][B] for d in domains},
-              "apart_by": "95% intervals" if all(ds.predict(B, choice[d][B], c.mechanism, c.quant).tokens_per_s.has_interval
+              "apart_by": "95% intervals" if all(ds.cost.predict(B, choice[d][B], c.mechanism, c.quant).tokens_per_s.has_interval
                                                  for d, ds in domains.items()) else f"the {space.tie_tolerance:.0%} tie tolerance (no intervals)"}
              for B, D in zip(served, c.schedule) if len({choice[d][B] for d in domains}) > 1]
     return {"domains": own, "disagreeing_buckets": apart} if apart else None
@@ -209,7 +209,7 @@ def front_coverage(space: Space, found: list[Candidate], exact: list[Candidate])
 def build_plan(profile: Profile, profile_hash: str, space: Space, c: Candidate, *, settings, storage: str, study_summary: dict,
                study_front: list[Candidate] | None, domains: dict[str, Space] | None = None) -> dict:
     served = space.served(c.max_batch)
-    predictions = [space.predict(B, D, c.mechanism, c.quant) for B, D in zip(served, c.schedule)]
+    predictions = [space.cost.predict(B, D, c.mechanism, c.quant) for B, D in zip(served, c.schedule)]
     buckets = [{"batch": B, "draft_len": D, "predicted": _predicted(p), "rationale": rationale(space, c, B, D), "flags": fit_flags(space, B, D)}
                for B, D, p in zip(served, c.schedule, predictions)]
     exact = space.pareto_front()

@@ -40,6 +40,7 @@ import math
 
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.cost_model import CostModel, Prediction, overlap
+from specdec_tune.autotune.hardware import find_device_spec
 
 OBJECTIVES = ("speedup", "throughput", "per-user", "pareto")
 TILE_POLICIES = ("free", "aligned")
@@ -67,8 +68,6 @@ def attention_group(profile) -> int:
 
 def attention_tile_rows(profile) -> int:
     """The attention kernel's query tile on the profiled (or projected) device; 1 where there is none (CPU)."""
-    from specdec_tune.autotune.hardware import find_device_spec
-
     device = profile.device
     if device.get("attention_tile_rows"):
         return int(device["attention_tile_rows"])
@@ -106,7 +105,6 @@ class Space:
         if any(self.allowed(m, "aligned") != self.allowed(m, "free") and len(self.allowed(m, "aligned")) > 1 for m, _ in self.pairs):
             self.policies.append("aligned")
         self.caps = self.buckets if settings.objective != "speedup" else self.buckets[-1:]
-        self._pred: dict[tuple[int, int, str, str], Prediction] = {}
         self._best: dict[tuple, tuple[float, int]] = {}  # (B, m, q, policy) -> (best score, its D)
         self._check_floors()
 
@@ -129,11 +127,11 @@ class Space:
         s, every = self.s, [(m, q, D) for m, q in self.pairs for D in self.allowed(m, "free")]
         if s.objective == "speedup" and s.min_user_tokens_per_s:
             for B in self.buckets:
-                if max(self.predict(B, D, m, q).per_user_tokens_per_s.value for m, q, D in every) < s.min_user_tokens_per_s:
+                if max(self.cost.predict(B, D, m, q).per_user_tokens_per_s.value for m, q, D in every) < s.min_user_tokens_per_s:
                     raise SpecdecError(f"no setting reaches {s.min_user_tokens_per_s:g} tokens/s per user at batch {B}",
                                        "lower --min-user-tps or drop that batch bucket")
         if s.objective in ("throughput", "per-user", "pareto"):
-            points = [self.predict(B, D, m, q) for B in self.caps for m, q, D in every]
+            points = [self.cost.predict(B, D, m, q) for B in self.caps for m, q, D in every]
             feasible = [p for p in points if p.per_user_tokens_per_s.value >= s.min_user_tokens_per_s and p.tokens_per_s.value >= s.min_tokens_per_s]
             if not feasible:
                 raise SpecdecError(f"no batch size and setting reach {s.min_user_tokens_per_s:g} tokens/s per user together with "
@@ -153,20 +151,14 @@ class Space:
 
     # ------------------------------------------------------------------ objectives
 
-    def predict(self, B: int, D: int, m: str, q: str) -> Prediction:
-        key = (B, D, m, q)
-        if key not in self._pred:
-            self._pred[key] = self.cost.predict(B, D, m, q)
-        return self._pred[key]
-
     def floor_penalty(self, B: int, D: int, m: str, q: str) -> float:
         """SLO_PENALTY times the relative shortfall from the per-user-rate floor at one bucket."""
         floor = self.s.min_user_tokens_per_s
-        return SLO_PENALTY * max(0.0, floor - self.predict(B, D, m, q).per_user_tokens_per_s.value) / floor if floor else 0.0
+        return SLO_PENALTY * max(0.0, floor - self.cost.predict(B, D, m, q).per_user_tokens_per_s.value) / floor if floor else 0.0
 
     def bucket_score(self, B: int, D: int, m: str, q: str) -> float:
         """Speedup at one bucket, less the per-user-floor penalty."""
-        return self.predict(B, D, m, q).speedup.value - self.floor_penalty(B, D, m, q)
+        return self.cost.predict(B, D, m, q).speedup.value - self.floor_penalty(B, D, m, q)
 
     def served(self, cap: int) -> list[int]:
         return [B for B in self.buckets if B <= cap]
@@ -177,7 +169,7 @@ class Space:
         return sum(self.bucket_value(B, D, c.mechanism, c.quant, c.tile_policy) for B, D in zip(served, c.schedule)) / len(served)
 
     def at_cap(self, c: Candidate) -> Prediction:
-        return self.predict(c.max_batch, c.schedule[len(self.served(c.max_batch)) - 1], c.mechanism, c.quant)
+        return self.cost.predict(c.max_batch, c.schedule[len(self.served(c.max_batch)) - 1], c.mechanism, c.quant)
 
     def cap_value(self, p: Prediction) -> float:
         """The single-objective value of an operating point, relative to plain decoding, less floor penalties."""
@@ -233,7 +225,7 @@ class Space:
         "tolerance" (no intervals: scores within the tie tolerance), or None (not tied; always None when strict)."""
         if self.strict:
             return None
-        a, b = self.predict(B, D, m, q), self.predict(B, other, m, q)
+        a, b = self.cost.predict(B, D, m, q), self.cost.predict(B, other, m, q)
         overlapping = overlap(a.tokens_per_s, b.tokens_per_s)
         if overlapping is not None:
             meets_floor = self.floor_penalty(B, D, m, q) <= self.floor_penalty(B, other, m, q) + 1e-12
@@ -283,7 +275,7 @@ class Space:
             cands = [self.fill(m, q, policy, self.buckets[-1]) for m, q in self.pairs for policy in self.policies]
             best = max(cands, key=self.rank)
             return best, self.score(best)
-        values = {op: self.cap_value(self.predict(op[3], op[4], op[0], op[1])) for op in self.operating_points()}
+        values = {op: self.cap_value(self.cost.predict(op[3], op[4], op[0], op[1])) for op in self.operating_points()}
         top = max(values.values())
         best = max((self.fill(m, q, policy, cap, {cap: D}) for (m, q, policy, cap, D), v in values.items() if v >= top - 1e-12), key=self.rank)
         return best, self.score(best)
@@ -303,7 +295,7 @@ class Space:
         (default: every bucket), one candidate per point: the best-ranked of those that reach it."""
         points: dict[tuple[float, float], list[tuple]] = {}
         for m, q, policy, cap, D in self.operating_points(sorted(caps or self.buckets)):
-            p = self.predict(cap, D, m, q)
+            p = self.cost.predict(cap, D, m, q)
             points.setdefault((p.tokens_per_s.value, p.per_user_tokens_per_s.value), []).append((m, q, policy, cap, D))
         return [max((self.fill(m, q, policy, cap, {cap: D}) for m, q, policy, cap, D in points[xy]), key=self.rank)
                 for xy in non_dominated(list(points))]

@@ -8,6 +8,10 @@ import importlib.util
 from pathlib import Path
 
 from specdec_tune import SpecdecError
+from specdec_tune.exporters.validate import plan_drafter
+from specdec_tune.kernels.autotune import DEFAULT_TILE_ROWS, ModelShapes, ServedShapes
+from specdec_tune.profiles.models.llama import CausalLM, ModelConfig
+from specdec_tune.profiles.models.loading import load_model, model_folder
 
 TARGET_ARCHS = ("sm_90", "sm_100")
 
@@ -29,8 +33,6 @@ def ship_kernels(plan: dict, profile, staging: Path) -> dict:
 def served_shapes(plan: dict):
     """The plan's buckets, context and attention tile as the kernels see them; a plan made on a device without a
     tile (a CPU) gets the NVIDIA one."""
-    from specdec_tune.kernels.autotune import DEFAULT_TILE_ROWS, ServedShapes
-
     rows = (plan.get("tile") or {}).get("rows") or 1
     return ServedShapes(tuple((int(b["batch"]), int(b["draft_len"])) for b in plan["buckets"]), int(plan["ctx"]),
                         int(rows) if rows > 1 else DEFAULT_TILE_ROWS)
@@ -39,20 +41,12 @@ def served_shapes(plan: dict):
 def target_shapes(path: str):
     """The kernels' view of the target (`kernels.autotune.ModelShapes`) from its config (a Hugging Face folder or GGUF, as
     `profile.target["path"]` names it); no weights are read."""
-    from specdec_tune.kernels.autotune import ModelShapes
-    from specdec_tune.profiles.models.llama import ModelConfig
-    from specdec_tune.profiles.models.loading import model_folder
-
     _, _, config, _ = model_folder(path)
     return ModelShapes.from_model_config(ModelConfig.from_hf(config))
 
 
 def ship_drafter_onnx(plan: dict, profile, staging: Path) -> dict:
     """drafter/ in the bundle for a drafter that is a network of its own (not for model-free ones)."""
-    from specdec_tune.exporters.validate import plan_drafter
-    from specdec_tune.profiles.models.llama import CausalLM
-    from specdec_tune.profiles.models.loading import load_model
-
     info = next((d for d in profile.drafters if d.name == plan["mechanism"]), None)
     if not plan["max_draft_len"] or info is None or info.kind == "model_free":
         return {"skipped": f"{plan['mechanism']} has no network to export"}

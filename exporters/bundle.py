@@ -33,6 +33,7 @@ from pathlib import Path
 
 from specdec_tune import SpecdecError, __version__
 from specdec_tune.autotune.plan_schema import load_plan
+from specdec_tune.autotune.search import SearchSettings, search
 from specdec_tune.exporters.artifacts import check_shipped_kernels, kernels_summary, onnx_summary, ship_drafter_onnx, ship_kernels
 from specdec_tune.exporters.engines import ENGINE_MODEL_IDS, ExportContext, load_engines, load_schema_file
 from specdec_tune.exporters.report import bundle_readme, lossless_text, write_report
@@ -40,7 +41,9 @@ from specdec_tune.exporters.validate import (MeasureSettings, check_document, de
                                              prediction_cells, repair_record, schedule_of, schedule_text, throughput_check,
                                              throughput_refusal)
 from specdec_tune.exporters.versions import DEFAULT_VERSIONS, parse_version
-from specdec_tune.profiles.fingerprint import triton_version
+from specdec_tune.profiles import profiler
+from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint, resolve_device, triton_version
+from specdec_tune.profiles.models.loading import model_folder, pick_dtype, weights_hash
 from specdec_tune.profiles.schema import Profile, load_profile
 from specdec_tune.records import read_json, sha256_file, sha256_json, write_json
 
@@ -106,8 +109,6 @@ def _figure_sources(plan: dict) -> dict:
 
 def staleness_factors(plan: dict, profile, versions: dict) -> dict:
     """The one list of what makes a bundle stale (DESIGN.md §2)."""
-    from specdec_tune.profiles.fingerprint import device_factors
-
     info = next((d for d in profile.drafters if d.name == plan["mechanism"]), None)
     device = device_factors(profile.device) if not plan["device"].get("projected_from") else {
         "kind": profile.device.get("kind"), "name": profile.device.get("name"), "capability": profile.device.get("capability")}
@@ -264,8 +265,6 @@ def repair_throughput(s: ExportSettings, plan: dict, profile: Profile, tp: dict,
 
     A check that did not run, or a plan modeled for another device (its cells were never measured here), is never
     repaired."""
-    from specdec_tune.profiles import profiler
-
     step = on_step or (lambda line: None)
     repairs: list[dict] = []
     while _check_failed(tp) and len(repairs) < s.measure.repair_rounds:
@@ -306,8 +305,6 @@ def replan(plan_path: Path, profile_path: Path, profile: Profile, settings) -> d
     The study is a fresh one: the plan's own study scored its trials on the cells before they were re-measured."""
     import tempfile
 
-    from specdec_tune.autotune.search import search
-
     with tempfile.TemporaryDirectory(prefix="specdec-replan-") as folder:
         plan = search(profile, sha256_file(profile_path), dataclasses.replace(settings, out_dir=Path(folder), storage=None))
     plan["study"]["storage"] = "a fresh study, for the re-plan after re-measuring (not kept)"
@@ -318,8 +315,6 @@ def replan(plan_path: Path, profile_path: Path, profile: Profile, settings) -> d
 def search_settings_of(plan: dict, profile: Profile):
     """The SearchSettings `search` made this plan with (recorded in plan.json), or None for a plan that does not record
     them or was projected onto another device."""
-    from specdec_tune.autotune.search import SearchSettings
-
     recorded = plan.get("search_settings")
     if plan["device"].get("projected_from") or not isinstance(recorded, dict):
         return None
@@ -458,9 +453,6 @@ def validate_bundle(bundle: Path, measure: MeasureSettings | None) -> dict:
 
 def check_bundle(bundle: Path, *, target: str | None = None, versions: tuple[tuple[str, str], ...] = ()) -> dict:
     """Which staleness factors changed between the bundle and this environment."""
-    from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint, resolve_device
-    from specdec_tune.profiles.models.loading import model_folder, pick_dtype, weights_hash
-
     manifest = read_manifest(bundle)
     was = manifest["factors"]
     changed, unverified = [], []

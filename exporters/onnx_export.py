@@ -33,6 +33,7 @@ from torch import nn
 
 from specdec_tune import SpecdecError
 from specdec_tune.formats import get_format
+from specdec_tune.profiles.drafters.quant import quantize_linear_weights
 from specdec_tune.profiles.models.llama import CausalLM, gqa_attention, rotate
 from specdec_tune.records import sha256_file, write_json
 
@@ -304,8 +305,6 @@ def export_drafter(
     """
     if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnxscript") is None:
         raise SpecdecError("exporting the drafter to ONNX needs onnx, onnxscript and onnxruntime", "pip install onnx onnxscript onnxruntime")
-    from specdec_tune.profiles.drafters.quant import quantize_linear_weights
-
     get_format(quant)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -38,6 +38,7 @@ from specdec_tune.exporters.onnx_export import (
 )
 from specdec_tune.profiles.drafters.dflash import DFlashHead, block_mask
 from specdec_tune.profiles.drafters.heads import DraftHead
+from specdec_tune.profiles.drafters.quant import quantize_linear_weights
 from specdec_tune.profiles.models.llama import KVCache, gqa_attention
 from specdec_tune.records import sha256_file, write_json
 
@@ -243,8 +244,6 @@ def export_head(head: DraftHead, out_dir: Path, *, name: str, max_batch: int = 6
     Raises SpecdecError when a graph's parity fails (nothing should ship then)."""
     if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnxscript") is None:
         raise SpecdecError("exporting the drafter to ONNX needs onnx, onnxscript and onnxruntime", "pip install onnx onnxscript onnxruntime")
-    from specdec_tune.profiles.drafters.quant import quantize_linear_weights
-
     get_format(quant)
     shared = {id(head.embed_tokens): copy.deepcopy(head.embed_tokens)}
     fp32 = (quantize_linear_weights(head, quant) if quant != "none" else copy.deepcopy(head, memo=shared)).float().eval()

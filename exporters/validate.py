@@ -23,7 +23,16 @@ import jsonschema
 import torch
 
 from specdec_tune import SpecdecError
+from specdec_tune.autotune.cost_model import CostModel
 from specdec_tune.exporters.engines import Engine, load_schema
+from specdec_tune.profiles.calibration import select_prompts
+from specdec_tune.profiles.decode_run import decode_prompts
+from specdec_tune.profiles.drafters import create
+from specdec_tune.profiles.fingerprint import device_fingerprint, resolve_device
+from specdec_tune.profiles.models.loading import load_model
+from specdec_tune.profiles.profiler import VerifyStep
+from specdec_tune.profiles.prompts import encode_prompts
+from specdec_tune.profiles.specdec import SpecCounters, generate
 from specdec_tune.profiles.timing import is_out_of_memory
 
 
@@ -62,9 +71,6 @@ WARMUP_TOKENS = 8  # a decode's warm-up: the first batch, this many tokens (allo
 
 def _prompts_by_domain(target, n: int, new_tokens: int, max_draft: int, split: str = "held_back") -> list[tuple[list[int], str]]:
     """(token ids, domain) of the first n calibration prompts of a split."""
-    from specdec_tune.profiles.calibration import select_prompts
-    from specdec_tune.profiles.prompts import encode_prompts
-
     chosen = select_prompts("default", split, n)
     ids = encode_prompts(target.tokenizer, chosen, context_tokens=target.model.config.max_position_embeddings,
                          max_new_tokens=new_tokens, max_draft_tokens=max_draft)
@@ -76,8 +82,6 @@ def _prompts(target, n: int, new_tokens: int, max_draft: int, split: str = "held
 
 
 def plan_drafter(plan: dict, profile, target):
-    from specdec_tune.profiles.drafters import create
-
     info = next((d for d in profile.drafters if d.name == plan["mechanism"]), None)
     if info is None:
         raise SpecdecError(f"the profile has no drafter {plan['mechanism']!r}", "export with the profile the plan was searched on")
@@ -92,9 +96,6 @@ def lossless_gate(plan: dict, profile, s: MeasureSettings) -> dict:
     Returns {"applicable": True, "passed": bool, "runs": [...], ...}, or, for a plan that never speculates (D = 0 in
     every bucket: nothing to compare), {"applicable": False, "passed": None, "note": ...}: neither a pass nor a failure.
     """
-    from specdec_tune.profiles.decode_run import decode_prompts
-    from specdec_tune.profiles.models.loading import load_model
-
     ds = sorted({b["draft_len"] for b in plan["buckets"] if b["draft_len"] > 0})
     if not ds:
         return {"applicable": False, "passed": None, "draft_lens": [], "note": "the plan never speculates"}
@@ -135,8 +136,6 @@ def measure_decode(target, drafter, ids: list[list[int]], D: int, new_tokens: in
     batch a continuously batched server keeps full, and what the cost model predicts. A static batch's
     tail (rows that accepted more finish first and leave the rest running at a smaller batch) is dropped.
     """
-    from specdec_tune.profiles.specdec import SpecCounters, generate
-
     B = batch_size or len(ids)
     if len(ids) % B:
         raise SpecdecError(f"{len(ids)} prompts do not split into batches of {B}", "pass a multiple of the batch size")
@@ -184,8 +183,6 @@ class DeviceSpeed:
 
         `fn` receives `between`, to call before its first timed run and after each (as `measure_decode` does);
         a probe is added where it called fewer than two."""
-        from specdec_tune.profiles.profiler import VerifyStep
-
         probed = self.probed_batch(batch)
         if probed is None:
             return fn(lambda: None), [1.0]
@@ -201,8 +198,6 @@ class DeviceSpeed:
 
 def _another_device(profiled: dict) -> str:
     """How this device differs from the profiled one in what sets its speed ('' when it is the same kind)."""
-    from specdec_tune.profiles.fingerprint import device_fingerprint, resolve_device
-
     here = device_fingerprint(resolve_device("cuda" if profiled.get("kind") == "cuda" and torch.cuda.is_available() else "cpu"), torch.float32)
     return "; ".join(f"{key} {profiled.get(key)!r} there, {here.get(key)!r} here" for key in ("kind", "name", "threads")
                      if key in profiled and profiled.get(key) != here.get(key))
@@ -261,8 +256,6 @@ def throughput_check(plan: dict, profile, s: MeasureSettings, on_row: Callable[[
     that a machine that is busier than when it was profiled does not fail a right plan. The raw error is kept
     beside it, and a drift beyond the tolerance is reported as a reason to re-profile.
     """
-    from specdec_tune.profiles.models.loading import load_model
-
     if plan["device"].get("projected_from"):
         return {"checked": False, "why": f"the plan is for {plan['device']['name']} (modeled), not this device"}
     other = _another_device(profile.device)
@@ -363,8 +356,6 @@ def prediction_cells(plan: dict, profile, batch: int, draft_len: int) -> list[tu
     """The profile's verify cells (batch, tokens, ctx) a bucket's predicted tokens/s rests on, at the plan's context:
     one token (no speculation), 1+D, and 1+w for every round width w the prediction weighed. Cells that ran out of
     memory when profiled are left out (there is nothing to re-measure)."""
-    from specdec_tune.autotune.cost_model import CostModel
-
     ctx = plan["ctx"]
     tokens = {1, 1 + draft_len}
     if draft_len:

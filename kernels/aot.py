@@ -41,7 +41,7 @@ import torch
 from specdec_tune import SpecdecError
 from specdec_tune.kernels.autotune import KernelTable, ModelShapes, ServedShapes, call_shapes, source_hashes, tune_kernels
 from specdec_tune.kernels.buckets import next_pow2
-from specdec_tune.records import sha256_file, write_json
+from specdec_tune.records import read_json, sha256_file, write_json
 
 KERNEL_MANIFEST_SCHEMA_VERSION = 1
 KERNEL_DIR = "kernels"
@@ -380,8 +380,6 @@ def check_kernel_manifest(bundle_dir: Path, entries: dict) -> list[str]:
 
 
 def read_kernel_manifest(bundle_dir: Path) -> dict:
-    from specdec_tune.records import read_json
-
     return read_json(Path(bundle_dir) / KERNEL_DIR / "manifest.json", "kernel manifest")
 
 

@@ -94,7 +94,7 @@ def call_shapes(served: ServedShapes, shapes: ModelShapes) -> list[dict]:
     """
     if shapes.num_heads % shapes.num_kv_heads:
         raise SpecdecError(f"{shapes.num_heads} query heads over {shapes.num_kv_heads} KV heads", "query heads must be a multiple of KV heads")
-    from specdec_tune.kernels import acceptance, verify_attention  # these import this module's table helpers back
+    from specdec_tune.kernels import acceptance, verify_attention  # imported on use: they need triton (kernels/__init__.py)
 
     ctx, out = served.ctx, []
     for B, D in served.buckets:

@@ -30,8 +30,8 @@ def _refuse_loading(monkeypatch) -> None:
     def load_model(*args, **kwargs):
         raise AssertionError(f"a model was loaded: {args} {kwargs}")
 
-    monkeypatch.setattr("specdec_tune.profiles.decode_run.load_model", load_model)
-    monkeypatch.setattr("specdec_tune.profiles.models.loading.load_model", load_model)
+    for where in ("profiles.decode_run", "profiles.models.loading", "exporters.validate", "exporters.artifacts"):
+        monkeypatch.setattr(f"specdec_tune.{where}.load_model", load_model)
 
 
 # ---------------------------------------------------------------------------- decode --check-lossless without a drafter

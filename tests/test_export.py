@@ -307,7 +307,7 @@ def test_throughput_gate_scales_by_device_speed_and_names_the_bucket(monkeypatch
     monkeypatch.setattr(validate, "measure_decode", lambda t, d, ids, D, *a, batch_size, **k: {"tokens_per_s": measured[(batch_size, D)]})
     monkeypatch.setattr(validate, "DeviceSpeed", fixed_speed(1.25))
     monkeypatch.setattr(validate, "plan_drafter", lambda *a: None)
-    monkeypatch.setattr("specdec_tune.profiles.models.loading.load_model", lambda *a, **k: None)
+    monkeypatch.setattr(validate, "load_model", lambda *a, **k: None)
     monkeypatch.setattr(validate, "context_prompts", lambda *a: [[1, 2, 3]])
     profile = types.SimpleNamespace(target={"path": "x"}, device={"dtype": "float32"})
 
@@ -336,7 +336,7 @@ def test_throughput_gate_passes_a_difference_inside_the_noise_and_refuses_one_ou
         "tokens_per_s": sum(spread[batch_size]) / 2, "tokens_per_s_range": spread[batch_size]})
     monkeypatch.setattr(validate, "DeviceSpeed", fixed_speed(1.0))
     monkeypatch.setattr(validate, "plan_drafter", lambda *a: None)
-    monkeypatch.setattr("specdec_tune.profiles.models.loading.load_model", lambda *a, **k: None)
+    monkeypatch.setattr(validate, "load_model", lambda *a, **k: None)
     monkeypatch.setattr(validate, "context_prompts", lambda *a: [[1, 2, 3]])
     profile = types.SimpleNamespace(target={"path": "x"}, device={"dtype": "float32"})
 

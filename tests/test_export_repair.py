@@ -81,7 +81,7 @@ def simulated_device(monkeypatch, fixed_speed, true_speed):
     _, tokens_per_s = true_speed
     monkeypatch.setattr(validate, "DeviceSpeed", fixed_speed(1.0))
     monkeypatch.setattr(validate, "_another_device", lambda profiled: "")
-    monkeypatch.setattr("specdec_tune.profiles.models.loading.load_model", lambda *a, **k: None)
+    monkeypatch.setattr(validate, "load_model", lambda *a, **k: None)
     monkeypatch.setattr(validate, "plan_drafter", lambda plan, profile, target: (plan["mechanism"], plan["quant"]))
     monkeypatch.setattr(validate, "context_prompts", lambda *a: [[1, 2, 3]])
     monkeypatch.setattr(validate, "measure_decode",

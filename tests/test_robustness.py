@@ -298,7 +298,7 @@ def test_an_out_of_memory_bucket_is_recorded_as_infeasible(monkeypatch, fixed_sp
     monkeypatch.setattr(validate, "measure_decode", decode)
     monkeypatch.setattr(validate, "DeviceSpeed", fixed_speed(1.0))
     monkeypatch.setattr(validate, "plan_drafter", lambda *a: None)
-    monkeypatch.setattr("specdec_tune.profiles.models.loading.load_model", lambda *a, **k: None)
+    monkeypatch.setattr(validate, "load_model", lambda *a, **k: None)
     monkeypatch.setattr(validate, "context_prompts", lambda *a: [[1, 2, 3]])
     bucket = lambda B: {"batch": B, "draft_len": 0, "predicted": {"tokens_per_s": {"value": 100.0 * B, "source": "measured"}}}  # noqa: E731
     plan = {"device": {}, "ctx": 128, "max_draft_len": 3, "buckets": [bucket(1), bucket(16)]}

@@ -238,8 +238,8 @@ def test_a_draft_that_does_not_fit_is_never_taken(profile, tmp_path):
     """Batch 8 fits one token but not 1+D ≥ 3 tokens: D ≥ 2 predicts nothing there (out of memory)."""
     tight = version2(profile, infeasible=tuple((8, t, 128) for t in range(3, 17)))
     space = Space(CostModel(tight), SearchSettings(mechanisms=("ngram",)))
-    assert space.predict(8, 5, "ngram", "none").tokens_per_s.value == 0.0
-    assert space.predict(8, 5, "ngram", "none").verify_ms.source == "infeasible"
+    assert space.cost.predict(8, 5, "ngram", "none").tokens_per_s.value == 0.0
+    assert space.cost.predict(8, 5, "ngram", "none").verify_ms.source == "infeasible"
     best = space.fill("ngram", "none", "free", 16)
     assert best.schedule[space.buckets.index(8)] <= 1
     plan = search(tight, "h", SearchSettings(mechanisms=("ngram",), trials=40, out_dir=tmp_path))
@@ -287,7 +287,7 @@ def test_overlapping_intervals_are_a_tie_and_the_shorter_draft_wins(profile, tmp
         _, best = space.bucket_best(B, "suffix", "none")
         if best <= top:  # the shortest draft length whose interval overlaps the best one's
             assert D == min(d for d in space.allowed("suffix", "free") if d == best or
-                            overlap(space.predict(B, d, "suffix", "none").tokens_per_s, space.predict(B, best, "suffix", "none").tokens_per_s))
+                            overlap(space.cost.predict(B, d, "suffix", "none").tokens_per_s, space.cost.predict(B, best, "suffix", "none").tokens_per_s))
         tie = b["rationale"]["tie"]
         if tie:
             ties += 1

@@ -19,6 +19,7 @@ import torch
 
 from specdec_tune import SpecdecError
 from specdec_tune.profiles.drafters.base import Draft, Drafter, DraftRequest, register
+from specdec_tune.profiles.drafters.quant import quantize_linear_weights
 from specdec_tune.profiles.models.loading import LoadedModel, check_same_vocabulary, load_model
 
 
@@ -52,8 +53,6 @@ class DraftModelDrafter(Drafter):
         self.unchecked: list[list[int]] = []
 
     def with_quantized_weights(self, fmt: str) -> DraftModelDrafter:
-        from specdec_tune.profiles.drafters.quant import quantize_linear_weights
-
         twin = copy.copy(self)
         twin.model = quantize_linear_weights(self.model, fmt)  # a deep copy: the target's shared weights stay exact
         twin.cache = None

@@ -25,6 +25,7 @@ from torch import nn
 
 from specdec_tune import SpecdecError
 from specdec_tune.profiles.drafters.base import Draft, Drafter, DraftRequest
+from specdec_tune.profiles.drafters.quant import quantize_linear_weights
 from specdec_tune.profiles.models.llama import KVCache, ModelConfig, rope_lookup, step_coordinates
 
 if TYPE_CHECKING:
@@ -228,8 +229,6 @@ class HeadDrafter(Drafter):
         return out
 
     def with_quantized_weights(self, fmt: str) -> HeadDrafter:
-        from specdec_tune.profiles.drafters.quant import quantize_linear_weights
-
         twin = copy.copy(self)
         twin.head = quantize_linear_weights(self.head, fmt)  # a deep copy: weights shared with the target stay exact
         twin.cache = None
