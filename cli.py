@@ -25,9 +25,19 @@ from rich.table import Table
 
 from specdec_tune import SpecdecError, __version__
 from specdec_tune.formats import get_format
+from specdec_tune.settings import DEFAULT_GRID, DecodeSettings, ExportSettings, MeasureSettings, ProfileSettings, SearchSettings, TrainSettings
 
 # Each command imports its stage inside its own body: the stages import torch (seconds on a small CPU), which
 # `--help` and bad usage do not need.
+
+# the defaults the options show, each written once (settings.py)
+DECODE, PROFILE, TRAIN = DecodeSettings(), ProfileSettings(), TrainSettings()
+SEARCH, MEASURE, EXPORT = SearchSettings(), MeasureSettings(), ExportSettings()
+
+
+def _csv(values) -> str:
+    return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
+
 
 app = typer.Typer(
     name="specdec-tune",
@@ -76,26 +86,26 @@ TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Let the tok
              "  specdec-tune decode --drafter draft_model --drafter-option layers=10 -D 3 --batch-size 8 --check-lossless")
 def decode(
     drafter: Annotated[Optional[str], typer.Option("--drafter", "-m", help="Draft mechanism (ngram, suffix, draft_model); omit for plain decoding.")] = None,
-    num_draft_tokens: Annotated[int, typer.Option("--num-draft-tokens", "-D", help="Draft length D per round.")] = 3,
+    num_draft_tokens: Annotated[int, typer.Option("--num-draft-tokens", "-D", help="Draft length D per round.")] = DECODE.num_draft_tokens,
     drafter_option: Annotated[list[str], typer.Option("--drafter-option", "-o", help="Drafter option KEY=VALUE (repeatable).")] = [],  # noqa: B006
-    target: TargetOpt = "smollm2-135m",
-    prompts: PromptsOpt = "default",
-    split: Annotated[str, typer.Option(help="Which part of the calibration set: profile, held_back or all.")] = "held_back",
-    num_prompts: Annotated[int, typer.Option("--num-prompts", "-n", help="Prompts to run (spread over domains).")] = 16,
-    batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Sequences decoded together.")] = 1,
-    max_new_tokens: Annotated[int, typer.Option(help="Tokens generated per prompt.")] = 64,
-    temperature: Annotated[float, typer.Option(help="0 for greedy, > 0 for rejection sampling.")] = 0.0,
-    seed: Annotated[int, typer.Option(help="Seed for sampling.")] = 0,
-    dtype: DtypeOpt = "auto",
-    check_lossless: Annotated[bool, typer.Option(help="Also decode plainly and require identical tokens (greedy, with a --drafter).")] = False,
+    target: TargetOpt = DECODE.target,
+    prompts: PromptsOpt = DECODE.prompts,
+    split: Annotated[str, typer.Option(help="Which part of the calibration set: profile, held_back or all.")] = DECODE.split,
+    num_prompts: Annotated[int, typer.Option("--num-prompts", "-n", help="Prompts to run (spread over domains).")] = DECODE.num_prompts,
+    batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Sequences decoded together.")] = DECODE.batch_size,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens generated per prompt.")] = DECODE.max_new_tokens,
+    temperature: Annotated[float, typer.Option(help="0 for greedy, > 0 for rejection sampling.")] = DECODE.temperature,
+    seed: Annotated[int, typer.Option(help="Seed for sampling.")] = DECODE.seed,
+    dtype: DtypeOpt = DECODE.dtype,
+    check_lossless: Annotated[bool, typer.Option(help="Also decode plainly and require identical tokens (greedy, with a --drafter).")] = DECODE.check_lossless,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
-    trust_remote_code: TrustOpt = False,
+    trust_remote_code: TrustOpt = DECODE.trust_remote_code,
 ) -> None:
     """Run the speculative decoding loop on calibration prompts and report acceptance (vLLM's counters)."""
     from specdec_tune.profiles import decode_run
 
     result = decode_run.run(
-        decode_run.DecodeSettings(
+        DecodeSettings(
             target=target, drafter=drafter, drafter_options=_parse_kv(drafter_option, "--drafter-option"),
             num_draft_tokens=num_draft_tokens, prompts=prompts, split=split, num_prompts=num_prompts,
             batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
@@ -137,30 +147,30 @@ def _float_list(text: str, what: str) -> tuple[float, ...]:
              "  specdec-tune profile --target ./my-model --drafter ngram --drafter draft_model:layers=6 --budget-minutes 30\n\n"
              "  specdec-tune profile --batch 1,4,16 --ctx 256,2048 --max-draft-len 7 --out artifacts/profile-h200")
 def profile(
-    target: TargetOpt = "smollm2-135m",
+    target: TargetOpt = PROFILE.target,
     drafter: Annotated[list[str], typer.Option("--drafter", "-m", help="Drafter to profile, NAME or NAME:KEY=VALUE,... (repeatable). Default: ngram, suffix, draft_model.")] = [],  # noqa: B006
-    prompts: PromptsOpt = "default",
-    prompts_per_domain: Annotated[int, typer.Option(help="Profiling prompts per domain to start greedy acceptance with (more are added until --half-width).")] = 3,
-    half_width: Annotated[float, typer.Option("--half-width", help="Target relative half-width (95%) of tokens per forward per domain; prompts are added until it holds (0: none added).")] = 0.02,
-    acceptance: Annotated[str, typer.Option(help="Greedy acceptance: replay (from the target's trajectory, checked against the loop) or loop.")] = "replay",
-    verify_visits: Annotated[int, typer.Option(help="Most visits per verify cell (a warm-up and 3 timed calls each) while its median's 95% interval is wider than ±3%.")] = 6,
-    new_tokens: Annotated[int, typer.Option(help="Tokens generated per prompt in acceptance runs.")] = 32,
-    temperatures: Annotated[str, typer.Option(help="Temperatures for acceptance, comma-separated (0 = greedy).")] = "0,0.7",
-    batch: Annotated[str, typer.Option("--batch", help="Batch buckets, comma-separated (default 1..8 on CPU, 1..256 on a GPU).")] = "",
-    ctx: Annotated[str, typer.Option("--ctx", help="KV-cache length buckets, comma-separated.")] = "128,512",
-    max_draft_len: Annotated[Optional[int], typer.Option(help="D_max: the longest draft measured (default 7 on CPU, 15 on a GPU).", show_default=False)] = None,
-    quant: Annotated[str, typer.Option(help="Drafter weight formats to measure acceptance with (fp8, nvfp4; 'none' for neither).")] = "fp8,nvfp4",
-    dtype: DtypeOpt = "auto",
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
-    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for profile.json and the measurement log.")] = Path("artifacts/profile"),
-    budget_minutes: Annotated[float, typer.Option(help="Wall-clock budget; the least important phases are skipped (and noted) past it.")] = 6.0,
-    seed: Annotated[int, typer.Option(help="Seed for sampled acceptance runs and synthetic inputs.")] = 0,
-    force: Annotated[bool, typer.Option(help="Measure again even if a profile with the same fingerprint exists.")] = False,
-    trust_remote_code: TrustOpt = False,
+    prompts: PromptsOpt = PROFILE.prompts,
+    prompts_per_domain: Annotated[int, typer.Option(help="Profiling prompts per domain to start greedy acceptance with (more are added until --half-width).")] = PROFILE.prompts_per_domain,
+    half_width: Annotated[float, typer.Option("--half-width", help="Target relative half-width (95%) of tokens per forward per domain; prompts are added until it holds (0: none added).")] = PROFILE.acceptance_half_width,
+    acceptance: Annotated[str, typer.Option(help="Greedy acceptance: replay (from the target's trajectory, checked against the loop) or loop.")] = PROFILE.acceptance,
+    verify_visits: Annotated[int, typer.Option(help="Most visits per verify cell (a warm-up and 3 timed calls each) while its median's 95% interval is wider than ±3%.")] = PROFILE.verify_visits,
+    new_tokens: Annotated[int, typer.Option(help="Tokens generated per prompt in acceptance runs.")] = PROFILE.new_tokens,
+    temperatures: Annotated[str, typer.Option(help="Temperatures for acceptance, comma-separated (0 = greedy).")] = _csv(PROFILE.temperatures),
+    batch: Annotated[str, typer.Option("--batch", help=f"Batch buckets, comma-separated (default 1..{DEFAULT_GRID['cpu'][0]} on CPU, 1..{DEFAULT_GRID['cuda'][0]} on a GPU).")] = "",
+    ctx: Annotated[str, typer.Option("--ctx", help="KV-cache length buckets, comma-separated.")] = _csv(PROFILE.ctx_buckets),
+    max_draft_len: Annotated[Optional[int], typer.Option(help=f"D_max: the longest draft measured (default {DEFAULT_GRID['cpu'][1]} on CPU, {DEFAULT_GRID['cuda'][1]} on a GPU).", show_default=False)] = None,
+    quant: Annotated[str, typer.Option(help="Drafter weight formats to measure acceptance with (fp8, nvfp4; 'none' for neither).")] = _csv(PROFILE.quant_formats),
+    dtype: DtypeOpt = PROFILE.dtype,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = PROFILE.device,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for profile.json and the measurement log.")] = PROFILE.out_dir,
+    budget_minutes: Annotated[float, typer.Option(help="Wall-clock budget; the least important phases are skipped (and noted) past it.")] = PROFILE.budget_minutes,
+    seed: Annotated[int, typer.Option(help="Seed for sampled acceptance runs and synthetic inputs.")] = PROFILE.seed,
+    force: Annotated[bool, typer.Option(help="Measure again even if a profile with the same fingerprint exists.")] = PROFILE.force,
+    trust_remote_code: TrustOpt = PROFILE.trust_remote_code,
 ) -> None:
     """Measure the target, its drafters and the device; writes OUT/profile.json (resumable: a killed run continues)."""
     started = time.monotonic()  # the budget counts from the command's start, its imports included
-    from specdec_tune.profiles.profiler import Profiler, ProfileSettings
+    from specdec_tune.profiles.profiler import Profiler
 
     formats = tuple(f for f in quant.split(",") if f and f != "none")
     for f in formats:
@@ -250,28 +260,28 @@ def _print_profile_summary(result, path: Path) -> None:
              "  specdec-tune train-drafter --mechanism dspark --block-size 8 --markov-rank 64\n\n"
              "  specdec-tune decode --drafter eagle3 --drafter-option model=heads/eagle3-demo -D 3 --prompts mtbench")
 def train_drafter(
-    mechanism: Annotated[str, typer.Option("--mechanism", "-m", help="Head to train: eagle3, mtp, dflash or dspark.")] = "eagle3",
-    target: TargetOpt = "smollm2-135m",
-    prompts: PromptsOpt = "default",
-    budget_minutes: Annotated[float, typer.Option(help="Optimisation wall time; data preparation and AL measurements are reported apart.")] = 20.0,
-    new_tokens: Annotated[int, typer.Option(help="Tokens the target continues each training prompt with (the text the head learns).")] = 192,
-    max_prompts: Annotated[int, typer.Option(help="Training prompts from the profiling split (0 = all of them).")] = 0,
-    package_tokens: Annotated[int, typer.Option(help="Tokens of prose and code from the installed packages, read by the target as is (0 = none).")] = 600_000,
-    draft_vocab: Annotated[int, typer.Option(help="Most frequent tokens: EAGLE-3's draft vocabulary and MTP's loss shortlist (0 = the full vocabulary).")] = 8192,
-    ttt_steps: Annotated[int, typer.Option(help="EAGLE-3 / MTP: draft steps unrolled per position in training (training-time test).")] = 3,
-    block_size: Annotated[int, typer.Option(help="DFlash / DSpark: tokens per block (DFlash drafts block-1 of them, DSpark all).")] = 8,
-    draft_layers: Annotated[int, typer.Option(help="DFlash / DSpark: decoder layers.")] = 2,
-    markov_rank: Annotated[int, typer.Option(help="DSpark: rank of the Markov logit bias.")] = 64,
-    lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, cosine over the budget).")] = 1e-3,
-    batch_tokens: Annotated[int, typer.Option(help="Padded tokens per optimizer step.")] = 2048,
-    eval_points: Annotated[int, typer.Option(help="AL measurements along the run on held-back MT-Bench prompts (the learning curve); 0 = none.")] = 4,
-    eval_prompts: Annotated[int, typer.Option(help="Held-back MT-Bench prompts per AL measurement.")] = 20,
-    seed: Annotated[int, typer.Option(help="Seed for initialisation and batch order.")] = 0,
+    mechanism: Annotated[str, typer.Option("--mechanism", "-m", help="Head to train: eagle3, mtp, dflash or dspark.")] = TRAIN.mechanism,
+    target: TargetOpt = TRAIN.target,
+    prompts: PromptsOpt = TRAIN.prompts,
+    budget_minutes: Annotated[float, typer.Option(help="Optimisation wall time; data preparation and AL measurements are reported apart.")] = TRAIN.budget_minutes,
+    new_tokens: Annotated[int, typer.Option(help="Tokens the target continues each training prompt with (the text the head learns).")] = TRAIN.new_tokens,
+    max_prompts: Annotated[int, typer.Option(help="Training prompts from the profiling split (0 = all of them).")] = TRAIN.max_prompts,
+    package_tokens: Annotated[int, typer.Option(help="Tokens of prose and code from the installed packages, read by the target as is (0 = none).")] = TRAIN.package_tokens,
+    draft_vocab: Annotated[int, typer.Option(help="Most frequent tokens: EAGLE-3's draft vocabulary and MTP's loss shortlist (0 = the full vocabulary).")] = TRAIN.draft_vocab,
+    ttt_steps: Annotated[int, typer.Option(help="EAGLE-3 / MTP: draft steps unrolled per position in training (training-time test).")] = TRAIN.ttt_steps,
+    block_size: Annotated[int, typer.Option(help="DFlash / DSpark: tokens per block (DFlash drafts block-1 of them, DSpark all).")] = TRAIN.block_size,
+    draft_layers: Annotated[int, typer.Option(help="DFlash / DSpark: decoder layers.")] = TRAIN.draft_layers,
+    markov_rank: Annotated[int, typer.Option(help="DSpark: rank of the Markov logit bias.")] = TRAIN.markov_rank,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, cosine over the budget).")] = TRAIN.lr,
+    batch_tokens: Annotated[int, typer.Option(help="Padded tokens per optimizer step.")] = TRAIN.batch_tokens,
+    eval_points: Annotated[int, typer.Option(help="AL measurements along the run on held-back MT-Bench prompts (the learning curve); 0 = none.")] = TRAIN.eval_points,
+    eval_prompts: Annotated[int, typer.Option(help="Held-back MT-Bench prompts per AL measurement.")] = TRAIN.eval_prompts,
+    seed: Annotated[int, typer.Option(help="Seed for initialisation and batch order.")] = TRAIN.seed,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Folder for the head (speculators layout). Default: this target's cached head, "
-                                                                    "the one --drafter eagle3 / mtp loads.")] = None,
+                                                                    "the one --drafter eagle3 / mtp loads.")] = TRAIN.out,
 ) -> None:
     """Distil an EAGLE-3, MTP, DFlash or DSpark head from the target on CPU and save it in the speculators layout."""
-    from specdec_tune.profiles.train_drafter import TrainSettings, train
+    from specdec_tune.profiles.train_drafter import train
 
     settings = TrainSettings(mechanism=mechanism, target=target, prompts=prompts, max_prompts=max_prompts, new_tokens=new_tokens,
                              package_tokens=package_tokens,
@@ -308,22 +318,22 @@ def train_drafter(
              "  specdec-tune search --mix writing=0.5,coding=0.3,humaneval=0.2  # weight the profile's domains by share of requests\n\n"
              "  specdec-tune search --storage journal:/shared/study.journal     # several workers, one study")
 def search(
-    profile: Annotated[Path, typer.Option("--profile", "-p", help="profile.json written by `specdec-tune profile`.")] = Path("artifacts/profile/profile.json"),
-    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for plan.json (and the default study, study.journal).")] = Path("artifacts"),
+    profile: Annotated[Path, typer.Option("--profile", "-p", help="profile.json written by `specdec-tune profile`.")] = EXPORT.profile,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for plan.json (and the default study, study.journal).")] = SEARCH.out_dir,
     objective: Annotated[str, typer.Option(help="speedup (mean over batch buckets), throughput (tokens/s per device at the chosen "
-                                                "max batch), per-user (per-user tokens/s at it), or pareto (both, NSGA-II).")] = "speedup",
-    trials: Annotated[int, typer.Option(help="Optuna trials; 0 = the objective's default (the study is filled up to this count; reruns add only what is missing).")] = 0,
-    seed: Annotated[int, typer.Option(help="Sampler seed: the same profile and seed give the same plan.")] = 0,
-    min_user_tps: Annotated[float, typer.Option("--min-user-tps", help="Per-user rate floor (tokens/s).")] = 0.0,
-    min_tps: Annotated[float, typer.Option("--min-tps", help="Tokens/s-per-device floor (per-user and pareto objectives).")] = 0.0,
+                                                "max batch), per-user (per-user tokens/s at it), or pareto (both, NSGA-II).")] = SEARCH.objective,
+    trials: Annotated[int, typer.Option(help="Optuna trials; 0 = the objective's default (the study is filled up to this count; reruns add only what is missing).")] = SEARCH.trials,
+    seed: Annotated[int, typer.Option(help="Sampler seed: the same profile and seed give the same plan.")] = SEARCH.seed,
+    min_user_tps: Annotated[float, typer.Option("--min-user-tps", help="Per-user rate floor (tokens/s).")] = SEARCH.min_user_tokens_per_s,
+    min_tps: Annotated[float, typer.Option("--min-tps", help="Tokens/s-per-device floor (per-user and pareto objectives).")] = SEARCH.min_tokens_per_s,
     mechanism: Annotated[list[str], typer.Option("--mechanism", "-m", help="Only these mechanisms (repeatable); default: all profiled.")] = [],  # noqa: B006
-    tile_rows: Annotated[int, typer.Option("--tile-rows", help="Attention tile rows for the aligned tile policy; 0 = the device's.")] = 0,
-    storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL (sqlite:///..., postgresql://..., or a JournalStorage file via journal:PATH).")] = None,
-    device: Annotated[Optional[str], typer.Option(help="Plan for this device from the hardware table (a100, h100, h200, b200, l40s, mi300x): times are modeled.")] = None,
+    tile_rows: Annotated[int, typer.Option("--tile-rows", help="Attention tile rows for the aligned tile policy; 0 = the device's.")] = SEARCH.tile_rows,
+    storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL (sqlite:///..., postgresql://..., or a JournalStorage file via journal:PATH).")] = SEARCH.storage,
+    device: Annotated[Optional[str], typer.Option(help="Plan for this device from the hardware table (a100, h100, h200, b200, l40s, mi300x): times are modeled.")] = SEARCH.device,
     mix: Annotated[Optional[str], typer.Option("--mix", help="Share of requests per profiled domain, DOMAIN=WEIGHT,... (normalised); default: the profile's 'all'.")] = None,
 ) -> None:
     """Choose the mechanism and draft length per batch bucket from a profile; writes OUT/plan.json."""
-    from specdec_tune.autotune.search import SearchSettings, search as run_search
+    from specdec_tune.autotune.search import search as run_search
     from specdec_tune.records import sha256_file
     from specdec_tune.profiles.schema import load_profile
 
@@ -423,9 +433,7 @@ def _version_overrides(vllm: str | None, trtllm: str | None, sglang: str | None)
     return tuple((k, v) for k, v in (("vllm", vllm), ("trtllm", trtllm), ("sglang", sglang)) if v)
 
 
-def _measure_settings(prompts: int, new_tokens: int, tolerance: float):
-    from specdec_tune.exporters.validate import MeasureSettings
-
+def _measure_settings(prompts: int, new_tokens: int, tolerance: float) -> MeasureSettings:
     for name, value in (("--lossless-prompts", prompts), ("--new-tokens", new_tokens)):
         if value < 1:
             raise SpecdecError(f"{name} {value} must be at least 1", f"pass {name} 1 or more")
@@ -443,26 +451,26 @@ Tolerance = Annotated[float, typer.Option("--tolerance", help="Largest relative 
              "  specdec-tune export --plan artifacts/plan.json --out artifacts/bundle --vllm-version 0.32.0\n\n"
              "  specdec-tune export --configs-only   # a plan for another device: configs and report, nothing measured here")
 def export(
-    plan: Annotated[Path, typer.Option("--plan", help="plan.json written by `specdec-tune search`.")] = Path("artifacts/plan.json"),
-    profile: Annotated[Path, typer.Option("--profile", "-p", help="The profile the plan was searched on.")] = Path("artifacts/profile/profile.json"),
-    out: Annotated[Path, typer.Option("--out", "-o", help="Bundle folder (replaced atomically).")] = Path("artifacts/bundle"),
-    engine_model: Annotated[Optional[str], typer.Option("--engine-model", help="The target as the engines load it (path or hub id).")] = None,
+    plan: Annotated[Path, typer.Option("--plan", help="plan.json written by `specdec-tune search`.")] = EXPORT.plan,
+    profile: Annotated[Path, typer.Option("--profile", "-p", help="The profile the plan was searched on.")] = EXPORT.profile,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Bundle folder (replaced atomically).")] = EXPORT.out,
+    engine_model: Annotated[Optional[str], typer.Option("--engine-model", help="The target as the engines load it (path or hub id).")] = EXPORT.engine_model,
     vllm_version: VllmVersion = None,
     trtllm_version: TrtllmVersion = None,
     sglang_version: SglangVersion = None,
     configs_only: Annotated[bool, typer.Option("--configs-only", help="Skip the lossless gate and the throughput check.")] = False,
     no_onnx: Annotated[bool, typer.Option("--no-onnx", help="Leave out the drafter's ONNX graph (drafters with a network of their own).")] = False,
-    lossless_prompts: LosslessPrompts = 8,
-    new_tokens: NewTokens = 32,
-    tolerance: Tolerance = 15.0,
+    lossless_prompts: LosslessPrompts = MEASURE.prompts,
+    new_tokens: NewTokens = MEASURE.new_tokens,
+    tolerance: Tolerance = MEASURE.tolerance_pct,
     repair_rounds: Annotated[int, typer.Option("--repair-rounds", help="A failed throughput check: rounds of re-measuring the verify cells "
                                                                        "behind it and re-planning (rewrites plan.json and profile.json) before "
-                                                                       "refusing; 0 refuses at once.")] = 2,
+                                                                       "refusing; 0 refuses at once.")] = MEASURE.repair_rounds,
 ) -> None:
     """Write the deployment bundle: engine configs, manifest, report, validation (it must pass to be written)."""
     import dataclasses
 
-    from specdec_tune.exporters.bundle import ExportSettings, export as run_export
+    from specdec_tune.exporters.bundle import export as run_export
     from specdec_tune.exporters.validate import describe_repair
 
     if repair_rounds < 0:
@@ -498,11 +506,11 @@ def export(
 
 @app.command(epilog="Examples:\n\n  specdec-tune validate artifacts/bundle\n\n  specdec-tune validate artifacts/bundle --configs-only")
 def validate(
-    bundle: Annotated[Path, typer.Argument(help="The bundle folder.")] = Path("artifacts/bundle"),
+    bundle: Annotated[Path, typer.Argument(help="The bundle folder.")] = EXPORT.out,
     configs_only: Annotated[bool, typer.Option("--configs-only", help="Hashes and engine configs only; nothing measured.")] = False,
-    lossless_prompts: LosslessPrompts = 8,
-    new_tokens: NewTokens = 32,
-    tolerance: Tolerance = 15.0,
+    lossless_prompts: LosslessPrompts = MEASURE.prompts,
+    new_tokens: NewTokens = MEASURE.new_tokens,
+    tolerance: Tolerance = MEASURE.tolerance_pct,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Check a bundle again: file hashes, engine configs, lossless gate, predicted vs measured throughput."""

@@ -14,7 +14,6 @@ drafter, disagree on D at some bucket beyond their intervals, it adds `per_domai
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.cost_model import CostModel, normalise_mix
@@ -26,27 +25,12 @@ from specdec_tune.autotune.study import best_of, front_of, run_study, trials_for
 from specdec_tune.profiles.schema import Profile
 from specdec_tune.formats import WEIGHT_FORMATS
 from specdec_tune.records import sha256_json, write_json
+from specdec_tune.settings import SearchSettings
 
 
 STUDY_FILE = "study.journal"
 
 
-@dataclasses.dataclass(frozen=True)
-class SearchSettings:
-    objective: str = "speedup"  # speedup | throughput | per-user | pareto (space.py)
-    trials: int = 0  # 0 = the default for the objective (study.trials_for)
-    seed: int = 0
-    min_user_tokens_per_s: float = 0.0  # per-user rate floor
-    min_tokens_per_s: float = 0.0  # tokens/s-per-device floor (per-user and pareto objectives)
-    mechanisms: tuple[str, ...] = ()  # () = every profiled mechanism
-    quant_formats: tuple[str, ...] = ("none",)
-    tile_rows: int = 0  # attention tile for the tile policy; 0 = the device's
-    tie_tolerance: float = 0.02  # predicted differences below this share count as ties: the shorter draft wins
-    storage: str | None = None  # Optuna storage URL; None = a journal file under out_dir
-    study_name: str = ""  # "" = named after the profile and these settings
-    out_dir: Path = Path("artifacts")
-    device: str | None = None  # plan for this hardware-table device instead of the profiled one (times modeled)
-    mix: tuple[tuple[str, float], ...] = ()  # (domain, share of requests); () = the profile's "all" domain
 
 
 def knee(space: Space, front: list[Candidate]) -> Candidate:

@@ -33,11 +33,11 @@ from pathlib import Path
 
 from specdec_tune import SpecdecError, __version__
 from specdec_tune.autotune.plan_schema import load_plan
-from specdec_tune.autotune.search import SearchSettings, search
+from specdec_tune.autotune.search import search
 from specdec_tune.exporters.artifacts import check_shipped_kernels, kernels_summary, onnx_summary, ship_drafter_onnx, ship_kernels
 from specdec_tune.exporters.engines import ENGINE_MODEL_IDS, ExportContext, load_engines, load_schema_file
 from specdec_tune.exporters.report import bundle_readme, lossless_text, write_report
-from specdec_tune.exporters.validate import (MeasureSettings, check_document, describe_throughput_row, failing_rows, lossless_gate,
+from specdec_tune.exporters.validate import (check_document, describe_throughput_row, failing_rows, lossless_gate,
                                              prediction_cells, repair_record, schedule_of, schedule_text, throughput_check,
                                              throughput_refusal)
 from specdec_tune.exporters.versions import DEFAULT_VERSIONS, parse_version
@@ -46,21 +46,12 @@ from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint
 from specdec_tune.profiles.models.loading import model_folder, pick_dtype, weights_hash
 from specdec_tune.profiles.schema import Profile, load_profile
 from specdec_tune.records import read_json, sha256_file, sha256_json, write_json
+from specdec_tune.settings import ExportSettings, MeasureSettings, SearchSettings
 
 BUNDLE_SCHEMA_VERSION = 1
 STALE_EXIT_CODE = 3
 
 
-@dataclasses.dataclass(frozen=True)
-class ExportSettings:
-    plan: Path = Path("artifacts/plan.json")
-    profile: Path = Path("artifacts/profile/profile.json")
-    out: Path = Path("artifacts/bundle")
-    versions: tuple[tuple[str, str], ...] = ()  # engine -> version overrides
-    engine_model: str | None = None  # the target as engines should load it; default: its path (or hub id for the demo)
-    measure: MeasureSettings = MeasureSettings()
-    skip_measure: bool = False  # configs only: no lossless gate, no throughput check (recorded as skipped)
-    onnx_drafter: bool = True  # the drafter's ONNX graph (drafters with a network of their own)
 
 
 def _conform(document, schema_file: str, path: Path, what: str, fix: str) -> None:

@@ -15,7 +15,6 @@ gate, and predicted against measured throughput on the local device.
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 from collections.abc import Callable
 
@@ -34,6 +33,7 @@ from specdec_tune.profiles.profiler import VerifyStep
 from specdec_tune.profiles.prompts import encode_prompts
 from specdec_tune.profiles.specdec import SpecCounters, generate
 from specdec_tune.profiles.timing import is_out_of_memory
+from specdec_tune.settings import MeasureSettings
 
 
 def check_document(engine: Engine, document: dict | None) -> dict:
@@ -54,15 +54,6 @@ def check_document(engine: Engine, document: dict | None) -> dict:
     return {"engine": engine.name, "checked_with": checked_with + " + cross-field rules", "errors": errors}
 
 
-@dataclasses.dataclass(frozen=True)
-class MeasureSettings:
-    prompts: int = 8  # held-back prompts for the lossless gate
-    new_tokens: int = 32
-    tolerance_pct: float = 15.0
-    repeats: int = 3  # timed runs per bucket after one warm-up (median)
-    rows: int = 8  # prompts decoded per bucket at least, in batches of the bucket's size
-    seed: int = 0
-    repair_rounds: int = 2  # a failed throughput check: rounds of re-measuring its verify cells and re-planning before refusing
 
 
 PROBE_REPEATS = 5  # timed calls of a speed probe (median): the gate scales its prediction by the ratio, so it gets more than a guard

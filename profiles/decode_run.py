@@ -13,42 +13,8 @@ from specdec_tune.profiles.models.loading import LoadedModel, load_model
 from specdec_tune.profiles.prompts import encode_prompts
 from specdec_tune.profiles.specdec import SpecCounters, generate
 from specdec_tune.profiles.train_drafter import cached_demo_head  # noqa: F401  (registers it: head drafters without model= load it)
+from specdec_tune.settings import DecodeSettings
 
-SPLITS = ("profile", "held_back", "all")
-
-
-@dataclasses.dataclass(frozen=True)
-class DecodeSettings:
-    target: str = "smollm2-135m"
-    drafter: str | None = None
-    drafter_options: dict[str, str] = dataclasses.field(default_factory=dict)
-    num_draft_tokens: int = 3
-    prompts: str = "default"
-    split: str = "held_back"
-    num_prompts: int = 16
-    batch_size: int = 1
-    max_new_tokens: int = 64
-    temperature: float = 0.0
-    seed: int = 0
-    dtype: str = "auto"
-    check_lossless: bool = False
-    trust_remote_code: bool = False
-
-    def validate(self) -> None:
-        if self.split not in SPLITS:
-            raise SpecdecError(f"unknown split {self.split!r}", f"use one of: {', '.join(SPLITS)}")
-        if self.drafter is not None and self.num_draft_tokens < 1:
-            raise SpecdecError(f"draft length D = {self.num_draft_tokens} is invalid", "use -D 1 or more")
-        for name, value in (("--batch-size", self.batch_size), ("--num-prompts", self.num_prompts), ("--max-new-tokens", self.max_new_tokens)):
-            if value < 1:
-                raise SpecdecError(f"{name} {value} must be at least 1", f"pass {name} 1 or more")
-        if self.drafter is not None and self.drafter not in available():  # before the target loads
-            raise SpecdecError(f"unknown drafter mechanism {self.drafter!r}", f"choose one of: {', '.join(available())}")
-        if self.check_lossless and self.temperature > 0:
-            raise SpecdecError("--check-lossless compares greedy outputs token for token", "drop --temperature or --check-lossless")
-        if self.check_lossless and self.drafter is None:
-            raise SpecdecError("--check-lossless needs a drafter: without one it compares plain decoding with plain decoding",
-                               "add --drafter ngram (or another drafter)")
 
 
 def decode_prompts(target: LoadedModel, token_ids: list[list[int]], batch_size: int, **kwargs):
@@ -64,6 +30,8 @@ def decode_prompts(target: LoadedModel, token_ids: list[list[int]], batch_size: 
 
 def run(settings: DecodeSettings) -> dict:
     settings.validate()
+    if settings.drafter is not None and settings.drafter not in available():  # before the target loads
+        raise SpecdecError(f"unknown drafter mechanism {settings.drafter!r}", f"choose one of: {', '.join(available())}")
     torch.manual_seed(settings.seed)
     dtype = "float32" if settings.check_lossless else settings.dtype  # losslessness is a property of the algorithm: check it in fp32
     target = load_model(settings.target, dtype=dtype, trust_remote_code=settings.trust_remote_code)

@@ -36,7 +36,6 @@ import numpy as np
 import torch
 
 from specdec_tune import SpecdecError, __version__
-from specdec_tune.formats import WEIGHT_FORMATS
 from specdec_tune.profiles import micro, replay
 from specdec_tune.profiles.calibration import CalibrationPrompt, CalibrationSet, load_calibration
 from specdec_tune.profiles.drafters import Drafter, DraftRequest, create
@@ -50,6 +49,7 @@ from specdec_tune.profiles.train_drafter import cached_demo_head  # noqa: F401  
 from specdec_tune.profiles.store import MeasurementLog
 from specdec_tune.profiles.timing import SpeedGuard, Timing, is_out_of_memory, time_call
 from specdec_tune.records import sha256_json, write_json
+from specdec_tune.settings import ProfileSettings
 
 BOOTSTRAP_RESAMPLES = 1000
 # Prompts a round of growth adds, dealt round-robin over the domains whose interval is still wide (widest first): a
@@ -67,70 +67,9 @@ HOST_PROMPT_TOKENS = 32  # of each prompt, its last: the host's work per round d
 # are sorted by prompt length so that a batch holds similar lengths; within it the prefill runs in length groups
 # (`specdec.prefill_groups`): on a CPU the prefill is where the time goes.
 TRAJECTORY_BATCH = 64
-# The default grid per device kind: (largest batch bucket, D_max). A 2-core CPU decodes the demo target at about
-# 15 tokens/s per row at batch 1 and saturates its compute by batch 8, where a GPU's verify step stays flat to
-# batch 64 and beyond; its profile must also fit in minutes. --batch and --max-draft-len override either.
-DEFAULT_GRID = {"cpu": (8, 7), "cuda": (256, 15)}
 DRAFT_POINT_MAX_MS = 500.0  # a draft-cost point stops repeating (after 3) once its calls span this: a serial draft of 7 steps at batch 8 takes half a second on a CPU
 
 
-@dataclasses.dataclass(frozen=True)
-class ProfileSettings:
-    target: str = "smollm2-135m"
-    drafters: tuple[str, ...] = ("ngram", "suffix", "draft_model")  # "name" or "name:key=value,key=value"
-    prompts: str = "default"
-    prompts_per_domain: int = 3  # to start with: more are added (7 per MT-Bench category in the profiling split) until the interval is tight
-    acceptance_half_width: float = 0.02  # target relative half-width (95%) of tokens per forward at the relevant D
-    acceptance: str = "replay"  # greedy acceptance: "replay" where the drafter allows it, or "loop" for every drafter
-    sampled_prompts_per_domain: int = 1  # prompts per domain for temperatures > 0 (the loop, at D_max: the costliest unit)
-    check_prompts: int = 2  # prompts on which the loop checks the replay (dealt over the checked D: one each by default)
-    new_tokens: int = 32  # per prompt: for a fixed cost, more prompts narrow the interval over prompts more than longer ones
-    temperatures: tuple[float, ...] = (0.0, 0.7)
-    batch_buckets: tuple[int, ...] = ()  # () = the device's grid: DEFAULT_GRID
-    ctx_buckets: tuple[int, ...] = (128, 512)
-    max_draft_len: int | None = None  # None = the device's grid: DEFAULT_GRID
-    check_draft_lens: tuple[int, ...] = ()  # direct runs to check derived AL against; () = D_max/4 and D_max/2
-    acceptance_batch: int = 16  # prompts the loop decodes together (temperatures > 0, --acceptance loop, the check)
-    quant_formats: tuple[str, ...] = tuple(f for f in WEIGHT_FORMATS if f != "none")  # every quantized format
-    interp_tolerance: float = 0.03  # bisect the verify curve where interpolation misses by more
-    verify_visits: int = 6  # most visits per verify cell while its median's interval is wider than the target
-    dtype: str = "auto"
-    device: str = "auto"
-    out_dir: Path = Path("artifacts/profile")
-    budget_minutes: float = 6.0
-    seed: int = 0
-    force: bool = False
-    trust_remote_code: bool = False
-
-    @property
-    def checks(self) -> tuple[int, ...]:
-        D = self.max_draft_len
-        return self.check_draft_lens or tuple(sorted({max(1, D // 4), max(1, D // 2)} - {D}))
-
-    def for_device(self, kind: str) -> ProfileSettings:
-        """These settings with the device's default grid filled in where none was given (`DEFAULT_GRID`)."""
-        largest_batch, d_max = DEFAULT_GRID["cuda" if kind == "cuda" else "cpu"]
-        return dataclasses.replace(self, batch_buckets=self.batch_buckets or tuple(2**i for i in range(largest_batch.bit_length())),
-                                   max_draft_len=self.max_draft_len or d_max)
-
-    def validate(self) -> None:
-        if self.max_draft_len is not None and self.max_draft_len < 1:
-            raise SpecdecError(f"--max-draft-len {self.max_draft_len} must be at least 1", "use 1 or more (default 7 on CPU, 15 on a GPU)")
-        for name, values in (("--batch", self.batch_buckets or (1,)), ("--ctx", self.ctx_buckets)):
-            if not values or min(values) < 1 or list(values) != sorted(set(values)):
-                raise SpecdecError(f"{name} buckets {list(values)} must be distinct increasing positive integers", f"e.g. {name} 1,2,4,8")
-        if self.max_draft_len and any(not 0 < d < self.max_draft_len for d in self.check_draft_lens):
-            raise SpecdecError(f"check draft lengths {list(self.check_draft_lens)} must lie in 1..{self.max_draft_len - 1}", "pick smaller D than --max-draft-len")
-        if self.prompts_per_domain < 1 or self.new_tokens < 2 or self.budget_minutes <= 0:
-            raise SpecdecError("--prompts-per-domain, --new-tokens and --budget-minutes must be positive (new tokens ≥ 2)", "raise them")
-        if any(t < 0 for t in self.temperatures):
-            raise SpecdecError(f"temperatures {list(self.temperatures)} must be ≥ 0", "use 0 for greedy")
-        if self.verify_visits < 1:
-            raise SpecdecError(f"--verify-visits {self.verify_visits} must be at least 1", "use 1 or more (default 6)")
-        if self.acceptance not in ("replay", "loop"):
-            raise SpecdecError(f"--acceptance {self.acceptance!r} is not a method", "use replay (default) or loop")
-        if not 0 <= self.acceptance_half_width < 1:
-            raise SpecdecError(f"--half-width {self.acceptance_half_width:g} is not a fraction", "use e.g. 0.02 for ±2% (0: no prompts added)")
 
 
 def parse_drafter_spec(spec: str) -> tuple[str, dict[str, str]]:

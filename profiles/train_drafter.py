@@ -55,7 +55,7 @@ from specdec_tune import SpecdecError
 from specdec_tune.profiles.calibration import load_calibration, select_prompts
 from specdec_tune.profiles.drafters.base import _REGISTRY
 from specdec_tune.profiles.drafters.checkpoints import resolve_head, save_head
-from specdec_tune.profiles.drafters.dflash import DSPARK_DEMO_RANK, DFlashHead, default_mask_token
+from specdec_tune.profiles.drafters.dflash import DFlashHead, default_mask_token
 from specdec_tune.profiles.drafters.heads import HEAD_KINDS, DraftHead, DraftVocabulary, default_aux_layers, head_kind, register_head_source
 from specdec_tune.profiles.models.llama import gqa_attention
 from specdec_tune.profiles.models.loading import LoadedModel, cache_root, cpu_has_native_bf16, load_model, model_folder
@@ -63,56 +63,24 @@ from specdec_tune.profiles.package_text import package_text
 from specdec_tune.profiles.prompts import encode_prompts
 from specdec_tune.profiles.specdec import SpecCounters, generate
 from specdec_tune.records import sha256_json, write_json
+from specdec_tune.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 MECHANISMS = tuple(HEAD_KINDS)
 SHAPE_FIELDS = ("ttt_steps", "step_decay", "block_size", "draft_layers", "markov_rank", "position_decay")  # each kind reads some
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainSettings:
-    mechanism: str = "eagle3"
-    target: str = "smollm2-135m"
-    prompts: str = "default"  # calibration set; only its profiling split is read
-    max_prompts: int = 0  # 0 = the whole profiling split
-    new_tokens: int = 192  # the target's greedy continuation per prompt
-    package_tokens: int = 600_000  # text from the installed packages, teacher-forced (0 = continuations only)
-    draft_vocab: int = 8192  # most frequent tokens: EAGLE-3's draft vocabulary, MTP's loss shortlist; 0 = the full vocabulary
-    ttt_steps: int = 3  # unrolled draft steps per position (EAGLE-3, MTP)
-    step_decay: float = 0.8  # loss weight of step k: decay^(k-1)
-    block_size: int = 8  # DFlash / DSpark: tokens per block (DFlash drafts block_size-1, DSpark block_size)
-    draft_layers: int = 2  # DFlash / DSpark decoder layers
-    markov_rank: int = DSPARK_DEMO_RANK  # DSpark's Markov bias rank
-    position_decay: float = 4.0  # DFlash / DSpark: slot j's loss weight exp(-j / position_decay)
-    lr: float = 1e-3
-    batch_tokens: int = 2048  # padded tokens per optimizer step
-    budget_minutes: float = 20.0  # optimisation wall time (data preparation and AL measurements are reported apart)
-    eval_points: int = 4  # AL measurements along the run (the learning curve); 0 = none
-    eval_prompts: int = 20  # held-back MT-Bench prompts per measurement (20 of the 24, every domain)
-    eval_new_tokens: int = 64
-    seed: int = 0
-    out: Path | None = None  # None = this target's cached demo head (what --drafter eagle3 / mtp loads)
 
-    def validate(self) -> None:
-        if self.mechanism not in MECHANISMS:
-            raise SpecdecError(f"train-drafter trains {', '.join(MECHANISMS)}, not {self.mechanism!r}", f"pass --mechanism {' or '.join(MECHANISMS)}")
-        if self.budget_minutes <= 0 or self.new_tokens < 8 or self.package_tokens < 0 or self.ttt_steps < 1 or self.batch_tokens < 64 or self.lr <= 0:
-            raise SpecdecError("--budget-minutes, --lr must be positive, --package-tokens ≥ 0, --new-tokens ≥ 8, --ttt-steps ≥ 1, --batch-tokens ≥ 64",
-                               "raise the value named")
-        if self.block_size < 2 or self.draft_layers < 1 or self.markov_rank < 1 or self.position_decay <= 0:
-            raise SpecdecError("--block-size must be ≥ 2, --draft-layers and --markov-rank ≥ 1", "raise the value named")
-        if self.draft_vocab < 0 or self.eval_points < 0 or self.eval_prompts < 1:
-            raise SpecdecError("--draft-vocab and --eval-points must be ≥ 0, --eval-prompts ≥ 1", "fix the value named")
 
-    def key(self) -> str:
-        """What makes one trained head differ from another (not where it goes, not how it is measured)."""
-        other = tuple(f for f in SHAPE_FIELDS if f not in head_kind(self.mechanism).training_fields)
-        fields = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("out", "eval_points", "eval_prompts", "eval_new_tokens", *other)}
-        return sha256_json(fields)[:12]
+def head_key(settings: TrainSettings) -> str:
+    """What makes one trained head differ from another (not where it goes, not how it is measured)."""
+    other = tuple(f for f in SHAPE_FIELDS if f not in head_kind(settings.mechanism).training_fields)
+    fields = {k: v for k, v in dataclasses.asdict(settings).items() if k not in ("out", "eval_points", "eval_prompts", "eval_new_tokens", *other)}
+    return sha256_json(fields)[:12]
 
 
 def demo_head_folder(settings: TrainSettings, target: LoadedModel) -> Path:
-    return cache_root() / "heads" / f"{settings.mechanism}-{target.ref.weights_hash[:12]}-{settings.key()}"
+    return cache_root() / "heads" / f"{settings.mechanism}-{target.ref.weights_hash[:12]}-{head_key(settings)}"
 
 
 def cached_demo_head(mechanism: str, target: LoadedModel) -> Path:
@@ -398,6 +366,8 @@ def measure_al(target: LoadedModel, head: DraftHead, mechanism: str, settings: T
 
 def train(settings: TrainSettings, progress: Callable[[str], None] | None = None) -> dict:
     """Prepare data, train within the budget, measure the learning curve, save; returns the training record."""
+    if settings.mechanism not in MECHANISMS:
+        raise SpecdecError(f"train-drafter trains {', '.join(MECHANISMS)}, not {settings.mechanism!r}", f"pass --mechanism {' or '.join(MECHANISMS)}")
     settings.validate()
     say = progress or (lambda msg: log.info(msg))
     torch.manual_seed(settings.seed)

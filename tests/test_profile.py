@@ -327,7 +327,7 @@ def test_remeasure_appends_visits_refits_and_rewrites_the_profile(tmp_path, tiny
 
 def test_progress_prints_one_line_per_finished_phase_where_output_is_not_a_terminal(capsys):
     """In a CI log the bars print nothing until the end: there, each finished phase is one line with the times."""
-    from specdec_tune.autotune import cli
+    from specdec_tune import cli
 
     assert not cli.console.is_terminal  # pytest captures the output
     with cli._progress(15.0) as tick:

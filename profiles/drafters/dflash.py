@@ -34,6 +34,7 @@ from specdec_tune.profiles.drafters.heads import (DraftHead, DraftVocabulary, He
                                                   register_head_kind, resolve_head)
 from specdec_tune.profiles.models.llama import CausalLM, DecoderLayer, KVCache, ModelConfig, RMSNorm, gqa_attention
 from specdec_tune.profiles.models.loading import LoadedModel
+from specdec_tune.settings import DSPARK_DEMO_RANK
 
 MARKOV_TYPES = ("vanilla", "gated", "rnn")
 
@@ -373,9 +374,6 @@ def read_zlab(config: dict, state: dict, target: CausalLM, folder: Path) -> DFla
                        draft_vocab=layer.vocab_size, target_hidden=layer.hidden_size, sample_from_anchor=False)
 
 
-DSPARK_DEMO_RANK = 64  # the demo DSpark's Markov rank (speculators' default, 256, would outgrow the demo backbone)
-
-
 def speculators_fields(head: DFlashHead) -> dict:
     fields = {"draft_vocab_size": head.draft_vocab_size, "block_size": head.block_size, "target_hidden_size": head.target_hidden_size,
               "aux_hidden_state_layer_ids": list(head.hidden_layers), "mask_token_id": head.mask_token_id,
@@ -406,5 +404,5 @@ register_head_kind(HeadKind("dspark", new=_new(DSPARK_DEMO_RANK, dspark=True), r
                             shared=shared, training_fields=(*_BLOCK_FIELDS, "markov_rank"), eval_draft_len=7))
 
 
-__all__ = ["DSPARK_DEMO_RANK", "BlockDrafter", "DFlashDrafter", "DFlashHead", "DSparkDrafter", "MARKOV_TYPES", "block_mask", "default_mask_token",
+__all__ = ["BlockDrafter", "DFlashDrafter", "DFlashHead", "DSparkDrafter", "MARKOV_TYPES", "block_mask", "default_mask_token",
            "new_dflash_head"]
