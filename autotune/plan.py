@@ -24,7 +24,7 @@ import math
 
 from specdec_tune import __version__
 from specdec_tune.autotune.cost_model import SOURCES, Figure, Prediction, weakest
-from specdec_tune.autotune.plan_schema import PLAN_SCHEMA_VERSION, plan_record
+from specdec_tune.autotune.plan_schema import PLAN_SCHEMA_VERSION, PREDICTED_FIGURES, plan_record
 from specdec_tune.autotune.space import Candidate, Space
 from specdec_tune.profiles.schema import Profile
 from specdec_tune.records import sha256_json
@@ -45,9 +45,7 @@ def _bounds_of(p: Prediction) -> dict:
 
 
 def _predicted(p: Prediction) -> dict:
-    return {"tokens_per_s": _fig(p.tokens_per_s), "per_user_tokens_per_s": _fig(p.per_user_tokens_per_s), "speedup": _fig(p.speedup),
-            "tokens_per_forward": _fig(p.tokens_per_forward), "verify_ms": _fig(p.verify_ms), "draft_ms": _fig(p.draft_ms),
-            "host_ms": _fig(p.host_ms)}
+    return {name: _fig(getattr(p, name)) for name in PREDICTED_FIGURES}
 
 
 def _loss_pct(own: float, other: float) -> float:

@@ -8,12 +8,14 @@ per-domain split) are plain objects. `PLAN_SCHEMA_VERSION` changes whenever a fi
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from specdec_tune import SpecdecError
+from specdec_tune.autotune.cost_model import Figure as CostFigure, Prediction
 from specdec_tune.profiles.schema import Source
 from specdec_tune.records import read_json
 
@@ -32,14 +34,9 @@ class Figure(Record):
     high: Optional[float] = None
 
 
-class Predicted(Record):
-    tokens_per_s: Figure
-    per_user_tokens_per_s: Figure
-    speedup: Figure
-    tokens_per_forward: Figure
-    verify_ms: Figure
-    draft_ms: Figure
-    host_ms: Figure
+# a bucket's predicted figures: each figure of the cost model's Prediction
+PREDICTED_FIGURES = tuple(f.name for f in dataclasses.fields(Prediction) if f.type in ("Figure", CostFigure))
+Predicted = create_model("Predicted", __base__=Record, **{name: (Figure, ...) for name in PREDICTED_FIGURES})
 
 
 class Rationale(BaseModel):
