@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 from typing import Callable
 
+from specdec_tune.exporters.mechanisms import ExportMechanism, mechanism
+
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 
 # The Hugging Face ids of the embedded demo models, for engines that load by id.
@@ -37,6 +39,11 @@ class ExportContext:
     @property
     def speculates(self) -> bool:
         return self.max_draft_len > 0
+
+    @property
+    def spelling(self) -> ExportMechanism:
+        """How every engine spells this mechanism (exporters/mechanisms.py)."""
+        return mechanism(self.mechanism)
 
 
 @dataclasses.dataclass

@@ -10,18 +10,14 @@ from specdec_tune.exporters.engines import Engine, EngineFiles, ExportContext, r
 from specdec_tune.exporters.schedule import to_sglang
 from specdec_tune.exporters.versions import gate
 
-ALGORITHMS = {"ngram": "NGRAM", "draft_model": "STANDALONE", "eagle3": "EAGLE3", "mtp": "NEXTN", "dflash": "DFLASH", "dspark": "DSPARK"}
-ADAPTIVE = {"eagle3", "mtp"}  # EAGLE-family with topk 1 (NEXTN is EAGLE's alias)
-
-
 def _flags(ctx: ExportContext, k: int) -> list[str]:
     if k == 0:
         return []
-    algorithm = ALGORITHMS[ctx.mechanism]
-    flags = ["--speculative-algorithm", algorithm]
-    if ctx.drafter_model and algorithm in ("STANDALONE", "EAGLE3", "NEXTN", "DFLASH", "DSPARK"):
+    s = ctx.spelling.sglang
+    flags = ["--speculative-algorithm", s.algorithm]
+    if ctx.drafter_model and not s.lookup:
         flags += ["--speculative-draft-model-path", ctx.drafter_model]
-    if algorithm == "NGRAM":
+    if s.lookup:
         return flags + ["--speculative-num-draft-tokens", str(k + 1), "--speculative-ngram-max-bfs-breadth", "1"]
     return flags + ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(k + 1)]
 
@@ -29,12 +25,13 @@ def _flags(ctx: ExportContext, k: int) -> list[str]:
 def render(ctx: ExportContext) -> EngineFiles:
     version = ctx.versions["sglang"]
     decisions, gates = [], []
-    if ctx.speculates and ctx.mechanism not in ALGORITHMS:
+    s = ctx.spelling.sglang
+    if ctx.speculates and s is None:
         decisions.append(f"SGLang has no {ctx.mechanism} speculative algorithm: nothing to launch for this plan")
         doc = {"supported": False, "mechanism": ctx.mechanism, "bands": []}
         return EngineFiles({"bands.json": json.dumps(doc, indent=2) + "\n"}, doc, decisions, gates)
-    if ctx.speculates and f"algorithm:{ALGORITHMS[ctx.mechanism]}" in ("algorithm:DFLASH", "algorithm:DSPARK"):
-        gates.append(gate("sglang", f"algorithm:{ALGORITHMS[ctx.mechanism]}", version))
+    if ctx.speculates and s.gated:
+        gates.append(gate("sglang", f"algorithm:{s.algorithm}", version))
     bands = []
     for lo, hi, k in to_sglang(ctx.schedule):
         argv = ["python", "-m", "sglang.launch_server", "--model-path", ctx.target_model, "--max-running-requests", str(hi), *_flags(ctx, k)]
@@ -43,7 +40,7 @@ def render(ctx: ExportContext) -> EngineFiles:
     decisions.append(f"{len(bands)} concurrency band(s): route each band's traffic to its own server (SGLang has no per-batch table)")
     steps = sorted({k for _, k in ctx.schedule if k > 0})
     g = gate("sglang", "speculative_adaptive", version)
-    if ctx.mechanism in ADAPTIVE and len(steps) > 1 and g["emitted"]:
+    if s is not None and s.adaptive and len(steps) > 1 and g["emitted"]:
         gates.append(g)
         adaptive = {"candidate_steps": steps}
         doc["adaptive"] = {"argv": ["python", "-m", "sglang.launch_server", "--model-path", ctx.target_model, *_flags(ctx, max(steps)),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from specdec_tune.exporters.engines import Engine, EngineFiles, ExportContext, register
-from specdec_tune.profiles.drafters.speculators_layout import MODEL_TYPES, config_json
+from specdec_tune.profiles.drafters.speculators_layout import config_json
 
 
 def config_for(ctx: ExportContext) -> dict:
@@ -15,7 +15,7 @@ def config_for(ctx: ExportContext) -> dict:
 
 
 def render(ctx: ExportContext) -> EngineFiles:
-    if ctx.mechanism not in MODEL_TYPES:
+    if not ctx.spelling.learned_head:
         return EngineFiles({}, None, [f"{ctx.mechanism} is not a learned drafter: no speculators config"], [])
     config = config_for(ctx)
     return EngineFiles({"config.json": json.dumps(config, indent=2) + "\n"}, config,

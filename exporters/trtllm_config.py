@@ -8,20 +8,10 @@ from specdec_tune.exporters.engines import Engine, EngineFiles, ExportContext, r
 from specdec_tune.exporters.schedule import to_trtllm
 from specdec_tune.exporters.versions import gate
 
-# decoding_type spelled as the pydantic discriminator literals in llm_args.py (the docs' "DraftTarget" is not one).
-DECODING_TYPES = {"ngram": "NGram", "suffix": "SA", "draft_model": "Draft_Target", "eagle3": "Eagle3", "mtp": "MTP",
-                  "dflash": "DFlash", "dspark": "DSpark"}
-STATIC_ONLY = {"dspark"}  # DSpark keeps its block size (= max_draft_len) fixed
-
-
 def _mechanism_fields(ctx: ExportContext) -> dict:
-    o = ctx.drafter.get("options", {})
-    if ctx.mechanism == "ngram":
-        return {"max_matching_ngram_size": int(o.get("prompt_lookup_max", 5)), "is_keep_all": True, "is_use_oldest": True,
-                "is_public_pool": True}
-    if ctx.mechanism == "suffix":
-        return {"max_matching_ngram_size": -1}
-    return {"speculative_model": ctx.drafter_model} if ctx.drafter_model else {}
+    t = ctx.spelling.trtllm
+    fields = t.fields(ctx.drafter.get("options", {}))
+    return fields | ({"speculative_model": ctx.drafter_model} if t.checkpoint and ctx.drafter_model else {})
 
 
 def render(ctx: ExportContext) -> EngineFiles:
@@ -31,17 +21,18 @@ def render(ctx: ExportContext) -> EngineFiles:
     if not ctx.speculates:
         decisions.append("the plan speculates at no batch size: no speculative_config")
         return EngineFiles({"config.yaml": _dump(config)}, config, decisions, gates)
-    decoding_type = DECODING_TYPES[ctx.mechanism]
+    t = ctx.spelling.trtllm
+    decoding_type = t.decoding_type  # llm_args.py's discriminator literal (the docs' "DraftTarget" is not one)
     gates.append(gate("trtllm", f"decoding_type:{decoding_type}", version))
     spec = {"decoding_type": decoding_type, "max_draft_len": ctx.max_draft_len, **_mechanism_fields(ctx)}
-    if ctx.mechanism == "suffix":
-        decisions.append("suffix decoding maps to SA (TensorRT-LLM's suffix-automaton drafter): same idea, its acceptance was not profiled")
+    if t.note:
+        decisions.append(t.note)
     table = to_trtllm(ctx.schedule)
     g = gate("trtllm", "draft_len_schedule", version)
     gates.append(g)
     graph_sizes = sorted({b for b, _ in ctx.schedule if b <= ctx.max_batch})
     if len(table) > 1 or max(table) < ctx.max_batch:  # a real schedule (or speculation off above some batch)
-        if ctx.mechanism in STATIC_ONLY:
+        if not t.honours_schedule:
             decisions.append(f"{decoding_type} cannot change its draft length at run time: static max_draft_len {ctx.max_draft_len}")
         elif g["emitted"]:
             spec["draft_len_schedule"] = table
@@ -52,8 +43,8 @@ def render(ctx: ExportContext) -> EngineFiles:
             decisions.append(f"TensorRT-LLM {version} has no draft_len_schedule (since {g['since']}): static max_draft_len = the plan's best single D")
     config["speculative_config"] = spec
     config["cuda_graph_config"] = {"enable_padding": True, "batch_sizes": graph_sizes}
-    if decoding_type in ("NGram", "Draft_Target"):
-        config["disable_overlap_scheduler"] = True  # as TensorRT-LLM's own NGram and Draft/Target examples run
+    if t.disable_overlap_scheduler:
+        config["disable_overlap_scheduler"] = True
     decisions.append(f"CUDA graphs captured at batch sizes {graph_sizes}")
     return EngineFiles({"config.yaml": _dump(config)}, config, decisions, gates)
 

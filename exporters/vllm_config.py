@@ -2,28 +2,25 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import shlex
+import subprocess
+import sys
 
 from specdec_tune.exporters.engines import Engine, EngineFiles, ExportContext, register
+from specdec_tune.exporters.mechanisms import by_vllm_method
 from specdec_tune.exporters.schedule import to_vllm
 from specdec_tune.exporters.versions import gate
 
-METHODS = {"ngram": "ngram", "suffix": "suffix", "draft_model": "draft_model", "eagle3": "eagle3", "mtp": "mtp",
-           "dflash": "dflash", "dspark": "dspark"}
-
-
 def _mechanism_fields(ctx: ExportContext) -> dict:
-    o = ctx.drafter.get("options", {})
-    if ctx.mechanism == "ngram":
-        return {"prompt_lookup_min": int(o.get("prompt_lookup_min", 5)), "prompt_lookup_max": int(o.get("prompt_lookup_max", 5))}
-    if ctx.mechanism == "suffix":
-        return {"suffix_decoding_max_tree_depth": int(o.get("max_tree_depth", 24)),
-                "suffix_decoding_max_spec_factor": float(o.get("max_spec_factor", 1.0)),
-                "suffix_decoding_min_token_prob": float(o.get("min_token_prob", 0.1))}
-    fields = {"model": ctx.drafter_model} if ctx.drafter_model else {}
-    if ctx.mechanism == "draft_model":
-        fields["draft_tensor_parallel_size"] = 1
+    v = ctx.spelling.vllm
+    fields = v.fields(ctx.drafter.get("options", {}))
+    if not v.checkpoint:
+        return fields
+    fields |= {"model": ctx.drafter_model} if ctx.drafter_model else {}
+    fields |= dict(v.extra)
     if ctx.quant == "fp8":
         fields["quantization"] = "fp8"
     return fields
@@ -36,9 +33,10 @@ def render(ctx: ExportContext) -> EngineFiles:
     if not ctx.speculates:
         decisions.append("the plan speculates at no batch size: no speculative_config")
         return EngineFiles({"serve.sh": _script(serve)}, None, decisions, gates)
-    g = gate("vllm", f"method:{METHODS[ctx.mechanism]}", version)
+    method = ctx.spelling.vllm.method
+    g = gate("vllm", f"method:{method}", version)
     gates.append(g)
-    config = {"method": METHODS[ctx.mechanism], "num_speculative_tokens": ctx.max_draft_len, **_mechanism_fields(ctx)}
+    config = {"method": method, "num_speculative_tokens": ctx.max_draft_len, **_mechanism_fields(ctx)}
     if not g["emitted"]:
         decisions.append(f"vLLM {version} predates method {config['method']!r} (since {g['since']}): the config needs a newer vLLM")
     ranges = to_vllm(ctx.schedule)
@@ -89,7 +87,7 @@ fields = set(getattr(SpeculativeConfig, "__pydantic_fields__", None) or getattr(
 unknown = sorted(set(config) - fields)
 if unknown:
     sys.exit(f"fields vLLM does not know: {unknown}")
-if config["method"] == "ngram":  # suffix needs arctic-inference, the others their checkpoints
+if sys.argv[2] == "build":  # suffix needs arctic-inference, the others their checkpoints
     SpeculativeConfig(**config)
 """
 
@@ -98,20 +96,18 @@ def native_check(config: dict) -> str:
     """vLLM's own SpeculativeConfig: in this interpreter where vLLM imports, else in the one named by
     SPECDEC_TUNE_VLLM_PYTHON (vLLM's CPU build lives in its own virtualenv). Methods that need their
     draft checkpoint are checked by field name only."""
-    import importlib.util
-    import os
-    import subprocess
-    import sys
-
     python = sys.executable if importlib.util.find_spec("vllm") else os.environ.get("SPECDEC_TUNE_VLLM_PYTHON")
     if not python:
         raise ImportError("vllm")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "ERROR"}
-    done = subprocess.run([python, "-c", _NATIVE_CHECK, json.dumps(config)], capture_output=True, text=True, timeout=600, env=env)
+    spelling = by_vllm_method(config.get("method"))
+    build = spelling is not None and spelling.vllm.builds_here
+    done = subprocess.run([python, "-c", _NATIVE_CHECK, json.dumps(config), "build" if build else "names"], capture_output=True, text=True,
+                          timeout=600, env=env)
     if done.returncode:
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
         raise ValueError(lines[-1] if lines else f"exit {done.returncode}")
-    built = "built" if config["method"] == "ngram" else "field names checked"
+    built = "built" if build else "field names checked"
     return f"vLLM's SpeculativeConfig ({built}, {python})"
 
 

@@ -426,3 +426,18 @@ def test_throughput_is_not_checked_against_a_profile_from_another_device():
     profile = types.SimpleNamespace(target={"path": "x"}, device={"kind": "cpu", "name": "Another CPU 9000", "dtype": "float32"})
     result = throughput_check({"device": {}, "ctx": 128, "max_draft_len": 3, "buckets": []}, profile, MeasureSettings())
     assert result["checked"] is False and "'Another CPU 9000' there" in result["why"]
+
+
+def test_engine_modules_compare_no_mechanism_name_outside_the_registry():
+    """Every engine's spelling of a mechanism lives in exporters/mechanisms.py; the engine modules look it up."""
+    import re
+
+    from specdec_tune.exporters.mechanisms import MECHANISMS
+
+    names = "|".join(MECHANISMS)
+    pattern = re.compile(rf"""(==|!=|\bin)\s*\(?["']({names})["']|["']({names})["']\s*(==|!=|\bin\b)|\{{\s*["']({names})["']\s*:""")
+    folder = Path(__file__).resolve().parents[1] / "exporters"
+    found = [f"{p.name}:{i}: {line.strip()}" for p in sorted(folder.glob("*.py")) if p.name != "mechanisms.py"
+             for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert found == []
+    assert pattern.search('if ctx.mechanism == "ngram":') and pattern.search('STATIC = {"dspark": 1}')
