@@ -389,18 +389,18 @@ def shared(head: DFlashHead) -> set[str]:
     return {"embed_tokens.weight"} | ({"lm_head.weight"} if head.draft_vocab_size == head.config.vocab_size else set())
 
 
-def _new(markov_rank_default: int, dspark: bool):
+def _new(dspark: bool):
     def new(target: CausalLM, draft_vocab=None, aux_layers=None, seed=0, draft_layers=2, block_size=8, mask_token_id=None,
-            markov_rank=markov_rank_default, **_) -> DFlashHead:
+            markov_rank=DSPARK_DEMO_RANK, **_) -> DFlashHead:
         return new_dflash_head(target, draft_vocab=draft_vocab, layers=draft_layers, block_size=block_size, mask_token_id=mask_token_id,
                                layer_ids=aux_layers, markov_rank=markov_rank if dspark else 0, seed=seed)
     return new
 
 
 _BLOCK_FIELDS = ("block_size", "draft_layers", "position_decay")
-register_head_kind(HeadKind("dflash", new=_new(0, dspark=False), read=_speculators_block("dflash"), speculators_fields=speculators_fields,
+register_head_kind(HeadKind("dflash", new=_new(dspark=False), read=_speculators_block("dflash"), speculators_fields=speculators_fields,
                             shared=shared, training_fields=_BLOCK_FIELDS, eval_draft_len=7, layouts=(Layout("z-lab", "dflash_config", read_zlab),)))
-register_head_kind(HeadKind("dspark", new=_new(DSPARK_DEMO_RANK, dspark=True), read=_speculators_block("dspark"), speculators_fields=speculators_fields,
+register_head_kind(HeadKind("dspark", new=_new(dspark=True), read=_speculators_block("dspark"), speculators_fields=speculators_fields,
                             shared=shared, training_fields=(*_BLOCK_FIELDS, "markov_rank"), eval_draft_len=7))
 
 
