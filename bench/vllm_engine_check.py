@@ -34,6 +34,8 @@ from pathlib import Path
 
 from common import shown  # noqa: E402  (bench/ is this script's folder)
 
+from specdec_tune.profiles.drafters.draft_model import common_prefix
+
 REPO = Path(__file__).resolve().parents[1]
 RUNNER = Path(__file__).resolve().with_name("vllm_runner.py")
 DEFAULT_VENV = REPO / ".venv-vllm"
@@ -214,15 +216,6 @@ def replay_vllm_rounds(drafter, prompt: list[int], reference: list[int], k: int,
 
 
 # ---------------------------------------------------------------------------- comparison
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def agreement(a: list[list[int]], b: list[list[int]]) -> dict:
