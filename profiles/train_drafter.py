@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import json
 import logging
 import math
@@ -54,9 +53,9 @@ import torch.nn.functional as F
 from specdec_tune import SpecdecError
 from specdec_tune.profiles.calibration import load_calibration, select_prompts
 from specdec_tune.profiles.drafters.base import _REGISTRY
-from specdec_tune.profiles.drafters.checkpoints import resolve_head, save_head
+from specdec_tune.profiles.drafters.checkpoints import register_demo_head, save_head
 from specdec_tune.profiles.drafters.dflash import DFlashHead, default_mask_token
-from specdec_tune.profiles.drafters.heads import HEAD_KINDS, DraftHead, DraftVocabulary, default_aux_layers, head_kind, register_head_source
+from specdec_tune.profiles.drafters.heads import HEAD_KINDS, DraftHead, DraftVocabulary, default_aux_layers, head_kind
 from specdec_tune.profiles.models.llama import gqa_attention
 from specdec_tune.profiles.models.loading import LoadedModel, cache_root, cpu_has_native_bf16, load_model, model_folder
 from specdec_tune.profiles.package_text import package_text
@@ -450,4 +449,4 @@ def train(settings: TrainSettings, progress: Callable[[str], None] | None = None
 __all__ = ["TrainSettings", "block_loss", "cached_demo_head", "demo_head_folder", "measure_al", "train", "ttt_mask"]
 
 
-register_head_source(functools.partial(resolve_head, demo_head=cached_demo_head))  # head drafters without model= train here
+register_demo_head(cached_demo_head)  # head drafters given neither model= nor random= load it (trained here on first use)

@@ -46,19 +46,30 @@ class LoadedHead:
     config: dict
 
 
-def resolve_head(mechanism: str, target: LoadedModel, options, *, demo_head: Callable[[str, LoadedModel], Path]
-                 ) -> tuple[DraftHead, str | None, object]:
-    """The head a drafter's options name: random weights, a checkpoint folder, or this target's cached demo head
-    (`demo_head`: its folder, trained on first use). Returns (head, weights hash or None, the options with `model`
-    resolved to the folder)."""
+# This target's cached demo head folder (trained on first use), for a head drafter given neither model= nor random=:
+# registered by profiles/train_drafter.py, the one module that can train a head. The modules that decode and profile
+# import it; the drafters do not (the trainer runs the speculative loop, which runs the drafters).
+_DEMO_HEAD: list[Callable[[str, LoadedModel], Path]] = []
+
+
+def register_demo_head(find: Callable[[str, LoadedModel], Path]) -> None:
+    _DEMO_HEAD[:] = [find]
+
+
+def resolve_head(mechanism: str, target: LoadedModel, options) -> tuple[DraftHead, str | None, object]:
+    """The head a drafter's options name: random weights, a checkpoint folder, or this target's cached demo head.
+    Returns (head, weights hash or None, the options with `model` resolved to the folder)."""
     if options.random:
         if options.model:
             raise SpecdecError(f"{mechanism} options model= and random= exclude each other", "give one of them")
         return head_kind(mechanism).new(target.model), None, options
     if options.model:
         folder = Path(options.model).expanduser()
+    elif _DEMO_HEAD:
+        folder = _DEMO_HEAD[0](mechanism, target)
     else:
-        folder = demo_head(mechanism, target)
+        raise SpecdecError(f"no {mechanism} head was given and no demo-head trainer is loaded",
+                           "give model=FOLDER (or random=1), or import specdec_tune.profiles.train_drafter, which trains the demo head")
     loaded = load_head(folder, target, expect=mechanism)
     return loaded.head, loaded.weights_hash, dataclasses.replace(options, model=str(folder))
 
@@ -171,4 +182,4 @@ def save_head(head: DraftHead, mechanism: str, folder: Path, *, verifier: str, v
     return folder
 
 
-__all__ = ["LoadedHead", "load_head", "resolve_head", "save_head", "speculators_config", "transformer_layer_config"]
+__all__ = ["LoadedHead", "load_head", "register_demo_head", "resolve_head", "save_head", "speculators_config", "transformer_layer_config"]

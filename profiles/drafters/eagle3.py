@@ -21,9 +21,10 @@ from torch import nn
 
 from specdec_tune import SpecdecError
 from specdec_tune.profiles.drafters.base import register
+from specdec_tune.profiles.drafters.checkpoints import resolve_head
 from specdec_tune.profiles.drafters.head_reading import check_verifier, draft_map, layer_config, load_into
 from specdec_tune.profiles.drafters.heads import (DraftHead, DraftVocabulary, HeadDrafter, HeadKind, Layout, default_aux_layers, head_layer_config,
-                                                  register_head_kind, resolve_head, shares_embedding)
+                                                  register_head_kind, shares_embedding)
 from specdec_tune.profiles.models.llama import CausalLM, DecoderLayer, ModelConfig, RMSNorm
 from specdec_tune.profiles.models.loading import LoadedModel
 

@@ -30,7 +30,6 @@ from specdec_tune.profiles.models.llama import KVCache, ModelConfig, rope_lookup
 
 if TYPE_CHECKING:
     from specdec_tune.profiles.models.llama import CausalLM
-    from specdec_tune.profiles.models.loading import LoadedModel
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
@@ -180,25 +179,6 @@ def shares_embedding(head: DraftHead) -> set[str]:
 
 
 # ---------------------------------------------------------------------------- the drafter
-
-
-# Where a head drafter's options find its head (random weights, a checkpoint folder, or this target's cached demo
-# head, trained on first use): registered by profiles/train_drafter.py, the one module that can train one
-# (checkpoints.resolve_head with its trainer). The modules that decode and profile import it; the drafters do not
-# (the trainer runs the speculative loop, which runs the drafters).
-_HEAD_SOURCE: list[Callable[[str, LoadedModel, object], tuple[DraftHead, str | None, object]]] = []
-
-
-def register_head_source(source: Callable[[str, LoadedModel, object], tuple[DraftHead, str | None, object]]) -> None:
-    _HEAD_SOURCE[:] = [source]
-
-
-def resolve_head(mechanism: str, target: LoadedModel, options: object) -> tuple[DraftHead, str | None, object]:
-    """(head, weights hash or None, the options with `model` resolved to the folder) for a head drafter's options."""
-    if not _HEAD_SOURCE:
-        raise SpecdecError(f"no source of {mechanism} heads is registered",
-                           "give model=FOLDER or random=1, or import specdec_tune.profiles.train_drafter, which registers the cached demo head")
-    return _HEAD_SOURCE[0](mechanism, target, options)
 
 
 class HeadDrafter(Drafter):

@@ -21,8 +21,9 @@ from torch import nn
 
 from specdec_tune import SpecdecError
 from specdec_tune.profiles.drafters.base import register
+from specdec_tune.profiles.drafters.checkpoints import resolve_head
 from specdec_tune.profiles.drafters.head_reading import check_verifier, layer_config, load_into
-from specdec_tune.profiles.drafters.heads import DraftHead, HeadDrafter, HeadKind, head_layer_config, register_head_kind, resolve_head
+from specdec_tune.profiles.drafters.heads import DraftHead, HeadDrafter, HeadKind, head_layer_config, register_head_kind
 from specdec_tune.profiles.models.llama import CausalLM, DecoderLayer, ModelConfig, RMSNorm
 from specdec_tune.profiles.models.loading import LoadedModel
 
