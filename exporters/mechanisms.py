@@ -26,7 +26,6 @@ def _no_fields(options: dict) -> dict:
 class Vllm:
     method: str
     fields: Callable[[dict], dict] = _no_fields  # the method's own fields, from the drafter's profiled options
-    checkpoint: bool = True  # runs a checkpoint: `model` (and `quantization` for FP8 weights) are written
     extra: tuple[tuple[str, object], ...] = ()  # fixed fields
     builds_here: bool = False  # SpeculativeConfig builds without a checkpoint or an extra package (the native check)
 
@@ -35,7 +34,6 @@ class Vllm:
 class Trtllm:
     decoding_type: str
     fields: Callable[[dict], dict] = _no_fields
-    checkpoint: bool = True  # `speculative_model` is written
     honours_schedule: bool = True  # support_dynamic_draft_len(): else the mode keeps one draft length
     disable_overlap_scheduler: bool = False  # as TensorRT-LLM's own examples of the mode run
     note: str = ""  # a decision the bundle records whenever the mode is exported
@@ -56,6 +54,7 @@ class ExportMechanism:
     trtllm: Trtllm
     sglang: Sglang | None  # None: SGLang has no such algorithm
     learned_head: bool = False  # a speculators config.json goes with it
+    checkpoint: bool = True  # runs a checkpoint: the engines get its path (vLLM `model`, TensorRT-LLM `speculative_model`)
 
 
 def _ngram_vllm(o: dict) -> dict:
@@ -73,12 +72,12 @@ def _suffix_vllm(o: dict) -> dict:
 
 
 MECHANISMS: dict[str, ExportMechanism] = {m.name: m for m in (
-    ExportMechanism("ngram", Vllm("ngram", _ngram_vllm, checkpoint=False, builds_here=True),
-                    Trtllm("NGram", _ngram_trtllm, checkpoint=False, disable_overlap_scheduler=True), Sglang("NGRAM", lookup=True)),
-    ExportMechanism("suffix", Vllm("suffix", _suffix_vllm, checkpoint=False),
-                    Trtllm("SA", lambda o: {"max_matching_ngram_size": -1}, checkpoint=False,
+    ExportMechanism("ngram", Vllm("ngram", _ngram_vllm, builds_here=True),
+                    Trtllm("NGram", _ngram_trtllm, disable_overlap_scheduler=True), Sglang("NGRAM", lookup=True), checkpoint=False),
+    ExportMechanism("suffix", Vllm("suffix", _suffix_vllm),
+                    Trtllm("SA", lambda o: {"max_matching_ngram_size": -1},
                            note="suffix decoding maps to SA (TensorRT-LLM's suffix-automaton drafter): same idea, its acceptance was not profiled"),
-                    None),
+                    None, checkpoint=False),
     ExportMechanism("draft_model", Vllm("draft_model", extra=(("draft_tensor_parallel_size", 1),)),
                     Trtllm("Draft_Target", disable_overlap_scheduler=True), Sglang("STANDALONE")),
     ExportMechanism("eagle3", Vllm("eagle3"), Trtllm("Eagle3"), Sglang("EAGLE3", adaptive=True), learned_head=True),

@@ -11,7 +11,7 @@ from specdec_tune.exporters.versions import gate
 def _mechanism_fields(ctx: ExportContext) -> dict:
     t = ctx.spelling.trtllm
     fields = t.fields(ctx.drafter.get("options", {}))
-    return fields | ({"speculative_model": ctx.drafter_model} if t.checkpoint and ctx.drafter_model else {})
+    return fields | ({"speculative_model": ctx.drafter_model} if ctx.spelling.checkpoint and ctx.drafter_model else {})
 
 
 def render(ctx: ExportContext) -> EngineFiles:

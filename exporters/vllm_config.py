@@ -17,7 +17,7 @@ from specdec_tune.exporters.versions import gate
 def _mechanism_fields(ctx: ExportContext) -> dict:
     v = ctx.spelling.vllm
     fields = v.fields(ctx.drafter.get("options", {}))
-    if not v.checkpoint:
+    if not ctx.spelling.checkpoint:
         return fields
     fields |= {"model": ctx.drafter_model} if ctx.drafter_model else {}
     fields |= dict(v.extra)
