@@ -31,7 +31,7 @@ from specdec_tune.records import sha256_json
 
 
 
-def _fig(f: Figure) -> dict:
+def figure_json(f: Figure) -> dict:
     """A figure as plan.json holds it: value, source and its 95% interval (null where the profile has none)."""
     return {"value": f.value, "source": f.source, "low": f.low, "high": f.high}
 
@@ -45,7 +45,7 @@ def _bounds_of(p: Prediction) -> dict:
 
 
 def _predicted(p: Prediction) -> dict:
-    return {name: _fig(getattr(p, name)) for name in PREDICTED_FIGURES}
+    return {name: figure_json(getattr(p, name)) for name in PREDICTED_FIGURES}
 
 
 def _loss_pct(own: float, other: float) -> float:
@@ -168,9 +168,9 @@ def per_domain(space: Space, c: Candidate, domains: dict[str, Space]) -> dict | 
         allowed = ds.allowed(c.mechanism, c.tile_policy)
         choice[d] = {B: max(allowed, key=lambda D, B=B: (ds.bucket_value(B, D, c.mechanism, c.quant, c.tile_policy), -D)) for B in served}
         best = ds.fill(c.mechanism, c.quant, c.tile_policy, c.max_batch)
-        own[d] = {"schedule": [{"batch": B, "draft_len": D, "speedup": _fig(ds.cost.predict(B, D, c.mechanism, c.quant).speedup)}
+        own[d] = {"schedule": [{"batch": B, "draft_len": D, "speedup": figure_json(ds.cost.predict(B, D, c.mechanism, c.quant).speedup)}
                                for B, D in zip(served, best.schedule)],
-                  "mix_schedule_speedup": [_fig(ds.cost.predict(B, D, c.mechanism, c.quant).speedup) for B, D in zip(served, c.schedule)]}
+                  "mix_schedule_speedup": [figure_json(ds.cost.predict(B, D, c.mechanism, c.quant).speedup) for B, D in zip(served, c.schedule)]}
     apart = [{"batch": B, "draft_len": D, "by_domain": {d: choice[d][B] for d in domains},
               "apart_by": "95% intervals" if all(ds.cost.predict(B, choice[d][B], c.mechanism, c.quant).tokens_per_s.has_interval
                                                  for d, ds in domains.items()) else f"the {space.tie_tolerance:.0%} tie tolerance (no intervals)"}
@@ -186,7 +186,7 @@ def disagreement_line(row: dict) -> str:
 def _point(space: Space, c: Candidate) -> dict:
     p = space.at_cap(c)
     return {"mechanism": p.mechanism, "quant": p.quant, "max_batch": p.batch, "draft_len": p.draft_len, "tile_policy": c.tile_policy,
-            "tokens_per_s": _fig(p.tokens_per_s), "per_user_tokens_per_s": _fig(p.per_user_tokens_per_s)}
+            "tokens_per_s": figure_json(p.tokens_per_s), "per_user_tokens_per_s": figure_json(p.per_user_tokens_per_s)}
 
 
 def front_coverage(space: Space, found: list[Candidate], exact: list[Candidate]) -> dict:

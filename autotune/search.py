@@ -60,6 +60,12 @@ def domain_spaces(profile: Profile, settings: SearchSettings, mix: dict[str, flo
     return spaces
 
 
+def plan_cost_model(profile: Profile, plan: dict) -> CostModel:
+    """The cost model a plan's figures came from (its device projection, mix and context): for what the plan did not choose."""
+    device = plan["search_settings"].get("device")
+    return CostModel(project(profile, get_device_spec(device)) if device else profile, ctx=plan["ctx"], mix=plan.get("mix"))
+
+
 def search(profile: Profile, profile_hash: str, settings: SearchSettings) -> dict:
     if settings.min_tokens_per_s and settings.objective not in ("per-user", "pareto"):
         raise SpecdecError("--min-tps is a floor for the per-user and pareto objectives", "add --objective per-user, or drop --min-tps")

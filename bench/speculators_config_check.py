@@ -92,11 +92,12 @@ def fresh_heads(folder: Path) -> list[Path]:
     """An untrained head of each mechanism for the demo target, written by the trainer's writer."""
     from specdec_tune.profiles.drafters.checkpoints import save_head
     from specdec_tune.profiles.drafters.heads import HEAD_KINDS
-    from specdec_tune.profiles.models.loading import load_model, model_folder
+    from specdec_tune.profiles.models.loading import architectures, load_model, model_folder
 
     target = load_model(None, dtype="float32")
-    verifier = str(model_folder(None)[1])
-    return [save_head(kind.new(target.model), mechanism, folder / mechanism, verifier=verifier, verifier_arch=target.ref.arch, speculative_tokens=3)
+    _, verifier, config, _ = model_folder(None)
+    return [save_head(kind.new(target.model), mechanism, folder / mechanism, verifier=str(verifier),
+                      verifier_architectures=architectures(config, str(verifier)), speculative_tokens=3)
             for mechanism, kind in HEAD_KINDS.items()]
 
 

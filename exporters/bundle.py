@@ -33,17 +33,22 @@ from pathlib import Path
 
 from specdec_tune import SpecdecError, __version__
 from specdec_tune.autotune.plan_schema import load_plan
-from specdec_tune.autotune.search import search
+from specdec_tune.autotune.plan import figure_json
+from specdec_tune.autotune.search import plan_cost_model, search
 from specdec_tune.exporters.artifacts import check_shipped_kernels, kernels_summary, onnx_summary, ship_drafter_onnx, ship_kernels
+from specdec_tune.exporters.engine_checks import Facts
 from specdec_tune.exporters.engines import ENGINE_MODEL_IDS, ExportContext, load_engines, load_schema_file
+from specdec_tune.exporters.safety import noisy_thresholds, safety_lines, top_band_cost
 from specdec_tune.exporters.report import bundle_readme, lossless_text, write_report
 from specdec_tune.exporters.validate import (check_document, describe_throughput_row, failing_rows, lossless_gate,
                                              prediction_cells, repair_record, schedule_of, schedule_text, throughput_check,
                                              throughput_refusal)
-from specdec_tune.exporters.versions import DEFAULT_VERSIONS, parse_version
+from specdec_tune.exporters.mechanisms import mechanism as mechanism_spelling
+from specdec_tune.exporters.versions import DEFAULT_VERSIONS, rules_line
 from specdec_tune.profiles import profiler
 from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint, resolve_device, triton_version
-from specdec_tune.profiles.models.loading import model_folder, pick_dtype, weights_hash
+from specdec_tune.profiles.drafters.speculators_layout import head_fields
+from specdec_tune.profiles.models.loading import architectures, model_folder, pick_dtype, weights_hash
 from specdec_tune.profiles.schema import Profile, load_profile
 from specdec_tune.records import read_json, sha256_file, sha256_json, write_json
 from specdec_tune.settings import ExportSettings, MeasureSettings, SearchSettings
@@ -70,23 +75,40 @@ def read_plan(path: Path) -> dict:
 
 
 def _versions(overrides) -> dict[str, str]:
+    """The engine versions to export for: the defaults, each override checked against the release lines the tool knows."""
     versions = dict(DEFAULT_VERSIONS)
     for engine, version in overrides:
         if engine not in versions:
             raise SpecdecError(f"unknown engine {engine!r}", f"use one of {', '.join(versions)}")
-        parse_version(engine, version)
+        rules_line(engine, version)
         versions[engine] = version
     return versions
 
 
-def _context(plan: dict, profile, s: ExportSettings, versions: dict) -> ExportContext:
+def head_config_fields(mechanism: str, options: dict) -> dict:
+    """A learned head's own config fields, refused with one line where one an engine needs is missing."""
+    spelling = mechanism_spelling(mechanism)
+    if not spelling.learned_head or not options:  # no drafter: the plan never speculates
+        return {}
+    fields = head_fields(options)
+    where = f"the {mechanism} head's config.json ({options.get('model') or 'none: a random-weight head has no folder'})"
+    for field, engine in spelling.needs:
+        if fields.get(field) in (None, {}, []):
+            raise SpecdecError(f"{where} has no {field}, which {engine} needs", f"give a {mechanism} head whose config.json sets {field}")
+    return fields
+
+
+def _context(plan: dict, profile, s: ExportSettings, versions: dict, folder: Path, target_config: dict) -> ExportContext:
     info = next(d for d in profile.drafters if d.name == plan["mechanism"]) if plan["max_draft_len"] else None
     target_path = profile.target["path"]
     drafter_model = (info.options.get("model") or None) if info else None
+    cost = plan_cost_model(profile, plan)
+    predict = lambda batch, draft_len: figure_json(cost.predict(batch, draft_len, plan["mechanism"], plan["quant"]).tokens_per_s)  # noqa: E731
     return ExportContext(plan=plan, mechanism=plan["mechanism"], quant=plan["quant"],
                          schedule=[(b["batch"], b["draft_len"]) for b in plan["buckets"]], max_batch=plan["max_batch"],
                          drafter=info.model_dump(mode="json") if info else {}, target_model=s.engine_model or ENGINE_MODEL_IDS.get(target_path, target_path),
-                         drafter_model=drafter_model, versions=versions)
+                         drafter_model=drafter_model, versions=versions, head=head_config_fields(plan["mechanism"], info.options if info else {}),
+                         target_architectures=tuple(architectures(target_config, f"{folder}/config.json")), predict=predict)
 
 
 def _figure_sources(plan: dict) -> dict:
@@ -115,6 +137,7 @@ class Staged:
     ctx: ExportContext
     engines: dict
     configs: list
+    safety: dict
     kernels: dict
     drafter_onnx: dict
 
@@ -123,22 +146,28 @@ def _stage(plan: dict, profile, s: ExportSettings, versions: dict, staging: Path
     """Engine configs (each checked against its engine's rules), kernels and the drafter's ONNX, in a fresh staging folder."""
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    ctx = _context(plan, profile, s, versions)
+    _, target_folder, target_config, _ = model_folder(profile.target["path"])
+    ctx = _context(plan, profile, s, versions, target_folder, target_config)
     engines, configs = {}, []
     for name, engine in load_engines().items():
         files = engine.render(ctx)
         for rel, text in files.files.items():
             (staging / engine.folder / rel).parent.mkdir(parents=True, exist_ok=True)
             (staging / engine.folder / rel).write_text(text)
-        engines[name] = {"version": versions[name], "folder": engine.folder, "files": sorted(files.files), "decisions": files.decisions,
-                         "gates": files.gates}
-        configs.append(check_document(engine, files.document))
+        runs = [(b, d) for b, d in files.deviation["schedule"]] if files.deviation else ctx.schedule
+        facts = Facts(target_folder, ctx.max_batch, runs)
+        engines[name] = {"version": versions[name], "rules": rules_line(name, versions[name]).source, "folder": engine.folder,
+                         "files": sorted(files.files), "decisions": files.decisions, "gates": files.gates,
+                         **({"deviation": files.deviation} if files.deviation else {})}
+        configs.append(check_document(engine, files.document, versions[name], staging / engine.folder, facts))
     bad = [c for c in configs if c["errors"]]
     if bad:
         raise SpecdecError(f"the {bad[0]['engine']} config fails its check: {bad[0]['errors'][0]}", "report this with the plan.json")
+    dtype_bytes = 4 if profile.target.get("dtype") == "float32" else 2
+    safety = {"noisy_thresholds": noisy_thresholds(ctx), "top_band": top_band_cost(ctx, target_config, dtype_bytes)}
     kernels = ship_kernels(plan, profile, staging)
     drafter_onnx = ship_drafter_onnx(plan, profile, staging) if s.onnx_drafter else {"skipped": "--no-onnx"}
-    return Staged(ctx, engines, configs, kernels, drafter_onnx)
+    return Staged(ctx, engines, configs, safety, kernels, drafter_onnx)
 
 
 def _lossless_gate_or_refuse(plan: dict, profile, measure: MeasureSettings) -> dict:
@@ -189,7 +218,8 @@ def export(s: ExportSettings, on_repair: Callable[[dict], None] | None = None, o
                     gate = _lossless_gate_or_refuse(checked.plan, checked.profile, s.measure)
                 plan, profile = checked.plan, checked.profile
                 staged = _stage(plan, profile, s, versions, staging)
-        validation: dict = {"configs": staged.configs, "lossless": gate, "throughput": tp, **({"repairs": repairs} if repairs else {})}
+        validation: dict = {"configs": staged.configs, "schedule_safety": staged.safety, "lossless": gate, "throughput": tp,
+                            **({"repairs": repairs} if repairs else {})}
         manifest = _write_staged(staging, s, plan, profile, versions, staged, validation)
         _swap_into_place(staging, out)
     finally:
@@ -204,7 +234,7 @@ def _write_staged(staging: Path, s: ExportSettings, plan: dict, profile, version
     shutil.copyfile(s.plan, staging / "inputs" / "plan.json")
     shutil.copyfile(s.profile, staging / "inputs" / "profile.json")
     write_report(staging / "report", plan, profile, staged.engines, validation)
-    (staging / "README.md").write_text(bundle_readme(plan, staged.engines))
+    (staging / "README.md").write_text(bundle_readme(plan, staged.engines, staged.safety))
     tp = validation["throughput"]
     manifest = {
         "schema_version": BUNDLE_SCHEMA_VERSION, "tool_version": __version__,
@@ -218,7 +248,8 @@ def _write_staged(staging: Path, s: ExportSettings, plan: dict, profile, version
         "kernels": kernels_summary(staged.kernels), "drafter_onnx": onnx_summary(staged.drafter_onnx),
         "validation": {"configs_ok": True, "lossless": lossless_text(validation["lossless"]),
                        "throughput_worst_error_pct": tp.get("worst", {}).get("error_pct"), "device_drift_pct": tp.get("device_drift_pct"),
-                       "repairs": validation.get("repairs", [])},
+                       "repairs": validation.get("repairs", []),
+                       "schedule_safety": safety_lines(staged.safety)},
         "files": {str(p.relative_to(staging)): sha256_file(p) for p in sorted(staging.rglob("*")) if p.is_file()},
     }
     write_json(staging / "manifest.json", manifest)
@@ -414,13 +445,17 @@ def validate_bundle(bundle: Path, measure: MeasureSettings | None) -> dict:
     manifest = read_manifest(bundle)
     engines = load_engines()
     result: dict = {"hashes": f"{len(manifest['files'])} files match the manifest", "configs": []}
+    try:
+        target_folder = model_folder(manifest["target"]["path"])[1]
+    except SpecdecError:
+        target_folder = None  # the engines' own checks that need the target's config say they did not run
     for name, entry in manifest["engines"].items():
         engine = engines.get(name)
         if engine is None:
             raise SpecdecError(f"the manifest names an unknown engine {name!r}", "re-export the bundle with this version")
         rel = f"{entry['folder']}/{engine.document}"
         if rel not in manifest["files"]:
-            result["configs"].append(check_document(engine, None))
+            result["configs"].append(check_document(engine, None, entry["version"]))
             continue
         try:
             text = (Path(bundle) / rel).read_bytes().decode("utf-8")
@@ -429,7 +464,9 @@ def validate_bundle(bundle: Path, measure: MeasureSettings | None) -> dict:
             first = str(e).splitlines()[0]
             raise SpecdecError(f"bundle file {rel} does not parse as plain data ({first})",
                                "YAML tags and other constructors are refused: re-export the bundle") from None
-        result["configs"].append(check_document(engine, document))
+        runs = (entry.get("deviation") or {}).get("schedule") or manifest["plan"]["schedule"]
+        facts = Facts(target_folder, manifest["plan"]["max_batch"], [(b, d) for b, d in runs])
+        result["configs"].append(check_document(engine, document, entry["version"], Path(bundle) / entry["folder"], facts))
     kernel_errors = check_shipped_kernels(Path(bundle), manifest)
     result["kernels"] = {"errors": kernel_errors, "checked": (manifest.get("kernels") or {}).get("binaries", 0)}
     if measure is not None:

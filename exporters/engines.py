@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Callable
 
+from specdec_tune.exporters.engine_checks import Facts
 from specdec_tune.exporters.mechanisms import ExportMechanism, mechanism
 
 SCHEMA_DIR = Path(__file__).parent / "schemas"
@@ -31,6 +32,9 @@ class ExportContext:
     target_model: str  # the target as the engines load it (a path or a hub id)
     drafter_model: str | None  # the drafter checkpoint as the engines load it, where it has one
     versions: dict[str, str]
+    head: dict = dataclasses.field(default_factory=dict)  # a learned head's own config fields (speculators_layout.head_fields)
+    target_architectures: tuple[str, ...] = ()  # the target's config.json `architectures`
+    predict: Callable[[int, int], dict] | None = None  # tokens/s at (batch, D) under the plan's cost model, as plan.json holds a figure
 
     @property
     def max_draft_len(self) -> int:
@@ -52,6 +56,28 @@ class EngineFiles:
     document: dict | None  # the config the schema (and the engine's own classes) check
     decisions: list[str]
     gates: list[dict]
+    deviation: dict | None = None  # where the engine cannot run the plan's schedule: what it runs instead (`deviation`)
+
+
+def deviation(ctx: ExportContext, runs: list[tuple[int, int]], why: str) -> dict:
+    """What an engine runs where it cannot follow the plan's schedule, bucket by bucket beside the plan, with the predicted
+    tokens/s under each (the plan's cost model: same sources and intervals as plan.json's figures)."""
+    rows = []
+    for (batch, planned), (_, ran) in zip(ctx.schedule, runs):
+        row: dict = {"batch": batch, "plan_draft_len": planned, "draft_len": ran}
+        if ctx.predict is not None:
+            mine, plan = ctx.predict(batch, ran), ctx.predict(batch, planned)
+            row |= {"tokens_per_s": mine, "plan_tokens_per_s": plan, "change_pct": round(100 * (mine["value"] / plan["value"] - 1), 1)}
+        rows.append(row)
+    return {"why": why, "schedule": [[b, d] for b, d in runs], "buckets": rows}
+
+
+def deviation_text(record: dict) -> str:
+    """One line: the schedule an engine runs instead of the plan's, and the predicted change where the plan's differs."""
+    changed = [r for r in record["buckets"] if r["draft_len"] != r["plan_draft_len"]]
+    parts = [f"B≤{r['batch']}: D={r['draft_len']} (plan {r['plan_draft_len']}"
+             + (f", predicted {r['change_pct']:+.1f}% tokens/s, {r['tokens_per_s']['source']})" if "change_pct" in r else ")") for r in changed]
+    return f"{record['why']}: " + ("; ".join(parts) if parts else "the plan's draft lengths at every bucket")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +87,8 @@ class Engine:
     document: str  # the file in its folder that holds the checked config
     schema: str  # file name under schemas/
     render: Callable[[ExportContext], EngineFiles]
-    rules: Callable[[dict], list[str]]  # the engine's cross-field rules a schema cannot state; returns violations
-    native_check: Callable[[dict], str] | None = None  # the engine's own config classes, where importable
+    rules: Callable[[dict, str], list[str]]  # (config, engine version) -> the cross-field rules a schema cannot state it breaks
+    native_check: Callable[[dict, Path, Facts], dict] | None = None  # the engine's own code on the written files (engine_checks.py)
 
 
 ENGINES: dict[str, Engine] = {}

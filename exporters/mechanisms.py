@@ -4,10 +4,17 @@ The engine modules look a mechanism up here and never compare its name; adding a
 names and rules follow the engines' released sources (../shared/reference/engines.md §7 holds the citations):
 
     vLLM          `speculative_config.method` and the method's own fields (vllm/config/speculative.py)
-    TensorRT-LLM  `decoding_type` as llm_args.py's discriminator literal; whether the mode honours
-                  `draft_len_schedule` (`support_dynamic_draft_len()` in _torch/speculative/interface.py)
-    SGLang        `--speculative-algorithm`; whether `--speculative-adaptive` runs it (EAGLE family, topk 1)
-    speculators   whether the drafter is a learned head with a speculators `config.json`
+    TensorRT-LLM  `decoding_type` per release line (versions.py): 1.3rc's discriminator literal, 1.2's class string
+                  (EAGLE-3 is Eagle with eagle3_one_model; no SA, DFlash, DSpark); whether the mode honours
+                  `draft_len_schedule` in each line (1.2: modes with a drafter object, NGram and two-model
+                  Draft_Target; 1.3rc: `support_dynamic_draft_len()`, not NGram nor DSpark); DSpark's
+                  `max_draft_len` must equal the checkpoint's block_size
+    SGLang        `--speculative-algorithm`; whether `--speculative-adaptive` runs it (EAGLE / EAGLE3 with topk 1,
+                  speculative/adaptive_spec_params.py); DFLASH and DSPARK draft the checkpoint's whole block in one
+                  step (arg_groups/speculative_hook.py at 0.5.23: both force steps and topk to 1; DFLASH's draft tokens
+                  are the block, DSPARK's must be block + 1)
+    speculators   whether the drafter is a learned head with a speculators `config.json`, and the head config
+                  fields each engine reads (vLLM's speculators reader indexes DFlash/DSpark's layer ids and mask token)
 """
 
 from __future__ import annotations
@@ -25,18 +32,28 @@ def _no_fields(options: dict) -> dict:
 @dataclasses.dataclass(frozen=True)
 class Vllm:
     method: str
-    fields: Callable[[dict], dict] = _no_fields  # the method's own fields, from the drafter's profiled options
+    fields: Callable[[dict], dict] = _no_fields  # the method's own fields, from the drafter's options and its head's config
     extra: tuple[tuple[str, object], ...] = ()  # fixed fields
-    builds_here: bool = False  # SpeculativeConfig builds without a checkpoint or an extra package (the native check)
+    reads_head: bool = True  # loads a separately trained head of this kind (vLLM 0.32's speculators reader: no mtp type)
+    lookahead: Callable[[int], int] = lambda k: 0  # KV slots per request vLLM reserves for num_speculative_tokens k (0.32's rule)
 
 
 @dataclasses.dataclass(frozen=True)
 class Trtllm:
-    decoding_type: str
+    decoding_type: str  # the 1.3rc line's literal
     fields: Callable[[dict], dict] = _no_fields
-    honours_schedule: bool = True  # support_dynamic_draft_len(): else the mode keeps one draft length
+    honours_schedule: tuple[str, ...] = ("1.3rc",)  # the release lines (versions.py) where the mode follows draft_len_schedule
+    legacy: tuple[str, tuple[tuple[str, object], ...]] | None = None  # the 1.2 line's decoding_type and fixed fields; None: absent
+    legacy_draft_len_field: str = "max_draft_len"  # 1.2's MTP takes K as num_nextn_predict_layers (its __init__ overwrites max_draft_len)
+    fixed_block: bool = False  # max_draft_len must equal the checkpoint's block_size (DSpark)
     disable_overlap_scheduler: bool = False  # as TensorRT-LLM's own examples of the mode run
     note: str = ""  # a decision the bundle records whenever the mode is exported
+
+    def spelling(self, line: str) -> tuple[str, dict, str] | None:
+        """(decoding_type, fixed fields, the field that takes K) in a release line, None where the line has no such mode."""
+        if line == "1.2":
+            return (self.legacy[0], dict(self.legacy[1]), self.legacy_draft_len_field) if self.legacy else None
+        return self.decoding_type, {}, "max_draft_len"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +62,8 @@ class Sglang:
     adaptive: bool = False  # --speculative-adaptive runs it (EAGLE family with topk 1)
     lookup: bool = False  # a model-free lookup: draft tokens and BFS breadth, no steps and no draft model
     gated: bool = False  # needs an SGLang version the tool checks (versions.py)
+    fixed_block: bool = False  # drafts the checkpoint's whole block in one step: a band runs the block's D or none, and
+    #                            takes only --speculative-num-draft-tokens (DFLASH and DSPARK force steps and topk to 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +74,12 @@ class ExportMechanism:
     sglang: Sglang | None  # None: SGLang has no such algorithm
     learned_head: bool = False  # a speculators config.json goes with it
     checkpoint: bool = True  # runs a checkpoint: the engines get its path (vLLM `model`, TensorRT-LLM `speculative_model`)
+    needs: tuple[tuple[str, str], ...] = ()  # (head config field, the engine that refuses the head without it)
+    block_drafts: Callable[[int], int] | None = None  # drafts one pass of a block of block_size tokens yields
+
+    def drafts_per_block(self, head: dict) -> int:
+        """The draft length a fixed-block engine runs for this head (its config's block_size)."""
+        return self.block_drafts(int(head["block_size"]))
 
 
 def _ngram_vllm(o: dict) -> dict:
@@ -71,24 +96,37 @@ def _suffix_vllm(o: dict) -> dict:
             "suffix_decoding_min_token_prob": float(o.get("min_token_prob", 0.1))}
 
 
+def _dflash_trtllm(o: dict) -> dict:
+    return {"mask_token_id": o["mask_token_id"], "target_layer_ids": list(o["aux_hidden_state_layer_ids"])}
+
+
+def _dspark_trtllm(o: dict) -> dict:
+    return {"mask_token_id": o["mask_token_id"], "target_layer_ids": list(o["aux_hidden_state_layer_ids"]), "block_size": o["block_size"],
+            **{k: o[k] for k in ("markov_rank", "markov_head_type") if o.get(k) is not None}}
+
+
+# the head config fields an engine cannot load a head without
+_LAYER = (("transformer_layer_config", "speculators (an empty one loads as a default Qwen layer)"),)
+_BLOCK = _LAYER + (("aux_hidden_state_layer_ids", "vLLM (its speculators reader)"), ("mask_token_id", "vLLM (its speculators reader)"))
+
 MECHANISMS: dict[str, ExportMechanism] = {m.name: m for m in (
-    ExportMechanism("ngram", Vllm("ngram", _ngram_vllm, builds_here=True),
-                    Trtllm("NGram", _ngram_trtllm, disable_overlap_scheduler=True), Sglang("NGRAM", lookup=True), checkpoint=False),
+    ExportMechanism("ngram", Vllm("ngram", _ngram_vllm),
+                    Trtllm("NGram", _ngram_trtllm, honours_schedule=("1.2",), legacy=("NGram", ()), disable_overlap_scheduler=True), Sglang("NGRAM", lookup=True), checkpoint=False),
     ExportMechanism("suffix", Vllm("suffix", _suffix_vllm),
                     Trtllm("SA", lambda o: {"max_matching_ngram_size": -1},
                            note="suffix decoding maps to SA (TensorRT-LLM's suffix-automaton drafter): same idea, its acceptance was not profiled"),
                     None, checkpoint=False),
-    ExportMechanism("draft_model", Vllm("draft_model", extra=(("draft_tensor_parallel_size", 1),)),
-                    Trtllm("Draft_Target", disable_overlap_scheduler=True), Sglang("STANDALONE")),
-    ExportMechanism("eagle3", Vllm("eagle3"), Trtllm("Eagle3"), Sglang("EAGLE3", adaptive=True), learned_head=True),
-    ExportMechanism("mtp", Vllm("mtp"), Trtllm("MTP"), Sglang("NEXTN", adaptive=True), learned_head=True),
-    ExportMechanism("dflash", Vllm("dflash"), Trtllm("DFlash"), Sglang("DFLASH", gated=True), learned_head=True),
-    ExportMechanism("dspark", Vllm("dspark"), Trtllm("DSpark", honours_schedule=False), Sglang("DSPARK", gated=True), learned_head=True),
+    ExportMechanism("draft_model", Vllm("draft_model", extra=(("draft_tensor_parallel_size", 1),), lookahead=lambda k: k),
+                    Trtllm("Draft_Target", honours_schedule=("1.2", "1.3rc"), legacy=("Draft_Target", ()), disable_overlap_scheduler=True), Sglang("STANDALONE")),
+    ExportMechanism("eagle3", Vllm("eagle3", lookahead=lambda k: k), Trtllm("Eagle3", legacy=("Eagle", (("eagle3_one_model", True),))), Sglang("EAGLE3", adaptive=True), learned_head=True, needs=_LAYER),
+    ExportMechanism("mtp", Vllm("mtp", reads_head=False, lookahead=lambda k: k), Trtllm("MTP", legacy=("MTP", ()), legacy_draft_len_field="num_nextn_predict_layers"), Sglang("NEXTN", adaptive=True), learned_head=True, needs=_LAYER),
+    ExportMechanism("dflash", Vllm("dflash", lookahead=lambda k: k + 1), Trtllm("DFlash", _dflash_trtllm), Sglang("DFLASH", gated=True, fixed_block=True),
+                    learned_head=True, needs=_BLOCK + (("block_size", "SGLang (DFLASH drafts the whole block)"),),
+                    block_drafts=lambda block: block - 1),  # slot 0 is the anchor
+    ExportMechanism("dspark", Vllm("dspark", lookahead=lambda k: k), Trtllm("DSpark", _dspark_trtllm, honours_schedule=(), fixed_block=True), Sglang("DSPARK", gated=True, fixed_block=True),
+                    learned_head=True, needs=_BLOCK + (("block_size", "TensorRT-LLM (max_draft_len = block_size)"),),
+                    block_drafts=lambda block: block),  # sample_from_anchor: every slot drafts
 )}
-
-
-def by_vllm_method(method: str) -> ExportMechanism | None:
-    return next((m for m in MECHANISMS.values() if m.vllm.method == method), None)
 
 
 def mechanism(name: str) -> ExportMechanism:

@@ -251,13 +251,14 @@ def export_head(head: DraftHead, out_dir: Path, *, name: str, max_batch: int = 6
     block = fp32.block
     max_tokens = 1 + max_draft_len
     graphs = (_block_graphs if block else _serial_graphs)(fp32, max_batch, max_tokens, ctx)
-    cases = parity_cases or [(1, 1, 1), (3, max_tokens, 7), (min(max_batch, 5), 2, 17)]
+    top_batch = max(max_batch, 2)  # the graphs' dynamic ranges (a range of one value would be specialised away)
+    cases = parity_cases or [(1, 1, 1), (min(top_batch, 3), max_tokens, 7), (min(top_batch, 5), 2, 17)]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     result: dict = {"drafter": name, "quant": quant, "shapes": {"max_batch": max_batch, "max_tokens": max_tokens, "max_past": ctx},
                     "graphs": {}, "files": [], "readme_extra": [_USAGE["block" if block else "serial"]]}
     for graph in graphs:
-        example = graph.example(2, 3, 5, torch.Generator().manual_seed(0))
+        example = graph.example(2, min(3, max(max_tokens, 2)), 5, torch.Generator().manual_seed(0))  # inside every dynamic range
         path = export_module(graph.module, example, graph.dynamic, (graph.inputs, graph.outputs), out_dir / graph.file)
         parity = check_graph_parity(graph, path, cases)
         if not parity["passed"]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specdec_tune.exporters.safety import safety_lines
 from specdec_tune.exporters.validate import describe_repair, describe_throughput_row
 
 PLOTS = ("verify_curve.png", "acceptance_by_domain.png", "speedup_by_bucket.png", "pareto_front.png")
@@ -158,16 +159,17 @@ def write_report(folder: Path, plan: dict, profile, engines: dict, validation: d
     (folder / "report.md").write_text("\n".join(lines))
 
 
-def bundle_readme(plan: dict, engines: dict) -> str:
+def bundle_readme(plan: dict, engines: dict, safety: dict) -> str:
     """The bundle's README: how each engine takes its files, and what it could not express."""
     schedule = ", ".join(f"B≤{b['batch']}: D={b['draft_len']}" for b in plan["buckets"])
     out = [f"# Deployment bundle: {plan['mechanism']} speculative decoding", "",
            f"Schedule ({plan['device']['name']}, times {plan['device']['times']}): {schedule}; max batch {plan['max_batch']}.", "",
            "- `vllm/`: `sh vllm/serve.sh`, or `LLM(..., speculative_config=json.load(open('vllm/speculative_config.json')))`.",
            "- `trtllm/`: `trtllm-serve <model> --config trtllm/config.yaml`.",
-           "- `sglang/`: SGLang has no per-batch draft-length table. `sglang/launch.sh` lists one server per concurrency band "
-           "(route each band's traffic to its server); where the algorithm allows, it also lists one adaptive server "
-           "(`--speculative-adaptive`), which picks steps by acceptance, not by batch size.",
+           "- `sglang/`: `sh sglang/launch.sh`. For EAGLE-family drafters SGLang runs the per-batch draft lengths in one server: "
+           "`sglang/adaptive.json` (the `--speculative-adaptive-config` file) keys one candidate step count by each band's lowest "
+           "batch size, so the controller keeps the plan's D. Other algorithms get one server per concurrency band "
+           "(`sglang/bands.json`; route each band's traffic to its server).",
            "- `speculators/`: `config.json` for a learned drafter's folder (absent for model-free drafters).",
            "- `kernels/`: Triton verification-attention and acceptance kernels for the plan's shapes: sources, the chosen configs "
            "(`kernel_table.json`: timed on a GPU, else chosen by the tile rules and labelled modeled) and cubins per architecture "
@@ -179,4 +181,16 @@ def bundle_readme(plan: dict, engines: dict) -> str:
            "- `manifest.json`: file hashes and the factors `specdec-tune check` compares (exit 3 when stale).", "", "## Decisions", ""]
     for name, e in engines.items():
         out += [f"- {name} {e['version']}: {d}" for d in e["decisions"]]
+    flagged = safety_lines(safety)
+    if flagged:
+        out += ["", "## Schedule safety", ""] + [f"- {line}" for line in flagged]
+    deviations = {name: e["deviation"] for name, e in engines.items() if e.get("deviation")}
+    if deviations:
+        out += ["", "## Where an engine cannot run the plan's schedule", "",
+                "Predicted tokens/s under what the engine runs instead, beside the plan's (same cost model and sources):", ""]
+        for name, record in deviations.items():
+            out += [f"- {name}: {record['why']}"]
+            out += [f"  - B≤{r['batch']}: D={r['draft_len']} (plan {r['plan_draft_len']})"
+                    + (f": {r['tokens_per_s']['value']:.1f} tokens/s against {r['plan_tokens_per_s']['value']:.1f} ({r['change_pct']:+.1f}%, "
+                       f"{r['tokens_per_s']['source']})" if "tokens_per_s" in r else "") for r in record["buckets"]]
     return "\n".join(out) + "\n"

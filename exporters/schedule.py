@@ -4,8 +4,10 @@ A plan's schedule is (batch bucket, D) pairs; bucket b serves the batch sizes ab
 bucket and up to b, and nothing is served above the last bucket (the engine's batch cap is set to it).
 
     vLLM          num_speculative_tokens_per_batch_size  [[lo, hi, K], ...]  ranges from 1, K ≤ num_speculative_tokens
-    TensorRT-LLM  draft_len_schedule                      {hi: K, ...}        inclusive upper bounds; the first value is
-                                                                                max_draft_len; above the last key K = 0
+    TensorRT-LLM  draft_len_schedule                      {hi: K, ...}        1.3rc: inclusive upper bounds; the first value
+                                                                                is max_draft_len; above the last key K = 0
+                                                          {lo: K, ...}        1.2: lower bounds ("batch >= key"), key 1 holds
+                                                                                max_draft_len; the last key's K carries upward
     SGLang        one server per concurrency band         [(lo, hi, K), ...]  no per-batch table in one server
 
 Adjacent buckets with the same K merge. Each form converts back to the same per-batch-size K.
@@ -56,12 +58,26 @@ def to_trtllm(schedule: Schedule) -> dict[int, int]:
     return table
 
 
+def to_trtllm_lower(schedule: Schedule) -> dict[int, int]:
+    """TensorRT-LLM 1.2's form: lower bound -> K; key 1 carries max_draft_len (the plan's rule)."""
+    table = {lo: k for lo, _, k in bands(schedule)}
+    if table[1] != max(table.values()):
+        raise SpecdecError(f"TensorRT-LLM needs batch 1 to carry the largest draft length, got {table}",
+                           "re-run `specdec-tune search`, which keeps that rule")
+    return table
+
+
 def to_sglang(schedule: Schedule) -> list[tuple[int, int, int]]:
     return bands(schedule)
 
 
+def k_at_lower(table: dict[int, int], batch: int) -> int:
+    """The K TensorRT-LLM 1.2 uses at `batch`: the value of the largest key at or below it."""
+    return table[max(k for k in table if k <= batch)]
+
+
 def k_at(table: dict[int, int] | list, batch: int) -> int:
-    """The K an engine uses at `batch`, from either the vLLM ranges or the TensorRT-LLM thresholds."""
+    """The K an engine uses at `batch`, from either the vLLM ranges or the TensorRT-LLM (1.3rc) thresholds."""
     if isinstance(table, dict):
         keys = [k for k in sorted(table) if k >= batch]
         return table[keys[0]] if keys else 0

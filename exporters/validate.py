@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+from pathlib import Path
 
 import jsonschema
 import torch
 
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.cost_model import CostModel
+from specdec_tune.exporters.engine_checks import EngineMissing, Facts
 from specdec_tune.exporters.engines import Engine, load_schema
 from specdec_tune.profiles.calibration import select_prompts
 from specdec_tune.profiles.decode_run import decode_prompts
@@ -36,24 +38,25 @@ from specdec_tune.profiles.timing import is_out_of_memory
 from specdec_tune.settings import MeasureSettings
 
 
-def check_document(engine: Engine, document: dict | None) -> dict:
-    """One engine's config: the engine's classes where importable, else the schema; always its rules."""
+def check_document(engine: Engine, document: dict | None, version: str, folder: Path | None = None, facts: Facts | None = None) -> dict:
+    """One engine's config: its JSON Schema and its rules at `version`, and, given the written files' folder and what
+    they should run, the engine's own code where it runs here (engine_checks.py); the record says which ran."""
     if document is None:
         return {"engine": engine.name, "checked_with": "nothing to check (no config for this plan)", "errors": []}
     errors = [f"{'/'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}"
               for e in jsonschema.Draft202012Validator(load_schema(engine)).iter_errors(document)]
-    checked_with = f"JSON Schema {engine.schema}"
-    if engine.native_check is not None:
+    errors += engine.rules(document, version)
+    record = {"engine": engine.name, "checked_with": f"JSON Schema {engine.schema} + the cross-field rules of {engine.name} {version}"}
+    if engine.native_check is not None and folder is not None and facts is not None:
         try:
-            checked_with = engine.native_check(document)
-        except ImportError:
-            pass  # the engine is not installed here: the schema stands in
-        except Exception as e:  # noqa: BLE001 - the engine's own validation error, whatever its type
-            errors.append(f"{engine.name} rejects it: {e}")
-    errors += engine.rules(document)
-    return {"engine": engine.name, "checked_with": checked_with + " + cross-field rules", "errors": errors}
-
-
+            native = engine.native_check(document, folder, facts)
+        except EngineMissing as e:
+            record["engine_code"] = f"not run: {e}"
+        else:
+            record["engine_code"] = native["checked_with"]
+            errors += native["errors"]
+            record |= {"engine_notes": native["notes"]} if native.get("notes") else {}
+    return record | {"errors": errors}
 
 
 PROBE_REPEATS = 5  # timed calls of a speed probe (median): the gate scales its prediction by the ratio, so it gets more than a guard

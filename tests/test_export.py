@@ -3,6 +3,7 @@ integrity checks, staleness factors, and the losslessness gate against a deliber
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import os
@@ -11,15 +12,19 @@ from pathlib import Path
 import pytest
 import yaml
 from hypothesis import given, settings, strategies as st
+from packaging.version import Version
 
 from specdec_tune import SpecdecError, __version__
 from specdec_tune.cli import main
 from specdec_tune.autotune.search import SearchSettings, search
 from specdec_tune.exporters import schedule as sched
-from specdec_tune.exporters.bundle import STALE_EXIT_CODE, ExportSettings, export, read_manifest
+from specdec_tune.exporters.bundle import STALE_EXIT_CODE, ExportSettings, export, head_config_fields, read_manifest
 from specdec_tune.exporters.engines import ExportContext, load_engines
+from specdec_tune.exporters.safety import noisy_thresholds, top_band_cost
 from specdec_tune.exporters.validate import check_document
-from specdec_tune.exporters.versions import DEFAULT_VERSIONS
+from specdec_tune.exporters.versions import DEFAULT_VERSIONS, rules_line
+from specdec_tune.profiles.models.loading import architectures
+from specdec_tune.profiles.drafters.speculators_layout import head_fields
 from specdec_tune.profiles.schema import load_profile
 from specdec_tune.records import sha256_file, write_json
 
@@ -63,15 +68,27 @@ def test_a_schedule_that_breaks_the_tensorrt_rule_is_refused():
 # ---------------------------------------------------------------------------- engine configs
 
 
+LAYER = {"model_type": "llama", "hidden_size": 576, "num_hidden_layers": 1, "num_attention_heads": 9, "num_key_value_heads": 3}
+BLOCK_HEAD = {"transformer_layer_config": LAYER, "block_size": 8, "aux_hidden_state_layer_ids": [2, 15, 27], "mask_token_id": 49151}
+HEADS = {"eagle3": {"transformer_layer_config": LAYER, "eagle_aux_hidden_state_layer_ids": [2, 15, 27]},
+         "mtp": {"transformer_layer_config": LAYER, "num_nextn_predict_layers": 1}, "dflash": BLOCK_HEAD,
+         "dspark": BLOCK_HEAD | {"markov_rank": 8, "markov_head_type": "gated", "sample_from_anchor": True}}
+
+
+def _predict(batch: int, draft_len: int) -> dict:
+    """A made-up cost model for render tests: tokens/s rising with D at batch 1, falling with D at large batches."""
+    value = 100.0 * batch * (1 + 0.2 * draft_len / batch - 0.01 * draft_len)
+    return {"value": value, "source": "interpolated", "low": 0.9 * value, "high": 1.1 * value}
+
+
 def _context(mechanism: str, schedule, versions=None, quant="none") -> ExportContext:
     options = {"ngram": {"prompt_lookup_min": 2, "prompt_lookup_max": 5}, "suffix": {"max_tree_depth": 24}}.get(mechanism, {})
-    if mechanism == "dspark":
-        options = {"markov_rank": 8, "markov_head_type": "gated", "block_size": 8}
     learned = mechanism not in ("ngram", "suffix")
     plan = {"single_draft_len": {"draft_len": 2}, "profile": {"target": {"arch": "llama"}}}
     return ExportContext(plan=plan, mechanism=mechanism, quant=quant, schedule=list(schedule), max_batch=schedule[-1][0],
                          drafter={"name": mechanism, "options": options}, target_model="HuggingFaceTB/SmolLM2-135M-Instruct",
-                         drafter_model="/models/draft" if learned else None, versions=dict(DEFAULT_VERSIONS, **(versions or {})))
+                         drafter_model="/models/draft" if learned else None, versions=dict(DEFAULT_VERSIONS, **(versions or {})),
+                         head=HEADS.get(mechanism, {}), target_architectures=("LlamaForCausalLM",), predict=_predict)
 
 
 def test_speculators_config_takes_the_heads_own_fields(tmp_path):
@@ -81,26 +98,26 @@ def test_speculators_config_takes_the_heads_own_fields(tmp_path):
            "target_hidden_size": 576, "norm_before_residual": False, "transformer_layer_config": {"hidden_size": 576}, "auto_map": {"x": "y"}}
     (tmp_path / "config.json").write_text(json.dumps(own))
     ctx = dataclasses.replace(_context("eagle3", [(1, 3)]), drafter={"name": "eagle3", "options": {"model": str(tmp_path), "random": False}})
+    ctx = dataclasses.replace(ctx, head=head_fields(ctx.drafter["options"]))
     config = load_engines()["speculators"].render(ctx).document
     assert config["draft_vocab_size"] == 8192 and config["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]
     assert config["transformer_layer_config"] == {"hidden_size": 576} and "auto_map" not in config
-    bare = load_engines()["speculators"].render(_context("eagle3", [(1, 3)])).document
-    assert "draft_vocab_size" not in bare
 
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 @pytest.mark.parametrize("schedule", [[(1, 4), (4, 2), (16, 1), (64, 0)], [(1, 3), (8, 3)], [(1, 0), (8, 0)]])
 def test_every_engine_config_validates_for_every_mechanism(mechanism, schedule):
     for name, engine in load_engines().items():
-        files = engine.render(_context(mechanism, schedule))
-        result = check_document(engine, files.document)
+        ctx = _context(mechanism, schedule)
+        files = engine.render(ctx)
+        result = check_document(engine, files.document, ctx.versions[name])
         assert result["errors"] == [], (name, mechanism, result)
         assert files.decisions, "every engine says what it emitted"
         if name == "vllm" and files.document:
             assert files.document["method"] == mechanism and files.document["num_speculative_tokens"] == max(d for _, d in schedule)
         if name == "trtllm" and files.document.get("speculative_config"):
             spec = files.document["speculative_config"]
-            assert spec["decoding_type"] in ("NGram", "SA", "Draft_Target", "Eagle3", "MTP", "DFlash", "DSpark")
+            assert spec["decoding_type"] in ("NGram", "Draft_Target", "Eagle", "MTP")  # the 1.2 line's
             if "draft_len_schedule" in spec:
                 assert set(spec["draft_len_schedule"]) <= set(files.document["cuda_graph_config"]["batch_sizes"])
         if name == "sglang" and files.document["supported"]:
@@ -108,38 +125,156 @@ def test_every_engine_config_validates_for_every_mechanism(mechanism, schedule):
                 argv = band["argv"]
                 if band["draft_len"]:
                     assert argv[argv.index("--speculative-num-draft-tokens") + 1] == str(band["draft_len"] + 1)
+        if files.deviation:  # an engine that cannot run the plan's schedule says what it runs and what that costs
+            assert all("tokens_per_s" in row for row in files.deviation["buckets"]) and files.deviation["why"]
 
 
 def test_checks_catch_broken_configs():
     engines = load_engines()
     bad_vllm = {"method": "ngram", "num_speculative_tokens": 2, "num_speculative_tokens_per_batch_size": [[2, 4, 3]]}
-    errors = check_document(engines["vllm"], bad_vllm)["errors"]
+    errors = check_document(engines["vllm"], bad_vllm, "0.32.0")["errors"]
     assert any("start at 1" in e for e in errors) and any("exceeds num_speculative_tokens" in e for e in errors)
-    assert check_document(engines["vllm"], {"method": "medusa2", "num_speculative_tokens": 0})["errors"]
+    assert check_document(engines["vllm"], {"method": "medusa2", "num_speculative_tokens": 0}, "0.32.0")["errors"]
     bad_trt = {"max_batch_size": 8, "speculative_config": {"decoding_type": "DraftTarget", "max_draft_len": 3,
                                                              "draft_len_schedule": {"1": 2, "8": 3}}, "cuda_graph_config": {"batch_sizes": [1]}}
-    errors = check_document(engines["trtllm"], bad_trt)["errors"]
-    assert any("decoding_type" in e for e in errors) and any("smallest draft_len_schedule key" in e for e in errors)
+    errors = check_document(engines["trtllm"], bad_trt, "1.3.0rc29")["errors"]
+    assert any("decoding_type" in e for e in errors) and any("draft_len_schedule key 1 must equal" in e for e in errors)
     assert any("miss schedule keys" in e for e in errors)
+    bad_trt["speculative_config"]["draft_len_schedule"] = {"2": 3, "8": 1}  # 1.2: key 1 is required
+    assert any("must include batch_size=1" in e for e in check_document(engines["trtllm"], bad_trt, "1.2.1")["errors"])
 
 
 def test_engine_versions_decide_what_is_emitted():
-    ctx = _context("ngram", [(1, 3), (4, 1), (16, 0)], versions={"vllm": "0.31.0", "trtllm": "1.2.0"})
-    engines = load_engines()
-    vllm = engines["vllm"].render(ctx)
+    ctx = _context("ngram", [(1, 3), (4, 1), (16, 0)], versions={"vllm": "0.31.0"})
+    vllm = load_engines()["vllm"].render(ctx)
     assert "num_speculative_tokens_per_batch_size" not in vllm.document and vllm.document["num_speculative_tokens"] == 2
     assert any("no per-batch table" in d for d in vllm.decisions)
-    trt = engines["trtllm"].render(ctx)
-    assert "draft_len_schedule" not in trt.document["speculative_config"]
-    assert any(g["feature"] == "draft_len_schedule" and not g["emitted"] for g in trt.gates)
 
 
-def test_sglang_adaptive_alternative_only_for_eagle_family():
+def test_an_engine_version_without_rules_is_refused_naming_the_known_ones(plan_path, tmp_path, capsys):
+    known = {"trtllm": "1.2.0 to 1.2.1, 1.3.0rc27 to 1.3.0rc29", "vllm": "0.10.0 to 0.33.0"}
+    for engine, version in (("trtllm", "1.4.0"), ("trtllm", "1.3.0rc3"), ("vllm", "0.5.0")):
+        code = main(["export", "--plan", str(plan_path), "--profile", str(PROFILE_PATH), "--out", str(tmp_path / "b"), "--configs-only",
+                     f"--{engine}-version", version])
+        err = capsys.readouterr().err
+        assert code == 1 and f"no {engine} rules are known for version {version}" in err and known[engine] in err
+        assert not (tmp_path / "b").exists()
+
+
+# ---------------------------------------------------------------------------- rules from the engines' released sources
+
+
+def _sglang_router_steps(table: dict, graph_sizes: list[int], batch: int) -> list[int]:
+    """SGLang 0.5.23's own lookup (speculative/adaptive_step_router.py): pad the batch up to a captured graph size, then
+    take the largest key at or below it."""
+    i = bisect.bisect_left(graph_sizes, batch)
+    padded = graph_sizes[i] if i < len(graph_sizes) else batch
+    keys = sorted(int(k) for k in table)
+    return table[str(keys[max(0, bisect.bisect_right(keys, padded) - 1)])]["candidate_steps"]
+
+
+def test_sglang_runs_the_per_batch_schedule_from_an_adaptive_config_file():
+    """--speculative-adaptive-config takes a path to a JSON file keyed by batch size; one candidate per key makes it the
+    plan's per-batch table, at every batch size once SGLang has padded it to a CUDA-graph size."""
+    schedule = [(1, 7), (2, 7), (8, 3), (32, 1), (64, 0)]
+    files = load_engines()["sglang"].render(_context("eagle3", schedule))
+    argv = files.document["adaptive"]["argv"]
+    path = argv[argv.index("--speculative-adaptive-config") + 1]
+    assert path == "adaptive.json" and path in files.files and not path.lstrip().startswith("{")
+    table = json.loads(files.files[path])
+    assert all(key.isdigit() and isinstance(entry["candidate_steps"], list) for key, entry in table.items())
+    graphs = [int(a) for a in argv[argv.index("--cuda-graph-bs-decode") + 1:]]
+    for batch in range(1, 65):
+        assert _sglang_router_steps(table, graphs, batch) == [next(d for b, d in schedule if b >= batch)], batch
+    assert '"$here/adaptive.json"' in files.files["launch.sh"] and "exec python -m sglang.launch_server" in files.files["launch.sh"]
+    ngram = load_engines()["sglang"].render(_context("ngram", schedule))
+    assert "adaptive" not in ngram.document and len(ngram.document["bands"]) == 4
+
+
+def test_fixed_block_drafters_export_the_checkpoints_block():
+    """DSpark: TensorRT-LLM needs max_draft_len = block_size and keeps it at every batch size; SGLang's DSPARK takes
+    num_draft_tokens = block + 1 and DFLASH one step of the block: a band speculates at the block's D or not at all."""
+    schedule = [(1, 4), (4, 2), (16, 0)]
     engines = load_engines()
-    eagle = engines["sglang"].render(_context("eagle3", [(1, 7), (8, 3), (32, 1)]))
-    assert eagle.document["adaptive"]["config"]["candidate_steps"] == [1, 3, 7] and len(eagle.document["bands"]) == 3
-    ngram = engines["sglang"].render(_context("ngram", [(1, 7), (8, 3), (32, 1)]))
-    assert "adaptive" not in ngram.document and any("adaptive controller" in d for d in ngram.decisions)
+    trt = engines["trtllm"].render(_context("dspark", schedule, versions={"trtllm": "1.3.0rc29"}))
+    spec = trt.document["speculative_config"]
+    assert spec["max_draft_len"] == spec["block_size"] == 8 and "draft_len_schedule" not in spec
+    assert [r["draft_len"] for r in trt.deviation["buckets"]] == [8, 8, 8]
+    assert all(r["tokens_per_s"]["source"] == "interpolated" for r in trt.deviation["buckets"])
+    old_trt = engines["trtllm"].render(_context("dspark", schedule))  # 1.2.1 has no DSpark
+    assert "speculative_config" not in old_trt.document and [r["draft_len"] for r in old_trt.deviation["buckets"]] == [0, 0, 0]
+    for mechanism, drafts in (("dspark", 8), ("dflash", 7)):
+        doc = engines["sglang"].render(_context(mechanism, schedule)).document
+        on, off = doc["bands"]
+        assert (on["draft_len"], off["draft_len"]) == (drafts, 0) and "--speculative-algorithm" not in off["argv"]
+        assert on["argv"][on["argv"].index("--speculative-num-draft-tokens") + 1] == str(drafts + 1)
+        assert "--speculative-num-steps" not in on["argv"]  # both force one step
+
+
+def test_tensorrt_modes_that_cannot_follow_a_schedule_get_the_static_config_they_run():
+    """1.3rc: the NGram two-model path ignores draft_len_schedule (no support_dynamic_draft_len): one D, the plan's best
+    single one, with its predicted cost. 1.2: keys are lower bounds and only modes with a drafter object follow them."""
+    schedule = [(1, 4), (4, 2), (16, 1), (64, 0)]
+    engines = load_engines()
+    new = engines["trtllm"].render(_context("ngram", schedule, versions={"trtllm": "1.3.0rc29"}))
+    assert "draft_len_schedule" not in new.document["speculative_config"] and new.document["speculative_config"]["max_draft_len"] == 2
+    assert [r["draft_len"] for r in new.deviation["buckets"]] == [2, 2, 2, 2] and "change_pct" in new.deviation["buckets"][0]
+    old = engines["trtllm"].render(_context("ngram", schedule)).document["speculative_config"]
+    assert old["draft_len_schedule"] == {1: 4, 2: 2, 5: 1, 17: 0}
+    assert all(sched.k_at_lower(old["draft_len_schedule"], b) == next(d for x, d in schedule if x >= b) for b in range(1, 65))
+    eagle = engines["trtllm"].render(_context("eagle3", schedule))
+    assert eagle.document["speculative_config"]["decoding_type"] == "Eagle" and eagle.document["speculative_config"]["eagle3_one_model"]
+    assert "draft_len_schedule" not in eagle.document["speculative_config"] and eagle.deviation
+    mtp = engines["trtllm"].render(_context("mtp", [(1, 3)])).document["speculative_config"]
+    assert mtp == {"decoding_type": "MTP", "num_nextn_predict_layers": 3, "speculative_model": "/models/draft"}
+    assert not Version(DEFAULT_VERSIONS["trtllm"]).is_prerelease and rules_line("trtllm", DEFAULT_VERSIONS["trtllm"]).name == "1.2"
+
+
+def test_speculators_config_carries_the_heads_layer_and_the_targets_own_architecture():
+    """The verifier's architectures are the target config's own (a multi-part model type is not capitalised into a
+    class name); the head's layer config is its real one, never empty."""
+    assert architectures({"model_type": "qwen3_moe"}, "x") == ["Qwen3MoeForCausalLM"]
+    assert architectures({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral"}, "x") == ["MixtralForCausalLM"]
+    ctx = dataclasses.replace(_context("dflash", [(1, 3)]), target_architectures=("Qwen3MoeForCausalLM",))
+    config = load_engines()["speculators"].render(ctx).document
+    assert config["speculators_config"]["verifier"]["architectures"] == ["Qwen3MoeForCausalLM"]
+    assert config["transformer_layer_config"] == LAYER and config["mask_token_id"] == 49151
+    assert config["aux_hidden_state_layer_ids"] == [2, 15, 27]
+    emptied = dict(config, transformer_layer_config={})
+    assert any("transformer_layer_config" in e for e in check_document(load_engines()["speculators"], emptied, "0.9.0")["errors"])
+
+
+@pytest.mark.parametrize(("mechanism", "missing", "engine"), [("dflash", "mask_token_id", "vLLM"), ("dspark", "aux_hidden_state_layer_ids", "vLLM"),
+                                                              ("dspark", "block_size", "TensorRT-LLM"), ("eagle3", "transformer_layer_config", "speculators")])
+def test_a_head_config_without_a_field_an_engine_needs_stops_export_naming_both(tmp_path, mechanism, missing, engine):
+    own = {k: v for k, v in HEADS[mechanism].items() if k != missing} | {"speculators_model_type": mechanism}
+    (tmp_path / "config.json").write_text(json.dumps(own))
+    with pytest.raises(SpecdecError, match=rf"has no {missing}, which {engine}"):
+        head_config_fields(mechanism, {"model": str(tmp_path)})
+
+
+def test_a_threshold_inside_the_noise_is_flagged_and_a_clear_one_is_not():
+    schedule = [(1, 3), (4, 3), (8, 1), (16, 1)]
+    clear = lambda b, d: {"value": 100.0 * b * (1 + d) if b <= 4 else 100.0 * b * (2 - d / 3), "source": "measured", "low": None, "high": None}  # noqa: E731
+    assert noisy_thresholds(dataclasses.replace(_context("eagle3", schedule), predict=clear)) == []
+    flat = lambda b, d: {"value": 100.0 * b + d, "source": "interpolated", "low": 100.0 * b - 5, "high": 100.0 * b + 5}  # noqa: E731
+    flagged = noisy_thresholds(dataclasses.replace(_context("eagle3", schedule), predict=flat))
+    assert [(f["threshold"], f["draft_lens"]) for f in flagged] == [(4, [3, 1])] and "inside the noise" in flagged[0]["text"]
+
+
+def test_a_top_band_without_speculation_says_what_it_still_costs(tmp_path):
+    """vLLM 0.32 reserves lookahead KV for num_speculative_tokens per request whatever the batch's K: for EAGLE-3 with
+    K up to 3, at batch 32, a 30-layer target with 3 KV heads of 64 in bf16 holds 2 x 30 x 3 x 64 x 2 = 23,040 bytes a
+    token, so 3 x 23,040 x 32 = 2,211,840 bytes of lookahead; DFlash reserves K + 1 slots, n-gram none."""
+    config = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
+    (tmp_path / "model.safetensors").write_bytes(b"0" * 4096)
+    ctx = dataclasses.replace(_context("eagle3", [(1, 3), (8, 1), (32, 0)]), drafter_model=str(tmp_path))
+    cost = top_band_cost(ctx, config, dtype_bytes=2)
+    assert cost["band"] == [9, 32] and cost["lookahead_slots_per_request"] == 3 and cost["lookahead_kv_bytes"] == 2_211_840
+    assert cost["drafter_weight_bytes"] == 4096 and set(cost["plain_tokens_per_s"]) == {"32"} and cost["source"] == "modeled"
+    assert top_band_cost(_context("dflash", [(1, 3), (32, 0)]), config, 2)["lookahead_slots_per_request"] == 4
+    assert top_band_cost(_context("ngram", [(1, 3), (32, 0)]), config, 2)["lookahead_kv_bytes"] == 0
+    assert top_band_cost(_context("eagle3", [(1, 3), (32, 1)]), config, 2) is None
 
 
 # ---------------------------------------------------------------------------- bundles
@@ -169,9 +304,13 @@ def test_bundle_tree_and_manifest(bundle, plan_path):
     trt = yaml.safe_load((bundle / "trtllm" / "config.yaml").read_text())
     vllm = json.loads((bundle / "vllm" / "speculative_config.json").read_text())
     plan = json.loads(plan_path.read_text())
+    trt_runs = dict(manifest["engines"]["trtllm"]["deviation"]["schedule"]) if manifest["engines"]["trtllm"].get("deviation") else None
     for b in plan["buckets"]:
         assert sched.k_at(vllm["num_speculative_tokens_per_batch_size"], b["batch"]) == b["draft_len"]
-        assert sched.k_at(trt["speculative_config"]["draft_len_schedule"], b["batch"]) == b["draft_len"]
+        if trt_runs is None:
+            assert sched.k_at_lower(trt["speculative_config"]["draft_len_schedule"], b["batch"]) == b["draft_len"]
+        else:  # the mode cannot follow the schedule in TensorRT-LLM 1.2.1: what it runs instead is in the config and the manifest
+            assert trt.get("speculative_config", {}).get("max_draft_len", 0) == trt_runs[b["batch"]]
     assert main(["validate", str(bundle), "--configs-only"]) == 0
 
 

@@ -260,7 +260,7 @@ def test_anchored_block_training_computes_what_drafting_computes(target, mechani
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_saved_head_loads_back_and_drafts_the_same(tmp_path, target, mechanism):
     head = HEADS[mechanism](target)
-    folder = save_head(head, mechanism, tmp_path / mechanism, verifier="tiny", verifier_arch="llama", speculative_tokens=3, extra={"x": 1})
+    folder = save_head(head, mechanism, tmp_path / mechanism, verifier="tiny", verifier_architectures=["LlamaForCausalLM"], speculative_tokens=3, extra={"x": 1})
     config = json.loads((folder / "config.json").read_text())
     assert config["speculators_model_type"] == mechanism
     assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
@@ -288,7 +288,7 @@ def test_saved_head_loads_back_and_drafts_the_same(tmp_path, target, mechanism):
 
 
 def _eagle3_folder(tmp_path, target, edit_config=None, edit_state=None) -> Path:
-    folder = save_head(HEADS["eagle3"](target), "eagle3", tmp_path / "h", verifier="tiny", verifier_arch="llama", speculative_tokens=3)
+    folder = save_head(HEADS["eagle3"](target), "eagle3", tmp_path / "h", verifier="tiny", verifier_architectures=["LlamaForCausalLM"], speculative_tokens=3)
     if edit_config:
         config = json.loads((folder / "config.json").read_text())
         edit_config(config)
@@ -384,7 +384,7 @@ def test_zlab_dflash_layout_loads_with_its_layer_offset(tmp_path, target):
     (lambda c: c.update(markov_rank=4), "the config implies"),
 ])
 def test_a_mismatched_dspark_head_is_refused(tmp_path, target, edit, match):
-    folder = save_head(HEADS["dspark"](target), "dspark", tmp_path / "d", verifier="tiny", verifier_arch="llama", speculative_tokens=4)
+    folder = save_head(HEADS["dspark"](target), "dspark", tmp_path / "d", verifier="tiny", verifier_architectures=["LlamaForCausalLM"], speculative_tokens=4)
     config = json.loads((folder / "config.json").read_text())
     edit(config)
     (folder / "config.json").write_text(json.dumps(config))

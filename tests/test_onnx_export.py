@@ -167,6 +167,16 @@ def test_learned_heads_export_with_parity_against_their_drafting_code(tmp_path, 
     assert "Per round" in (tmp_path / "README.md").read_text()
 
 
+def test_a_head_drafting_one_token_at_small_batch_exports(tmp_path):
+    """A plan with D = 1 and a batch cap of 2: the traced example and the parity shapes stay inside the graphs' ranges."""
+    from specdec_tune.exporters.onnx_heads import export_head
+
+    head = _heads(tiny_target(seed=2))["eagle3"]()
+    result = export_head(head, tmp_path, name="eagle3", max_batch=2, max_draft_len=1, ctx=32)
+    assert all(graph["parity"]["passed"] for graph in result["graphs"].values())
+    assert {c["batch"] for c in result["graphs"]["step.onnx"]["parity"]["cases"]} == {1, 2}
+
+
 def test_head_parity_check_can_fail(tmp_path):
     """A test of the test: a head changed after its export no longer matches the graph."""
     from specdec_tune.exporters.onnx_heads import _block_graphs, check_graph_parity, export_head

@@ -140,18 +140,18 @@ def transformer_layer_config(c: ModelConfig) -> dict:
             "max_position_embeddings": c.max_position_embeddings, "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False}
 
 
-def speculators_config(head: DraftHead, mechanism: str, *, verifier: str, verifier_arch: str, speculative_tokens: int) -> dict:
+def speculators_config(head: DraftHead, mechanism: str, *, verifier: str, verifier_architectures: list[str], speculative_tokens: int) -> dict:
     """config.json for `head`, in the speculators layout (speculators_layout.py; the bundle exporter writes the same)."""
     fields = {"transformer_layer_config": transformer_layer_config(head.config), **head_kind(mechanism).speculators_fields(head)}
     try:
         version = importlib.metadata.version("speculators")
     except importlib.metadata.PackageNotFoundError:
         version = DEFAULT_VERSION
-    return config_json(mechanism, fields, speculative_tokens=speculative_tokens, verifier=verifier, verifier_arch=verifier_arch,
+    return config_json(mechanism, fields, speculative_tokens=speculative_tokens, verifier=verifier, verifier_architectures=verifier_architectures,
                        version=version)
 
 
-def save_head(head: DraftHead, mechanism: str, folder: Path, *, verifier: str, verifier_arch: str, speculative_tokens: int,
+def save_head(head: DraftHead, mechanism: str, folder: Path, *, verifier: str, verifier_architectures: list[str], speculative_tokens: int,
               extra: dict | None = None) -> Path:
     """Write `head` in the speculators layout (config.json + model.safetensors; the target's shared embedding and LM head
     are left out, as speculators leaves them out), atomically. `extra` goes to training.json beside them."""
@@ -167,7 +167,8 @@ def save_head(head: DraftHead, mechanism: str, folder: Path, *, verifier: str, v
         t2d = torch.zeros(head.config.vocab_size, dtype=torch.bool)
         t2d[head.to_target_ids(torch.arange(head.draft_vocab_size, device=head.d2t.device)).cpu()] = True
         state["t2d"] = t2d
-    config = speculators_config(head, mechanism, verifier=verifier, verifier_arch=verifier_arch, speculative_tokens=speculative_tokens)
+    config = speculators_config(head, mechanism, verifier=verifier, verifier_architectures=verifier_architectures,
+                                speculative_tokens=speculative_tokens)
     folder = Path(folder)
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-DEFAULT_VERSION = "0.3.0"  # the speculators release the layout follows where none is installed
+DEFAULT_VERSION = "0.9.0"  # the speculators release the layout follows (and its configs are checked with) where none is installed
 
 MODEL_TYPES = {"eagle3": ("eagle3", "Eagle3Speculator"), "mtp": ("mtp", "MTPDraftModel"),
                "dflash": ("dflash", "DFlashSpeculator"), "dspark": ("dspark", "DSparkSpeculator")}
@@ -29,10 +29,11 @@ def head_fields(options: dict) -> dict:
     return {k: options.get(k, own.get(k)) for k in ALGORITHM_FIELDS if k in options or k in own}
 
 
-def config_json(mechanism: str, options: dict, *, speculative_tokens: int, verifier: str, verifier_arch: str, version: str) -> dict:
-    """config.json for the head `options` describe (see `head_fields`), proposing `speculative_tokens` greedily."""
+def config_json(mechanism: str, fields: dict, *, speculative_tokens: int, verifier: str, verifier_architectures: list[str],
+                version: str) -> dict:
+    """config.json for a head with these algorithm fields (see `head_fields`), proposing `speculative_tokens` greedily.
+    `verifier_architectures` is the target's own config.json `architectures` (never derived from its model type)."""
     model_type, architecture = MODEL_TYPES[mechanism]
-    fields = head_fields(options)
     return {
         "speculators_model_type": model_type, "architectures": [architecture], "speculators_version": version,
         **{k: fields[k] for k in ALGORITHM_FIELDS if k in fields},
@@ -42,6 +43,6 @@ def config_json(mechanism: str, options: dict, *, speculative_tokens: int, verif
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": max(speculative_tokens, 1), "verifier_accept_k": 1,
                                   "accept_tolerance": 0.0}],
             "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": verifier, "architectures": [verifier_arch.capitalize() + "ForCausalLM"]},
+            "verifier": {"name_or_path": verifier, "architectures": list(verifier_architectures)},
         },
     }

@@ -193,6 +193,21 @@ def model_folder(path: str | None, trust_remote_code: bool = False) -> tuple[str
     return fmt, folder, config, shards
 
 
+def architectures(config: dict, where: str) -> list[str]:
+    """A model config's own `architectures` (what engines and speculators name the model class by); a config without
+    one (a GGUF converted by transformers) gets the causal-LM class transformers maps its model_type to."""
+    names = config.get("architectures")
+    if isinstance(names, list) and names and all(isinstance(n, str) for n in names):
+        return names
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    mapped = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.get("model_type", ""))
+    if not isinstance(mapped, str):
+        raise SpecdecError(f"{where} has no `architectures` list and transformers maps no causal LM to its model_type",
+                           "give a model folder whose config.json names its model class")
+    return [mapped]
+
+
 def weights_hash(shards: list[Path]) -> str:
     return sha256_json(sorted(file_digest(s) for s in shards))
 
