@@ -1,17 +1,21 @@
 """What the bundle carries besides engine configs: the tuned Triton kernels for the plan's shapes (AOT cubins
-per target architecture, `kernels.aot`) and, for a drafter with its own network, its ONNX graph with the
-onnxruntime parity check and a TensorRT engine or the command that builds one (`exporters.onnx_export`)."""
+per target architecture, `kernels.aot`); for a drafter with its own network, its ONNX graph with the
+onnxruntime parity check and a TensorRT engine or the command that builds one (`exporters.onnx_export`); and for a
+draft model cut from the target, the checkpoint folder the engines load it from."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import re
 from pathlib import Path
 
 from specdec_tune import SpecdecError
+from specdec_tune.exporters.mechanisms import mechanism
 from specdec_tune.exporters.validate import plan_drafter
 from specdec_tune.kernels.autotune import DEFAULT_TILE_ROWS, ModelShapes, ServedShapes
 from specdec_tune.profiles.models.llama import CausalLM, ModelConfig
-from specdec_tune.profiles.models.loading import load_model, model_folder
+from specdec_tune.profiles.models.loading import architectures, load_model, model_folder
 
 TARGET_ARCHS = ("sm_90", "sm_100")
 
@@ -43,6 +47,44 @@ def target_shapes(path: str):
     `profile.target["path"]` names it); no weights are read."""
     _, _, config, _ = model_folder(path)
     return ModelShapes.from_model_config(ModelConfig.from_hf(config))
+
+
+DRAFT_CHECKPOINT = "drafter/checkpoint"  # relative to the bundle: the engines' launch commands run from the bundle folder
+_LAYER_TENSOR = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def ship_draft_checkpoint(plan: dict, profile, staging: Path) -> str | None:
+    """drafter/checkpoint/ for a draft model cut from the target (`draft_model` without model=): every engine loads a
+    draft model from a folder of its own, so the target's first layers are written as one: its config with
+    num_hidden_layers cut (and `architectures` named), the embedding, those layers, the final norm and the LM head, in
+    bfloat16 (float16 for a float16 target). Returns the folder relative to the bundle; None where the plan does not
+    speculate or its drafter has a checkpoint, or none."""
+    info = next((d for d in profile.drafters if d.name == plan["mechanism"]), None)
+    spelling = mechanism(plan["mechanism"])
+    if not plan["max_draft_len"] or info is None or not spelling.checkpoint or spelling.learned_head or info.options.get("model"):
+        return None
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    layers = int((info.model or {})["layers"])
+    _, folder, config, shards = model_folder(profile.target["path"])
+    dtype = torch.float16 if profile.target.get("dtype") == "float16" else torch.bfloat16
+    tensors = {}
+    for shard in shards:
+        with safe_open(str(shard), framework="pt") as f:
+            for name in f.keys():
+                index = _LAYER_TENSOR.search(name)
+                if index is None or int(index.group(1)) < layers:
+                    t = f.get_tensor(name)
+                    tensors[name] = (t.to(dtype) if t.is_floating_point() else t).contiguous()
+    out = staging / DRAFT_CHECKPOINT
+    out.mkdir(parents=True)
+    save_file(tensors, str(out / "model.safetensors"))
+    own = {k: v for k, v in config.items() if k != "quantization_config"}  # a converted GGUF's; the tensors are dequantized
+    own |= {"num_hidden_layers": layers, "architectures": architectures(config, f"{folder}/config.json"), "torch_dtype": str(dtype).split(".")[1]}
+    (out / "config.json").write_text(json.dumps(own, indent=2) + "\n")
+    return DRAFT_CHECKPOINT
 
 
 def ship_drafter_onnx(plan: dict, profile, staging: Path) -> dict:

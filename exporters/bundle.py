@@ -7,7 +7,8 @@
       inputs/              plan.json and profile.json the bundle was made from
       vllm/ trtllm/ sglang/ speculators/   one folder per engine (engines.py registry)
       kernels/             Triton kernels for the plan's shapes: sources, chosen configs, sm_90 / sm_100 cubins (artifacts.py)
-      drafter/             a networked drafter as ONNX, its onnxruntime parity, a TensorRT engine or its build command
+      drafter/             a networked drafter as ONNX, its onnxruntime parity, a TensorRT engine or its build command;
+                           checkpoint/: a draft model cut from the target, as the engines load it
       report/              report.md and its PNG plots
 
 The bundle is built in a staging folder beside OUT and renamed into place only once it validates, so
@@ -35,7 +36,8 @@ from specdec_tune import SpecdecError, __version__
 from specdec_tune.autotune.plan_schema import load_plan
 from specdec_tune.autotune.plan import figure_json
 from specdec_tune.autotune.search import plan_cost_model, search
-from specdec_tune.exporters.artifacts import check_shipped_kernels, kernels_summary, onnx_summary, ship_drafter_onnx, ship_kernels
+from specdec_tune.exporters.artifacts import (check_shipped_kernels, kernels_summary, onnx_summary, ship_draft_checkpoint, ship_drafter_onnx,
+                                              ship_kernels)
 from specdec_tune.exporters.engine_checks import Facts
 from specdec_tune.exporters.engines import ENGINE_MODEL_IDS, ExportContext, load_engines, load_schema_file
 from specdec_tune.exporters.safety import noisy_thresholds, safety_lines, top_band_cost
@@ -98,10 +100,10 @@ def head_config_fields(mechanism: str, options: dict) -> dict:
     return fields
 
 
-def _context(plan: dict, profile, s: ExportSettings, versions: dict, folder: Path, target_config: dict) -> ExportContext:
+def _context(plan: dict, profile, s: ExportSettings, versions: dict, folder: Path, target_config: dict, shipped_draft: str | None) -> ExportContext:
     info = next(d for d in profile.drafters if d.name == plan["mechanism"]) if plan["max_draft_len"] else None
     target_path = profile.target["path"]
-    drafter_model = (info.options.get("model") or None) if info else None
+    drafter_model = shipped_draft or ((info.options.get("model") or None) if info else None)
     cost = plan_cost_model(profile, plan)
     predict = lambda batch, draft_len: figure_json(cost.predict(batch, draft_len, plan["mechanism"], plan["quant"]).tokens_per_s)  # noqa: E731
     return ExportContext(plan=plan, mechanism=plan["mechanism"], quant=plan["quant"],
@@ -147,7 +149,7 @@ def _stage(plan: dict, profile, s: ExportSettings, versions: dict, staging: Path
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     _, target_folder, target_config, _ = model_folder(profile.target["path"])
-    ctx = _context(plan, profile, s, versions, target_folder, target_config)
+    ctx = _context(plan, profile, s, versions, target_folder, target_config, ship_draft_checkpoint(plan, profile, staging))
     engines, configs = {}, []
     for name, engine in load_engines().items():
         files = engine.render(ctx)

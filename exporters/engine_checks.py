@@ -143,7 +143,7 @@ def check_vllm(document: dict, folder: Path, facts: Facts) -> dict:
         view = vllm_model_view(facts.target_folder, Path(tmp) / "target")
         config = json.loads((folder / "speculative_config.json").read_text())  # the file as written, not the document in memory
         out = run_program(python, _VLLM, {"config": config, "target": str(view), "max_batch": facts.max_batch,
-                                          "max_model_len": facts.max_model_len}, cwd=folder)
+                                          "max_model_len": facts.max_model_len}, cwd=folder.parent)  # paths are relative to the bundle
     errors = out.get("errors", []) + (_k_mismatch("vLLM's schedule lookup", out["k_per_batch"], facts) if "k_per_batch" in out else [])
     how = f"vLLM {out.get('version', '?')}'s own EngineArgs ({out.get('built', 'not built')}) and schedule lookup"
     notes = out.get("notes", [])

@@ -101,13 +101,13 @@ def _script(doc: dict) -> str:
     if "adaptive" in doc:  # run from anywhere: the config file sits beside this script
         argv = doc["adaptive"]["argv"]
         at = argv.index(ADAPTIVE_FILE)
-        return (head + "# SGLang: one server, the plan's draft length per batch size (adaptive.json)\n"
-                + 'here=$(cd "$(dirname "$0")" && pwd)\n'
+        return (head + "# SGLang: one server, the plan's draft length per batch size (adaptive.json); other paths are relative to the bundle\n"
+                + 'here=$(cd "$(dirname "$0")" && pwd)\ncd "$here/.." || exit 1\n'
                 + f"exec {quote(argv[:at])} \"$here/{ADAPTIVE_FILE}\" {quote(argv[at + 1:])}\n")
     bands = doc["bands"]
     if len(bands) == 1:
-        return head + "# SGLang: one server for every concurrency\nexec " + quote(bands[0]["argv"]) + "\n"
-    out = head + "# SGLang: one server per concurrency band; run the band that matches your load\n"
+        return head + '# SGLang: one server for every concurrency\ncd "$(dirname "$0")/.." || exit 1\nexec ' + quote(bands[0]["argv"]) + "\n"
+    out = head + "# SGLang: one server per concurrency band; run the band that matches your load from the bundle folder\n"
     for b in bands:
         out += f"# concurrency {b['min_concurrency']}-{b['max_concurrency']}: D = {b['draft_len']}\n# {quote(b['argv'])}\n"
     return out

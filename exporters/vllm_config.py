@@ -62,7 +62,8 @@ def render(ctx: ExportContext) -> EngineFiles:
 
 
 def _script(argv: list[str]) -> str:
-    return "#!/usr/bin/env sh\n# vLLM serve command for this plan\nexec " + " ".join(shlex.quote(a) for a in argv) + "\n"
+    return ("#!/usr/bin/env sh\n# vLLM serve command for this plan; paths in it are relative to the bundle folder\n"
+            'cd "$(dirname "$0")/.." || exit 1\nexec ' + " ".join(shlex.quote(a) for a in argv) + "\n")
 
 
 def rules(config: dict, version: str) -> list[str]:

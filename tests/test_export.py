@@ -277,6 +277,31 @@ def test_a_top_band_without_speculation_says_what_it_still_costs(tmp_path):
     assert top_band_cost(_context("eagle3", [(1, 3), (32, 1)]), config, 2) is None
 
 
+@pytest.mark.demo
+def test_a_draft_model_cut_from_the_target_ships_as_a_checkpoint_the_engines_load(tmp_path):
+    """Engines load a draft model from a folder of its own: the bundle writes the target's first layers as one, and it is
+    the drafter the plan was made with (its logits equal the truncated target's, in the checkpoint's bfloat16)."""
+    import torch
+
+    from specdec_tune.exporters.artifacts import DRAFT_CHECKPOINT, ship_draft_checkpoint
+    from specdec_tune.profiles.models.loading import load_model
+
+    profile = load_profile(PROFILE_PATH)
+    layers = next(d for d in profile.drafters if d.name == "draft_model").model["layers"]
+    assert ship_draft_checkpoint({"mechanism": "ngram", "max_draft_len": 3}, profile, tmp_path) is None
+    assert ship_draft_checkpoint({"mechanism": "draft_model", "max_draft_len": 0}, profile, tmp_path) is None
+    rel = ship_draft_checkpoint({"mechanism": "draft_model", "max_draft_len": 3}, profile, tmp_path)
+    config = json.loads((tmp_path / rel / "config.json").read_text())
+    assert rel == DRAFT_CHECKPOINT and config["num_hidden_layers"] == layers and config["architectures"] == ["LlamaForCausalLM"]
+    assert "quantization_config" not in config
+    draft = load_model(str(tmp_path / rel), dtype="float32").model
+    cut = load_model(None, dtype="float32").model.truncated(layers).to(torch.bfloat16).float()  # the checkpoint's rounding
+    ids, start = torch.tensor([[1, 504, 3458, 314, 260, 1345, 30]]), torch.zeros(1, dtype=torch.long)
+    with torch.inference_mode():
+        want, got = cut(ids, cut.new_cache(1, 16), start), draft(ids, draft.new_cache(1, 16), start)
+    assert torch.equal(got.argmax(-1), want.argmax(-1)) and torch.allclose(got, want, atol=1e-3, rtol=1e-3)
+
+
 # ---------------------------------------------------------------------------- bundles
 
 
