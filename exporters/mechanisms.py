@@ -110,21 +110,38 @@ _LAYER = (("transformer_layer_config", "speculators (an empty one loads as a def
 _BLOCK = _LAYER + (("aux_hidden_state_layer_ids", "vLLM (its speculators reader)"), ("mask_token_id", "vLLM (its speculators reader)"))
 
 MECHANISMS: dict[str, ExportMechanism] = {m.name: m for m in (
-    ExportMechanism("ngram", Vllm("ngram", _ngram_vllm),
-                    Trtllm("NGram", _ngram_trtllm, honours_schedule=("1.2",), legacy=("NGram", ()), disable_overlap_scheduler=True), Sglang("NGRAM", lookup=True), checkpoint=False),
-    ExportMechanism("suffix", Vllm("suffix", _suffix_vllm),
+    ExportMechanism("ngram",
+                    Vllm("ngram", _ngram_vllm),
+                    Trtllm("NGram", _ngram_trtllm, honours_schedule=("1.2",), legacy=("NGram", ()), disable_overlap_scheduler=True),
+                    Sglang("NGRAM", lookup=True), checkpoint=False),
+    ExportMechanism("suffix",
+                    Vllm("suffix", _suffix_vllm),
                     Trtllm("SA", lambda o: {"max_matching_ngram_size": -1},
                            note="suffix decoding maps to SA (TensorRT-LLM's suffix-automaton drafter): same idea, its acceptance was not profiled"),
                     None, checkpoint=False),
-    ExportMechanism("draft_model", Vllm("draft_model", extra=(("draft_tensor_parallel_size", 1),), lookahead=lambda k: k),
-                    Trtllm("Draft_Target", honours_schedule=("1.2", "1.3rc"), legacy=("Draft_Target", ()), disable_overlap_scheduler=True), Sglang("STANDALONE")),
-    ExportMechanism("eagle3", Vllm("eagle3", lookahead=lambda k: k), Trtllm("Eagle3", legacy=("Eagle", (("eagle3_one_model", True),))), Sglang("EAGLE3", adaptive=True), learned_head=True, needs=_LAYER),
-    ExportMechanism("mtp", Vllm("mtp", reads_head=False, lookahead=lambda k: k), Trtllm("MTP", legacy=("MTP", ()), legacy_draft_len_field="num_nextn_predict_layers"), Sglang("NEXTN", adaptive=True), learned_head=True, needs=_LAYER),
-    ExportMechanism("dflash", Vllm("dflash", lookahead=lambda k: k + 1), Trtllm("DFlash", _dflash_trtllm), Sglang("DFLASH", gated=True, fixed_block=True),
-                    learned_head=True, needs=_BLOCK + (("block_size", "SGLang (DFLASH drafts the whole block)"),),
+    ExportMechanism("draft_model",
+                    Vllm("draft_model", extra=(("draft_tensor_parallel_size", 1),), lookahead=lambda k: k),
+                    Trtllm("Draft_Target", honours_schedule=("1.2", "1.3rc"), legacy=("Draft_Target", ()), disable_overlap_scheduler=True),
+                    Sglang("STANDALONE")),
+    ExportMechanism("eagle3",
+                    Vllm("eagle3", lookahead=lambda k: k),
+                    Trtllm("Eagle3", legacy=("Eagle", (("eagle3_one_model", True),))),
+                    Sglang("EAGLE3", adaptive=True), learned_head=True, needs=_LAYER),
+    ExportMechanism("mtp",
+                    Vllm("mtp", reads_head=False, lookahead=lambda k: k),
+                    Trtllm("MTP", legacy=("MTP", ()), legacy_draft_len_field="num_nextn_predict_layers"),
+                    Sglang("NEXTN", adaptive=True), learned_head=True, needs=_LAYER),
+    ExportMechanism("dflash",
+                    Vllm("dflash", lookahead=lambda k: k + 1),  # a bonus query plus one per draft
+                    Trtllm("DFlash", _dflash_trtllm),
+                    Sglang("DFLASH", gated=True, fixed_block=True), learned_head=True,
+                    needs=_BLOCK + (("block_size", "SGLang (DFLASH drafts the whole block)"),),
                     block_drafts=lambda block: block - 1),  # slot 0 is the anchor
-    ExportMechanism("dspark", Vllm("dspark", lookahead=lambda k: k), Trtllm("DSpark", _dspark_trtllm, honours_schedule=(), fixed_block=True), Sglang("DSPARK", gated=True, fixed_block=True),
-                    learned_head=True, needs=_BLOCK + (("block_size", "TensorRT-LLM (max_draft_len = block_size)"),),
+    ExportMechanism("dspark",
+                    Vllm("dspark", lookahead=lambda k: k),  # anchor sampling: no bonus query
+                    Trtllm("DSpark", _dspark_trtllm, honours_schedule=(), fixed_block=True),
+                    Sglang("DSPARK", gated=True, fixed_block=True), learned_head=True,
+                    needs=_BLOCK + (("block_size", "TensorRT-LLM (max_draft_len = block_size)"),),
                     block_drafts=lambda block: block),  # sample_from_anchor: every slot drafts
 )}
 
