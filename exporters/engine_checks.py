@@ -42,7 +42,7 @@ class Facts:
     target_folder: Path | None  # the target as a Hugging Face folder, where it is on this machine
     max_batch: int
     runs: list[tuple[int, int]]  # (batch bucket, D) the engine is meant to run: the plan's, or its recorded deviation
-    max_model_len: int = 2048
+    max_model_len: int | None = None  # None: the target config's own
 
     def k_at(self, batch: int) -> int:
         return next((d for b, d in self.runs if b >= batch), 0)
@@ -64,7 +64,10 @@ def run_program(python: str, program: str, job: dict, cwd: Path, timeout_s: floa
         job_path.write_text(json.dumps(job))
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
         env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_LOGGING_LEVEL="ERROR", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
-        done = subprocess.run([python, "-c", program, str(job_path)], capture_output=True, text=True, timeout=timeout_s, env=env, cwd=cwd)
+        try:
+            done = subprocess.run([python, "-c", program, str(job_path)], capture_output=True, text=True, timeout=timeout_s, env=env, cwd=cwd)
+        except subprocess.TimeoutExpired:
+            return {"errors": [f"the check program ran past {timeout_s:.0f} s ({python})"]}
     lines = [line[len("RESULT "):] for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if not lines:
         tail = [line for line in done.stderr.strip().splitlines() if line.strip()]
