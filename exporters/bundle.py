@@ -166,7 +166,7 @@ def _stage(plan: dict, profile, s: ExportSettings, versions: dict, staging: Path
     if bad:
         raise SpecdecError(f"the {bad[0]['engine']} config fails its check: {bad[0]['errors'][0]}", "report this with the plan.json")
     dtype_bytes = 4 if profile.target.get("dtype") == "float32" else 2
-    safety = {"noisy_thresholds": noisy_thresholds(ctx), "top_band": top_band_cost(ctx, target_config, dtype_bytes)}
+    safety = {"noisy_thresholds": noisy_thresholds(ctx), "top_band": top_band_cost(ctx, target_config, dtype_bytes, staging)}
     kernels = ship_kernels(plan, profile, staging)
     drafter_onnx = ship_drafter_onnx(plan, profile, staging) if s.onnx_drafter else {"skipped": "--no-onnx"}
     return Staged(ctx, engines, configs, safety, kernels, drafter_onnx)

@@ -53,21 +53,28 @@ def kv_bytes_per_token(config: dict, dtype_bytes: int) -> int:
     return 2 * config["num_hidden_layers"] * kv_heads * head_dim * dtype_bytes
 
 
-def top_band_cost(ctx: ExportContext, target_config: dict, dtype_bytes: int) -> dict | None:
-    """What the top K = 0 band still costs in a speculative deployment, and that a plain server predicts the same there."""
+def top_band_cost(ctx: ExportContext, target_config: dict, dtype_bytes: int, bundle: Path | None = None) -> dict | None:
+    """What the top K = 0 band still costs in a speculative deployment, and that a plain server predicts the same there
+    (a drafter folder named relative to the bundle is looked up in `bundle`)."""
     top_lo, top_hi, top_k = bands(ctx.schedule)[-1]
     if top_k != 0 or not ctx.speculates:
         return None
     slots = ctx.spelling.vllm.lookahead(ctx.max_draft_len)
     lookahead_bytes = slots * kv_bytes_per_token(target_config, dtype_bytes) * top_hi
     folder = Path(ctx.drafter_model) if ctx.drafter_model else None
+    if folder is not None and not folder.is_absolute() and bundle is not None:
+        folder = bundle / folder
     weights = sum(f.stat().st_size for f in folder.glob("*.safetensors")) if folder and folder.is_dir() else None
     throughput = {str(b): ctx.predict(b, 0) for b, d in ctx.schedule if b >= top_lo} if ctx.predict else {}
-    text = (f"batches {top_lo}-{top_hi} run K = 0, yet a speculative vLLM server reserves {slots} lookahead KV slot(s) per request there "
-            f"({lookahead_bytes / MIB:.1f} MiB at batch {top_hi}, modeled from the target's config)"
-            + (f" and keeps the drafter's {weights / MIB:.1f} MiB of weights resident" if weights else "")
-            + ": a plain server predicts the same tokens/s there with that memory free for more requests; where traffic can be routed by "
-              "load, serve that band without speculation")
+    if not lookahead_bytes and not weights:
+        text = (f"batches {top_lo}-{top_hi} run K = 0; the {ctx.mechanism} drafter reserves no lookahead KV and holds no weights, so a "
+                "speculative server costs there what a plain one does")
+    else:
+        text = (f"batches {top_lo}-{top_hi} run K = 0, yet a speculative vLLM server reserves {slots} lookahead KV slot(s) per request there "
+                f"({lookahead_bytes / MIB:.1f} MiB at batch {top_hi}, modeled from the target's config)"
+                + (f" and keeps the drafter's {weights / MIB:.1f} MiB of weights resident" if weights else "")
+                + ": a plain server predicts the same tokens/s there with that memory free for more requests; where traffic can be "
+                  "routed by load, serve that band without speculation")
     return {"band": [top_lo, top_hi], "lookahead_slots_per_request": slots, "lookahead_kv_bytes": lookahead_bytes, "source": "modeled",
             "drafter_weight_bytes": weights, "plain_tokens_per_s": throughput, "text": text}
 

@@ -273,7 +273,8 @@ def test_a_top_band_without_speculation_says_what_it_still_costs(tmp_path):
     assert cost["band"] == [9, 32] and cost["lookahead_slots_per_request"] == 3 and cost["lookahead_kv_bytes"] == 2_211_840
     assert cost["drafter_weight_bytes"] == 4096 and set(cost["plain_tokens_per_s"]) == {"32"} and cost["source"] == "modeled"
     assert top_band_cost(_context("dflash", [(1, 3), (32, 0)]), config, 2)["lookahead_slots_per_request"] == 4
-    assert top_band_cost(_context("ngram", [(1, 3), (32, 0)]), config, 2)["lookahead_kv_bytes"] == 0
+    free = top_band_cost(_context("ngram", [(1, 3), (32, 0)]), config, 2)
+    assert free["lookahead_kv_bytes"] == 0 and "costs there what a plain one does" in free["text"]
     assert top_band_cost(_context("eagle3", [(1, 3), (32, 1)]), config, 2) is None
 
 
