@@ -145,7 +145,8 @@ def _float_list(text: str, what: str) -> tuple[float, ...]:
 
 @app.command(epilog="Examples:\n\n  specdec-tune profile\n\n"
              "  specdec-tune profile --target ./my-model --drafter ngram --drafter draft_model:layers=6 --budget-minutes 30\n\n"
-             "  specdec-tune profile --batch 1,4,16 --ctx 256,2048 --max-draft-len 7 --out artifacts/profile-h200")
+             "  specdec-tune profile --batch 1,4,16 --ctx 256,2048 --max-draft-len 7 --out artifacts/profile-h200\n\n"
+             "  SPECDEC_TUNE_VLLM_PYTHON=/opt/vllm/bin/python specdec-tune profile --engine vllm --engine-option tensor_parallel_size=2")
 def profile(
     target: TargetOpt = PROFILE.target,
     drafter: Annotated[list[str], typer.Option("--drafter", "-m", help="Drafter to profile, NAME or NAME:KEY=VALUE,... (repeatable). Default: ngram, suffix, draft_model.")] = [],  # noqa: B006
@@ -167,10 +168,14 @@ def profile(
     seed: Annotated[int, typer.Option(help="Seed for sampled acceptance runs and synthetic inputs.")] = PROFILE.seed,
     force: Annotated[bool, typer.Option(help="Measure again even if a profile with the same fingerprint exists.")] = PROFILE.force,
     trust_remote_code: TrustOpt = PROFILE.trust_remote_code,
+    engine: Annotated[str, typer.Option(help="Where to measure: torch (this tool's own loop) or vllm (the serving engine; "
+                                             "SPECDEC_TUNE_VLLM_PYTHON names its virtualenv where vllm does not import here).")] = PROFILE.engine,
+    engine_option: Annotated[list[str], typer.Option("--engine-option", help="KEY=VALUE passed to the engine as it is (repeatable), e.g. "
+                                                     "tensor_parallel_size=2, quantization=fp8, max_model_len=8192.")] = [],  # noqa: B006
 ) -> None:
     """Measure the target, its drafters and the device; writes OUT/profile.json (resumable: a killed run continues)."""
     started = time.monotonic()  # the budget counts from the command's start, its imports included
-    from specdec_tune.profiles.profiler import Profiler
+    from specdec_tune.profiles.backends import run_profile
 
     formats = tuple(f for f in quant.split(",") if f and f != "none")
     for f in formats:
@@ -181,11 +186,26 @@ def profile(
         ctx_buckets=_int_list(ctx, "--ctx"), max_draft_len=max_draft_len, quant_formats=formats, dtype=dtype, device=device,
         out_dir=out, budget_minutes=budget_minutes, seed=seed, force=force, trust_remote_code=trust_remote_code,
         acceptance_half_width=half_width, acceptance=acceptance, verify_visits=verify_visits,
+        engine=engine, engine_options=_key_values(engine_option, "--engine-option"),
     )
     with _progress(budget_minutes) as tick:
-        profiler = Profiler(settings, progress=tick, started=started)
-        result = profiler.run()
+        result = run_profile(settings, progress=tick, started=started)
     _print_profile_summary(result, out / "profile.json")
+
+
+def _key_values(pairs: list[str], option: str) -> tuple[tuple[str, object], ...]:
+    """KEY=VALUE pairs; a value that reads as JSON (a number, true/false, a list) is that, any other a string."""
+    out = []
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise SpecdecError(f"{option} {pair!r} is not KEY=VALUE", f"write it like {option} tensor_parallel_size=2")
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        out.append((key, value))
+    return tuple(out)
 
 
 @contextlib.contextmanager
@@ -241,13 +261,22 @@ def _print_profile_summary(result, path: Path) -> None:
         n = sum(facts["prompts"].values()) if d == "all" else facts["prompts"].get(d)
         table.add_row(d, str(n or "-"), *[cell((m, d)) for m in mechanisms])
     console.print(table)
-    bounds = Table(title=f"per batch bucket (ctx {facts['ctx']}; measured verify times)")
-    for col in ("batch", "verify knee 1+D", "speedup bound", "at D", "mechanism"):
-        bounds.add_column(col, justify="right")
-    for B, (bound, D, m) in facts["bounds"].items():
-        bounds.add_row(str(B), str(facts["knees"].get(B)), f"{bound:.2f}x", str(D), m)
-    console.print(bounds)
-    console.print("speedup bound = tokens per forward x T_verif(B,1) / T_verif(B,1+D): draft and host time left out")
+    if facts["engine_rounds"]:
+        bounds = Table(title=f"per batch bucket (ctx {facts['ctx']}; measured {result.backend} engine rounds)")
+        for col in ("batch", "speedup", "at D", "mechanism"):
+            bounds.add_column(col, justify="right")
+        for B, (bound, D, m) in facts["bounds"].items():
+            bounds.add_row(str(B), f"{bound:.2f}x", str(D), m)
+        console.print(bounds)
+        console.print("speedup = tokens per forward x T_round(B,0) / T_round(B,D), at the draft lengths the engine ran: draft and host included")
+    else:
+        bounds = Table(title=f"per batch bucket (ctx {facts['ctx']}; measured verify times)")
+        for col in ("batch", "verify knee 1+D", "speedup bound", "at D", "mechanism"):
+            bounds.add_column(col, justify="right")
+        for B, (bound, D, m) in facts["bounds"].items():
+            bounds.add_row(str(B), str(facts["knees"].get(B)), f"{bound:.2f}x", str(D), m)
+        console.print(bounds)
+        console.print("speedup bound = tokens per forward x T_verif(B,1) / T_verif(B,1+D): draft and host time left out")
     for B, share in facts["gemm_share"].items():
         console.print(f"B={B}: the target's linear layers (measured micro-curve) are {share:.0%} of the measured one-token verify step")
     for note in result.notes:
@@ -393,7 +422,8 @@ def _print_plan_table(plan: dict) -> None:
     """The plan per bucket, at the table's own width (a narrower terminal wraps lines, not cells)."""
     from rich.measure import Measurement
 
-    where = f"{plan['device']['name']} ({plan['device']['times']})"
+    engine = plan["device"].get("engine", "torch")
+    where = f"{plan['device']['name']} ({plan['device']['times']}{', measured in ' + engine if engine != 'torch' else ''})"
     mix = f", mix {', '.join(f'{d} {w:.0%}' for d, w in plan['mix'].items())}" if plan.get("mix") else ""
     table = Table(title=f"plan for {where}: {plan['mechanism']} (weights {plan['quant']}), max D {plan['max_draft_len']}, "
                         f"max batch {plan['max_batch']}, tile policy {plan['tile']['policy']}{mix}")
@@ -496,9 +526,11 @@ def export(
         table.add_row(name, e["version"], ", ".join(e["files"]) or "-", "; ".join(e["decisions"]))
     console.print(table)
     v = manifest["validation"]
-    console.print(f"validated: configs ok; lossless {v['lossless']}; worst throughput error "
-                  + (f"{v['throughput_worst_error_pct']:+.1f}% at the device's current speed ({v['device_drift_pct']:.1f}% from profile time)"
-                     if v["throughput_worst_error_pct"] is not None else "not measured"), markup=False)
+    where = f" in {manifest['primary_engine']}" if manifest.get("primary_engine") else ""
+    drift = f" at the device's current speed ({v['device_drift_pct']:.1f}% from profile time)" if v.get("device_drift_pct") is not None else ""
+    console.print(f"validated: configs ok; lossless {v['lossless']}; worst throughput error{where} "
+                  + (f"{v['throughput_worst_error_pct']:+.1f}%{drift}" if v["throughput_worst_error_pct"] is not None else "not measured"),
+                  markup=False)
     if v.get("repairs"):
         console.print(f"repaired in {len(v['repairs'])} round(s): rewrote {plan} (re-planned) and {profile} (re-measured cells)", markup=False)
     console.print(f"wrote {out} ({len(manifest['files'])} files)", markup=False)
@@ -515,6 +547,7 @@ def validate(
 ) -> None:
     """Check a bundle again: file hashes, engine configs, lossless gate, predicted vs measured throughput."""
     from specdec_tune.exporters.bundle import validate_bundle
+    from specdec_tune.exporters.engine_validation import describe_row
     from specdec_tune.exporters.report import lossless_text
     from specdec_tune.exporters.validate import describe_throughput_row
 
@@ -532,7 +565,9 @@ def validate(
             console.print(f"lossless: {lossless_text(result['lossless'])}", markup=False)
         tp = result.get("throughput", {})
         for r in tp.get("buckets", []):
-            console.print(describe_throughput_row(r), markup=False)
+            console.print(f"vLLM {describe_row(r)}" if tp.get("engine") == "vllm" else describe_throughput_row(r), markup=False)
+        if tp.get("error") or tp.get("why"):
+            console.print(f"throughput: {tp.get('error') or 'not checked: ' + tp['why']}", markup=False)
         if tp.get("warning"):
             console.print(f"warning: {tp['warning']}", markup=False)
     if not result["passed"]:

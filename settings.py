@@ -13,6 +13,7 @@ from specdec_tune import SpecdecError
 from specdec_tune.formats import WEIGHT_FORMATS
 
 SPLITS = ("profile", "held_back", "all")  # of a calibration set
+ENGINES = ("torch", "vllm")  # profile's measurement backends (profiles/backends.py)
 # The default grid per device kind: (largest batch bucket, D_max). A 2-core CPU decodes the demo target at about
 # 15 tokens/s per row at batch 1 and saturates its compute by batch 8, where a GPU's verify step stays flat to
 # batch 64 and beyond; its profile must also fit in minutes. --batch and --max-draft-len override either.
@@ -50,6 +51,8 @@ class ProfileSettings:
     seed: int = 0
     force: bool = False
     trust_remote_code: bool = False
+    engine: str = "torch"  # the measurement backend: "torch" (this package's loop) or "vllm" (the serving engine)
+    engine_options: tuple[tuple[str, object], ...] = ()  # passed to the engine as they are (vLLM: EngineArgs fields)
 
     @property
     def checks(self) -> tuple[int, ...]:
@@ -80,6 +83,10 @@ class ProfileSettings:
             raise SpecdecError(f"--acceptance {self.acceptance!r} is not a method", "use replay (default) or loop")
         if not 0 <= self.acceptance_half_width < 1:
             raise SpecdecError(f"--half-width {self.acceptance_half_width:g} is not a fraction", "use e.g. 0.02 for ±2% (0: no prompts added)")
+        if self.engine not in ENGINES:
+            raise SpecdecError(f"--engine {self.engine!r} is not a measurement backend", f"use one of: {', '.join(ENGINES)}")
+        if self.engine_options and self.engine == "torch":
+            raise SpecdecError("--engine-option is passed to a serving engine; the torch backend takes none", "add --engine vllm, or drop it")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,6 +12,16 @@
 AL(D) here is tokens emitted per target forward over all rounds (`tokens_per_forward` in the
 profile), never vLLM's mean acceptance length.
 
+A profile measured in the serving engine (backend "vllm") times whole rounds instead: T_round(B, D) is one engine
+step with B requests decoding at draft length D (draft, verify and the engine's host work together, on real text, so
+the spread of proposal lengths is in it), and T_round(B, 0) the engine's step without speculation. Then
+    TPS(B, D) = B · AL(D) / T_round(B, D)
+with T_round linear in B between batch buckets and in D between the draft lengths measured (interpolated), and the
+verify, draft and host parts of the prediction left empty (None): the engine does not time them apart. A lookup
+drafter proposes in some rounds only, and the timing prompts need not propose as often as the workload: each timed
+cell carries its draft tokens per row k and the slope of a step's ms on k, and is moved to the workload's own k
+(Σ_L L · P(L), the round histogram below) before it is interpolated.
+
 Intervals (95%). A figure may carry [low, high]: AL(D) the profile's bootstrap over prompts, T_verif and
 T_draft the interval of the cell's median (an interpolated cell interpolates its bounds; an extrapolated,
 modeled one has none; a fitted cell's interval is stretched to hold its fitted value). Host time has none.
@@ -48,7 +58,7 @@ import dataclasses
 import math
 
 from specdec_tune import SpecdecError
-from specdec_tune.profiles.schema import AcceptanceRecord, Profile, Timed
+from specdec_tune.profiles.schema import AcceptanceRecord, Profile, RoundPoint, Timed
 
 SOURCES = ("measured", "interpolated", "fitted", "emulated", "modeled", "infeasible")  # weakest last
 _RANK = {s: i for i, s in enumerate(SOURCES)}
@@ -98,9 +108,10 @@ class Prediction:
     per_user_tokens_per_s: Figure
     speedup: Figure
     tokens_per_forward: Figure
-    verify_ms: Figure
-    draft_ms: Figure
-    host_ms: Figure
+    round_ms: Figure  # the whole round: verify + draft + host, or the engine's step
+    verify_ms: Figure | None  # None where the engine timed whole rounds
+    draft_ms: Figure | None
+    host_ms: Figure | None
 
 
 def _timed(p: Timed) -> Figure:
@@ -278,6 +289,16 @@ class CostModel:
         self._host: dict[str, dict[int, dict[int, Figure]]] = {}  # mechanism -> D -> batch -> ms per round
         for h in profile.host:
             self._host.setdefault(h.mechanism, {}).setdefault(h.draft_len, {})[h.batch] = Figure(h.host_ms_per_round, h.source)
+        self._rounds: dict[tuple[str, str], dict[int, dict[int, RoundPoint]]] = {}  # (mechanism, quant) -> D -> batch -> point
+        self._rounds_infeasible: set[tuple[str, str, int, int]] = set()
+        for r in profile.rounds:
+            if r.ctx != self.ctx:
+                continue
+            if r.median_ms is None:
+                self._rounds_infeasible.add((r.mechanism, r.quant, r.draft_len, r.batch))
+            else:
+                self._rounds.setdefault((r.mechanism, r.quant), {}).setdefault(r.draft_len, {})[r.batch] = r
+        self.engine_rounds = bool(profile.rounds)  # the profile times whole engine rounds (module docstring)
         self.mix = normalise_mix(profile, mix) if mix else None
         self._al = self._acceptance(temperature, domain)
         if not self._al:
@@ -309,6 +330,11 @@ class CostModel:
     def unplannable(self, batch: int) -> str | None:
         """Why batch `batch` cannot be served at this context (its one-token verify step ran out of memory or was
         never timed), or None where it can."""
+        if self.engine_rounds:
+            if ("none", "none", 0, batch) in self._rounds_infeasible:
+                return f"batch {batch}: the engine's step without speculation failed at ctx {self.ctx} when profiled"
+            return None if batch in self._rounds.get(("none", "none"), {}).get(0, {}) else \
+                f"batch {batch}: the profile has no engine step without speculation at ctx {self.ctx}"
         if (batch, 1) in self._verify_infeasible:
             return f"batch {batch}: the one-token verify step at ctx {self.ctx} ran out of memory when profiled"
         if batch not in self._verify.get(1, {}):
@@ -354,6 +380,32 @@ class CostModel:
         at = _interp_in_draft_len({D: _interp_in_batch(points, batch) for D, points in by_len.items()}, draft_len)
         return Figure(at.value, "modeled") if stand_in else at
 
+    def engine_round_ms(self, mechanism: str, quant: str, batch: int, draft_len: int) -> Figure:
+        """T_round(B, D) from the engine's timed rounds: linear in B between buckets, in D between measured lengths."""
+        if draft_len == 0:
+            mechanism, quant = "none", "none"
+        if (mechanism, quant, draft_len, batch) in self._rounds_infeasible:
+            return Figure(math.inf, "infeasible")
+        by_len = self._rounds.get((mechanism, quant))
+        if not by_len:
+            raise SpecdecError(f"the profile has no engine rounds for {mechanism} with {quant} weights",
+                               "re-run `specdec-tune profile --engine vllm` with that drafter")
+        return _interp_in_draft_len({D: _interp_in_batch({B: self._at_workload_drafting(r, mechanism, quant) for B, r in points.items()}, batch)
+                                     for D, points in by_len.items()}, draft_len)
+
+    def _at_workload_drafting(self, r: RoundPoint, mechanism: str, quant: str) -> Figure:
+        """A timed round moved to this workload's drafting rate: T + slope · (k_workload − k_timed), k the draft tokens
+        per row-round (the workload's: Σ_L L · P(L) at D from the acceptance records' round histogram). A round that
+        always drafts D, or one timed without a slope, stays as measured."""
+        timed = _timed(r)
+        if not (r.draft_len and r.ms_per_draft_token and r.draft_tokens_per_row is not None and (mechanism, quant) in self._al):
+            return timed
+        shares = self._al[(mechanism, quant)].round_shares(r.draft_len)
+        k_workload = sum(L * p for L, p in enumerate(shares)) if shares else float(r.draft_len)
+        shift = r.ms_per_draft_token * (k_workload - r.draft_tokens_per_row)
+        return bounded(timed.value + shift, timed.source, timed.low + shift, timed.high + shift) if timed.has_interval \
+            else Figure(timed.value + shift, timed.source)
+
     def round_verify_ms(self, mechanism: str, quant: str, batch: int, draft_len: int) -> Figure:
         """Expected verify time of a round at draft length D: the batch verifies its longest proposal."""
         acceptance = self._al.get((mechanism, quant))
@@ -388,6 +440,11 @@ class CostModel:
     # ------------------------------------------------------------------ the formula
 
     def baseline_tokens_per_s(self, batch: int) -> Figure:
+        if self.engine_rounds:
+            step = self.engine_round_ms("none", "none", batch, 0)
+            if math.isinf(step.value):
+                raise SpecdecError(f"batch {batch} failed in the engine when profiled (ctx {self.ctx})", "plan only the batch buckets the profile could run")
+            return _tokens_per_s(batch, Figure(1.0, "measured"), step, step.source)
         verify, host = self.verify_ms(batch, 1), self.host_ms("plain", batch, 0)
         if math.isinf(verify.value):
             raise SpecdecError(f"batch {batch} ran out of memory when profiled (ctx {self.ctx})", "plan only the batch buckets the profile could run")
@@ -409,17 +466,23 @@ class CostModel:
         if D == 0:  # no speculation: the mechanism and its weights play no part
             mechanism, quant = "none", "none"
         tpf = self.tokens_per_forward(mechanism, quant, D) if D else Figure(1.0, "measured")
-        verify = self.round_verify_ms(mechanism, quant, batch, D) if D else self.verify_ms(batch, 1)
-        draft = self.draft_ms(mechanism, quant, batch, D)
-        host = self.host_ms(mechanism if D else "plain", batch, D)
-        source = weakest(tpf.source, verify.source, draft.source, host.source)
-        tps = _tokens_per_s(batch, tpf, verify, draft, host, source)
+        if self.engine_rounds:
+            verify = draft = host = None
+            round_ = self.engine_round_ms(mechanism, quant, batch, D)
+            source = weakest(tpf.source, round_.source)
+        else:
+            verify = self.round_verify_ms(mechanism, quant, batch, D) if D else self.verify_ms(batch, 1)
+            draft = self.draft_ms(mechanism, quant, batch, D)
+            host = self.host_ms(mechanism if D else "plain", batch, D)
+            source = weakest(tpf.source, verify.source, draft.source, host.source)
+            round_ = _sum(verify, draft, host)
+        tps = _tokens_per_s(batch, tpf, round_, source)
         base = self.baseline_tokens_per_s(batch)
         return Prediction(
             batch=batch, draft_len=D, mechanism=mechanism, quant=quant,
             tokens_per_s=tps, per_user_tokens_per_s=_scaled(tps, 1 / batch, tps.source),
             speedup=_scaled(tps, 1 / base.value, weakest(source, base.source)),
-            tokens_per_forward=tpf, verify_ms=verify, draft_ms=draft, host_ms=host,
+            tokens_per_forward=tpf, round_ms=round_, verify_ms=verify, draft_ms=draft, host_ms=host,
         )
 
     def best(self, batch: int, *, quant: str = "none") -> Prediction:
@@ -430,13 +493,22 @@ class CostModel:
         return max(candidates, key=lambda p: (p.tokens_per_s.value, -p.draft_len))
 
 
-def _tokens_per_s(batch: int, tpf: Figure, verify: Figure, draft: Figure, host: Figure, source: str) -> Figure:
-    """1e3·B·AL / round ms, with the conservative interval of the module docstring (0 where a step does not fit)."""
-    value = 1e3 * batch * tpf.value / (verify.value + draft.value + host.value)
-    if not (tpf.has_interval or verify.has_interval or draft.has_interval):
+def _sum(*parts: Figure) -> Figure:
+    """Verify + draft + host: the round, its bounds the parts' bounds added (a part without an interval at its value)."""
+    value = sum(p.value for p in parts)
+    source = weakest(*(p.source for p in parts))
+    if not any(p.has_interval for p in parts):
         return Figure(value, source)
-    (a_low, a_high), (v_low, v_high), (d_low, d_high) = tpf.bounds(), verify.bounds(), draft.bounds()
-    return bounded(value, source, 1e3 * batch * a_low / (v_high + d_high + host.value), 1e3 * batch * a_high / (v_low + d_low + host.value))
+    return bounded(value, source, sum(p.bounds()[0] for p in parts), sum(p.bounds()[1] for p in parts))
+
+
+def _tokens_per_s(batch: int, tpf: Figure, round_: Figure, source: str) -> Figure:
+    """1e3·B·AL / round ms, with the conservative interval of the module docstring (0 where a step does not fit)."""
+    value = 1e3 * batch * tpf.value / round_.value
+    if not (tpf.has_interval or round_.has_interval):
+        return Figure(value, source)
+    (a_low, a_high), (r_low, r_high) = tpf.bounds(), round_.bounds()
+    return bounded(value, source, 1e3 * batch * a_low / r_high, 1e3 * batch * a_high / r_low)
 
 
 def _scaled(f: Figure, factor: float, source: str) -> Figure:

@@ -31,9 +31,9 @@ from specdec_tune.records import sha256_json
 
 
 
-def figure_json(f: Figure) -> dict:
+def figure_json(f: Figure | None) -> dict | None:
     """A figure as plan.json holds it: value, source and its 95% interval (null where the profile has none)."""
-    return {"value": f.value, "source": f.source, "low": f.low, "high": f.high}
+    return None if f is None else {"value": f.value, "source": f.source, "low": f.low, "high": f.high}
 
 
 def _interval(f: Figure) -> list[float] | None:
@@ -56,14 +56,18 @@ def rationale(space: Space, c: Candidate, B: int, D: int) -> dict:
     """Why this D at this batch: the deciding guideline, the figures behind it, the next-best alternatives."""
     cost, m, q = space.cost, c.mechanism, c.quant
     p = space.cost.predict(B, D, m, q)
-    one_ms = cost.verify_ms(B, 1).value
-    cost_ratio = cost.verify_ms(B, 1 + max(D, 1)).value / one_ms  # infinite where 1+D tokens ran out of memory
-    round_ms = p.verify_ms.value + p.draft_ms.value + p.host_ms.value
-    draft_share = p.draft_ms.value / round_ms
+    if cost.engine_rounds:  # the engine's whole round at D against its step without speculation
+        cost_ratio = cost.predict(B, max(D, 1), m, q).round_ms.value / cost.predict(B, 0, m, q).round_ms.value
+        ratio_key, ratio_text = "round_cost_vs_no_speculation", f"a round at D={max(D, 1)} costs {cost_ratio:.2f}x a step without speculation"
+    else:
+        cost_ratio = cost.verify_ms(B, 1 + max(D, 1)).value / cost.verify_ms(B, 1).value  # infinite where 1+D tokens ran out of memory
+        ratio_key, ratio_text = "verify_cost_vs_one_token", f"verifying {1 + D} tokens costs {cost_ratio:.2f}x one"
+    round_ms = p.round_ms.value
+    draft_share = p.draft_ms.value / round_ms if p.draft_ms is not None else None  # None: the engine timed whole rounds
     own = space.bucket_score(B, D, m, q)
     allowed = space.allowed(m, c.tile_policy)
-    lines = [f"D={D}: {p.tokens_per_forward.value:.3f} tokens per target forward; verifying {1 + D} tokens costs {cost_ratio:.2f}x one "
-             f"(M = {B * (1 + D)} GEMM rows)" if D else f"speculation off at batch {B}"]
+    lines = [f"D={D}: {p.tokens_per_forward.value:.3f} tokens per target forward; {ratio_text} (M = {B * (1 + D)} GEMM rows)"
+             if D else f"speculation off at batch {B}"]
     longer = [d for d in allowed if d > D]
     better_alone = max(allowed, key=lambda d: (space.bucket_value(B, d, m, q, c.tile_policy), -d))
     at = space.buckets.index(B)
@@ -75,22 +79,27 @@ def rationale(space: Space, c: Candidate, B: int, D: int) -> dict:
     elif not longer:
         guideline = 5
         lines.append(f"the longest allowed draft: measured acceptance still pays at D={D}")
-    elif space.cost.predict(B, longer[0], m, q).verify_ms.source == "infeasible":
+    elif space.cost.predict(B, longer[0], m, q).round_ms.source == "infeasible":
         guideline = "memory"
         lines.append(f"D={longer[0]} does not fit in memory at batch {B} (out of memory when profiled)")
     else:  # what the next longer draft would add, as shares of this round
         n = space.cost.predict(B, longer[0], m, q)
         tpf_gain = n.tokens_per_forward.value / p.tokens_per_forward.value - 1
-        verify_gain = (n.verify_ms.value - p.verify_ms.value) / round_ms
-        draft_gain = (n.draft_ms.value + n.host_ms.value - p.draft_ms.value - p.host_ms.value) / round_ms
+        round_gain = (n.round_ms.value - p.round_ms.value) / round_ms
+        if p.verify_ms is not None:  # the round in parts: which part grows more decides between guidelines 1 and 4
+            verify_gain = (n.verify_ms.value - p.verify_ms.value) / round_ms
+            draft_gain = round_gain - verify_gain
         if c.tile_policy == "aligned":
             guideline = 3
         elif D and tpf_gain < 0.005:
             guideline = 5
+        elif p.verify_ms is None:  # the engine's whole round: the cost of a longer draft is not split
+            guideline = 1
         else:
             guideline = 1 if verify_gain >= draft_gain else 4
         lines.append(f"D={longer[0]} would add {tpf_gain:+.1%} tokens per forward against {verify_gain:+.1%} verify and "
-                     f"{draft_gain:+.1%} draft+host time per round")
+                     f"{draft_gain:+.1%} draft+host time per round" if p.verify_ms is not None else
+                     f"D={longer[0]} would add {tpf_gain:+.1%} tokens per forward against {round_gain:+.1%} time per engine round")
     tile = space.tiles(D)
     if space.tile_rows > 1:
         lines.append(f"attention: G·(1+D) = {tile['query_rows_per_kv_head']} query rows per KV head in {tile['tiles']} tile(s) of "
@@ -107,8 +116,9 @@ def rationale(space: Space, c: Candidate, B: int, D: int) -> dict:
         lines.append(tie["text"])
     runner_up = tie["with_draft_len"] if tie else others[0][1] if others else None  # the D this one was weighed against
     out = {"guideline": guideline, "text": "; ".join(lines),
-           "figures": {"tokens_per_forward": p.tokens_per_forward.value, "verify_ms": p.verify_ms.value, "draft_ms": p.draft_ms.value,
-                       "host_ms": p.host_ms.value, "verify_cost_vs_one_token": cost_ratio if math.isfinite(cost_ratio) else None,
+           "figures": {"tokens_per_forward": p.tokens_per_forward.value, "round_ms": p.round_ms.value,
+                       **{k: f.value for k in ("verify_ms", "draft_ms", "host_ms") if (f := getattr(p, k)) is not None},
+                       ratio_key: cost_ratio if math.isfinite(cost_ratio) else None,
                        "draft_share": draft_share, **tile},
            "next_best": {"draft_len": others[0][1], "loss_pct": _loss_pct(own, others[0][0])} if others else None,
            "tie": tie,
@@ -152,7 +162,7 @@ def device_times(profile: Profile, predictions: list[Prediction]) -> dict:
     counts = {s: n for s in SOURCES if (n := sum(p.speedup.source == s for p in predictions))}
     projected = profile.device.get("projected_from")
     times = "modeled (hardware table)" if projected else weakest(*counts)
-    return {"name": profile.device.get("name"), "projected_from": projected, "times": times, "sources": counts}
+    return {"name": profile.device.get("name"), "engine": profile.backend, "projected_from": projected, "times": times, "sources": counts}
 
 
 def per_domain(space: Space, c: Candidate, domains: dict[str, Space]) -> dict | None:

@@ -35,8 +35,11 @@ class Figure(Record):
 
 
 # a bucket's predicted figures: each figure of the cost model's Prediction
-PREDICTED_FIGURES = tuple(f.name for f in dataclasses.fields(Prediction) if f.type in ("Figure", CostFigure))
-Predicted = create_model("Predicted", __base__=Record, **{name: (Figure, ...) for name in PREDICTED_FIGURES})
+# (verify, draft and host are None where the engine timed whole rounds; a plan searched before round_ms existed lacks it)
+PREDICTED_FIGURES = tuple(f.name for f in dataclasses.fields(Prediction) if f.type in ("Figure", "Figure | None", CostFigure))
+_OPTIONAL_FIGURES = tuple(f.name for f in dataclasses.fields(Prediction) if f.type == "Figure | None") + ("round_ms",)
+Predicted = create_model("Predicted", __base__=Record, **{name: (Optional[Figure], None) if name in _OPTIONAL_FIGURES else (Figure, ...)
+                                                           for name in PREDICTED_FIGURES})
 
 
 class Rationale(BaseModel):
@@ -61,6 +64,7 @@ class ProfileRef(Record):
 
 class DeviceTimes(Record):
     name: Optional[str]
+    engine: str = "torch"  # the engine the figures were measured in: the profile's backend (torch: this tool's own loop)
     projected_from: Optional[str] = None
     times: str  # the weakest source among the bucket predictions, or "modeled (hardware table)"
     sources: dict[str, int] = {}

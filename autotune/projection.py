@@ -115,6 +115,9 @@ def draft_step_ms(spec: DeviceSpec, s: Shapes, info: DrafterInfo, batch: int, dr
 
 def project(profile: Profile, spec: DeviceSpec) -> Profile:
     """The profile as the device `spec` would have measured it, per the model above (times: modeled)."""
+    if profile.rounds:
+        raise SpecdecError(f"this profile was measured in {profile.backend}: its times are whole engine rounds, which the roofline "
+                           "model does not take apart", "profile in the engine on that device, or project a profile of --engine torch")
     s = shapes_from_profile(profile)
     w = profile.workload
     buckets = GPU_BATCH_BUCKETS if spec.capability is not None or spec.gfx else tuple(w.batch_buckets)

@@ -218,6 +218,18 @@ def check_bounds(result: dict, min_vs_oracle: float = 0.8, max_median_err_pct: f
 # ---------------------------------------------------------------------------- the run
 
 
+def searched_for(profile, profile_sha256: str, held: list[tuple[list[int], str]], seed: int) -> tuple[list[list[int]], dict, dict, float]:
+    """(prompts, mix, plan, search seconds): the plan is searched, and every point predicted, for the domain mix of the
+    prompts decoded. The length filter keeps mostly HumanEval and extraction prompts, which accept more than the
+    profile's equal mix of nine domains."""
+    domains = [d for _, d in held]
+    mix = normalise_mix(profile, {d: domains.count(d) for d in dict.fromkeys(domains)})
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        plan = search(profile, profile_sha256, SearchSettings(seed=seed, out_dir=Path(tmp), mix=tuple(mix.items())))
+    return [ids for ids, _ in held], mix, plan, time.perf_counter() - started
+
+
 def run(args) -> dict:
     profile = load_profile(args.profile)
     profile_sha256, dtype = sha256_file(args.profile), profile.device.get("dtype", "auto")
@@ -231,15 +243,7 @@ def run(args) -> dict:
     held = context_prompts_by_domain(target, ctx, args.new_tokens, profile.workload.max_draft_len, "held_back")
     if len(held) < needed:
         raise SpecdecError(f"only {len(held)} held-back prompts reach the context {ctx}", "use fewer or smaller batches")
-    pool = [ids for ids, _ in held[:needed]]
-    # the plan is searched, and every point predicted, for the domain mix of the prompts decoded: the length filter
-    # keeps mostly HumanEval and extraction prompts, which accept more than the profile's equal mix of nine domains
-    domains = [d for _, d in held[:needed]]
-    mix = normalise_mix(profile, {d: domains.count(d) for d in dict.fromkeys(domains)})
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        plan = search(profile, profile_sha256, SearchSettings(seed=args.seed, out_dir=Path(tmp), mix=tuple(mix.items())))
-    search_s = time.perf_counter() - started
+    pool, mix, plan, search_s = searched_for(profile, profile_sha256, held[:needed], args.seed)
     assert plan["ctx"] == ctx, "the search plans for the profile's first context bucket"
     buckets = [b for b in plan["buckets"] if b["batch"] <= args.max_batch]
     batches = [b["batch"] for b in buckets]
@@ -370,7 +374,13 @@ def main(argv: list[str] | None = None) -> int:
                     "(profile, prompts, tokens, repeats, rows, seed, context, batches, mechanisms, D limits, dtype)")
     ap.add_argument("--quick", action="store_true", help="batches up to 2, D up to 1, 8 tokens, 1 repeat, 2 prompts per point, and at most "
                     "2 mechanisms (the plan's and the cost model's best other one)")
+    ap.add_argument("--engine", choices=("torch", "vllm"), default="torch",
+                    help="where the oracle runs: torch (this tool's loop) or vllm (the engine itself, for a profile measured in it; "
+                    "writes decision_quality_vllm.json unless --out is given; bounds: plan >= 95%% of the oracle, median error <= 10%%, "
+                    "tuning <= 1/3 of the oracle sweep's engine time)")
     args = ap.parse_args(argv)
+    if args.engine == "vllm":
+        return _main_engine(args, ap)
     if args.quick:
         args.max_batch, args.max_draft_len, args.new_tokens, args.repeats, args.rows = 2, 1, 8, 1, 2
         args.max_mechanisms = min(args.max_mechanisms, 2)
@@ -380,6 +390,24 @@ def main(argv: list[str] | None = None) -> int:
     write_table(args, table(result))
     violations = check_bounds(result)
     print("bounds (plan >= 80% of the oracle in every bucket, median tokens/s error < 25%, raw figures): "
+          + ("kept" if not violations else "; ".join(violations)))
+    return 0
+
+
+def _main_engine(args, ap) -> int:
+    from engine_oracle import run_engine
+
+    if args.out == ap.get_default("out"):
+        args.out = ROOT / "bench" / "results" / "decision_quality_vllm.json"
+    result = run_and_write(run_engine, args)
+    if result is None:
+        return 1
+    tuning = result["cost"]["tuning_vs_oracle"]
+    write_table(args, table(result) + f"\ntuning (profile {result['cost']['profile_engine_s']:.0f} s + search {result['cost']['search_s']:.0f} s) "
+                f"against the oracle sweep's {result['cost']['oracle_sweep_s']:.0f} engine seconds: {tuning:.2f}")
+    violations = check_bounds(result, min_vs_oracle=0.95, max_median_err_pct=10.0) + (
+        [f"tuning cost {tuning:.2f} of the oracle sweep's, above 1/3"] if tuning > 1 / 3 else [])
+    print("bounds (plan >= 95% of the vLLM oracle in every bucket, median tokens/s error <= 10%, tuning <= 1/3 of the sweep, raw figures): "
           + ("kept" if not violations else "; ".join(violations)))
     return 0
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from common import ROOT, run_and_write, write_table
 
 from specdec_tune.exporters.bundle import head_config_fields
-from specdec_tune.exporters.engine_checks import Facts, vllm_model_view
+from specdec_tune.exporters.engine_checks import Facts
 from specdec_tune.exporters.engines import ExportContext, load_engines
 from specdec_tune.exporters.mechanisms import MECHANISMS, mechanism
 from specdec_tune.exporters.validate import check_document
@@ -45,6 +45,7 @@ from specdec_tune.exporters.versions import DEFAULT_VERSIONS
 from specdec_tune.profiles.drafters.checkpoints import save_head
 from specdec_tune.profiles.drafters.heads import HEAD_KINDS
 from specdec_tune.profiles.models.loading import architectures, load_model, model_folder
+from specdec_tune.profiles.models.views import engine_model_view
 
 SCHEDULE = [(2, 3), (8, 1), (32, 0)]
 VERSIONS = {"trtllm": ["1.2.1", "1.3.0rc29"]}  # both TensorRT-LLM release lines (versions.py); the others at their defaults
@@ -58,7 +59,7 @@ def run(args) -> dict:
     work = Path(tempfile.mkdtemp(prefix="engine-checks-"))
     heads = {m: save_head(kind.new(target.model), m, work / "heads" / m, verifier=str(folder), verifier_architectures=arch, speculative_tokens=3)
              for m, kind in HEAD_KINDS.items()}
-    draft = vllm_model_view(folder, work / "draft")  # the external draft model: the demo target's folder as vLLM reads it
+    draft = engine_model_view(folder, work / "draft")  # the external draft model: the demo target's folder as vLLM reads it
     rows = []
     for name in MECHANISMS:
         options = {"model": str(heads[name])} if name in heads else {"model": str(draft)} if mechanism(name).checkpoint else {}

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import re
 from pathlib import Path
 
 from specdec_tune import SpecdecError
@@ -15,7 +14,8 @@ from specdec_tune.exporters.mechanisms import mechanism
 from specdec_tune.exporters.validate import plan_drafter
 from specdec_tune.kernels.autotune import DEFAULT_TILE_ROWS, ModelShapes, ServedShapes
 from specdec_tune.profiles.models.llama import CausalLM, ModelConfig
-from specdec_tune.profiles.models.loading import architectures, load_model, model_folder
+from specdec_tune.profiles.models.loading import load_model, model_folder
+from specdec_tune.profiles.models.views import write_cut_draft
 
 TARGET_ARCHS = ("sm_90", "sm_100")
 
@@ -50,7 +50,6 @@ def target_shapes(path: str):
 
 
 DRAFT_CHECKPOINT = "drafter/checkpoint"  # relative to the bundle: the engines' launch commands run from the bundle folder
-_LAYER_TENSOR = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 def ship_draft_checkpoint(plan: dict, profile, staging: Path) -> str | None:
@@ -63,27 +62,8 @@ def ship_draft_checkpoint(plan: dict, profile, staging: Path) -> str | None:
     spelling = mechanism(plan["mechanism"])
     if not plan["max_draft_len"] or info is None or not spelling.checkpoint or spelling.learned_head or info.options.get("model"):
         return None
-    import torch
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
     layers = int((info.model or {})["layers"])
-    _, folder, config, shards = model_folder(profile.target["path"])
-    dtype = torch.float16 if profile.target.get("dtype") == "float16" else torch.bfloat16
-    tensors = {}
-    for shard in shards:
-        with safe_open(str(shard), framework="pt") as f:
-            for name in f.keys():
-                index = _LAYER_TENSOR.search(name)
-                if index is None or int(index.group(1)) < layers:
-                    t = f.get_tensor(name)
-                    tensors[name] = (t.to(dtype) if t.is_floating_point() else t).contiguous()
-    out = staging / DRAFT_CHECKPOINT
-    out.mkdir(parents=True)
-    save_file(tensors, str(out / "model.safetensors"))
-    own = {k: v for k, v in config.items() if k != "quantization_config"}  # a converted GGUF's; the tensors are dequantized
-    own |= {"num_hidden_layers": layers, "architectures": architectures(config, f"{folder}/config.json"), "torch_dtype": str(dtype).split(".")[1]}
-    (out / "config.json").write_text(json.dumps(own, indent=2) + "\n")
+    write_cut_draft(profile.target["path"], layers, staging / DRAFT_CHECKPOINT, "float16" if profile.target.get("dtype") == "float16" else "bfloat16")
     return DRAFT_CHECKPOINT
 
 

@@ -42,6 +42,7 @@ from specdec_tune.exporters.engine_checks import Facts
 from specdec_tune.exporters.engines import ENGINE_MODEL_IDS, ExportContext, load_engines, load_schema_file
 from specdec_tune.exporters.safety import noisy_thresholds, safety_lines, top_band_cost
 from specdec_tune.exporters.report import bundle_readme, lossless_text, write_report
+from specdec_tune.exporters.engine_validation import describe_row, engine_refusal, engine_throughput
 from specdec_tune.exporters.validate import (check_document, describe_throughput_row, failing_rows, lossless_gate,
                                              prediction_cells, repair_record, schedule_of, schedule_text, throughput_check,
                                              throughput_refusal)
@@ -116,7 +117,7 @@ def _context(plan: dict, profile, s: ExportSettings, versions: dict, folder: Pat
 def _figure_sources(plan: dict) -> dict:
     counts: dict[str, int] = {}
     for b in plan["buckets"]:
-        for fig in b["predicted"].values():
+        for fig in filter(None, b["predicted"].values()):  # verify / draft / host are null where the engine timed whole rounds
             counts[fig["source"]] = counts.get(fig["source"], 0) + 1
     return {"predicted_figures_by_source": counts, "device_times": plan["device"]["times"],
             "acceptance": "measured on the calibration split (AL below D_max derived from the D_max rounds: modeled)"}
@@ -210,8 +211,15 @@ def export(s: ExportSettings, on_repair: Callable[[dict], None] | None = None, o
         else:
             gate = _lossless_gate_or_refuse(plan, profile, s.measure)
             step(f"lossless gate: {lossless_text(gate)}")
-            first = throughput_check(plan, profile, s.measure, on_row=lambda row: step(f"throughput {describe_throughput_row(row)}"))
-            checked = repair_throughput(s, plan, profile, first, on_repair, on_step=step)
+        if not s.skip_measure and profile.backend == "vllm":  # figures from the engine: checked in it, on the staged files
+            tp = engine_throughput(plan, profile, staging, s.measure)
+            for row in tp.get("buckets", []):
+                step(f"vLLM {describe_row(row)}")
+            if tp.get("checked") and not tp["passed"]:
+                raise engine_refusal(tp)
+        elif not s.skip_measure:
+            checked = repair_throughput(s, plan, profile, throughput_check(
+                plan, profile, s.measure, on_row=lambda row: step(f"throughput {describe_throughput_row(row)}")), on_repair, on_step=step)
             tp, repairs = checked.throughput, checked.repairs
             if checked.failed:
                 raise throughput_refusal(checked.plan, checked.profile, tp, repairs, checked.not_repaired)
@@ -227,6 +235,11 @@ def export(s: ExportSettings, on_repair: Callable[[dict], None] | None = None, o
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return manifest
+
+
+def _primary_engine(profile) -> str | None:
+    """The engine the bundle's figures were measured in (its config is the one they hold for), None for the torch backend's."""
+    return profile.engine.get("name") if profile.backend != "torch" else None
 
 
 def _write_staged(staging: Path, s: ExportSettings, plan: dict, profile, versions: dict, staged: Staged, validation: dict) -> dict:
@@ -246,10 +259,10 @@ def _write_staged(staging: Path, s: ExportSettings, plan: dict, profile, version
         "profile": {"sha256": sha256_file(s.profile), "fingerprint": profile.fingerprint},
         "target": profile.target, "drafter": staged.ctx.drafter, "device": plan["device"],
         "factors": staleness_factors(plan, profile, versions),
-        "engines": staged.engines, "figures": _figure_sources(plan),
+        "primary_engine": _primary_engine(profile), "engines": staged.engines, "figures": _figure_sources(plan),
         "kernels": kernels_summary(staged.kernels), "drafter_onnx": onnx_summary(staged.drafter_onnx),
         "validation": {"configs_ok": True, "lossless": lossless_text(validation["lossless"]),
-                       "throughput_worst_error_pct": tp.get("worst", {}).get("error_pct"), "device_drift_pct": tp.get("device_drift_pct"),
+                       "throughput_worst_error_pct": (tp.get("worst") or {}).get("error_pct"), "device_drift_pct": tp.get("device_drift_pct"),
                        "repairs": validation.get("repairs", []),
                        "schedule_safety": safety_lines(staged.safety)},
         "files": {str(p.relative_to(staging)): sha256_file(p) for p in sorted(staging.rglob("*")) if p.is_file()},
@@ -475,7 +488,8 @@ def validate_bundle(bundle: Path, measure: MeasureSettings | None) -> dict:
         plan = read_plan(Path(bundle) / "inputs" / "plan.json")
         profile = load_profile(Path(bundle) / "inputs" / "profile.json")
         result["lossless"] = lossless_gate(plan, profile, measure)
-        result["throughput"] = throughput_check(plan, profile, measure)
+        result["throughput"] = engine_throughput(plan, profile, Path(bundle), measure) if profile.backend == "vllm" else \
+            throughput_check(plan, profile, measure)
     result["passed"] = (all(not c["errors"] for c in result["configs"]) and not kernel_errors and not lossless_failed(result.get("lossless", {}))
                         and result.get("throughput", {}).get("passed", True))
     return result
@@ -512,6 +526,14 @@ def check_bundle(bundle: Path, *, target: str | None = None, versions: tuple[tup
 
         dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}.get(device_was.get("dtype") or "", pick_dtype("auto", here))
         now_device = device_factors(device_fingerprint(here, dtype))
+        if device_was.get("engine"):  # profiled in a serving engine: its version here is part of the device
+            from specdec_tune.profiles.vllm_engine import VllmEngine
+
+            try:
+                now_device["engine"] = f"vllm {VllmEngine.locate().version}"
+            except SpecdecError as e:
+                unverified.append({"factor": "device.engine", "why": str(e)})
+                now_device["engine"] = device_was["engine"]
         for key, value in device_was.items():
             if now_device.get(key) != value:
                 changed.append({"factor": f"device.{key}", "was": value, "now": now_device.get(key)})

@@ -30,6 +30,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from specdec_tune.profiles.models.views import engine_model_view
+
 
 class EngineMissing(ImportError):
     """No interpreter with the engine's package: the engine's own check cannot run here."""
@@ -121,29 +123,12 @@ except ValueError as e:
 print("RESULT " + json.dumps(out))
 """
 
-def vllm_model_view(folder: Path, dest: Path) -> Path:
-    """A view of a Hugging Face folder that vLLM accepts: files linked, config.json with `architectures` set and a
-    GGUF `quantization_config` dropped (the cached weights are already dequantized safetensors)."""
-    from specdec_tune.profiles.models.loading import architectures
-
-    dest.mkdir(parents=True, exist_ok=True)
-    for f in folder.iterdir():
-        if f.is_file() and f.name != "config.json" and not (dest / f.name).exists():
-            (dest / f.name).symlink_to(f.resolve())
-    config = json.loads((folder / "config.json").read_text())
-    if (config.get("quantization_config") or {}).get("quant_method") == "gguf":
-        config.pop("quantization_config")
-    config["architectures"] = architectures(config, str(folder / "config.json"))
-    (dest / "config.json").write_text(json.dumps(config, indent=1))
-    return dest
-
-
 def check_vllm(document: dict, folder: Path, facts: Facts) -> dict:
     python = interpreter("vllm", "SPECDEC_TUNE_VLLM_PYTHON")
     if facts.target_folder is None:
         raise EngineMissing("vllm: the target is not on this machine")
     with tempfile.TemporaryDirectory() as tmp:
-        view = vllm_model_view(facts.target_folder, Path(tmp) / "target")
+        view = engine_model_view(facts.target_folder, Path(tmp) / "target")
         config = json.loads((folder / "speculative_config.json").read_text())  # the file as written, not the document in memory
         out = run_program(python, _VLLM, {"config": config, "target": str(view), "max_batch": facts.max_batch,
                                           "max_model_len": facts.max_model_len}, cwd=folder.parent)  # paths are relative to the bundle

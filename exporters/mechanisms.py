@@ -3,7 +3,8 @@
 The engine modules look a mechanism up here and never compare its name; adding a mechanism is one record. Field
 names and rules follow the engines' released sources (../shared/reference/engines.md §7 holds the citations):
 
-    vLLM          `speculative_config.method` and the method's own fields (vllm/config/speculative.py)
+    vLLM          `speculative_config.method` and the method's own fields: the table in vllm_spelling.py, which the
+                  vllm measurement backend runs too
     TensorRT-LLM  `decoding_type` per release line (versions.py): 1.3rc's discriminator literal, 1.2's class string
                   (EAGLE-3 is Eagle with eagle3_one_model; no SA, DFlash, DSpark); whether the mode honours
                   `draft_len_schedule` in each line (1.2: modes with a drafter object, NGram and two-model
@@ -23,19 +24,11 @@ import dataclasses
 from collections.abc import Callable
 
 from specdec_tune import SpecdecError
+from specdec_tune.vllm_spelling import VLLM, Vllm
 
 
 def _no_fields(options: dict) -> dict:
     return {}
-
-
-@dataclasses.dataclass(frozen=True)
-class Vllm:
-    method: str
-    fields: Callable[[dict], dict] = _no_fields  # the method's own fields, from the drafter's options and its head's config
-    extra: tuple[tuple[str, object], ...] = ()  # fixed fields
-    reads_head: bool = True  # loads a separately trained head of this kind (vLLM 0.32's speculators reader: no mtp type)
-    lookahead: Callable[[int], int] = lambda k: 0  # KV slots per request vLLM reserves for num_speculative_tokens k (0.32's rule)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,18 +75,8 @@ class ExportMechanism:
         return self.block_drafts(int(head["block_size"]))
 
 
-def _ngram_vllm(o: dict) -> dict:
-    return {"prompt_lookup_min": int(o.get("prompt_lookup_min", 5)), "prompt_lookup_max": int(o.get("prompt_lookup_max", 5))}
-
-
 def _ngram_trtllm(o: dict) -> dict:
     return {"max_matching_ngram_size": int(o.get("prompt_lookup_max", 5)), "is_keep_all": True, "is_use_oldest": True, "is_public_pool": True}
-
-
-def _suffix_vllm(o: dict) -> dict:
-    return {"suffix_decoding_max_tree_depth": int(o.get("max_tree_depth", 24)),
-            "suffix_decoding_max_spec_factor": float(o.get("max_spec_factor", 1.0)),
-            "suffix_decoding_min_token_prob": float(o.get("min_token_prob", 0.1))}
 
 
 def _dflash_trtllm(o: dict) -> dict:
@@ -111,34 +94,34 @@ _BLOCK = _LAYER + (("aux_hidden_state_layer_ids", "vLLM (its speculators reader)
 
 MECHANISMS: dict[str, ExportMechanism] = {m.name: m for m in (
     ExportMechanism("ngram",
-                    Vllm("ngram", _ngram_vllm),
+                    VLLM["ngram"],
                     Trtllm("NGram", _ngram_trtllm, honours_schedule=("1.2",), legacy=("NGram", ()), disable_overlap_scheduler=True),
                     Sglang("NGRAM", lookup=True), checkpoint=False),
     ExportMechanism("suffix",
-                    Vllm("suffix", _suffix_vllm),
+                    VLLM["suffix"],
                     Trtllm("SA", lambda o: {"max_matching_ngram_size": -1},
                            note="suffix decoding maps to SA (TensorRT-LLM's suffix-automaton drafter): same idea, its acceptance was not profiled"),
                     None, checkpoint=False),
     ExportMechanism("draft_model",
-                    Vllm("draft_model", extra=(("draft_tensor_parallel_size", 1),), lookahead=lambda k: k),
+                    VLLM["draft_model"],
                     Trtllm("Draft_Target", honours_schedule=("1.2", "1.3rc"), legacy=("Draft_Target", ()), disable_overlap_scheduler=True),
                     Sglang("STANDALONE")),
     ExportMechanism("eagle3",
-                    Vllm("eagle3", lookahead=lambda k: k),
+                    VLLM["eagle3"],
                     Trtllm("Eagle3", legacy=("Eagle", (("eagle3_one_model", True),))),
                     Sglang("EAGLE3", adaptive=True), learned_head=True, needs=_LAYER),
     ExportMechanism("mtp",
-                    Vllm("mtp", reads_head=False, lookahead=lambda k: k),
+                    VLLM["mtp"],
                     Trtllm("MTP", legacy=("MTP", ()), legacy_draft_len_field="num_nextn_predict_layers"),
                     Sglang("NEXTN", adaptive=True), learned_head=True, needs=_LAYER),
     ExportMechanism("dflash",
-                    Vllm("dflash", lookahead=lambda k: k + 1),  # a bonus query plus one per draft
+                    VLLM["dflash"],
                     Trtllm("DFlash", _dflash_trtllm),
                     Sglang("DFLASH", gated=True, fixed_block=True), learned_head=True,
                     needs=_BLOCK + (("block_size", "SGLang (DFLASH drafts the whole block)"),),
                     block_drafts=lambda block: block - 1),  # slot 0 is the anchor
     ExportMechanism("dspark",
-                    Vllm("dspark", lookahead=lambda k: k),  # anchor sampling: no bonus query
+                    VLLM["dspark"],
                     Trtllm("DSpark", _dspark_trtllm, honours_schedule=(), fixed_block=True),
                     Sglang("DSPARK", gated=True, fixed_block=True), learned_head=True,
                     needs=_BLOCK + (("block_size", "TensorRT-LLM (max_draft_len = block_size)"),),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specdec_tune.exporters.engine_validation import describe_row
 from specdec_tune.exporters.safety import safety_lines
 from specdec_tune.exporters.validate import describe_repair, describe_throughput_row
 
@@ -31,7 +32,11 @@ def plot_verify(profile, plan: dict, path: Path) -> None:
     plt, fig, ax = _figure()
     ctx = profile.workload.ctx_buckets[0]
     for B in profile.workload.batch_buckets:
-        pts = sorted((p.tokens, p.median_ms, p.source) for p in profile.verify if p.batch == B and p.ctx == ctx and p.median_ms)
+        if profile.rounds:  # engine rounds of the plan's mechanism (D = 0: the engine's step without speculation)
+            pts = sorted((1 + r.draft_len, r.median_ms, r.source) for r in profile.rounds if r.batch == B and r.ctx == ctx and r.median_ms
+                         and r.mechanism in (plan["mechanism"], "none"))
+        else:
+            pts = sorted((p.tokens, p.median_ms, p.source) for p in profile.verify if p.batch == B and p.ctx == ctx and p.median_ms)
         if pts:
             ax.plot([t for t, _, _ in pts], [m for _, m, _ in pts], marker="o", ms=3, label=f"B={B}")
     tile, group = plan["tile"]["rows"], plan["tile"]["group"]
@@ -44,6 +49,8 @@ def plot_verify(profile, plan: dict, path: Path) -> None:
         ax.set_title(f"T_verif(B, 1+D), ctx {ctx}; dotted: G·(1+D) at multiples of the {tile}-row tile")
     else:
         ax.set_title(f"T_verif(B, 1+D), ctx {ctx} (no attention tile on {plan['device']['name']})", fontsize=9)
+    if profile.rounds:
+        ax.set_title(f"{profile.backend} round T_round(B, D) of {plan['mechanism']}, ctx {ctx}: draft + verify + host", fontsize=9)
     ax.set_xlabel("tokens verified per sequence (1+D)")
     ax.set_ylabel(f"ms ({plan['device']['times']})")
     ax.legend(fontsize=7)
@@ -147,7 +154,11 @@ def write_report(folder: Path, plan: dict, profile, engines: dict, validation: d
         runs = ", ".join(f"D={r['draft_len']}: {r['identical']}/{r['prompts']} identical" for r in gate.get("runs", []))
         lines.append(f"- lossless (fp32 greedy, held-back prompts): {lossless_text(gate)} {runs}".rstrip())
     tp = validation.get("throughput")
-    if tp and tp.get("checked"):
+    if tp and tp.get("checked") and tp.get("engine") == "vllm":
+        lines.append(f"- in vLLM {tp.get('vllm_version')}, the bundle's own vllm/speculative_config.json with max_num_seqs {tp.get('max_num_seqs')} "
+                     f"({tp['rule']}):" if not tp.get("error") else f"- vLLM: {tp['error']}")
+        lines += [f"  - {describe_row(r)}" for r in tp["buckets"]]
+    elif tp and tp.get("checked"):
         lines.append(f"- predicted vs measured decode throughput (tolerance {tp['tolerance_pct']:g}%, {tp['measured_rounds']}):")
         lines += [f"  - {describe_throughput_row(r)}" for r in tp["buckets"]]
         if tp.get("warning"):
@@ -159,11 +170,22 @@ def write_report(folder: Path, plan: dict, profile, engines: dict, validation: d
     (folder / "report.md").write_text("\n".join(lines))
 
 
+def _figures_from(plan: dict, engines: dict) -> str:
+    engine = plan["device"].get("engine", "torch")
+    if engine == "torch":
+        return ("The figures come from this tool's own loop (`--engine torch`), not from a serving engine: every engine's files "
+                "carry the same schedule, none of them was measured.")
+    version = engines.get(engine, {}).get("version", "")
+    return (f"The figures come from {engine} {version} (`--engine {engine}`): `{engine}/` is the primary config, the one they were "
+            f"measured for and `validation.json` checked in {engine}; the other engines' files carry the same schedule, not measured there.")
+
+
 def bundle_readme(plan: dict, engines: dict, safety: dict) -> str:
     """The bundle's README: how each engine takes its files, and what it could not express."""
     schedule = ", ".join(f"B≤{b['batch']}: D={b['draft_len']}" for b in plan["buckets"])
     out = [f"# Deployment bundle: {plan['mechanism']} speculative decoding", "",
            f"Schedule ({plan['device']['name']}, times {plan['device']['times']}): {schedule}; max batch {plan['max_batch']}.", "",
+           _figures_from(plan, engines), "",
            "- `vllm/`: `sh vllm/serve.sh`, or `LLM(..., speculative_config=json.load(open('vllm/speculative_config.json')))`.",
            "- `trtllm/`: `trtllm-serve <model> --config trtllm/config.yaml`.",
            "- `sglang/`: `sh sglang/launch.sh`. For EAGLE-family drafters SGLang runs the per-batch draft lengths in one server: "

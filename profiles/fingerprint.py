@@ -22,10 +22,11 @@ import torch
 
 from specdec_tune import SpecdecError
 
-# Device fields that make a profile or bundle stale when they change. Memory size, CPU flags, the
+# Device fields that make a profile or bundle stale when they change ("engine": the serving engine a profile was measured
+# in, e.g. "vllm 0.32.0"; absent from a torch profile). Memory size, CPU flags, the
 # Python version and the OS string are recorded for the reader but do not change the timings enough
 # (or are implied by the name) to invalidate them.
-STALENESS_FACTORS = ("kind", "name", "capability", "driver", "cuda_runtime", "torch", "triton", "dtype", "threads")
+STALENESS_FACTORS = ("kind", "name", "capability", "driver", "cuda_runtime", "torch", "triton", "dtype", "threads", "engine")
 
 CPU_FLAGS_OF_NOTE = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
@@ -169,6 +170,7 @@ def device_fingerprint(device: torch.device, dtype: torch.dtype) -> dict:
         "dtype": dtype_name(dtype),
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "engine": None,  # this package's own loop; a serving engine's profile names it ("vllm 0.32.0")
     }
 
 

@@ -43,7 +43,7 @@ from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint
 from specdec_tune.profiles.intervals import median_interval, monotone_fit, moved_beyond_interval
 from specdec_tune.profiles.models.loading import load_model, model_folder, weights_hash
 from specdec_tune.profiles.prompts import encode_prompts
-from specdec_tune.profiles.schema import SCHEMA_VERSION, Profile, load_profile
+from specdec_tune.profiles.schema import SCHEMA_VERSION, Profile, finished_profile, load_profile
 from specdec_tune.profiles.specdec import SpecCounters, generate
 from specdec_tune.profiles.train_drafter import cached_demo_head  # noqa: F401  (registers it: head drafters without model= load it)
 from specdec_tune.profiles.store import MeasurementLog
@@ -473,13 +473,9 @@ class Profiler:
 
     def run(self) -> Profile:
         out = self.s.out_dir / "profile.json"
-        if out.exists() and not self.s.force:
-            try:
-                old = load_profile(out)
-            except SpecdecError:
-                old = None
-            if old is not None and old.fingerprint == self.fingerprint:
-                return old
+        old = None if self.s.force else finished_profile(out, self.fingerprint)
+        if old is not None:
+            return old
         log = MeasurementLog(self.s.out_dir, self.fingerprint)
         budget = Budget(self.s.budget_minutes, self.started)
         probe = VerifyStep(self.model, 1, self.s.ctx_buckets[0], 1, self.s.seed, self.device)
@@ -759,24 +755,8 @@ class Profiler:
 
     def _records(self, name: str, fmt: str, temp: float, prompts: list[CalibrationPrompt], at_max: list[SpecCounters],
                  sums: dict[str, np.ndarray], method: str, checks: list[dict]) -> list[dict]:
-        """One record for every domain and one for "all" (domains weighted equally: `replay.figures`)."""
-        domains = [p.domain for p in prompts]
-        out = []
-        for domain in ["all", *dict.fromkeys(domains)]:
-            weights = dict.fromkeys(domains, 1.0) if domain == "all" else {domain: 1.0}
-            tpf, al, tpf_ci, al_ci = replay.figures(sums, domains, weights, resamples=BOOTSTRAP_RESAMPLES, seed=self.s.seed)
-            c = SpecCounters.total([x for x, d in zip(at_max, domains) if domain in ("all", d)])
-            out.append({
-                "mechanism": name, "quant": fmt, "quant_source": "measured" if fmt == "none" else "emulated", "domain": domain,
-                "temperature": temp, "max_draft_len": self.d_max(self.drafters[name]), "prompts": sum(domain in ("all", d) for d in domains),
-                "new_tokens": self.s.new_tokens, "num_drafts": c.num_drafts, "num_draft_tokens": c.num_draft_tokens,
-                "num_accepted_tokens": c.num_accepted_tokens, "num_accepted_tokens_per_pos": c.num_accepted_tokens_per_pos,
-                "num_reached_per_pos": c.num_reached_per_pos, "num_rounds": c.num_rounds, "rounds": c.rounds,
-                "conditional_acceptance": c.conditional_acceptance(), "tokens_per_forward": tpf.tolist(), "mean_al_vllm": al.tolist(),
-                "tokens_per_forward_ci": tpf_ci.tolist(), "mean_al_vllm_ci": al_ci.tolist(), "method": method,
-                "checks": checks if domain == "all" and fmt == "none" else [],
-            })
-        return out
+        return acceptance_records(name, fmt, temp, [p.domain for p in prompts], at_max, sums, method, checks,
+                                  max_draft_len=self.d_max(self.drafters[name]), new_tokens=self.s.new_tokens, seed=self.s.seed)
 
     def _check_replay(self, log: MeasurementLog, budget: Budget) -> None:
         """The loop checks the replay on a sample: in fp32 the counters must be equal, prompt by prompt and D by D
@@ -951,6 +931,28 @@ class Profiler:
         return [{k: v for k, v in p.items() if k not in ("tokens", "gflop", "achieved_gflops")} for p in points]
 
 
+def acceptance_records(name: str, fmt: str, temp: float, domains: list[str], at_max: list[SpecCounters], sums: dict[str, np.ndarray],
+                       method: str, checks: list[dict], *, max_draft_len: int, new_tokens: int, seed: int) -> list[dict]:
+    """One acceptance record for every domain and one for "all" (domains weighted equally: `replay.figures`), from
+    per-prompt counters at D_max (`at_max`) and the per-prompt sums at every D (`sums`)."""
+    out = []
+    for domain in ["all", *dict.fromkeys(domains)]:
+        weights = dict.fromkeys(domains, 1.0) if domain == "all" else {domain: 1.0}
+        tpf, al, tpf_ci, al_ci = replay.figures(sums, domains, weights, resamples=BOOTSTRAP_RESAMPLES, seed=seed)
+        c = SpecCounters.total([x for x, d in zip(at_max, domains) if domain in ("all", d)])
+        out.append({
+            "mechanism": name, "quant": fmt, "quant_source": "measured" if fmt == "none" else "emulated", "domain": domain,
+            "temperature": temp, "max_draft_len": max_draft_len, "prompts": sum(domain in ("all", d) for d in domains),
+            "new_tokens": new_tokens, "num_drafts": c.num_drafts, "num_draft_tokens": c.num_draft_tokens,
+            "num_accepted_tokens": c.num_accepted_tokens, "num_accepted_tokens_per_pos": c.num_accepted_tokens_per_pos,
+            "num_reached_per_pos": c.num_reached_per_pos, "num_rounds": c.num_rounds, "rounds": c.rounds,
+            "conditional_acceptance": c.conditional_acceptance(), "tokens_per_forward": tpf.tolist(), "mean_al_vllm": al.tolist(),
+            "tokens_per_forward_ci": tpf_ci.tolist(), "mean_al_vllm_ci": al_ci.tolist(), "method": method,
+            "checks": checks if domain == "all" and fmt == "none" else [],
+        })
+    return out
+
+
 def remeasure(profile_path: Path, verify_cells: list[tuple[int, int, int]], visits: int = 2) -> tuple[Profile, list[dict]]:
     """Measure verify cells of a written profile again and refit its curve; profile.json is rewritten atomically.
 
@@ -1012,7 +1014,15 @@ def summary(profile: Profile) -> dict:
     al = {(a.mechanism, a.domain): a.tokens_per_forward[-1] for a in greedy}  # at each drafter's longest D (a block caps it)
     al_ci = {(a.mechanism, a.domain): a.tokens_per_forward_ci[-1] for a in greedy if a.tokens_per_forward_ci}
     bounds = {}
-    for B in profile.workload.batch_buckets:
+    if profile.rounds:  # engine rounds: tokens per forward x T_round(B, 0) / T_round(B, D), draft and host included
+        rounds = {(r.mechanism, r.batch, r.draft_len): r.median_ms for r in profile.rounds if r.ctx == ctx and r.median_ms}
+        for B in profile.workload.batch_buckets:
+            base = rounds.get(("none", B, 0))
+            if base:
+                bounds[B] = max([(1.0, 0, "-")] + [(a.tokens_per_forward[D] * base / rounds[(a.mechanism, B, D)], D, a.mechanism)
+                                                  for a in greedy if a.domain == "all" for D in range(1, a.max_draft_len + 1)
+                                                  if (a.mechanism, B, D) in rounds])
+    for B in profile.workload.batch_buckets if not profile.rounds else ():
         if verify.get((B, 1)) is None:
             continue
         best = (1.0, 0, "-")
@@ -1028,6 +1038,6 @@ def summary(profile: Profile) -> dict:
     gemm_ms = {p["m"]: p["median_ms"] for p in gemm}
     gemm_share = {B: gemm_ms[B] / verify[(B, 1)] for B in profile.workload.batch_buckets if B in gemm_ms and verify.get((B, 1))}
     knees = {B: micro.knee([{"t": t, "ms": verify[(B, t)]} for t in range(1, D_max + 2) if verify.get((B, t))], "t", "ms")
-             for B in profile.workload.batch_buckets}
+             for B in profile.workload.batch_buckets if not profile.rounds}
     return {"al": al, "al_ci": al_ci, "bounds": bounds, "knees": knees, "ctx": ctx, "gemm_share": gemm_share,
-            "prompts": dict(profile.workload.prompts_by_domain)}
+            "prompts": dict(profile.workload.prompts_by_domain), "engine_rounds": bool(profile.rounds)}

@@ -14,8 +14,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from specdec_tune import SpecdecError
 from specdec_tune.records import read_json
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # version 1: no intervals, no monotone fit (its figures load as they were recorded)
+SCHEMA_VERSION = 3
+# version 1: no intervals, no monotone fit (its figures load as they were recorded); version 2: no engine rounds
+READABLE_VERSIONS = (1, 2, 3)
 # fitted: a measured cell the monotone fit moved by more than its interval (its measurement disagreed with its neighbours)
 Source = Literal["measured", "interpolated", "modeled", "emulated", "fitted", "infeasible"]
 
@@ -65,6 +66,23 @@ class HostPoint(Record):
     round_ms: float  # whole round: draft + verify + host
     rounds: int
     source: Source = "measured"
+
+
+class RoundPoint(Timed):
+    """T_round(B, D): one decode round as the serving engine runs it (draft + verify + host in one engine step), timed
+    with `batch` requests decoding on prompts of `ctx` tokens. D = 0 (mechanism "none") is plain decoding's step."""
+
+    mechanism: str
+    quant: str = "none"
+    batch: int
+    draft_len: int
+    ctx: int
+    tokens_per_round: Optional[float] = None  # tokens a row emitted per timed round (the timing prompts' own acceptance)
+    # A lookup drafter proposes in some rounds and not in others, and a round costs more the more tokens it verifies:
+    # the draft tokens per row of the timed rounds, and the least-squares slope of a step's ms on them (>= 0; 0 where
+    # every round drafted alike), so that the cost model can move the time to the workload's own drafting rate
+    draft_tokens_per_row: Optional[float] = None
+    ms_per_draft_token: Optional[float] = None
 
 
 class ALCheck(Record):
@@ -169,6 +187,10 @@ class Profile(Record):
     notes: list[str] = []
     verify_fit: dict = {}  # how the verify curve was fitted: method, cells moved beyond their interval
     phase_s: dict[str, float] = {}  # wall seconds per profiling phase (a resumed run counts only what it re-ran)
+    # the serving engine's whole decode rounds (backend "vllm"); where a mechanism has them, the cost model reads them
+    # instead of verify + draft + host
+    rounds: list[RoundPoint] = []
+    engine: dict = {}  # the measuring engine: name, version, options, and per mechanism whether it ran there and why not
 
 
 def load_profile(path: Path) -> Profile:
@@ -187,6 +209,17 @@ def load_profile(path: Path) -> Profile:
         err = e.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
         raise SpecdecError(f"{path} is not a valid profile: {where}: {err['msg']} ({e.error_count()} problems)", "re-run `specdec-tune profile`") from None
+
+
+def finished_profile(path: Path, fingerprint: str) -> Profile | None:
+    """The profile at `path` where it was measured with this fingerprint (a run with the same settings reuses it)."""
+    if not path.exists():
+        return None
+    try:
+        old = load_profile(path)
+    except SpecdecError:
+        return None
+    return old if old.fingerprint == fingerprint else None
 
 
 def profile_json_schema() -> dict:

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from specdec_tune.exporters.engine_checks import EngineMissing, Facts, interpreter, uncovered_decode_shapes, vllm_model_view
+from specdec_tune.exporters.engine_checks import EngineMissing, Facts, interpreter, uncovered_decode_shapes
 from specdec_tune.exporters.engines import load_engines
 from specdec_tune.exporters.validate import check_document
+from specdec_tune.profiles.models.views import engine_model_view
 
 VLLM_PYTHON = os.environ.get("SPECDEC_TUNE_VLLM_PYTHON")
 
@@ -55,7 +56,7 @@ def test_the_vllm_view_of_a_converted_gguf_names_its_class_and_drops_the_gguf_qu
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "quantization_config": {"quant_method": "gguf"}}))
     (folder / "model.safetensors").write_bytes(b"0")
-    view = vllm_model_view(folder, tmp_path / "view")
+    view = engine_model_view(folder, tmp_path / "view")
     config = json.loads((view / "config.json").read_text())
     assert config["architectures"] == ["Qwen3MoeForCausalLM"] and "quantization_config" not in config
     assert (view / "model.safetensors").resolve() == (folder / "model.safetensors").resolve()

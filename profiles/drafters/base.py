@@ -132,6 +132,17 @@ def parse_options(cls: type, raw: dict[str, str]) -> object:
     return cls(**values)
 
 
+def describe_spec(name: str, options: dict[str, str] | None = None) -> dict[str, object]:
+    """What `Drafter.describe` gives, plus the class's draft-length limit, without building the drafter: for an engine
+    that runs the mechanism itself. Options are checked as `create` checks them."""
+    if name not in _REGISTRY:
+        raise SpecdecError(f"unknown drafter mechanism {name!r}", f"choose one of: {', '.join(available())}")
+    cls = _REGISTRY[name]
+    parsed = parse_options(cls.Options, options or {})  # type: ignore[attr-defined]
+    limit = cls.max_draft_len if isinstance(cls.max_draft_len, int) else None  # a block drafter's comes from its checkpoint
+    return {"name": name, "kind": cls.kind, "options": dataclasses.asdict(parsed), "max_draft_len": limit}
+
+
 def create(name: str, target: LoadedModel, options: dict[str, str] | None = None) -> Drafter:
     """Instantiate the drafter registered as `name` for `target` (importing this module first imports the drafters
     package, which registers every built-in one)."""

@@ -277,6 +277,16 @@ def load_model(
     return LoadedModel(model=model, tokenizer=tokenizer, ref=ref)
 
 
+def describe_model(path: str | None, dtype: str, device: torch.device, trust_remote_code: bool = False) -> tuple[ModelRef, object | None, dict]:
+    """A model's reference, tokenizer and Hugging Face config without loading its weights into this package's forward:
+    for a serving engine that runs the model itself (any architecture it supports)."""
+    fmt, folder, hf_config, shards = model_folder(path, trust_remote_code)
+    ref = ModelRef(path=str(path or DEFAULT_TARGET), format=fmt, arch=str(hf_config.get("model_type", "unknown")),
+                   dtype=str(pick_dtype(dtype, device)).removeprefix("torch."), config_hash=sha256_json(hf_config),
+                   weights_hash=weights_hash(shards), num_layers=int(hf_config.get("num_hidden_layers", 0)))
+    return ref, _load_tokenizer(folder, trust_remote_code), hf_config
+
+
 def _load_tokenizer(folder: Path, trust_remote_code: bool):
     if not any((folder / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         return None
@@ -297,4 +307,4 @@ def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
         raise SpecdecError("draft tokenizer maps tokens to different ids than the target's", "use a drafter that shares the target's tokenizer")
 
 
-__all__ = ["DEFAULT_TARGET", "SUPPORTED_ARCHITECTURES", "LoadedModel", "ModelRef", "load_model", "check_same_vocabulary"]
+__all__ = ["DEFAULT_TARGET", "SUPPORTED_ARCHITECTURES", "LoadedModel", "ModelRef", "load_model", "describe_model", "check_same_vocabulary"]

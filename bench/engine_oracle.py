@@ -1,0 +1,129 @@
+"""`decision_quality.py --engine vllm`: the oracle run in vLLM itself, for a profile measured there (`profile --engine vllm`).
+
+Every point is a vLLM engine at one configuration: no speculation, every single K of every mechanism vLLM ran when
+profiled (D = 1 .. its limit), and the plan's own schedule as one engine with vLLM's per-batch table. Each engine runs
+every batch bucket at its concurrency on the same held-back prompts (the engine check's runs: exporters/engine_validation.py,
+48 tokens per request, EOS ignored, a finished request replaced by the next) and a bucket's figure is its steady steps'
+(B requests decoding): tokens/s = 1e3 · B · tokens per round / median step ms. The decisions, the cost model's error and
+the targets are computed as for the torch backend (decision_quality.summarize). There is no speed probe inside the
+engine, so the `scaled` figures equal the raw ones. Cost: the profile's engine seconds plus the search's against the
+oracle sweep's engine seconds (each engine's start-up included on both sides).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from specdec_tune import SpecdecError
+from specdec_tune.autotune.cost_model import CostModel
+from specdec_tune.exporters.engine_validation import BUCKET_TOKENS, held_back_prompts, run_buckets, steady_figures
+from specdec_tune.exporters.schedule import to_vllm
+from specdec_tune.profiles.models.views import write_cut_draft
+from specdec_tune.profiles.schema import load_profile
+from specdec_tune.profiles.vllm_engine import VllmEngine
+from specdec_tune.records import sha256_file, sha256_json
+from specdec_tune.vllm_spelling import speculative_config
+
+from common import shown
+from decision_quality import ENGINE_DEFAULT_K, point_record, searched_for, summarize
+
+NO_SPEC = "none"
+
+
+def _config(profile, mechanism: str, draft_len: int, drafts: dict[str, Path]) -> dict | None:
+    if draft_len == 0:
+        return None
+    info = next(d for d in profile.drafters if d.name == mechanism)
+    return speculative_config(mechanism, draft_len, info.options, model=str(drafts[mechanism]) if mechanism in drafts else info.options.get("model"))
+
+
+def _sweep_settings(profile, engine: VllmEngine, ctx: int, batches: list[int], pool, rows: int, mechanisms: dict) -> dict:
+    """What the sweep's measurements depend on (not the profile's figures: a new profile of the same setup reuses them)."""
+    options = {d.name: d.options for d in profile.drafters if d.name in mechanisms}
+    return {"engine": f"vllm {engine.version}", "target": profile.target.get("weights_hash"), "dtype": profile.target.get("dtype"), "ctx": ctx,
+            "batches": batches, "rows": rows, "tokens_per_request": BUCKET_TOKENS, "held_back_prompts_sha256": sha256_json(pool),
+            "mechanisms": {m: {"max_draft_len": v["max_draft_len"], "options": options.get(m)} for m, v in mechanisms.items()},
+            "engine_options": profile.engine.get("options", {}), "max_model_len": profile.engine.get("max_model_len")}
+
+
+def run_engine(args) -> dict:
+    profile = load_profile(args.profile)
+    if profile.backend != "vllm":
+        raise SpecdecError(f"{args.profile} was profiled with --engine {profile.backend}", "profile with --engine vllm for the vLLM oracle")
+    engine = VllmEngine.locate()
+    ctx = profile.workload.ctx_buckets[0]
+    held = held_back_prompts(profile, ctx, BUCKET_TOKENS, profile.workload.max_draft_len)
+    batches = [B for B in profile.workload.batch_buckets if B <= args.max_batch]
+    needed = max(args.rows, *batches)
+    if len(held) < needed:
+        raise SpecdecError(f"only {len(held)} held-back prompts reach the context {ctx}", "use fewer or smaller batches")
+    pool, mix, plan, search_s = searched_for(profile, sha256_file(args.profile), held[:needed], args.seed)
+    buckets = [b for b in plan["buckets"] if b["batch"] in batches]
+    cost = CostModel(profile, ctx=plan["ctx"], mix=mix)
+    mech = plan["mechanism"]
+    mechanisms = {m: {"quant": "none", "max_draft_len": min(cost.draft_len_limit(m), args.max_draft_len)} for m in cost.mechanisms}
+    mechanisms = {mech: mechanisms[mech]} | {m: v for m, v in mechanisms.items() if m != mech and args.mechanisms == "all"}
+    units = [(NO_SPEC, 0)] + [(m, D) for m, v in mechanisms.items() for D in range(1, v["max_draft_len"] + 1)]
+    settings = _sweep_settings(profile, engine, ctx, batches, pool, args.rows, mechanisms)
+    reused = json.loads(args.reuse_sweep.read_text()) if args.reuse_sweep else None
+    if reused is not None:
+        differ = [k for k, v in settings.items() if reused.get("settings", {}).get(k) != v]
+        if differ:
+            raise SpecdecError(f"{args.reuse_sweep} was swept with another {differ[0]}", "run the sweep again without --reuse-sweep")
+    before = {(p["batch"], p["mechanism"], p["draft_len"]): p for p in (reused or {}).get("sweep", [])}
+    points, unit_s = [], dict((reused or {}).get("cost", {}).get("oracle_unit_s", {}))
+    with tempfile.TemporaryDirectory() as tmp:
+        drafts = {d.name: write_cut_draft(profile.target["path"], int(d.model["layers"]), Path(tmp) / d.name, profile.target["dtype"])
+                  for d in profile.drafters if d.name in mechanisms and d.model and d.model.get("shares_target_weights")}
+        for m, D in units:
+            if all((B, m, D) in before for B in batches):  # measured by an earlier sweep with these settings
+                figures = {B: {"measured_tokens_per_s": before[(B, m, D)]["measured_tokens_per_s"], "tokens_per_round":
+                               before[(B, m, D)]["measured_tokens_per_forward"], **{k: before[(B, m, D)][k] for k in (
+                                   "measured_raw_tokens_per_s", "measured_interval_tokens_per_s", "draft_len_applied")}} for B in batches}
+            else:
+                t0 = time.perf_counter()
+                raw = run_buckets(engine, profile, batches, pool, args.rows, max(batches), config=_config(profile, m, D, drafts))
+                unit_s[f"{m}/{D}"] = time.perf_counter() - t0
+                if not raw.get("ok"):
+                    raise SpecdecError(f"vLLM did not run {m} at D={D}: {raw.get('error')}", "sweep the mechanisms the profile ran")
+                runs = {r.get("name"): r for r in raw["runs"]}
+                figures = {B: steady_figures(runs.get(f"bucket/{B}"), B) for B in batches}
+            for B in batches:
+                fig = figures[B]
+                if "error" in fig:
+                    raise SpecdecError(f"{m} D={D} at batch {B}: {fig['error']}", "run with more rows")
+                p = point_record(B, m, "none", D, {"tokens_per_s": fig["measured_tokens_per_s"], "tokens_per_forward": fig["tokens_per_round"]},
+                                 1.0, cost.predict(B, D, m))
+                points.append(p | {"measured_raw_tokens_per_s": fig["measured_raw_tokens_per_s"], "measured_interval_tokens_per_s":
+                                   fig["measured_interval_tokens_per_s"], "draft_len_applied": fig["draft_len_applied"]})
+                print(f"  B={B:3d} {m:>12s} D={D:2d}: vLLM {p['measured_tokens_per_s']:8.1f} tok/s (predicted {p['predicted_tokens_per_s']:8.1f}), "
+                      f"tokens/round {p['measured_tokens_per_forward']:.3f} (predicted {p['predicted_tokens_per_forward']:.3f})", file=sys.stderr, flush=True)
+        schedule = [[b["batch"], b["draft_len"]] for b in buckets]
+        plan_run = None
+        if any(D for _, D in schedule):  # the plan's schedule in one engine, vLLM's per-batch table choosing D
+            config = _config(profile, mech, max(D for _, D in schedule), drafts) | {"num_speculative_tokens_per_batch_size": to_vllm([tuple(x) for x in schedule])}
+            raw = run_buckets(engine, profile, batches, pool, args.rows, max(batches), config=config)
+            runs = {r.get("name"): r for r in raw.get("runs", [])}
+            plan_run = [{"batch": B, "draft_len": D, **steady_figures(runs.get(f"bucket/{B}"), B)} for B, D in schedule]
+    default_k = min(ENGINE_DEFAULT_K.get(mech, 3), mechanisms[mech]["max_draft_len"])
+    oracle_s = sum(unit_s.values())
+    profile_s = profile.phase_s.get("engine units", 0.0)
+    return {
+        "source": "measured", "engine": f"vllm {engine.version}", "profile": shown(args.profile), "device": profile.device.get("name"),
+        "dtype": profile.target.get("dtype"), "mechanism": mech, "quant": "none", "ctx": plan["ctx"], "split": "held_back", "mix": mix,
+        "new_tokens": BUCKET_TOKENS, "repeats": 1, "rows": args.rows, "max_draft_len": args.max_draft_len,
+        "oracle_kind": "every profiled mechanism x D" if args.mechanisms == "all" else "D-only (plan's mechanism)", "mechanisms_swept": mechanisms,
+        "engine_default_k": default_k, "plan_schedule": schedule, "plan_schedule_measured": schedule, "plan_schedule_run": plan_run,
+        "figures": "raw measured tokens/s (steady steps of the engine); no speed probe in the engine: `scaled` equals raw",
+        "scaling": {"method": "none", "applied": False, "why_not": "no speed probe inside the engine"},
+        "measured_rounds": "engine steps with every request of the bucket decoding",
+        **summarize(points, schedule, mech, default_k), "sweep": points, "settings": settings,
+        "sweep_reused_from": {"path": shown(args.reuse_sweep), "sha256": sha256_file(args.reuse_sweep)} if reused else None,
+        "cost": {"search_s": search_s, "profile_engine_s": profile_s, "oracle_sweep_s": oracle_s, "oracle_unit_s": unit_s,
+                 "tuning_vs_oracle": (profile_s + search_s) / oracle_s, "oracle_sweep_target_forwards": "n/a (engine)",
+                 "oracle_sweep_drafter_forwards": {}},
+    }

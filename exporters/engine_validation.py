@@ -1,0 +1,152 @@
+"""A plan profiled in vLLM, checked in vLLM: the bundle's own `vllm/speculative_config.json`, the file as written,
+in one engine with the whole schedule active.
+
+The engine starts with `max_num_seqs` the plan's largest batch (as `vllm/serve.sh` starts it), so vLLM's own per-batch
+lookup picks the draft length at every step. Each bucket runs at its concurrency B on held-back prompts cut to the
+plan's context (as the torch check cuts them), each request decoding 48 tokens with EOS ignored and a finished request
+replaced by the next prompt. Its steady steps, B requests decoding and none prefilling, give:
+
+    D applied      the draft tokens per drafting request in a step (vLLM's counters), largest over the steady steps:
+                   it must equal the plan's D (none drafted where D = 0), else the bucket fails
+    tokens/round   (requests + accepted draft tokens) / requests, over the steady steps
+    tokens/s       raw: 1e3 · tokens / Σ step ms;  as the cost model: 1e3 · B · tokens/round / median step ms, with the
+                   interval of the median step
+    error          predicted / measured (as the cost model) − 1; inside the noise where the prediction's 95% interval
+                   and the measurement's overlap
+
+A bucket fails when vLLM ran another D than the plan's: the bundle would not run the plan, and export refuses it. Its
+throughput is reported beside its prediction and flagged where the error is beyond the tolerance and outside the noise,
+without refusing: nothing here probes the device's speed inside vLLM (as the torch check does around every run), and on
+a shared machine the engine's step drifts by 20% within minutes, so such a flag says "re-profile on a quiet machine",
+not "the plan is wrong".
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from specdec_tune import SpecdecError
+from specdec_tune.profiles.calibration import select_prompts
+from specdec_tune.profiles.fingerprint import resolve_device
+from specdec_tune.profiles.models.loading import describe_model, model_folder
+from specdec_tune.profiles.models.views import engine_model_view
+from specdec_tune.profiles.prompts import encode_prompts
+from specdec_tune.profiles.timing import Timing
+from specdec_tune.settings import MeasureSettings
+
+BUCKET_TOKENS = 48  # per request: tens of steady rounds per bucket even where drafts are accepted
+TIMEOUT_S = 1800.0
+
+
+def held_back_prompts(profile, ctx: int, new_tokens: int, max_draft: int) -> list[tuple[list[int], str]]:
+    """(ids, domain) of the held-back prompts at least ctx − new_tokens/2 tokens long, cut to that length from the left,
+    so that the KV cache averages `ctx` over the decode (validate.context_prompts' rule, with the tokenizer alone)."""
+    _, tokenizer, config = describe_model(profile.target["path"], profile.target.get("dtype", "auto"), resolve_device("cpu"))
+    chosen = select_prompts("default", "held_back", 1000)
+    ids = encode_prompts(tokenizer, chosen, context_tokens=int(config.get("max_position_embeddings") or 2048),
+                         max_new_tokens=new_tokens, max_draft_tokens=max_draft)
+    length = max(1, ctx - new_tokens // 2)
+    return [(row[-length:], p.domain) for row, p in zip(ids, chosen.prompts) if len(row) >= length]
+
+
+def run_buckets(engine, profile, batches: list[int], pool: list[list[int]], rows: int, max_num_seqs: int, *,
+                config: dict | None = None, config_file: Path | None = None, cwd: Path | None = None) -> dict:
+    """One engine (the config given, or read from `config_file` as written; neither: no speculation) running each batch
+    size at its concurrency over `pool`, `BUCKET_TOKENS` per request: the runner's raw result."""
+    runs = [{"name": "warmup", "prompts": pool[:1], "concurrency": 1, "max_tokens": 4, "ignore_eos": True}]
+    runs += [{"name": f"bucket/{B}", "prompts": [pool[i % len(pool)] for i in range(B * max(2, -(-rows // B)))], "concurrency": B,
+              "max_tokens": BUCKET_TOKENS, "ignore_eos": True} for B in batches]
+    with tempfile.TemporaryDirectory(prefix="specdec-engine-") as tmp:
+        view = engine_model_view(model_folder(profile.target["path"])[1], Path(tmp) / "target")
+        job = {"model_dir": str(view), "max_num_seqs": max_num_seqs, "runs": runs, "speculative_config": config,
+               "engine": {"dtype": profile.target.get("dtype", "auto"), "max_model_len": profile.engine.get("max_model_len"),
+                          **profile.engine.get("options", {})}}
+        if config_file is not None:
+            job["speculative_config_file"] = str(config_file.resolve())
+        return engine.run(job, TIMEOUT_S, cwd=cwd)
+
+
+def steady_figures(run: dict | None, batch: int) -> dict:
+    """A bucket's figures from its steady steps (module docstring); `error` where it has none to time."""
+    if run is None or run.get("error"):
+        return {"error": (run or {}).get("error") or "the engine stopped before this bucket"}
+    steady = [st for st in run["steps"] if not st["prefill"] and st["decoding"] == st["running"] == batch][1:]
+    if len(steady) < 3:
+        return {"error": f"{len(steady)} steady steps with {batch} requests decoding: too few to time"}
+    drafting = [st["num_draft_tokens"] / st["num_drafts"] for st in steady if st["num_drafts"]]
+    requests = batch * len(steady)
+    tokens = requests + sum(st["num_accepted_tokens"] for st in steady)
+    step = Timing.of([st["ms"] for st in steady])
+    per_round = tokens / requests
+    return {"draft_len_applied": round(max(drafting)) if drafting else 0, "drafting_steps": len(drafting), "steady_steps": len(steady),
+            "tokens_per_round": per_round, "step_ms": step.median_ms, "step_ms_interval": [step.ci_low_ms, step.ci_high_ms],
+            "measured_raw_tokens_per_s": 1e3 * tokens / sum(st["ms"] for st in steady),
+            "measured_tokens_per_s": 1e3 * batch * per_round / step.median_ms,
+            "measured_interval_tokens_per_s": [1e3 * batch * per_round / step.ci_high_ms, 1e3 * batch * per_round / step.ci_low_ms]}
+
+
+def engine_throughput(plan: dict, profile, bundle: Path, s: MeasureSettings, engine=None) -> dict:
+    """The check of the module docstring; `bundle` is the bundle's folder (staged or shipped)."""
+    from specdec_tune.profiles.vllm_engine import VllmEngine
+
+    try:
+        engine = engine or VllmEngine.locate()
+    except SpecdecError as e:
+        return {"checked": False, "engine": "vllm", "why": str(e)}
+    config_file = bundle / "vllm" / "speculative_config.json"
+    pool = [ids for ids, _ in held_back_prompts(profile, plan["ctx"], BUCKET_TOKENS, plan["max_draft_len"])]
+    if not pool:
+        return {"checked": False, "engine": "vllm", "why": f"no held-back prompt reaches the plan's context of {plan['ctx']} tokens"}
+    raw = run_buckets(engine, profile, [b["batch"] for b in plan["buckets"]], pool, s.rows, plan["max_batch"],
+                      config_file=config_file if config_file.is_file() else None, cwd=bundle)
+    if not raw.get("ok"):
+        return {"checked": True, "engine": "vllm", "passed": False, "tolerance_pct": s.tolerance_pct, "buckets": [],
+                "error": f"vLLM did not start on the bundle's config: {raw.get('error')}"}
+    by_name = {r.get("name"): r for r in raw["runs"]}
+    rows = [bucket_row(b, steady_figures(by_name.get(f"bucket/{b['batch']}"), b["batch"]), s.tolerance_pct) for b in plan["buckets"]]
+    timed = [r for r in rows if "error_pct" in r]
+    return {"checked": True, "engine": "vllm", "vllm_version": raw.get("vllm_version"), "config_file": "vllm/speculative_config.json",
+            "max_num_seqs": plan["max_batch"], "tolerance_pct": s.tolerance_pct, "tokens_per_request": BUCKET_TOKENS, "buckets": rows,
+            "passed": all(r["passed"] for r in rows), "throughput_within": all(r.get("throughput_within", False) for r in rows),
+            "worst": max(({"batch": r["batch"], "error_pct": r["error_pct"]} for r in timed), key=lambda w: abs(w["error_pct"]), default=None),
+            "rule": "a bucket passes when vLLM ran the plan's D (and was timed); its throughput is flagged, not refused, where the error "
+                    f"is beyond {s.tolerance_pct:g}% and outside the noise (the prediction's 95% interval and the measurement's do not overlap)"}
+
+
+def bucket_row(bucket: dict, measured: dict, tolerance_pct: float) -> dict:
+    B, D = bucket["batch"], bucket["draft_len"]
+    row = {"batch": B, "draft_len": D}
+    if "error" in measured:
+        return row | {"passed": False, "error": measured["error"]}
+    figure = bucket["predicted"]["tokens_per_s"]
+    p_low, p_high = figure.get("low") or figure["value"], figure.get("high") or figure["value"]
+    low, high = measured["measured_interval_tokens_per_s"]
+    error_pct = 100 * (figure["value"] / measured["measured_tokens_per_s"] - 1)
+    inside_noise = p_low <= high and low <= p_high
+    d_ok = measured["draft_len_applied"] == D and (D > 0 or not measured["drafting_steps"])
+    return row | measured | {
+        "draft_len_ok": d_ok, "predicted_tokens_per_forward": bucket["predicted"]["tokens_per_forward"]["value"],
+        "predicted_tokens_per_s": figure["value"], "predicted_source": figure["source"], "predicted_interval_tokens_per_s": [p_low, p_high],
+        "error_pct": error_pct, "inside_noise": inside_noise, "throughput_within": abs(error_pct) <= tolerance_pct or inside_noise, "passed": d_ok,
+    }
+
+
+def describe_row(r: dict) -> str:
+    if "error_pct" not in r:
+        return f"batch {r['batch']}, D={r['draft_len']}: not measured ({r['error']})"
+    applied = "" if r["draft_len_ok"] else f", but vLLM ran D={r['draft_len_applied']}"
+    flag = "" if r["throughput_within"] else " [beyond the tolerance and the noise]"
+    return (f"batch {r['batch']}, D={r['draft_len']}{applied}{flag}: predicted {r['predicted_tokens_per_s']:.0f} tokens/s ({r['predicted_source']}), "
+            f"vLLM {r['measured_tokens_per_s']:.0f} [{r['measured_interval_tokens_per_s'][0]:.0f}–{r['measured_interval_tokens_per_s'][1]:.0f}]: "
+            f"{r['error_pct']:+.1f}%{' (inside the noise)' if r['inside_noise'] else ''}; tokens per round {r['tokens_per_round']:.3f} "
+            f"against {r['predicted_tokens_per_forward']:.3f} predicted")
+
+
+def engine_refusal(tp: dict) -> SpecdecError:
+    if tp.get("error"):
+        return SpecdecError(f"vLLM check of the bundle failed: {tp['error']}", "check the bundle's vllm/speculative_config.json runs in this vLLM")
+    bad = "; ".join(describe_row(r) for r in tp["buckets"] if not r["passed"])
+    return SpecdecError(f"vLLM does not run the plan's schedule from the bundle's config: {bad}",
+                        "report this with the plan.json: the vLLM config and vLLM's per-batch lookup disagree")
+

