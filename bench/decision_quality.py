@@ -403,8 +403,11 @@ def _main_engine(args, ap) -> int:
     if result is None:
         return 1
     tuning = result["cost"]["tuning_vs_oracle"]
+    run = "; ".join(f"batch {r['batch']}: D={r['draft_len']} planned, vLLM ran D={r.get('draft_len_applied')}, "
+                    f"{r.get('measured_tokens_per_s', float('nan')):.1f} tok/s" for r in result["plan_schedule_run"] or [])
     write_table(args, table(result) + f"\ntuning (profile {result['cost']['profile_engine_s']:.0f} s + search {result['cost']['search_s']:.0f} s) "
-                f"against the oracle sweep's {result['cost']['oracle_sweep_s']:.0f} engine seconds: {tuning:.2f}")
+                f"against the oracle sweep's {result['cost']['oracle_sweep_s']:.0f} engine seconds: {tuning:.2f}"
+                + (f"\nthe plan's schedule in one engine (vLLM's per-batch table): {run}" if run else ""))
     violations = check_bounds(result, min_vs_oracle=0.95, max_median_err_pct=10.0) + (
         [f"tuning cost {tuning:.2f} of the oracle sweep's, above 1/3"] if tuning > 1 / 3 else [])
     print("bounds (plan >= 95% of the vLLM oracle in every bucket, median tokens/s error <= 10%, tuning <= 1/3 of the sweep, raw figures): "
