@@ -211,7 +211,9 @@ def uninterrupted(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "Ctrl-C"])
 def test_profile_resumes_after_sigkill(tmp_path, sig, uninterrupted):
     killed, clean = tmp_path / "killed", uninterrupted
-    proc = subprocess.Popen(_cli(killed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Ctrl-C as a terminal sends it: to a process whose SIGINT is not ignored (a shell's background job inherits it ignored)
+    proc = subprocess.Popen(_cli(killed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 240
     log_lines: list[str] = []
     while time.monotonic() < deadline and proc.poll() is None:

@@ -174,7 +174,8 @@ def whole_search(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "Ctrl-C"])
 def test_search_killed_midway_resumes_to_the_same_plan(tmp_path, sig, whole_search):
     cut = tmp_path / "cut"
-    proc = subprocess.Popen([*SEARCH_CMD, "--out", str(cut)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([*SEARCH_CMD, "--out", str(cut)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a terminal's foreground job
     journal, deadline = cut / "study.journal", time.monotonic() + 120
     # some trials in (a trial is about ten journal lines), the study not finished
     while time.monotonic() < deadline and proc.poll() is None and (not journal.exists() or journal.read_bytes().count(b"\n") < 500):
@@ -229,7 +230,8 @@ def test_export_interrupted_keeps_the_previous_bundle_and_reexports_identically(
            "--out", str(out)]
     assert subprocess.run([*cmd, "--configs-only"], capture_output=True, timeout=300).returncode == 0
     first = _bundle_bytes(out)
-    proc = subprocess.Popen([*cmd, "--lossless-prompts", "2", "--new-tokens", "8"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([*cmd, "--lossless-prompts", "2", "--new-tokens", "8"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a terminal's foreground job
     deadline = time.monotonic() + 120
     while not list(tmp_path.glob(".bundle.staging-*")) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
