@@ -3,7 +3,6 @@ against a fake engine in CI (tests/fake_vllm.py) and against the real vLLM where
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
