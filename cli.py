@@ -261,22 +261,16 @@ def _print_profile_summary(result, path: Path) -> None:
         n = sum(facts["prompts"].values()) if d == "all" else facts["prompts"].get(d)
         table.add_row(d, str(n or "-"), *[cell((m, d)) for m in mechanisms])
     console.print(table)
-    if facts["engine_rounds"]:
-        bounds = Table(title=f"per batch bucket (ctx {facts['ctx']}; measured {result.backend} engine rounds)")
-        for col in ("batch", "speedup", "at D", "mechanism"):
-            bounds.add_column(col, justify="right")
-        for B, (bound, D, m) in facts["bounds"].items():
-            bounds.add_row(str(B), f"{bound:.2f}x", str(D), m)
-        console.print(bounds)
-        console.print("speedup = tokens per forward x T_round(B,0) / T_round(B,D), at the draft lengths the engine ran: draft and host included")
-    else:
-        bounds = Table(title=f"per batch bucket (ctx {facts['ctx']}; measured verify times)")
-        for col in ("batch", "verify knee 1+D", "speedup bound", "at D", "mechanism"):
-            bounds.add_column(col, justify="right")
-        for B, (bound, D, m) in facts["bounds"].items():
-            bounds.add_row(str(B), str(facts["knees"].get(B)), f"{bound:.2f}x", str(D), m)
-        console.print(bounds)
-        console.print("speedup bound = tokens per forward x T_verif(B,1) / T_verif(B,1+D): draft and host time left out")
+    engine = facts["engine_rounds"]
+    bounds = Table(title=f"per batch bucket (ctx {facts['ctx']}; measured {result.backend + ' engine rounds' if engine else 'verify times'})")
+    for col in ("batch", *(() if engine else ("verify knee 1+D",)), "speedup" if engine else "speedup bound", "at D", "mechanism"):
+        bounds.add_column(col, justify="right")
+    for B, (bound, D, m) in facts["bounds"].items():
+        bounds.add_row(str(B), *(() if engine else (str(facts["knees"].get(B)),)), f"{bound:.2f}x", str(D), m)
+    console.print(bounds)
+    console.print("speedup = tokens per forward x T_round(B,0) / T_round(B,D), at the draft lengths the engine ran: draft and host "
+                  "included (tokens per forward below D_max derived from the D_max run: modeled)" if engine else
+                  "speedup bound = tokens per forward x T_verif(B,1) / T_verif(B,1+D): draft and host time left out")
     for B, share in facts["gemm_share"].items():
         console.print(f"B={B}: the target's linear layers (measured micro-curve) are {share:.0%} of the measured one-token verify step")
     for note in result.notes:

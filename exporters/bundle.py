@@ -183,6 +183,16 @@ def _lossless_gate_or_refuse(plan: dict, profile, measure: MeasureSettings) -> d
     return gate
 
 
+def _engine_check_or_refuse(plan: dict, profile, staging: Path, measure: MeasureSettings, step: Callable[[str], None]) -> dict:
+    """The staged bundle's vLLM config in vLLM (engine_validation.py); refused where vLLM runs another D than the plan."""
+    tp = engine_throughput(plan, profile, staging, measure)
+    for row in tp.get("buckets", []):
+        step(f"vLLM {describe_row(row)}")
+    if tp.get("checked") and not tp["passed"]:
+        raise engine_refusal(tp)
+    return tp
+
+
 def _lossless_key(plan: dict) -> tuple:
     """What the lossless gate's verdict depends on: the drafter, its weights and the draft lengths the plan runs."""
     return plan["mechanism"], plan["quant"], sorted({b["draft_len"] for b in plan["buckets"] if b["draft_len"] > 0})
@@ -211,23 +221,19 @@ def export(s: ExportSettings, on_repair: Callable[[dict], None] | None = None, o
         else:
             gate = _lossless_gate_or_refuse(plan, profile, s.measure)
             step(f"lossless gate: {lossless_text(gate)}")
-        if not s.skip_measure and profile.backend == "vllm":  # figures from the engine: checked in it, on the staged files
-            tp = engine_throughput(plan, profile, staging, s.measure)
-            for row in tp.get("buckets", []):
-                step(f"vLLM {describe_row(row)}")
-            if tp.get("checked") and not tp["passed"]:
-                raise engine_refusal(tp)
-        elif not s.skip_measure:
-            checked = repair_throughput(s, plan, profile, throughput_check(
-                plan, profile, s.measure, on_row=lambda row: step(f"throughput {describe_throughput_row(row)}")), on_repair, on_step=step)
-            tp, repairs = checked.throughput, checked.repairs
-            if checked.failed:
-                raise throughput_refusal(checked.plan, checked.profile, tp, repairs, checked.not_repaired)
-            if repairs:  # re-planned: stage (and, where its drafts changed, gate) the plan that passed
-                if _lossless_key(checked.plan) != _lossless_key(plan):
-                    gate = _lossless_gate_or_refuse(checked.plan, checked.profile, s.measure)
-                plan, profile = checked.plan, checked.profile
-                staged = _stage(plan, profile, s, versions, staging)
+            if profile.backend == "vllm":  # figures from the engine: checked in it, on the staged files
+                tp = _engine_check_or_refuse(plan, profile, staging, s.measure, step)
+            else:
+                checked = repair_throughput(s, plan, profile, throughput_check(
+                    plan, profile, s.measure, on_row=lambda row: step(f"throughput {describe_throughput_row(row)}")), on_repair, on_step=step)
+                tp, repairs = checked.throughput, checked.repairs
+                if checked.failed:
+                    raise throughput_refusal(checked.plan, checked.profile, tp, repairs, checked.not_repaired)
+                if repairs:  # re-planned: stage (and, where its drafts changed, gate) the plan that passed
+                    if _lossless_key(checked.plan) != _lossless_key(plan):
+                        gate = _lossless_gate_or_refuse(checked.plan, checked.profile, s.measure)
+                    plan, profile = checked.plan, checked.profile
+                    staged = _stage(plan, profile, s, versions, staging)
         validation: dict = {"configs": staged.configs, "schedule_safety": staged.safety, "lossless": gate, "throughput": tp,
                             **({"repairs": repairs} if repairs else {})}
         manifest = _write_staged(staging, s, plan, profile, versions, staged, validation)

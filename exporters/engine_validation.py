@@ -27,12 +27,12 @@ import tempfile
 from pathlib import Path
 
 from specdec_tune import SpecdecError
-from specdec_tune.profiles.calibration import select_prompts
+from specdec_tune.exporters.validate import cut_to_context, prompts_by_domain
 from specdec_tune.profiles.fingerprint import resolve_device
 from specdec_tune.profiles.models.loading import describe_model, model_folder
 from specdec_tune.profiles.models.views import engine_model_view
-from specdec_tune.profiles.prompts import encode_prompts
 from specdec_tune.profiles.timing import Timing
+from specdec_tune.profiles.vllm_profile import steady_steps
 from specdec_tune.settings import MeasureSettings
 
 BUCKET_TOKENS = 48  # per request: tens of steady rounds per bucket even where drafts are accepted
@@ -40,14 +40,10 @@ TIMEOUT_S = 1800.0
 
 
 def held_back_prompts(profile, ctx: int, new_tokens: int, max_draft: int) -> list[tuple[list[int], str]]:
-    """(ids, domain) of the held-back prompts at least ctx − new_tokens/2 tokens long, cut to that length from the left,
-    so that the KV cache averages `ctx` over the decode (validate.context_prompts' rule, with the tokenizer alone)."""
+    """validate.context_prompts_by_domain on the held-back split, with the target's tokenizer alone (no weights loaded)."""
     _, tokenizer, config = describe_model(profile.target["path"], profile.target.get("dtype", "auto"), resolve_device("cpu"))
-    chosen = select_prompts("default", "held_back", 1000)
-    ids = encode_prompts(tokenizer, chosen, context_tokens=int(config.get("max_position_embeddings") or 2048),
-                         max_new_tokens=new_tokens, max_draft_tokens=max_draft)
-    length = max(1, ctx - new_tokens // 2)
-    return [(row[-length:], p.domain) for row, p in zip(ids, chosen.prompts) if len(row) >= length]
+    prompts = prompts_by_domain(tokenizer, int(config.get("max_position_embeddings") or 2048), 1000, new_tokens, max_draft, "held_back")
+    return cut_to_context(prompts, ctx, new_tokens)
 
 
 def run_buckets(engine, profile, batches: list[int], pool: list[list[int]], rows: int, max_num_seqs: int, *,
@@ -71,7 +67,7 @@ def steady_figures(run: dict | None, batch: int) -> dict:
     """A bucket's figures from its steady steps (module docstring); `error` where it has none to time."""
     if run is None or run.get("error"):
         return {"error": (run or {}).get("error") or "the engine stopped before this bucket"}
-    steady = [st for st in run["steps"] if not st["prefill"] and st["decoding"] == st["running"] == batch][1:]
+    steady = steady_steps(run, batch)
     if len(steady) < 3:
         return {"error": f"{len(steady)} steady steps with {batch} requests decoding: too few to time"}
     drafting = [st["num_draft_tokens"] / st["num_drafts"] for st in steady if st["num_drafts"]]

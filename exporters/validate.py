@@ -65,9 +65,12 @@ WARMUP_TOKENS = 8  # a decode's warm-up: the first batch, this many tokens (allo
 
 def _prompts_by_domain(target, n: int, new_tokens: int, max_draft: int, split: str = "held_back") -> list[tuple[list[int], str]]:
     """(token ids, domain) of the first n calibration prompts of a split."""
+    return prompts_by_domain(target.tokenizer, target.model.config.max_position_embeddings, n, new_tokens, max_draft, split)
+
+
+def prompts_by_domain(tokenizer, context_tokens: int, n: int, new_tokens: int, max_draft: int, split: str) -> list[tuple[list[int], str]]:
     chosen = select_prompts("default", split, n)
-    ids = encode_prompts(target.tokenizer, chosen, context_tokens=target.model.config.max_position_embeddings,
-                         max_new_tokens=new_tokens, max_draft_tokens=max_draft)
+    ids = encode_prompts(tokenizer, chosen, context_tokens=context_tokens, max_new_tokens=new_tokens, max_draft_tokens=max_draft)
     return list(zip(ids, [p.domain for p in chosen.prompts]))
 
 
@@ -112,8 +115,12 @@ def context_prompts_by_domain(target, ctx: int, new_tokens: int, max_draft: int,
     """(ids, domain) of the calibration prompts at least ctx − new_tokens/2 tokens long, cut to that length from the
     left (the chat template's reply header stays last), so that the KV cache averages `ctx` over the decode. The
     length filter favours the domains of long prompts (HumanEval, extraction): the domains say what was decoded."""
+    return cut_to_context(_prompts_by_domain(target, 1000, new_tokens, max_draft, split=split), ctx, new_tokens)
+
+
+def cut_to_context(prompts: list[tuple[list[int], str]], ctx: int, new_tokens: int) -> list[tuple[list[int], str]]:
     length = max(1, ctx - new_tokens // 2)
-    return [(ids[-length:], domain) for ids, domain in _prompts_by_domain(target, 1000, new_tokens, max_draft, split=split) if len(ids) >= length]
+    return [(ids[-length:], domain) for ids, domain in prompts if len(ids) >= length]
 
 
 def context_prompts(target, ctx: int, new_tokens: int, max_draft: int, split: str) -> list[list[int]]:

@@ -37,12 +37,12 @@ import torch
 
 from specdec_tune import SpecdecError, __version__
 from specdec_tune.profiles import micro, replay
-from specdec_tune.profiles.calibration import CalibrationPrompt, CalibrationSet, load_calibration
+from specdec_tune.profiles.calibration import CalibrationPrompt, load_calibration
 from specdec_tune.profiles.drafters import Drafter, DraftRequest, create
 from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint, resolve_device
 from specdec_tune.profiles.intervals import median_interval, monotone_fit, moved_beyond_interval
 from specdec_tune.profiles.models.loading import load_model, model_folder, weights_hash
-from specdec_tune.profiles.prompts import encode_prompts
+from specdec_tune.profiles.prompts import encode_fitting, encode_prompts
 from specdec_tune.profiles.schema import SCHEMA_VERSION, Profile, finished_profile, load_profile
 from specdec_tune.profiles.specdec import SpecCounters, generate
 from specdec_tune.profiles.train_drafter import cached_demo_head  # noqa: F401  (registers it: head drafters without model= load it)
@@ -70,6 +70,16 @@ TRAJECTORY_BATCH = 64
 DRAFT_POINT_MAX_MS = 500.0  # a draft-cost point stops repeating (after 3) once its calls span this: a serial draft of 7 steps at batch 8 takes half a second on a CPU
 
 
+
+
+def workload_record(s: ProfileSettings, calibration, pool, domains: list[str], acceptance_batch: int, half_width: float) -> dict:
+    """The profile's `workload`: what was measured, on which prompts (both backends)."""
+    return {
+        "calibration": calibration.name, "calibration_fingerprint": pool.fingerprint(), "split": "profile",
+        "domains": domains, "prompts_per_domain": s.prompts_per_domain, "new_tokens": s.new_tokens,
+        "temperatures": list(s.temperatures), "batch_buckets": list(s.batch_buckets), "ctx_buckets": list(s.ctx_buckets),
+        "max_draft_len": s.max_draft_len, "acceptance_batch": acceptance_batch, "acceptance_half_width": half_width,
+    }
 
 
 def parse_drafter_spec(spec: str) -> tuple[str, dict[str, str]]:
@@ -393,7 +403,9 @@ class Profiler:
         self.prompt_set = self.pool.per_domain(settings.prompts_per_domain)
         self.prompt_ids = encode_prompts(self.target.tokenizer, self.prompt_set, context_tokens=self.model.config.max_position_embeddings,
                                          max_new_tokens=settings.new_tokens, max_draft_tokens=settings.max_draft_len)
-        self.encoded = {p.id: ids for p, ids in zip(self.prompt_set, self.prompt_ids)} | self._encode_fitting(self.pool)
+        self.encoded = {p.id: ids for p, ids in zip(self.prompt_set, self.prompt_ids)} | encode_fitting(
+            self.target.tokenizer, self.pool, context_tokens=self.model.config.max_position_embeddings, max_new_tokens=settings.new_tokens,
+            max_draft_tokens=settings.max_draft_len)
         self.sampled_prompts = list(self.prompt_set.per_domain(settings.sampled_prompts_per_domain).prompts)
         self.stop_ids = list(self.model.config.eos_token_ids)
         # greedy acceptance by replay (profiles/replay.py) for the drafters that declare how, in every weight format
@@ -415,28 +427,10 @@ class Profiler:
             "target": dataclasses.asdict(self.target.ref), "drafters": self._drafter_infos(), "workload": self._workload(),
         })
 
-    def _encode_fitting(self, prompts: CalibrationSet) -> dict[str, list[int]]:
-        """Token ids of the prompts that fit the context with the generation (the others are left out of growth)."""
-        out = {}
-        for p in prompts:
-            try:
-                [ids] = encode_prompts(self.target.tokenizer, CalibrationSet("one", (p,)), context_tokens=self.model.config.max_position_embeddings,
-                                       max_new_tokens=self.s.new_tokens, max_draft_tokens=self.s.max_draft_len)
-            except SpecdecError:
-                continue
-            out[p.id] = ids
-        return out
-
     # ------------------------------------------------------------------ records
 
     def _workload(self) -> dict:
-        s = self.s
-        return {
-            "calibration": self.calibration.name, "calibration_fingerprint": self.pool.fingerprint(), "split": "profile",
-            "domains": self.prompt_set.domains(), "prompts_per_domain": s.prompts_per_domain, "new_tokens": s.new_tokens,
-            "temperatures": list(s.temperatures), "batch_buckets": list(s.batch_buckets), "ctx_buckets": list(s.ctx_buckets),
-            "max_draft_len": s.max_draft_len, "acceptance_batch": s.acceptance_batch, "acceptance_half_width": s.acceptance_half_width,
-        }
+        return workload_record(self.s, self.calibration, self.pool, self.prompt_set.domains(), self.s.acceptance_batch, self.s.acceptance_half_width)
 
     def _drafter_infos(self) -> list[dict]:
         infos = []
@@ -1016,23 +1010,14 @@ def summary(profile: Profile) -> dict:
     bounds = {}
     if profile.rounds:  # engine rounds: tokens per forward x T_round(B, 0) / T_round(B, D), draft and host included
         rounds = {(r.mechanism, r.batch, r.draft_len): r.median_ms for r in profile.rounds if r.ctx == ctx and r.median_ms}
-        for B in profile.workload.batch_buckets:
-            base = rounds.get(("none", B, 0))
-            if base:
-                bounds[B] = max([(1.0, 0, "-")] + [(a.tokens_per_forward[D] * base / rounds[(a.mechanism, B, D)], D, a.mechanism)
-                                                  for a in greedy if a.domain == "all" for D in range(1, a.max_draft_len + 1)
-                                                  if (a.mechanism, B, D) in rounds])
-    for B in profile.workload.batch_buckets if not profile.rounds else ():
-        if verify.get((B, 1)) is None:
-            continue
-        best = (1.0, 0, "-")
-        for a in (a for a in greedy if a.domain == "all"):
-            for D in range(1, a.max_draft_len + 1):
-                t = verify.get((B, D + 1))
-                if t:
-                    bound = a.tokens_per_forward[D] * verify[(B, 1)] / t  # draft and host cost left out: an upper bound
-                    best = max(best, (bound, D, a.mechanism))
-        bounds[B] = best
+        cost = {B: {(m, D): rounds[("none", B, 0)] / t for (m, b, D), t in rounds.items() if b == B and D} for B in profile.workload.batch_buckets
+                if ("none", B, 0) in rounds}
+    else:  # T_verif(B, 1) / T_verif(B, 1+D): draft and host cost left out, an upper bound
+        cost = {B: {(a.mechanism, D): verify[(B, 1)] / verify[(B, D + 1)] for a in greedy for D in range(1, a.max_draft_len + 1)
+                    if verify.get((B, D + 1))} for B in profile.workload.batch_buckets if verify.get((B, 1)) is not None}
+    for B, ratios in cost.items():
+        bounds[B] = max([(1.0, 0, "-")] + [(a.tokens_per_forward[D] * ratios[(a.mechanism, D)], D, a.mechanism)
+                                          for a in greedy if a.domain == "all" for D in range(1, a.max_draft_len + 1) if (a.mechanism, D) in ratios])
     gemm = micro.linear_forward_curve([p.model_dump() for p in profile.micro if p.kind == "linear"], profile.target["num_layers"]) \
         if any(p.kind == "linear" for p in profile.micro) else []
     gemm_ms = {p["m"]: p["median_ms"] for p in gemm}

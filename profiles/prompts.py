@@ -6,6 +6,19 @@ from specdec_tune import SpecdecError
 from specdec_tune.profiles.calibration import CalibrationSet
 
 
+def encode_fitting(tokenizer, prompts: CalibrationSet, *, context_tokens: int, max_new_tokens: int, max_draft_tokens: int) -> dict[str, list[int]]:
+    """Token ids of the prompts that fit the context with the generation, by prompt id (the others are left out)."""
+    out = {}
+    for p in prompts:
+        try:
+            [ids] = encode_prompts(tokenizer, CalibrationSet("one", (p,)), context_tokens=context_tokens, max_new_tokens=max_new_tokens,
+                                   max_draft_tokens=max_draft_tokens)
+        except SpecdecError:
+            continue
+        out[p.id] = ids
+    return out
+
+
 def encode_prompts(tokenizer, prompts: CalibrationSet, *, chat: bool = True, context_tokens: int, max_new_tokens: int, max_draft_tokens: int = 0) -> list[list[int]]:
     """Token ids per prompt: the chat template's user turn when the tokenizer has one, else raw text.
 

@@ -36,14 +36,14 @@ import numpy as np
 
 from specdec_tune import SpecdecError, __version__
 from specdec_tune.profiles import replay
-from specdec_tune.profiles.calibration import CalibrationSet, load_calibration
+from specdec_tune.profiles.calibration import load_calibration
 from specdec_tune.profiles.drafters.base import describe_spec
 from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint, resolve_device
 from specdec_tune.profiles.intervals import monotone_fit, moved_beyond_interval
 from specdec_tune.profiles.models.loading import describe_model, model_folder, weights_hash
 from specdec_tune.profiles.models.views import engine_model_view, write_cut_draft
-from specdec_tune.profiles.profiler import Budget, acceptance_records, parse_drafter_spec
-from specdec_tune.profiles.prompts import encode_prompts
+from specdec_tune.profiles.profiler import Budget, acceptance_records, parse_drafter_spec, workload_record
+from specdec_tune.profiles.prompts import encode_fitting
 from specdec_tune.profiles.schema import SCHEMA_VERSION, Profile, finished_profile
 from specdec_tune.profiles.specdec import SpecCounters
 from specdec_tune.profiles.store import MeasurementLog
@@ -100,14 +100,8 @@ class VllmProfiler:
         self.calibration = load_calibration(settings.prompts)
         self.pool, _ = self.calibration.split()
         context = int(hf_config.get("max_position_embeddings") or 2048)
-        self.encoded = {}
-        for p in self.pool:
-            try:
-                [ids] = encode_prompts(tokenizer, CalibrationSet("one", (p,)), context_tokens=context,
-                                       max_new_tokens=settings.new_tokens, max_draft_tokens=settings.max_draft_len)
-            except SpecdecError:
-                continue
-            self.encoded[p.id] = ids
+        self.encoded = encode_fitting(tokenizer, self.pool, context_tokens=context, max_new_tokens=settings.new_tokens,
+                                      max_draft_tokens=settings.max_draft_len)
         fitting = [p for p in self.pool if p.id in self.encoded]
         self.acceptance_prompts = [p for i, p in enumerate(fitting)
                                    if sum(q.domain == p.domain for q in fitting[:i]) < ACCEPTANCE_PROMPTS_PER_DOMAIN]
@@ -147,13 +141,7 @@ class VllmProfiler:
         return rows
 
     def _workload(self) -> dict:
-        s = self.s
-        return {
-            "calibration": self.calibration.name, "calibration_fingerprint": self.pool.fingerprint(), "split": "profile",
-            "domains": self.pool.domains(), "prompts_per_domain": s.prompts_per_domain, "new_tokens": s.new_tokens,
-            "temperatures": list(s.temperatures), "batch_buckets": list(s.batch_buckets), "ctx_buckets": list(s.ctx_buckets),
-            "max_draft_len": s.max_draft_len, "acceptance_batch": self.max_num_seqs, "acceptance_half_width": 0.0,
-        }
+        return workload_record(self.s, self.calibration, self.pool, self.pool.domains(), self.max_num_seqs, 0.0)
 
     def _model_dir(self, work: Path) -> tuple[Path, dict[str, Path]]:
         """The target as vLLM loads it, and each draft model cut from it, in the dtype the engine runs."""
@@ -324,23 +312,23 @@ class VllmProfiler:
             top = units.get((m.name, m.max_draft_len))
             if not top or not top["ok"]:
                 continue
+            counters = {t: [counters_of(r, m.max_draft_len) for r in rows] for t, rows in top["accept"].items()}  # per prompt, by temperature
+            greedy = dict(zip((p.id for p in self.acceptance_prompts), counters.get("0.0", [])))
             checks = []
             for D in sorted(D for (name, D) in units if name == m.name and 0 < D < m.max_draft_len and units[(name, D)]["ok"]):
                 direct_rows = units[(m.name, D)]["accept"].get("0.0")
-                if not direct_rows:
+                if not direct_rows or not greedy:
                     continue
                 direct = SpecCounters.total([counters_of(r, D) for r in direct_rows]).tokens_per_target_forward
-                by_id = dict(zip((p.id for p in self.acceptance_prompts), top["accept"]["0.0"]))
-                derived = SpecCounters.total([counters_of(by_id[p.id], m.max_draft_len) for p in self.check_prompts]).derived_at(D)[0]
+                derived = SpecCounters.total([greedy[p.id] for p in self.check_prompts]).derived_at(D)[0]
                 rel = (derived - direct) / direct
                 checks.append({"draft_len": D, "derived": derived, "direct": direct, "rel_diff": rel, "flagged": abs(rel) > 0.05})
                 if abs(rel) > 0.05:
                     notes.append(f"{m.name}: tokens per forward derived at D={D} from the D_max run differs from vLLM's own run at D={D} "
                                  f"by {rel:+.1%} ({derived:.3f} against {direct:.3f})")
-            for temp_key, rows in top["accept"].items():
+            for temp_key, per_prompt in counters.items():
                 temp = float(temp_key)
                 prompts = self.acceptance_prompts if temp == 0.0 else self.sampled_prompts
-                per_prompt = [counters_of(r, m.max_draft_len) for r in rows]
                 sums = replay.derived_rates(per_prompt, m.max_draft_len)
                 records += acceptance_records(m.name, "none", temp, [p.domain for p in prompts], per_prompt, sums, "loop",
                                               checks if temp == 0.0 else [], max_draft_len=m.max_draft_len, new_tokens=self.s.new_tokens,
@@ -379,6 +367,12 @@ def drafting_slope(step_ms: list[float], draft_tokens: list[float]) -> dict:
     return {"draft_tokens_per_row": float(k.mean()), "ms_per_draft_token": max(slope, 0.0)}
 
 
+def steady_steps(run: dict, batch: int) -> list[dict]:
+    """A run's steps with `batch` requests decoding, none prefilling: the rounds a continuously batched server runs at
+    that batch. The first is dropped: a new batch shape warms its buffers in it."""
+    return [s for s in run["steps"] if not s["prefill"] and s["decoding"] == s["running"] == batch][1:]
+
+
 def summarise(raw: dict, draft_len: int) -> dict:
     """What the profile keeps of one engine run: per (B, ctx) the steady steps' times, per temperature each request's
     counters; the engine's error where it did not start or stopped part-way."""
@@ -390,8 +384,7 @@ def summarise(raw: dict, draft_len: int) -> dict:
             continue
         if name.startswith("time/"):
             _, B, ctx = name.split("/")
-            steady = [s for s in run["steps"] if not s["prefill"] and s["decoding"] == s["running"] == int(B)]
-            steady = steady[1:]  # the first decode step of a new batch shape warms its buffers
+            steady = steady_steps(run, int(B))
             rows = int(B) * len(steady)
             out["cells"][f"{B}/{ctx}"] = {"step_ms": [s["ms"] for s in steady], "step_draft_tokens": [s["num_draft_tokens"] / int(B) for s in steady],
                                           "tokens_per_round": (
