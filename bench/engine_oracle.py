@@ -4,7 +4,9 @@ Every point is a vLLM engine at one configuration: no speculation, every single 
 profiled (D = 1 .. its limit), and the plan's own schedule as one engine with vLLM's per-batch table. Each engine runs
 every batch bucket at its concurrency on the same held-back prompts (the engine check's runs: exporters/engine_validation.py,
 48 tokens per request, EOS ignored, a finished request replaced by the next) and a bucket's figure is its steady steps'
-(B requests decoding): tokens/s = 1e3 · B · tokens per round / median step ms. The decisions, the cost model's error and
+(B requests decoding): tokens/s = 1e3 · B · tokens per round / median step ms. Each configuration's engine runs
+`--repeats` times, the configurations taking turns (odd passes in reverse order), and a bucket's steady steps are pooled
+over its engines: a slow spell of the machine then lands on every configuration, not on the few that ran in it. The decisions, the cost model's error and
 the targets are computed as for the torch backend (decision_quality.summarize). There is no speed probe inside the
 engine, so the `scaled` figures equal the raw ones. Cost: the profile's engine seconds plus the search's against the
 oracle sweep's engine seconds (each engine's start-up included on both sides).
@@ -32,6 +34,25 @@ from common import shown
 from decision_quality import ENGINE_DEFAULT_K, point_record, searched_for, summarize
 
 NO_SPEC = "none"
+PLAN = ("plan", -1)
+
+
+def interleaved(engine, profile, batches: list[int], pool, rows: int, configs: dict, passes: int, unit_s: dict) -> dict:
+    """Every config's engine started `passes` times, the configs taking turns (odd passes in the reverse order, so that a
+    drift in the machine's speed lands on every config alike): per config and batch, the bucket's run from each pass.
+    Each config's engine seconds are added to `unit_s`."""
+    out: dict = {key: {B: [] for B in batches} for key in configs}
+    for p in range(passes):
+        for key in (list(configs) if p % 2 == 0 else list(configs)[::-1]):
+            t0 = time.perf_counter()
+            raw = run_buckets(engine, profile, batches, pool, rows, max(batches), config=configs[key])
+            unit_s[f"{key[0]}/{key[1]}"] = unit_s.get(f"{key[0]}/{key[1]}", 0.0) + time.perf_counter() - t0
+            if not raw.get("ok"):
+                raise SpecdecError(f"vLLM did not run {key[0]} at D={key[1]}: {raw.get('error')}", "sweep the mechanisms the profile ran")
+            by_name = {r.get("name"): r for r in raw["runs"]}
+            for B in batches:
+                out[key][B].append(by_name.get(f"bucket/{B}"))
+    return out
 
 
 def _config(profile, mechanism: str, draft_len: int, drafts: dict[str, Path]) -> dict | None:
@@ -50,11 +71,11 @@ def _sweep_settings(profile, engine: VllmEngine, ctx: int, batches: list[int], p
             "engine_options": profile.engine.get("options", {}), "max_model_len": profile.engine.get("max_model_len")}
 
 
-def run_engine(args) -> dict:
+def run_engine(args, engine=None) -> dict:
     profile = load_profile(args.profile)
     if profile.backend != "vllm":
         raise SpecdecError(f"{args.profile} was profiled with --engine {profile.backend}", "profile with --engine vllm for the vLLM oracle")
-    engine = VllmEngine.locate()
+    engine = engine or VllmEngine.locate()
     ctx = profile.workload.ctx_buckets[0]
     held = held_back_prompts(profile, ctx, BUCKET_TOKENS, profile.workload.max_draft_len)
     batches = [B for B in profile.workload.batch_buckets if B <= args.max_batch]
@@ -68,7 +89,7 @@ def run_engine(args) -> dict:
     mechanisms = {m: {"quant": "none", "max_draft_len": min(cost.draft_len_limit(m), args.max_draft_len)} for m in cost.mechanisms}
     mechanisms = {mech: mechanisms[mech]} | {m: v for m, v in mechanisms.items() if m != mech and args.mechanisms == "all"}
     units = [(NO_SPEC, 0)] + [(m, D) for m, v in mechanisms.items() for D in range(1, v["max_draft_len"] + 1)]
-    settings = _sweep_settings(profile, engine, ctx, batches, pool, args.rows, mechanisms)
+    settings = _sweep_settings(profile, engine, ctx, batches, pool, args.rows, mechanisms) | {"passes": args.repeats}
     reused = json.loads(args.reuse_sweep.read_text()) if args.reuse_sweep else None
     if reused is not None:
         differ = [k for k, v in settings.items() if reused.get("settings", {}).get(k) != v]
@@ -76,22 +97,23 @@ def run_engine(args) -> dict:
             raise SpecdecError(f"{args.reuse_sweep} was swept with another {differ[0]}", "run the sweep again without --reuse-sweep")
     before = {(p["batch"], p["mechanism"], p["draft_len"]): p for p in (reused or {}).get("sweep", [])}
     points, unit_s = [], dict((reused or {}).get("cost", {}).get("oracle_unit_s", {}))
+    todo = [u for u in units if not all((B, *u) in before for B in batches)]  # the rest was measured by an earlier sweep with these settings
     with tempfile.TemporaryDirectory() as tmp:
         drafts = {d.name: write_cut_draft(profile.target["path"], int(d.model["layers"]), Path(tmp) / d.name, profile.target["dtype"])
                   for d in profile.drafters if d.name in mechanisms and d.model and d.model.get("shares_target_weights")}
+        schedule = [[b["batch"], b["draft_len"]] for b in buckets]
+        configs = {u: _config(profile, *u, drafts) for u in todo}
+        if any(D for _, D in schedule):  # the plan's schedule in one engine, vLLM's per-batch table choosing D
+            configs[PLAN] = _config(profile, mech, max(D for _, D in schedule), drafts) | {
+                "num_speculative_tokens_per_batch_size": to_vllm([tuple(x) for x in schedule])}
+        runs = interleaved(engine, profile, batches, pool, args.rows, configs, args.repeats, unit_s)
         for m, D in units:
-            if all((B, m, D) in before for B in batches):  # measured by an earlier sweep with these settings
+            if (m, D) not in runs:
                 figures = {B: {"measured_tokens_per_s": before[(B, m, D)]["measured_tokens_per_s"], "tokens_per_round":
                                before[(B, m, D)]["measured_tokens_per_forward"], **{k: before[(B, m, D)][k] for k in (
                                    "measured_raw_tokens_per_s", "measured_interval_tokens_per_s", "draft_len_applied")}} for B in batches}
             else:
-                t0 = time.perf_counter()
-                raw = run_buckets(engine, profile, batches, pool, args.rows, max(batches), config=_config(profile, m, D, drafts))
-                unit_s[f"{m}/{D}"] = time.perf_counter() - t0
-                if not raw.get("ok"):
-                    raise SpecdecError(f"vLLM did not run {m} at D={D}: {raw.get('error')}", "sweep the mechanisms the profile ran")
-                runs = {r.get("name"): r for r in raw["runs"]}
-                figures = {B: steady_figures(runs.get(f"bucket/{B}"), B) for B in batches}
+                figures = {B: steady_figures(runs[(m, D)][B], B) for B in batches}
             for B in batches:
                 fig = figures[B]
                 if "error" in fig:
@@ -102,23 +124,18 @@ def run_engine(args) -> dict:
                                    fig["measured_interval_tokens_per_s"], "draft_len_applied": fig["draft_len_applied"]})
                 print(f"  B={B:3d} {m:>12s} D={D:2d}: vLLM {p['measured_tokens_per_s']:8.1f} tok/s (predicted {p['predicted_tokens_per_s']:8.1f}), "
                       f"tokens/round {p['measured_tokens_per_forward']:.3f} (predicted {p['predicted_tokens_per_forward']:.3f})", file=sys.stderr, flush=True)
-        schedule = [[b["batch"], b["draft_len"]] for b in buckets]
-        plan_run = None
-        if any(D for _, D in schedule):  # the plan's schedule in one engine, vLLM's per-batch table choosing D
-            config = _config(profile, mech, max(D for _, D in schedule), drafts) | {"num_speculative_tokens_per_batch_size": to_vllm([tuple(x) for x in schedule])}
-            raw = run_buckets(engine, profile, batches, pool, args.rows, max(batches), config=config)
-            runs = {r.get("name"): r for r in raw.get("runs", [])}
-            plan_run = [{"batch": B, "draft_len": D, **steady_figures(runs.get(f"bucket/{B}"), B)} for B, D in schedule]
+        plan_run = [{"batch": B, "draft_len": D, **steady_figures(runs[PLAN][B], B)} for B, D in schedule] if PLAN in runs else None
     default_k = min(ENGINE_DEFAULT_K.get(mech, 3), mechanisms[mech]["max_draft_len"])
-    oracle_s = sum(unit_s.values())
+    oracle_s = sum(v for k, v in unit_s.items() if k != f"{PLAN[0]}/{PLAN[1]}")
     profile_s = profile.phase_s.get("engine units", 0.0)
     return {
         "source": "measured", "engine": f"vllm {engine.version}", "profile": shown(args.profile), "device": profile.device.get("name"),
         "dtype": profile.target.get("dtype"), "mechanism": mech, "quant": "none", "ctx": plan["ctx"], "split": "held_back", "mix": mix,
-        "new_tokens": BUCKET_TOKENS, "repeats": 1, "rows": args.rows, "max_draft_len": args.max_draft_len,
+        "new_tokens": BUCKET_TOKENS, "repeats": args.repeats, "rows": args.rows, "max_draft_len": args.max_draft_len,
         "oracle_kind": "every profiled mechanism x D" if args.mechanisms == "all" else "D-only (plan's mechanism)", "mechanisms_swept": mechanisms,
         "engine_default_k": default_k, "plan_schedule": schedule, "plan_schedule_measured": schedule, "plan_schedule_run": plan_run,
-        "figures": "raw measured tokens/s (steady steps of the engine); no speed probe in the engine: `scaled` equals raw",
+        "figures": f"raw measured tokens/s (steady steps of the engine, pooled over {args.repeats} interleaved engines per point); "
+                   "no speed probe in the engine: `scaled` equals raw",
         "scaling": {"method": "none", "applied": False, "why_not": "no speed probe inside the engine"},
         "measured_rounds": "engine steps with every request of the bucket decoding",
         **summarize(points, schedule, mech, default_k), "sweep": points, "settings": settings,

@@ -63,11 +63,13 @@ def run_buckets(engine, profile, batches: list[int], pool: list[list[int]], rows
         return engine.run(job, TIMEOUT_S, cwd=cwd)
 
 
-def steady_figures(run: dict | None, batch: int) -> dict:
-    """A bucket's figures from its steady steps (module docstring); `error` where it has none to time."""
-    if run is None or run.get("error"):
-        return {"error": (run or {}).get("error") or "the engine stopped before this bucket"}
-    steady = steady_steps(run, batch)
+def steady_figures(runs: list[dict | None], batch: int) -> dict:
+    """A bucket's figures from its steady steps (module docstring), pooled over `runs` (one per engine that ran the
+    bucket); `error` where it has none to time."""
+    failed = next((run for run in runs if run is None or run.get("error")), False)
+    if failed is not False:
+        return {"error": (failed or {}).get("error") or "the engine stopped before this bucket"}
+    steady = [step for run in runs for step in steady_steps(run, batch)]
     if len(steady) < 3:
         return {"error": f"{len(steady)} steady steps with {batch} requests decoding: too few to time"}
     drafting = [st["num_draft_tokens"] / st["num_drafts"] for st in steady if st["num_drafts"]]
@@ -100,7 +102,7 @@ def engine_throughput(plan: dict, profile, bundle: Path, s: MeasureSettings, eng
         return {"checked": True, "engine": "vllm", "passed": False, "tolerance_pct": s.tolerance_pct, "buckets": [],
                 "error": f"vLLM did not start on the bundle's config: {raw.get('error')}"}
     by_name = {r.get("name"): r for r in raw["runs"]}
-    rows = [bucket_row(b, steady_figures(by_name.get(f"bucket/{b['batch']}"), b["batch"]), s.tolerance_pct) for b in plan["buckets"]]
+    rows = [bucket_row(b, steady_figures([by_name.get(f"bucket/{b['batch']}")], b["batch"]), s.tolerance_pct) for b in plan["buckets"]]
     timed = [r for r in rows if "error_pct" in r]
     return {"checked": True, "engine": "vllm", "vllm_version": raw.get("vllm_version"), "config_file": "vllm/speculative_config.json",
             "max_num_seqs": plan["max_batch"], "tolerance_pct": s.tolerance_pct, "tokens_per_request": BUCKET_TOKENS, "buckets": rows,

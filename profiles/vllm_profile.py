@@ -1,19 +1,28 @@
 """`specdec-tune profile --engine vllm`: the profile measured inside vLLM, the engine the bundle is for.
 
-Units, each one engine started fresh in a process of its own and logged when it finishes (a killed profile resumes
-without repeating them):
+Units, each measured by PASSES engines, each started fresh in a process of its own and logged when it finishes (a
+killed profile resumes without repeating them):
   plain     vLLM without speculation: T_round(B, 0) at every batch and context bucket
   (m, D)    mechanism m at draft length D: T_round(B, D) at every batch and context bucket, and greedy acceptance at D
             from vLLM's own counters (per request and verify step: drafted and accepted)
-  D_max     the unit at each mechanism's longest draft also measures acceptance on up to 7 profiling prompts per domain
-            (every MT-Bench category's), and at every temperature > 0 on the first `prompts_per_domain` of each: its counters are the profile's acceptance records; the other units' are
-            the checks of the derived figures (derived vs direct, as the torch backend's loop records them)
+  D_max     the unit at each mechanism's longest draft also measures acceptance: in its first pass on up to 7 profiling
+            prompts per domain (every MT-Bench category's), and at every temperature > 0 on the first `prompts_per_domain`
+            of each; in its second pass on every other profiling prompt of each domain whose tokens per forward at D_max is
+            still wider than ±`acceptance_half_width` (95%), as far as the time allows. Its counters are the profile's
+            acceptance records; the other units' are the checks of the derived figures (derived vs direct, as the torch
+            backend's loop records them)
 Order: plain; each mechanism at D_max; each at D = 1 (these run whatever the budget: without both ends of every curve
 there is no plan); then, while the budget lasts, the midpoint of each gap in D whose ends differ by more than the
 tolerance and the noise at some (B, ctx), as the torch backend bisects its verify curve.
 
+Interleaving: a shared machine's speed drifts by 20% within minutes, and a unit timed in one slow spell would read as a
+costlier mechanism. So each unit's timing is split over PASSES engines, and the units take turns: every pass runs every
+unit of its group once, in an order shuffled per pass (the first pass in the order above, so that a refusal is known
+before its mechanism's other units start), and a cell's steps are pooled over the passes. A spell then lands on a few
+steps of every unit instead of on all of one.
+
 A timed round is one LLMEngine.step() with B requests decoding, none prefilling and none finished: a timing run starts
-B real calibration texts laid end to end and cut to the context bucket, and decodes 48 tokens each with EOS ignored, so
+B real calibration texts laid end to end and cut to the context bucket, and decodes 16 tokens each per pass with EOS ignored, so
 the batch stays full. (A lookup drafter's round costs what its rows propose: on long concatenated texts that can be more
 than on the acceptance prompts; each cell records the tokens its rows emitted per round.) A cell's figure is the median of its steady steps with the median's 95% interval; each mechanism's cells are then
 fitted non-decreasing in D, batch and context (weighted isotonic regression, as the verify curve: a longer draft, more
@@ -42,7 +51,7 @@ from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint
 from specdec_tune.profiles.intervals import monotone_fit, moved_beyond_interval
 from specdec_tune.profiles.models.loading import describe_model, model_folder, weights_hash
 from specdec_tune.profiles.models.views import engine_model_view, write_cut_draft
-from specdec_tune.profiles.profiler import Budget, acceptance_records, parse_drafter_spec, workload_record
+from specdec_tune.profiles.profiler import BOOTSTRAP_RESAMPLES, Budget, acceptance_records, parse_drafter_spec, workload_record
 from specdec_tune.profiles.prompts import encode_fitting
 from specdec_tune.profiles.schema import SCHEMA_VERSION, Profile, finished_profile
 from specdec_tune.profiles.specdec import SpecCounters
@@ -53,7 +62,9 @@ from specdec_tune.settings import ProfileSettings
 from specdec_tune.vllm_spelling import VLLM, speculative_config
 
 UNIT_TIMEOUT_S = 1800.0  # one engine: start-up, every timing run and the acceptance runs
-TIMING_TOKENS = 48  # per request of a timing run: the batch stays full for tens of rounds even where drafts are accepted
+PASSES = 3  # engines per unit, interleaved with the other units' (module docstring)
+TIMING_TOKENS = 16  # per request of a timing run, per pass: over the passes the batch stays full for tens of rounds
+EXTRA_ACCEPTANCE_S = 120.0  # engine seconds the second pass may spend on more acceptance prompts past the budget
 ACCEPTANCE_PROMPTS_PER_DOMAIN = 7  # at D_max: every MT-Bench category's profiling prompts, as many of the others
 WARMUP_TOKENS = 4  # a short run before the timed ones: the engine's first steps allocate and build
 FIT_MAX_SWEEPS = 3000
@@ -102,14 +113,15 @@ class VllmProfiler:
         context = int(hf_config.get("max_position_embeddings") or 2048)
         self.encoded = encode_fitting(tokenizer, self.pool, context_tokens=context, max_new_tokens=settings.new_tokens,
                                       max_draft_tokens=settings.max_draft_len)
-        fitting = [p for p in self.pool if p.id in self.encoded]
+        self.fitting = fitting = [p for p in self.pool if p.id in self.encoded]
+        self.prompt_domain = {p.id: p.domain for p in fitting}
         self.acceptance_prompts = [p for i, p in enumerate(fitting)
                                    if sum(q.domain == p.domain for q in fitting[:i]) < ACCEPTANCE_PROMPTS_PER_DOMAIN]
         self.check_prompts = [p for i, p in enumerate(self.acceptance_prompts)
                               if sum(q.domain == p.domain for q in self.acceptance_prompts[:i]) < settings.prompts_per_domain]
         self.sampled_prompts = self.check_prompts
         self.timing_rows = {ctx: self._timing_rows(ctx) for ctx in settings.ctx_buckets}
-        longest = max([len(self.encoded[p.id]) + settings.new_tokens for p in self.acceptance_prompts] + [c + TIMING_TOKENS for c in settings.ctx_buckets])
+        longest = max([len(self.encoded[p.id]) + settings.new_tokens for p in fitting] + [c + TIMING_TOKENS for c in settings.ctx_buckets])
         self.max_model_len = min(context, longest + settings.max_draft_len + 8)
         self.max_num_seqs = max(max(settings.batch_buckets), settings.acceptance_batch)
         self.engine_options = dict(settings.engine_options)
@@ -141,7 +153,7 @@ class VllmProfiler:
         return rows
 
     def _workload(self) -> dict:
-        return workload_record(self.s, self.calibration, self.pool, self.pool.domains(), self.max_num_seqs, 0.0)
+        return workload_record(self.s, self.calibration, self.pool, self.pool.domains(), self.max_num_seqs, self.s.acceptance_half_width)
 
     def _model_dir(self, work: Path) -> tuple[Path, dict[str, Path]]:
         """The target as vLLM loads it, and each draft model cut from it, in the dtype the engine runs."""
@@ -151,7 +163,10 @@ class VllmProfiler:
                   for m in self.mechanisms.values() if m.model and m.model.get("shares_target_weights")}
         return target, drafts
 
-    def _job(self, mechanism: str, draft_len: int, target: Path, drafts: dict[str, Path]) -> dict:
+    def _job(self, mechanism: str, draft_len: int, pass_index: int, accept: dict[str, tuple[float, list]], target: Path,
+             drafts: dict[str, Path]) -> dict:
+        """One engine of a unit: every (B, ctx) cell timed once, in an order shuffled per pass, then the acceptance runs
+        `accept` (run name: temperature and prompts)."""
         m = self.mechanisms.get(mechanism)
         config = None
         if draft_len:
@@ -159,33 +174,71 @@ class VllmProfiler:
             config = speculative_config(mechanism, draft_len, m.options, model=str(drafts[mechanism]) if mechanism in drafts else
                                         str(Path(own).resolve()) if own else None)
         cells = [(B, ctx) for ctx in self.s.ctx_buckets for B in self.s.batch_buckets]
-        random.Random(f"{self.s.seed}/{mechanism}/{draft_len}").shuffle(cells)  # a slow spell lands on random cells, not on one curve
+        random.Random(f"{self.s.seed}/{mechanism}/{draft_len}/{pass_index}").shuffle(cells)
         runs = [{"name": "warmup", "prompts": self.timing_rows[self.s.ctx_buckets[0]][:1], "concurrency": 1, "max_tokens": WARMUP_TOKENS,
                  "ignore_eos": True}]
         runs += [{"name": f"time/{B}/{ctx}", "prompts": self.timing_rows[ctx][:B], "concurrency": B, "max_tokens": TIMING_TOKENS,
                   "ignore_eos": True} for B, ctx in cells]
-        if draft_len:
-            at_max = draft_len == m.max_draft_len
-            prompts = self.acceptance_prompts if at_max else self.check_prompts
-            runs.append({"name": "accept/0.0", "prompts": [self.encoded[p.id] for p in prompts], "concurrency": self.max_num_seqs,
-                         "max_tokens": self.s.new_tokens, "temperature": 0.0})
-            runs += [{"name": f"accept/{t}", "prompts": [self.encoded[p.id] for p in self.sampled_prompts], "concurrency": self.max_num_seqs,
-                      "max_tokens": self.s.new_tokens, "temperature": t, "seed": self.s.seed} for t in self.s.temperatures if t > 0 and at_max]
+        runs += [{"name": name, "prompts": [self.encoded[q.id] for q in prompts], "concurrency": self.max_num_seqs, "max_tokens": self.s.new_tokens,
+                  "temperature": t} | ({"seed": self.s.seed} if t > 0 else {}) for name, (t, prompts) in accept.items()]
         engine = {"dtype": self.dtype, "max_model_len": self.max_model_len, **self.engine_options}
         return {"model_dir": str(target), "max_num_seqs": self.max_num_seqs, "speculative_config": config, "engine": engine, "runs": runs,
                 "trust_remote_code": self.s.trust_remote_code}
 
+    def _accept_runs(self, mechanism: str, draft_len: int, pass_index: int, first: dict | None, budget: Budget) -> dict[str, tuple[float, list]]:
+        """What a unit's pass measures of acceptance (module docstring); `first`: the unit's first pass, for the second's."""
+        if not draft_len:
+            return {}
+        at_max = draft_len == self.mechanisms[mechanism].max_draft_len
+        if pass_index == 0:
+            runs = {"accept/0.0": (0.0, self.acceptance_prompts if at_max else self.check_prompts)}
+            return runs | ({f"accept/{t}": (t, self.sampled_prompts) for t in self.s.temperatures if t > 0} if at_max else {})
+        if pass_index > 1 or not at_max or not first or not first["ok"] or self.s.acceptance_half_width <= 0:
+            return {}
+        counters = [counters_of(r, draft_len) for r in first["accept"].get("0.0", [])]
+        domains = [self.prompt_domain[i] for i in first["accept_ids"].get("0.0", [])]
+        if not counters:
+            return {}
+        wide = [d for d, w in half_widths(counters, domains, draft_len, self.s.seed).items() if w > self.s.acceptance_half_width]
+        ran = set(first["accept_ids"]["0.0"])
+        unused = {d: [q for q in self.fitting if q.domain == d and q.id not in ran] for d in wide}
+        dealt = [unused[d][k] for k in range(max(map(len, unused.values()), default=0)) for d in wide if k < len(unused[d])]
+        s_per_prompt = first["accept_s"].get("0.0", 0.0) / len(counters)
+        left_s = max(budget.deadline - time.monotonic(), EXTRA_ACCEPTANCE_S)
+        if s_per_prompt > 0:
+            dealt = dealt[: int(left_s / s_per_prompt)]
+        return {"accept/0.0/more": (0.0, dealt)} if dealt else {}
+
     # ------------------------------------------------------------------ one unit
 
-    def _unit(self, log: MeasurementLog, mechanism: str, draft_len: int, work: list) -> dict:
+    def _units(self, log: MeasurementLog, keys: list[tuple[str, int]], budget: Budget, work: list, required: bool) -> dict[tuple[str, int], dict]:
+        """Each unit of `keys` measured by PASSES engines, the units interleaved (module docstring), each pass's summary
+        logged; a unit the engine refused in its first pass is not started again. `required`: whatever the budget."""
+        passes: dict[tuple[str, int], list[dict]] = {k: [] for k in keys}
+        for p in range(PASSES):
+            order = list(keys)
+            if p:
+                random.Random(f"{self.s.seed}/pass/{p}").shuffle(order)
+            for key in order:
+                done, top = passes[key], passes.get((key[0], self.mechanisms[key[0]].max_draft_len) if key[1] else key)
+                if len(done) < p or (top and not top[0]["ok"]):  # a refused mechanism is not started again (nor at another D)
+                    continue
+                if not (required or budget.allows(f"engine unit {key[0]} D={key[1]} pass {p + 1}")):
+                    continue
+                done.append(self._unit(log, *key, p, done[0] if done else None, budget, work))
+                self._tick("engine units", sum(map(len, passes.values())), PASSES * len(keys))
+        return {k: merged(v) for k, v in passes.items() if v}
+
+    def _unit(self, log: MeasurementLog, mechanism: str, draft_len: int, pass_index: int, first: dict | None, budget: Budget, work: list) -> dict:
         """One engine run, summarised and logged (what the profile needs of it, not the raw steps)."""
         def measure():
             if not work:
                 work.append(self._model_dir(self.s.out_dir / "engine-models"))
-            raw = self.engine.run(self._job(mechanism, draft_len, *work[0]), UNIT_TIMEOUT_S)
-            return summarise(raw, draft_len)
+            accept = self._accept_runs(mechanism, draft_len, pass_index, first, budget)
+            raw = self.engine.run(self._job(mechanism, draft_len, pass_index, accept, *work[0]), UNIT_TIMEOUT_S)
+            return summarise(raw, {name.split("/")[1]: [q.id for q in prompts] for name, (_, prompts) in accept.items()})
 
-        return log.measure(f"vllm/{mechanism}/{draft_len}", measure)
+        return log.measure(f"vllm/{mechanism}/{draft_len}/{pass_index}", measure)
 
     def _tick(self, phase: str, done: int, total: int) -> None:
         if self.progress:
@@ -206,11 +259,7 @@ class VllmProfiler:
         t0 = time.monotonic()
         runnable = [m for m in self.mechanisms.values() if m.name not in self.supported]
         first = [("none", 0)] + [(m.name, m.max_draft_len) for m in runnable] + [(m.name, 1) for m in runnable if m.max_draft_len > 1]
-        for i, (name, D) in enumerate(first):  # what a plan cannot do without, whatever the budget: both ends of every curve
-            self._tick("engine units", i, len(first))
-            if D == 1 and not units[(name, self.mechanisms[name].max_draft_len)]["ok"]:
-                continue  # the engine refused the mechanism at D_max: it is recorded unsupported
-            units[(name, D)] = self._unit(log, name, D, work)
+        units = self._units(log, first, budget, work, required=True)  # what a plan cannot do without: both ends of every curve
         if not units[("none", 0)]["ok"]:
             raise SpecdecError(f"vLLM {self.engine.version} did not run the target: {units[('none', 0)]['error']}",
                                "check the target loads in vLLM (`vllm serve` it once), or profile with --engine torch")
@@ -219,16 +268,13 @@ class VllmProfiler:
             u = units[(m.name, m.max_draft_len)]
             self.supported[m.name] = {"runs": u["ok"], "reason": None if u["ok"] else u["error"]}
         todo = [(m.name, mid) for m in running for mid in _bisect(units, m.name, self.s.interp_tolerance)]
-        while todo:
-            for i, (name, D) in enumerate(todo):
-                self._tick("engine units", len(units), len(units) + len(todo) - i)
-                if budget.allows(f"engine unit {name} D={D}"):
-                    units[(name, D)] = self._unit(log, name, D, work)
-            todo = [(m.name, mid) for m in running for mid in _bisect(units, m.name, self.s.interp_tolerance)] \
-                if time.monotonic() < budget.deadline else []
+        while todo and budget.allows(", ".join(f"engine unit {name} D={D}" for name, D in todo)):
+            units |= self._units(log, todo, budget, work, required=False)
+            todo = [(m.name, mid) for m in running for mid in _bisect(units, m.name, self.s.interp_tolerance)]
         self._tick("engine units", len(units), len(units))
         phase_s["engine units"] = time.monotonic() - t0
         rounds, moved = self._rounds(units)
+        greedy_ids = {i for u in units.values() for i in u["accept_ids"].get("0.0", [])}
         acceptance, checks_notes = self._acceptance(units)
         notes = [f"measured in vLLM {self.engine.version}: every time is an engine step as vLLM runs it (draft, verify and host together); "
                  "acceptance from vLLM's own per-request counters"]
@@ -248,13 +294,13 @@ class VllmProfiler:
                              f"{self.dtype}; real weights)",
             "drafters": [{"name": m.name, "kind": m.kind, "options": m.options, "model": m.model, "quant_formats": ["none"],
                           "max_draft_len": m.max_draft_len if m.max_draft_len < self.s.max_draft_len else None} for m in self.mechanisms.values()],
-            "workload": self._workload() | {"prompts_by_domain": {d: sum(p.domain == d for p in self.acceptance_prompts)
-                                                                  for d in self.pool.domains()}},
+            "workload": self._workload() | {"prompts_by_domain": {d: sum(self.prompt_domain[i] == d for i in greedy_ids) for d in self.pool.domains()}},
             "verify": [], "draft": [], "host": [], "micro": [], "acceptance": acceptance, "rounds": rounds, "notes": notes,
             "phase_s": {k: round(v, 1) for k, v in phase_s.items()},
             "engine": {"name": "vllm", "version": self.engine.version, "python": self.engine.python, "options": self.engine_options,
                        "max_num_seqs": self.max_num_seqs, "max_model_len": self.max_model_len, "mechanisms": self.supported,
-                       "units": {f"{name}/{D}": {"ok": u["ok"], "init_s": u.get("init_s"), "error": u.get("error")} for (name, D), u in units.items()}},
+                       "passes": PASSES, "units": {f"{name}/{D}": {"ok": u["ok"], "init_s": u["init_s"], "error": u["error"]}
+                                                          for (name, D), u in units.items()}},
         })
         write_json(out, profile.model_dump(mode="json"))
         return profile
@@ -313,7 +359,7 @@ class VllmProfiler:
             if not top or not top["ok"]:
                 continue
             counters = {t: [counters_of(r, m.max_draft_len) for r in rows] for t, rows in top["accept"].items()}  # per prompt, by temperature
-            greedy = dict(zip((p.id for p in self.acceptance_prompts), counters.get("0.0", [])))
+            greedy = dict(zip(top["accept_ids"].get("0.0", []), counters.get("0.0", [])))
             checks = []
             for D in sorted(D for (name, D) in units if name == m.name and 0 < D < m.max_draft_len and units[(name, D)]["ok"]):
                 direct_rows = units[(m.name, D)]["accept"].get("0.0")
@@ -328,9 +374,8 @@ class VllmProfiler:
                                  f"by {rel:+.1%} ({derived:.3f} against {direct:.3f})")
             for temp_key, per_prompt in counters.items():
                 temp = float(temp_key)
-                prompts = self.acceptance_prompts if temp == 0.0 else self.sampled_prompts
                 sums = replay.derived_rates(per_prompt, m.max_draft_len)
-                records += acceptance_records(m.name, "none", temp, [p.domain for p in prompts], per_prompt, sums, "loop",
+                records += acceptance_records(m.name, "none", temp, [self.prompt_domain[i] for i in top["accept_ids"][temp_key]], per_prompt, sums, "loop",
                                               checks if temp == 0.0 else [], max_draft_len=m.max_draft_len, new_tokens=self.s.new_tokens,
                                               seed=self.s.seed)
         return records, notes
@@ -373,10 +418,12 @@ def steady_steps(run: dict, batch: int) -> list[dict]:
     return [s for s in run["steps"] if not s["prefill"] and s["decoding"] == s["running"] == batch][1:]
 
 
-def summarise(raw: dict, draft_len: int) -> dict:
-    """What the profile keeps of one engine run: per (B, ctx) the steady steps' times, per temperature each request's
-    counters; the engine's error where it did not start or stopped part-way."""
-    out = {"ok": bool(raw.get("ok")), "error": raw.get("error"), "init_s": raw.get("init_s"), "cells": {}, "accept": {}}
+def summarise(raw: dict, accept_ids: dict[str, list[str]]) -> dict:
+    """What the profile keeps of one engine run: per (B, ctx) the steady steps' times and what they drafted and accepted,
+    per temperature each request's counters (with its prompt's id, from `accept_ids`: temperature -> ids) and the run's
+    engine seconds; the engine's error where it did not start or stopped part-way."""
+    out = {"ok": bool(raw.get("ok")), "error": raw.get("error"), "init_s": raw.get("init_s"), "cells": {}, "accept": {}, "accept_ids": {},
+           "accept_s": {}}
     for run in raw.get("runs", []):
         name = run.get("name") or ""
         if run.get("error"):
@@ -385,14 +432,46 @@ def summarise(raw: dict, draft_len: int) -> dict:
         if name.startswith("time/"):
             _, B, ctx = name.split("/")
             steady = steady_steps(run, int(B))
-            rows = int(B) * len(steady)
             out["cells"][f"{B}/{ctx}"] = {"step_ms": [s["ms"] for s in steady], "step_draft_tokens": [s["num_draft_tokens"] / int(B) for s in steady],
-                                          "tokens_per_round": (
-                sum(s["num_accepted_tokens"] for s in steady) + rows) / rows if rows else None}
+                                          "rows": int(B) * len(steady), "accepted": sum(s["num_accepted_tokens"] for s in steady)}
         elif name.startswith("accept/"):
-            out["accept"][name.split("/", 1)[1]] = [{"output_tokens": len(r["output_ids"]), "rounds": r["rounds"],
-                                                     "drafted": (r.get("spec") or {}).get("per_step_drafted", []),
-                                                     "accepted": (r.get("spec") or {}).get("per_step_accepted", [])} for r in run["requests"]]
+            temp = name.split("/")[1]
+            out["accept"].setdefault(temp, []).extend(
+                {"output_tokens": len(r["output_ids"]), "rounds": r["rounds"], "drafted": (r.get("spec") or {}).get("per_step_drafted", []),
+                 "accepted": (r.get("spec") or {}).get("per_step_accepted", [])} for r in run["requests"])
+            out["accept_ids"].setdefault(temp, []).extend(accept_ids[temp][:len(run["requests"])])
+            out["accept_s"][temp] = out["accept_s"].get(temp, 0.0) + sum(s["ms"] for s in run.get("steps", [])) / 1e3
+    return out
+
+
+def merged(passes: list[dict]) -> dict:
+    """A unit's passes as one: each cell's steps pooled (tokens per round over all of them), the acceptance runs in the
+    order they ran; not ok where the first pass was not (a later pass's failure marks the unit's cells as `failed_cells`)."""
+    out = {"ok": passes[0]["ok"], "error": next((p["error"] for p in passes if p["error"]), None), "init_s": [p["init_s"] for p in passes],
+           "passes": len(passes), "cells": {}, "accept": {}, "accept_ids": {}, "accept_s": {}}
+    if any(p.get("failed_cells") for p in passes):
+        out["failed_cells"] = True
+    for p in passes:
+        for key, cell in p["cells"].items():
+            into = out["cells"].setdefault(key, {"step_ms": [], "step_draft_tokens": [], "rows": 0, "accepted": 0})
+            for k in into:
+                into[k] += cell[k]
+        for temp, rows in p["accept"].items():
+            out["accept"].setdefault(temp, []).extend(rows)
+            out["accept_ids"].setdefault(temp, []).extend(p["accept_ids"][temp])
+            out["accept_s"][temp] = out["accept_s"].get(temp, 0.0) + p["accept_s"][temp]
+    for cell in out["cells"].values():
+        cell["tokens_per_round"] = (cell["rows"] + cell["accepted"]) / cell["rows"] if cell["rows"] else None
+    return out
+
+
+def half_widths(counters: list[SpecCounters], domains: list[str], draft_len: int, seed: int) -> dict[str, float]:
+    """Per domain, the relative 95% half-width of tokens per forward at `draft_len`, bootstrapped over its prompts."""
+    sums = replay.derived_rates(counters, draft_len)
+    out = {}
+    for d in dict.fromkeys(domains):
+        tpf, _, ci, _ = replay.figures(sums, domains, {d: 1.0}, resamples=BOOTSTRAP_RESAMPLES, seed=seed)
+        out[d] = float((ci[draft_len, 1] - ci[draft_len, 0]) / 2 / tpf[draft_len])
     return out
 
 

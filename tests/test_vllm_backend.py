@@ -14,7 +14,7 @@ from specdec_tune import SpecdecError
 from specdec_tune.autotune.cost_model import CostModel
 from specdec_tune.exporters.engine_validation import engine_refusal, engine_throughput
 from specdec_tune.profiles.vllm_engine import VllmEngine
-from specdec_tune.profiles.vllm_profile import VllmProfiler, counters_of
+from specdec_tune.profiles.vllm_profile import PASSES, TIMING_TOKENS, VllmProfiler, counters_of
 from specdec_tune.settings import MeasureSettings, ProfileSettings
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -104,7 +104,7 @@ def test_search_on_an_engine_profile_says_where_its_figures_come_from(fake_profi
             assert "round_cost_vs_no_speculation" in b["rationale"]["figures"]
 
 
-def test_killed_profile_resumes_without_repeating_finished_engines(tmp_path):
+def test_killed_profile_resumes_without_repeating_finished_engines(fake_profile, tmp_path):
     class Killed(FakeVllm):
         def run(self, job, timeout_s, cwd=None):
             if len(self.jobs) == 3:
@@ -115,11 +115,25 @@ def test_killed_profile_resumes_without_repeating_finished_engines(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         _profile(tmp_path, first)
     again = FakeVllm(refuse={"suffix": SUFFIX_REFUSAL})
-    profile = _profile(tmp_path, again)
-    done = [(j["speculative_config"] or {}).get("method") for j in first.jobs[:3]]
-    redone = [(j["speculative_config"] or {}).get("method") for j in again.jobs]
-    assert done == [None, "ngram", "draft_model"] and None not in redone and redone.count("ngram") == len(
-        {r.draft_len for r in profile.rounds if r.mechanism == "ngram"}) - 1
+    _profile(tmp_path, again)
+
+    def unit(job):
+        return (job["speculative_config"] or {}).get("method"), (job["speculative_config"] or {}).get("num_speculative_tokens")
+
+    done, redone = [unit(j) for j in first.jobs[:3]], [unit(j) for j in again.jobs]
+    assert [m for m, _ in done] == [None, "ngram", "draft_model"]
+    assert redone.count((None, None)) == PASSES - 1  # plain's first engine is not run again, its other passes are
+    assert sorted(done + redone, key=str) == sorted((unit(j) for j in fake_profile[1].jobs), key=str)  # nothing twice, nothing left out
+
+
+def test_units_take_turns_and_pool_their_passes(fake_profile):
+    profile, engine = fake_profile
+    plain = [i for i, j in enumerate(engine.jobs) if j["speculative_config"] is None]
+    assert len(plain) == PASSES and plain[0] == 0 and plain[1] > len(plain)  # interleaved with the other units, not back to back
+    cell = next(r for r in profile.rounds if (r.mechanism, r.batch) == ("none", 2))
+    per_pass = sum(1 for j in engine.jobs[:1] for run in j["runs"] if run["name"] == "time/2/64") * (TIMING_TOKENS - 2)
+    assert cell.repeats >= PASSES * per_pass  # every pass's steady steps pooled into the cell
+    assert profile.engine["passes"] == PASSES and all(len(u["init_s"]) == PASSES for k, u in profile.engine["units"].items() if u["ok"])
 
 
 def test_a_run_that_dies_part_way_leaves_its_cells_infeasible(tmp_path):
@@ -214,3 +228,36 @@ def test_a_lookup_drafters_round_moves_to_the_workloads_drafting_rate(fake_profi
     shares = CostModel(profile).acceptance("ngram", "none").round_shares(4)  # the fake drafts D = 4 in every round but a prefill's
     k = sum(L * p for L, p in enumerate(shares))
     assert 3.0 < k < 4.0 and moved.round_ms.value == pytest.approx(base.round_ms.value + 10.0 * k)
+
+
+def test_acceptance_grows_where_its_interval_is_wide(fake_profile, tmp_path):
+    profile, engine = fake_profile
+    more = [run for j in engine.jobs for run in j["runs"] if run["name"] == "accept/0.0/more"]
+    first = [run for j in engine.jobs for run in j["runs"] if run["name"] == "accept/0.0" and
+             (j["speculative_config"] or {}).get("method") in ("ngram", "draft_model") and j["speculative_config"]["num_speculative_tokens"] == 4]
+    assert len(more) == 2 and len(first) == 2  # ngram and draft_model at D_max: both wider than ±2% on 7 prompts per domain
+    assert not {tuple(p) for p in more[0]["prompts"]} & {tuple(p) for p in first[0]["prompts"]}
+    greedy = next(a for a in profile.acceptance if (a.mechanism, a.domain, a.temperature) == ("ngram", "all", 0.0))
+    assert greedy.prompts == len(first[0]["prompts"]) + len(more[0]["prompts"]) == sum(profile.workload.prompts_by_domain.values())
+    fixed = FakeVllm(refuse={"suffix": SUFFIX_REFUSAL})
+    _profile(tmp_path, fixed, drafters=("ngram",), acceptance_half_width=0.0)  # no target: the first pass's prompts only
+    assert not any(run["name"] == "accept/0.0/more" for j in fixed.jobs for run in j["runs"])
+
+
+def test_the_engine_oracle_interleaves_its_configurations(fake_profile, tmp_path):
+    import argparse
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+    from engine_oracle import PLAN, interleaved
+
+    profile, _ = fake_profile
+    engine = FakeVllm()
+    configs = {("none", 0): None, ("ngram", 1): {"method": "ngram", "num_speculative_tokens": 1},
+               ("ngram", 2): {"method": "ngram", "num_speculative_tokens": 2}}
+    pool = [[1, 2, 3, 4, 5, 6, 7, 8]] * 4
+    unit_s: dict = {}
+    runs = interleaved(engine, profile, [1, 2], pool, 4, configs, 2, unit_s)
+    methods = [(j["speculative_config"] or {}).get("num_speculative_tokens", 0) for j in engine.jobs]
+    assert methods == [0, 1, 2, 2, 1, 0]  # the second pass in reverse: a linear drift lands on every configuration alike
+    assert all(len(runs[k][B]) == 2 for k in configs for B in (1, 2)) and set(unit_s) == {"none/0", "ngram/1", "ngram/2"}
+    assert PLAN not in runs
