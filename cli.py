@@ -273,6 +273,14 @@ def _print_profile_summary(result, path: Path) -> None:
                   "speedup bound = tokens per forward x T_verif(B,1) / T_verif(B,1+D): draft and host time left out")
     for B, share in facts["gemm_share"].items():
         console.print(f"B={B}: the target's linear layers (measured micro-curve) are {share:.0%} of the measured one-token verify step")
+    memory = result.memory
+    if memory:
+        drafters = ", ".join(f"{name} {d['weights_bytes']['none'] / 1e9:.2f} GB + {d['kv_bytes_per_token'] / 1e3:.1f} kB/token"
+                             for name, d in memory["drafters"].items() if d["params"])
+        console.print(f"memory (computed from the configs, {memory['dtype']}): target weights {memory['target']['weights_bytes']['none'] / 1e9:.2f} GB, "
+                      f"KV {memory['target']['kv_bytes_per_token'] / 1e3:.1f} kB/token" + (f"; drafters: {drafters}" if drafters else "")
+                      + f"; activations {sum(a['source'] == 'measured' for a in memory['activation'])} of {len(memory['activation'])} (B, 1+D) "
+                      f"measured; device {memory['device']['usable_bytes'] / 1e9:.2f} GB ({memory['device']['source']})", markup=False)
     for note in result.notes:
         console.print(f"note: {note}", markup=False)
     console.print(f"wrote {path}", markup=False)
@@ -354,23 +362,30 @@ def search(
     storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL (sqlite:///..., postgresql://..., or a JournalStorage file via journal:PATH).")] = SEARCH.storage,
     device: Annotated[Optional[str], typer.Option(help="Plan for this device from the hardware table (a100, h100, h200, b200, l40s, mi300x): times are modeled.")] = SEARCH.device,
     mix: Annotated[Optional[str], typer.Option("--mix", help="Share of requests per profiled domain, DOMAIN=WEIGHT,... (normalised); default: the profile's 'all'.")] = None,
+    memory_fraction: Annotated[float, typer.Option("--memory-fraction", help="Share of device memory the plan may fill (weights, KV cache, "
+                                                   "activations), as vLLM's gpu_memory_utilization; a draft length that does not fit is not planned.")] = SEARCH.memory_fraction,
+    tensor_parallel: Annotated[int, typer.Option("--tensor-parallel", help="Devices one replica spans (weights and KV heads split over them); "
+                                                 "0 = the profile's engine option tensor_parallel_size, else 1.")] = SEARCH.tensor_parallel,
 ) -> None:
     """Choose the mechanism and draft length per batch bucket from a profile; writes OUT/plan.json."""
     from specdec_tune.autotune.search import search as run_search
     from specdec_tune.records import sha256_file
     from specdec_tune.profiles.schema import load_profile
 
-    for name, value in (("--trials", trials), ("--min-user-tps", min_user_tps), ("--min-tps", min_tps), ("--tile-rows", tile_rows)):
+    if not 0 < memory_fraction <= 1:
+        raise SpecdecError(f"--memory-fraction {memory_fraction:g} is outside (0, 1]", "give the share of device memory to plan into, e.g. 0.9")
+    for name, value in (("--trials", trials), ("--min-user-tps", min_user_tps), ("--min-tps", min_tps), ("--tile-rows", tile_rows),
+                        ("--tensor-parallel", tensor_parallel)):
         if value < 0:
             raise SpecdecError(f"{name} {value:g} must not be negative", f"pass {name} 0 for the default, or a positive value")
     loaded = load_profile(profile)
     settings = SearchSettings(objective=objective, trials=trials, seed=seed, min_user_tokens_per_s=min_user_tps, min_tokens_per_s=min_tps,
                               mechanisms=tuple(mechanism), tile_rows=tile_rows, storage=storage, out_dir=out, device=device,
-                              mix=_mix_option(mix) if mix is not None else ())
+                              mix=_mix_option(mix) if mix is not None else (), memory_fraction=memory_fraction, tensor_parallel=tensor_parallel)
     plan = run_search(loaded, sha256_file(profile), settings)
     _print_plan_table(plan)
     console.print("why: the guideline that set D (g1 compute-bound GEMMs, g2/g3 attention tile, g4 draft cost, schedule: "
-                  "D never rises with batch, memory: a longer draft ran out of memory); next D: the runner-up "
+                  "D never rises with batch, memory: a longer draft does not fit in memory); next D: the runner-up "
                   "and its predicted change", markup=False)
     console.print("[low–high]: 95% interval of the prediction, from the acceptance bootstrap over prompts and the timing interval of the "
                   "median, taken together at their worst and best; - where the profile has none. Within a bucket, draft lengths whose "
@@ -421,7 +436,7 @@ def _print_plan_table(plan: dict) -> None:
     mix = f", mix {', '.join(f'{d} {w:.0%}' for d, w in plan['mix'].items())}" if plan.get("mix") else ""
     table = Table(title=f"plan for {where}: {plan['mechanism']} (weights {plan['quant']}), max D {plan['max_draft_len']}, "
                         f"max batch {plan['max_batch']}, tile policy {plan['tile']['policy']}{mix}")
-    for col in ("batch", "D", "speedup", "tok/s", "tok/s/user", "tok/fwd", "source", "why", "next D"):
+    for col in ("batch", "D", "speedup", "tok/s", "tok/s/user", "tok/fwd", "source", "why", "next D", "fits"):
         table.add_column(col, justify="right", no_wrap=True)
     for b in plan["buckets"]:
         pred, why = b["predicted"], b["rationale"]
@@ -429,7 +444,8 @@ def _print_plan_table(plan: dict) -> None:
         table.add_row(str(b["batch"]), str(b["draft_len"]), _with_interval(pred["speedup"], ".2f", "x"), _with_interval(pred["tokens_per_s"], ".0f"),
                       f"{pred['per_user_tokens_per_s']['value']:.1f}", f"{pred['tokens_per_forward']['value']:.3f}", pred["speedup"]["source"],
                       f"g{why['guideline']}" if isinstance(why["guideline"], int) else why["guideline"],
-                      f"{nxt['draft_len']} ({-nxt['loss_pct']:+.1f}%)" if nxt else "-")
+                      f"{nxt['draft_len']} ({-nxt['loss_pct']:+.1f}%)" if nxt else "-",
+                      str(b["memory"]["max_concurrency"]) if b.get("memory") else "-")
     width = Measurement.get(console, console.options.update_width(10_000), table).maximum
     Console(width=max(console.width, width)).print(table)
 
@@ -439,6 +455,12 @@ def _plan_findings(plan: dict) -> list[str]:
     from specdec_tune.autotune.plan import disagreement_line
 
     lines = [f"not planned: {row['why']}" for row in plan.get("excluded_buckets", [])]
+    memory = plan.get("memory")
+    if memory:
+        lines.append(f"memory (modeled from the configs): {memory['fraction']:g} of {memory['device_bytes'] / 1e9:.2f} GB ({memory['device_source']}"
+                     f"{', tensor parallel ' + str(memory['tensor_parallel']) if memory['tensor_parallel'] > 1 else ''}); target weights "
+                     f"{memory['target_weights_bytes'] / 1e9:.2f} GB, KV {memory['target_kv_bytes_per_token'] / 1e3:.1f} kB per token; "
+                     f"fits: the most requests at each bucket's D, ctx {memory['ctx']}")
     for b in plan["buckets"]:
         tie = b["rationale"].get("tie")
         if tie:

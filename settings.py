@@ -174,6 +174,8 @@ class SearchSettings:
     out_dir: Path = Path("artifacts")
     device: str | None = None  # plan for this hardware-table device instead of the profiled one (times modeled)
     mix: tuple[tuple[str, float], ...] = ()  # (domain, share of requests); () = the profile's "all" domain
+    memory_fraction: float = 0.9  # share of device memory the plan may fill (vLLM's gpu_memory_utilization)
+    tensor_parallel: int = 0  # devices one replica spans; 0 = the profile's engine option tensor_parallel_size, else 1
 
 
 # ---------------------------------------------------------------------------- export, validate

@@ -43,7 +43,8 @@ each domain's normalised histogram weighted by that share. AL_mix's interval tak
 bound (then every one at its high bound) at once: conservative, since the domains' prompts vary apart.
 
 Every figure carries its source; a result is as weak as its weakest input, weakest last:
-    measured < interpolated < fitted < emulated < modeled   (< infeasible: out of memory when profiled)
+    measured < interpolated < fitted < emulated < modeled   (< infeasible: out of memory when profiled, or beyond the
+                                                             memory model's budget: autotune/memory.py)
   measured      timed or counted here (acceptance: every D of a replay, D_max of a loop run)
   interpolated  linear between measured points
   fitted        a verify cell the monotone fit moved beyond its interval
@@ -58,6 +59,7 @@ import dataclasses
 import math
 
 from specdec_tune import SpecdecError
+from specdec_tune.autotune.memory import DEFAULT_FRACTION, MemoryModel, Need
 from specdec_tune.profiles.schema import AcceptanceRecord, Profile, RoundPoint, Timed
 
 SOURCES = ("measured", "interpolated", "fitted", "emulated", "modeled", "infeasible")  # weakest last
@@ -258,8 +260,10 @@ class CostModel:
     """Predictions for (B, D, mechanism, quant) at one context bucket, temperature and workload (a domain or a mix)."""
 
     def __init__(self, profile: Profile, *, ctx: int | None = None, temperature: float = 0.0, domain: str = "all",
-                 mix: dict[str, float] | None = None) -> None:
+                 mix: dict[str, float] | None = None, memory_fraction: float = DEFAULT_FRACTION, tensor_parallel: int | None = None) -> None:
         self.profile = profile
+        tp = tensor_parallel or int(profile.engine.get("options", {}).get("tensor_parallel_size", 1))
+        self.memory = MemoryModel(profile.memory, fraction=memory_fraction, tensor_parallel=tp) if profile.memory else None
         self._predictions: dict[tuple[int, int, str, str], Prediction] = {}
         self.ctx = ctx if ctx is not None else profile.workload.ctx_buckets[0]
         if self.ctx not in profile.workload.ctx_buckets:
@@ -327,9 +331,17 @@ class CostModel:
 
     # ------------------------------------------------------------------ components
 
+    def memory_need(self, batch: int, draft_len: int, mechanism: str = "none", quant: str = "none") -> Need | None:
+        """What (B, D) holds in device memory at this context (autotune/memory.py); None for a profile without a record."""
+        return self.memory.need(batch, self.ctx, draft_len, mechanism, quant) if self.memory else None
+
     def unplannable(self, batch: int) -> str | None:
-        """Why batch `batch` cannot be served at this context (its one-token verify step ran out of memory or was
-        never timed), or None where it can."""
+        """Why batch `batch` cannot be served at this context (it does not fit in memory even without speculation, its
+        one-token verify step ran out of memory or was never timed), or None where it can."""
+        need = self.memory_need(batch, 0)
+        if need is not None and not need.fits:
+            return (f"batch {batch} at ctx {self.ctx} does not fit even without speculation: {need.text()} (lower the batch buckets "
+                    "or the context, or raise --memory-fraction)")
         if self.engine_rounds:
             if ("none", "none", 0, batch) in self._rounds_infeasible:
                 return f"batch {batch}: the engine's step without speculation failed at ctx {self.ctx} when profiled"
@@ -476,6 +488,9 @@ class CostModel:
             host = self.host_ms(mechanism if D else "plain", batch, D)
             source = weakest(tpf.source, verify.source, draft.source, host.source)
             round_ = _sum(verify, draft, host)
+        need = self.memory_need(batch, D, mechanism, quant) if D else None
+        if need is not None and not need.fits:  # beyond the memory budget: it cannot run, whatever it would cost
+            round_, source = Figure(math.inf, "infeasible"), "infeasible"
         tps = _tokens_per_s(batch, tpf, round_, source)
         base = self.baseline_tokens_per_s(batch)
         return Prediction(

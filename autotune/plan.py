@@ -58,10 +58,12 @@ def rationale(space: Space, c: Candidate, B: int, D: int) -> dict:
     p = space.cost.predict(B, D, m, q)
     if cost.engine_rounds:  # the engine's whole round at D against its step without speculation
         cost_ratio = cost.predict(B, max(D, 1), m, q).round_ms.value / cost.predict(B, 0, m, q).round_ms.value
-        ratio_key, ratio_text = "round_cost_vs_no_speculation", f"a round at D={max(D, 1)} costs {cost_ratio:.2f}x a step without speculation"
+        ratio_key, ratio_text = "round_cost_vs_no_speculation", (f"a round at D={max(D, 1)} costs {cost_ratio:.2f}x a step without speculation"
+                                                                 if math.isfinite(cost_ratio) else f"a round at D={max(D, 1)} does not fit")
     else:
         cost_ratio = cost.verify_ms(B, 1 + max(D, 1)).value / cost.verify_ms(B, 1).value  # infinite where 1+D tokens ran out of memory
-        ratio_key, ratio_text = "verify_cost_vs_one_token", f"verifying {1 + D} tokens costs {cost_ratio:.2f}x one"
+        ratio_key, ratio_text = "verify_cost_vs_one_token", (f"verifying {1 + D} tokens costs {cost_ratio:.2f}x one" if math.isfinite(cost_ratio)
+                                                             else f"verifying {1 + max(D, 1)} tokens does not fit")
     round_ms = p.round_ms.value
     draft_share = p.draft_ms.value / round_ms if p.draft_ms is not None else None  # None: the engine timed whole rounds
     own = space.bucket_score(B, D, m, q)
@@ -81,7 +83,9 @@ def rationale(space: Space, c: Candidate, B: int, D: int) -> dict:
         lines.append(f"the longest allowed draft: measured acceptance still pays at D={D}")
     elif space.cost.predict(B, longer[0], m, q).round_ms.source == "infeasible":
         guideline = "memory"
-        lines.append(f"D={longer[0]} does not fit in memory at batch {B} (out of memory when profiled)")
+        need = cost.memory_need(B, longer[0], m, q)
+        why = f"at ctx {cost.ctx} it {need.text()}" if need is not None and not need.fits else "out of memory when profiled"
+        lines.append(f"D={longer[0]} does not fit in memory at batch {B} ({why})")
     else:  # what the next longer draft would add, as shares of this round
         n = space.cost.predict(B, longer[0], m, q)
         tpf_gain = n.tokens_per_forward.value / p.tokens_per_forward.value - 1
@@ -157,6 +161,13 @@ def fit_flags(space: Space, B: int, D: int) -> list[str]:
     return flags
 
 
+def bucket_memory(space: Space, c: Candidate, B: int, D: int) -> dict:
+    """What the bucket holds in device memory at the plan's context, and the concurrency that fits at its D."""
+    need = space.cost.memory_need(B, D, c.mechanism, c.quant)
+    return {"needed_bytes": need.total_bytes, "weights_bytes": need.weights_bytes, "kv_bytes": need.kv_bytes, "activation_bytes": need.activation_bytes,
+            "max_concurrency": space.cost.memory.max_concurrency(space.cost.ctx, D, c.mechanism, c.quant)}
+
+
 def device_times(profile: Profile, predictions: list[Prediction]) -> dict:
     """The plan's `device` record: what its figures rest on, the weakest source among the bucket predictions."""
     counts = {s: n for s in SOURCES if (n := sum(p.speedup.source == s for p in predictions))}
@@ -218,8 +229,8 @@ def build_plan(profile: Profile, profile_hash: str, space: Space, c: Candidate, 
                study_front: list[Candidate] | None, domains: dict[str, Space] | None = None) -> dict:
     served = space.served(c.max_batch)
     predictions = [space.cost.predict(B, D, c.mechanism, c.quant) for B, D in zip(served, c.schedule)]
-    buckets = [{"batch": B, "draft_len": D, "predicted": _predicted(p), "rationale": rationale(space, c, B, D), "flags": fit_flags(space, B, D)}
-               for B, D, p in zip(served, c.schedule, predictions)]
+    buckets = [{"batch": B, "draft_len": D, "predicted": _predicted(p), "rationale": rationale(space, c, B, D), "flags": fit_flags(space, B, D),
+                **({"memory": bucket_memory(space, c, B, D)} if space.cost.memory else {})} for B, D, p in zip(served, c.schedule, predictions)]
     exact = space.pareto_front()
     pareto = {"exact": [_point(space, x) for x in exact], "method": "every operating point (drafter, cap, D at the cap) through the cost model"}
     if study_front is not None:
@@ -248,6 +259,8 @@ def build_plan(profile: Profile, profile_hash: str, space: Space, c: Candidate, 
         "tile": {"policy": c.tile_policy, "rows": space.tile_rows, "group": space.group, "policies_searched": space.policies},
         "buckets": buckets,
         **({"per_domain": split} if split else {}),
+        **({"memory": space.cost.memory.summary(space.cost.ctx, space.pairs, {m: space.allowed(m, "free") for m, _ in space.pairs})}
+           if space.cost.memory else {}),
         "single_draft_len": {"draft_len": single, "mean_speedup": single_value, "schedule_mean_speedup": space.schedule_score(c)},
         "pareto": pareto,
         "study": {"storage": storage, "name": settings.study_name, "seed": settings.seed, "space_size": space.size(), **study_summary},

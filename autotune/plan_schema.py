@@ -47,12 +47,21 @@ class Rationale(BaseModel):
     text: str
 
 
+class BucketMemory(Record):
+    needed_bytes: float  # weights + KV + activations at this batch, the plan's context and D (autotune/memory.py)
+    weights_bytes: float
+    kv_bytes: float
+    activation_bytes: float
+    max_concurrency: int  # the largest batch that fits at this D
+
+
 class Bucket(Record):
     batch: int = Field(ge=1)
     draft_len: int = Field(ge=0)
     predicted: Predicted
     rationale: Rationale
     flags: list[str] = []
+    memory: Optional[BucketMemory] = None
 
 
 class ProfileRef(Record):
@@ -130,6 +139,7 @@ class Plan(Record):
     tile: Tile
     buckets: list[Bucket] = Field(min_length=1)
     per_domain: Optional[dict] = None  # each domain's own schedule, where the domains of the mix disagree on D
+    memory: Optional[dict] = None  # the memory budget, its sources and the concurrency that fits per mechanism and D
     single_draft_len: SingleDraftLen
     pareto: Pareto
     study: dict

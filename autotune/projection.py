@@ -37,6 +37,7 @@ from specdec_tune.profiles.schema import DrafterInfo, Profile
 LAUNCH_S = 4e-6  # per kernel under CUDA-graph replay (an assumption, not a datasheet figure)
 KERNELS_PER_LAYER = 10  # norms, fused qkv, rope, cache write, attention, o, norm, gate_up, act, down
 GPU_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+PROJECTED_DTYPE_BYTES = 2  # bf16: the dtype the roofline model reads weights and KV in
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,11 +150,29 @@ def project(profile: Profile, spec: DeviceSpec) -> Profile:
                          "round_ms": 0.0, "rounds": 0, "source": "modeled"})
     data = profile.model_dump(mode="json")
     data.update(verify=verify, draft=draft, host=host, device={**spec.as_record(), "projected_from": profile.device.get("name")},
+                memory=projected_memory(profile.memory, spec),
                 workload={**data["workload"], "batch_buckets": list(buckets)},
                 notes=[*profile.notes, f"projected onto {spec.name}: every time is modeled from the hardware table (acceptance measured on {profile.device.get('name')})",
                        *_vocabulary_notes(profile)],
                 timing_shapes=f"{profile.timing_shapes}; times projected by a roofline model")
     return Profile.model_validate(data)
+
+
+def projected_memory(record: dict, spec: DeviceSpec) -> dict:
+    """The memory record on the device `spec`: weights, KV and activations in bf16, the device's memory from the table,
+    no engine KV pool and no measured activation (autotune/memory.py)."""
+    if not record:
+        return {}
+    ratio = PROJECTED_DTYPE_BYTES / record["dtype_bytes"]
+    return record | {
+        "dtype": "bfloat16", "dtype_bytes": PROJECTED_DTYPE_BYTES,
+        "target": record["target"] | {"kv_bytes_per_token": int(record["target"]["kv_bytes_per_token"] * ratio)},
+        "drafters": {name: d | {"kv_bytes_per_token": int(d["kv_bytes_per_token"] * ratio)} for name, d in record["drafters"].items()},
+        "activation_bytes_per_row": int(record["activation_bytes_per_row"] * ratio),
+        "activation": [a | {"bytes": int(a["batch"] * a["tokens"] * record["activation_bytes_per_row"] * ratio), "source": "modeled"}
+                       for a in record["activation"]],
+        "device": {"usable_bytes": spec.memory_bytes, "kv_cache_bytes": None, "source": f"the hardware table: {spec.name}"},
+    }
 
 
 def _vocabulary_notes(profile: Profile) -> list[str]:

@@ -6,6 +6,10 @@ bucket and checked against the exact optimum (the space decomposes, so `exhausti
 the plan records the gap. `--device` plans for a hardware-table device from a local profile
 (projection.py): every time is then modeled, and the plan says so.
 
+`--memory-fraction` (and `--tensor-parallel`) bound every bucket by the memory model (memory.py): a draft length that
+does not fit is infeasible there, a bucket that does not fit even without speculation is not planned (its note says by
+how much), and the plan records the concurrency that fits per mechanism and D.
+
 `--mix` weights the profile's domains by their share of the requests (the mixed acceptance is derived in
 cost_model.py). The plan records the normalised mix; where the domains, each searched alone for the chosen
 drafter, disagree on D at some bucket beyond their intervals, it adds `per_domain` and a note per bucket.
@@ -18,6 +22,7 @@ import dataclasses
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.cost_model import CostModel, normalise_mix
 from specdec_tune.autotune.hardware import get_device_spec
+from specdec_tune.autotune.memory import DEFAULT_FRACTION
 from specdec_tune.autotune.plan import build_plan
 from specdec_tune.autotune.projection import project
 from specdec_tune.autotune.space import Candidate, Space
@@ -54,7 +59,7 @@ def domain_spaces(profile: Profile, settings: SearchSettings, mix: dict[str, flo
     spaces = {}
     for domain in mix:
         try:
-            spaces[domain] = Space(CostModel(profile, domain=domain), alone)
+            spaces[domain] = Space(CostModel(profile, domain=domain, **memory_options(settings)), alone)
         except SpecdecError:
             continue
     return spaces
@@ -62,8 +67,14 @@ def domain_spaces(profile: Profile, settings: SearchSettings, mix: dict[str, flo
 
 def plan_cost_model(profile: Profile, plan: dict) -> CostModel:
     """The cost model a plan's figures came from (its device projection, mix and context): for what the plan did not choose."""
-    device = plan["search_settings"].get("device")
-    return CostModel(project(profile, get_device_spec(device)) if device else profile, ctx=plan["ctx"], mix=plan.get("mix"))
+    settings = plan["search_settings"]
+    device = settings.get("device")
+    return CostModel(project(profile, get_device_spec(device)) if device else profile, ctx=plan["ctx"], mix=plan.get("mix"),
+                     memory_fraction=settings.get("memory_fraction", DEFAULT_FRACTION), tensor_parallel=settings.get("tensor_parallel") or None)
+
+
+def memory_options(settings: SearchSettings) -> dict:
+    return {"memory_fraction": settings.memory_fraction, "tensor_parallel": settings.tensor_parallel or None}
 
 
 def search(profile: Profile, profile_hash: str, settings: SearchSettings) -> dict:
@@ -77,7 +88,7 @@ def search(profile: Profile, profile_hash: str, settings: SearchSettings) -> dic
         profile = project(profile, spec)
         settings = dataclasses.replace(settings, quant_formats=tuple(f for f in WEIGHT_FORMATS if f in spec.formats))
     mix = normalise_mix(profile, dict(settings.mix)) if settings.mix else None
-    space = Space(CostModel(profile, mix=mix), settings)
+    space = Space(CostModel(profile, mix=mix, **memory_options(settings)), settings)
     # the default study is an append-only journal file: one line per trial event, a fraction of SQLite's commit cost
     storage = settings.storage or f"journal:{(settings.out_dir / STUDY_FILE).resolve()}"
     settings.out_dir.mkdir(parents=True, exist_ok=True)

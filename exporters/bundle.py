@@ -42,7 +42,7 @@ from specdec_tune.exporters.engine_checks import Facts
 from specdec_tune.exporters.engines import ENGINE_MODEL_IDS, ExportContext, load_engines, load_schema_file
 from specdec_tune.exporters.safety import noisy_thresholds, safety_lines, top_band_cost
 from specdec_tune.exporters.report import bundle_readme, lossless_text, write_report
-from specdec_tune.exporters.engine_validation import describe_row, engine_refusal, engine_throughput
+from specdec_tune.exporters.engine_validation import describe_kv, describe_row, engine_refusal, engine_throughput
 from specdec_tune.exporters.validate import (check_document, describe_throughput_row, failing_rows, lossless_gate,
                                              prediction_cells, repair_record, schedule_of, schedule_text, throughput_check,
                                              throughput_refusal)
@@ -188,6 +188,8 @@ def _engine_check_or_refuse(plan: dict, profile, staging: Path, measure: Measure
     tp = engine_throughput(plan, profile, staging, measure)
     for row in tp.get("buckets", []):
         step(f"vLLM {describe_row(row)}")
+    if tp.get("kv_capacity"):
+        step(f"vLLM {describe_kv(tp['kv_capacity'])}")
     if tp.get("checked") and not tp["passed"]:
         raise engine_refusal(tp)
     return tp

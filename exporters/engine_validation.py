@@ -14,6 +14,9 @@ replaced by the next prompt. Its steady steps, B requests decoding and none pref
     error          predicted / measured (as the cost model) − 1; inside the noise where the prediction's 95% interval
                    and the measurement's overlap
 
+The KV cache vLLM allocated (blocks x block size) is compared with the memory model's prediction for the plan
+(`kv_capacity`), to within 10%; a miss is reported beside the buckets, not refused.
+
 A bucket fails when vLLM ran another D than the plan's: the bundle would not run the plan, and export refuses it. Its
 throughput is reported beside its prediction and flagged where the error is beyond the tolerance and outside the noise,
 without refusing: nothing here probes the device's speed inside vLLM (as the torch check does around every run), and on
@@ -35,6 +38,7 @@ from specdec_tune.profiles.timing import Timing
 from specdec_tune.profiles.vllm_profile import steady_steps
 from specdec_tune.settings import MeasureSettings
 
+KV_CAPACITY_TOLERANCE_PCT = 10.0
 BUCKET_TOKENS = 48  # per request: tens of steady rounds per bucket even where drafts are accepted
 TIMEOUT_S = 1800.0
 
@@ -105,11 +109,30 @@ def engine_throughput(plan: dict, profile, bundle: Path, s: MeasureSettings, eng
     rows = [bucket_row(b, steady_figures([by_name.get(f"bucket/{b['batch']}")], b["batch"]), s.tolerance_pct) for b in plan["buckets"]]
     timed = [r for r in rows if "error_pct" in r]
     return {"checked": True, "engine": "vllm", "vllm_version": raw.get("vllm_version"), "config_file": "vllm/speculative_config.json",
+            "kv_capacity": kv_capacity(plan, profile, raw.get("kv_cache")),
             "max_num_seqs": plan["max_batch"], "tolerance_pct": s.tolerance_pct, "tokens_per_request": BUCKET_TOKENS, "buckets": rows,
             "passed": all(r["passed"] for r in rows), "throughput_within": all(r.get("throughput_within", False) for r in rows),
             "worst": max(({"batch": r["batch"], "error_pct": r["error_pct"]} for r in timed), key=lambda w: abs(w["error_pct"]), default=None),
             "rule": "a bucket passes when vLLM ran the plan's D (and was timed); its throughput is flagged, not refused, where the error "
                     f"is beyond {s.tolerance_pct:g}% and outside the noise (the prediction's 95% interval and the measurement's do not overlap)"}
+
+
+def kv_capacity(plan: dict, profile, reported: dict | None) -> dict | None:
+    """The KV cache vLLM allocated for the bundle's config (its blocks x block size, in tokens) against the memory model's
+    prediction for the plan (autotune/memory.py: the engine's pool, or the budget less weights and activations, over the
+    KV bytes per token of the target and the drafter's own layers); agreed within KV_CAPACITY_TOLERANCE_PCT."""
+    from specdec_tune.autotune.search import plan_cost_model
+
+    memory = plan_cost_model(profile, plan).memory
+    if memory is None or not reported or not reported.get("num_blocks"):
+        return None
+    engine_tokens = int(reported["num_blocks"]) * int(reported["block_size"])
+    predicted = memory.kv_capacity_tokens(plan["mechanism"], plan["quant"], plan["max_batch"], plan["max_draft_len"])
+    error_pct = 100 * (predicted / engine_tokens - 1)
+    return {"engine_tokens": engine_tokens, "num_blocks": reported["num_blocks"], "block_size": reported["block_size"], "predicted_tokens": predicted,
+            "kv_bytes_per_token": memory.kv_bytes_per_token(plan["mechanism"] if plan["max_draft_len"] else "none"),
+            "pool_bytes": memory.kv_pool_bytes,
+            "error_pct": error_pct, "within": abs(error_pct) <= KV_CAPACITY_TOLERANCE_PCT, "tolerance_pct": KV_CAPACITY_TOLERANCE_PCT}
 
 
 def bucket_row(bucket: dict, measured: dict, tolerance_pct: float) -> dict:
@@ -128,6 +151,13 @@ def bucket_row(bucket: dict, measured: dict, tolerance_pct: float) -> dict:
         "predicted_tokens_per_s": figure["value"], "predicted_source": figure["source"], "predicted_interval_tokens_per_s": [p_low, p_high],
         "error_pct": error_pct, "inside_noise": inside_noise, "throughput_within": abs(error_pct) <= tolerance_pct or inside_noise, "passed": d_ok,
     }
+
+
+def describe_kv(kv: dict) -> str:
+    where = f"its pool of {kv['pool_bytes'] / 2**30:g} GiB" if kv.get("pool_bytes") else "the memory budget less weights and activations"
+    return (f"KV cache: vLLM allocated {kv['num_blocks']} blocks x {kv['block_size']} = {kv['engine_tokens']} tokens; the memory model "
+            f"predicts {kv['predicted_tokens']} ({where} over {kv['kv_bytes_per_token']:.0f} bytes per token): {kv['error_pct']:+.1f}%"
+            + ("" if kv["within"] else f" [beyond {kv['tolerance_pct']:g}%]"))
 
 
 def describe_row(r: dict) -> str:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specdec_tune.exporters.engine_validation import describe_row
+from specdec_tune.exporters.memory_limits import limits_lines
+from specdec_tune.exporters.engine_validation import describe_kv, describe_row
 from specdec_tune.exporters.safety import safety_lines
 from specdec_tune.exporters.validate import describe_repair, describe_throughput_row
 
@@ -158,6 +159,8 @@ def write_report(folder: Path, plan: dict, profile, engines: dict, validation: d
         lines.append(f"- in vLLM {tp.get('vllm_version')}, the bundle's own vllm/speculative_config.json with max_num_seqs {tp.get('max_num_seqs')} "
                      f"({tp['rule']}):" if not tp.get("error") else f"- vLLM: {tp['error']}")
         lines += [f"  - {describe_row(r)}" for r in tp["buckets"]]
+        if tp.get("kv_capacity"):
+            lines.append(f"  - {describe_kv(tp['kv_capacity'])}")
     elif tp and tp.get("checked"):
         lines.append(f"- predicted vs measured decode throughput (tolerance {tp['tolerance_pct']:g}%, {tp['measured_rounds']}):")
         lines += [f"  - {describe_throughput_row(r)}" for r in tp["buckets"]]
@@ -185,7 +188,7 @@ def bundle_readme(plan: dict, engines: dict, safety: dict) -> str:
     schedule = ", ".join(f"B≤{b['batch']}: D={b['draft_len']}" for b in plan["buckets"])
     out = [f"# Deployment bundle: {plan['mechanism']} speculative decoding", "",
            f"Schedule ({plan['device']['name']}, times {plan['device']['times']}): {schedule}; max batch {plan['max_batch']}.", "",
-           _figures_from(plan, engines), "",
+           _figures_from(plan, engines), "", *limits_lines(plan),
            "- `vllm/`: `sh vllm/serve.sh`, or `LLM(..., speculative_config=json.load(open('vllm/speculative_config.json')))`.",
            "- `trtllm/`: `trtllm-serve <model> --config trtllm/config.yaml`.",
            "- `sglang/`: `sh sglang/launch.sh`. For EAGLE-family drafters SGLang runs the per-batch draft lengths in one server: "

@@ -20,6 +20,7 @@ import shlex
 
 from specdec_tune.exporters.engine_checks import check_sglang
 from specdec_tune.exporters.engines import Engine, EngineFiles, ExportContext, deviation, deviation_text, register
+from specdec_tune.exporters.memory_limits import engine_memory
 from specdec_tune.exporters.schedule import to_sglang
 from specdec_tune.exporters.versions import gate
 
@@ -41,7 +42,9 @@ def _flags(ctx: ExportContext, k: int) -> list[str]:
 
 
 def _launch(ctx: ExportContext, extra: list[str]) -> list[str]:
-    return ["python", "-m", "sglang.launch_server", "--model-path", ctx.target_model, *extra]
+    memory = engine_memory(ctx.plan)
+    fraction = ["--mem-fraction-static", f"{memory['mem_fraction_static']:g}"] if memory else []
+    return ["python", "-m", "sglang.launch_server", "--model-path", ctx.target_model, *fraction, *extra]
 
 
 def adaptive_table(bands: list[tuple[int, int, int]]) -> dict:
@@ -68,6 +71,10 @@ def render(ctx: ExportContext) -> EngineFiles:
             deviation_record = deviation(ctx, runs, f"{s.algorithm} drafts the checkpoint's whole block ({block} drafts) where it speculates")
             decisions.append(deviation_text(deviation_record))
     bands = to_sglang(runs)
+    memory = engine_memory(ctx.plan)
+    if memory:
+        decisions.append(f"--mem-fraction-static {memory['mem_fraction_static']:g} (weights and the KV pool: the plan's {memory['gpu_memory_utilization']:g} "
+                         "of the device less its activations) and --max-running-requests at each band's top, which fits at its D")
     doc: dict = {"supported": True, "mechanism": ctx.mechanism, "bands": [
         {"min_concurrency": lo, "max_concurrency": hi, "draft_len": k, "argv": _launch(ctx, ["--max-running-requests", str(hi), *_flags(ctx, k)])}
         for lo, hi, k in bands]}

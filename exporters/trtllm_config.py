@@ -5,6 +5,7 @@ from __future__ import annotations
 import yaml
 
 from specdec_tune.exporters.engines import Engine, EngineFiles, ExportContext, deviation, deviation_text, register
+from specdec_tune.exporters.memory_limits import engine_memory
 from specdec_tune.exporters.schedule import bands, to_trtllm, to_trtllm_lower
 from specdec_tune.exporters.versions import gate, rules_line
 
@@ -26,6 +27,12 @@ def render(ctx: ExportContext) -> EngineFiles:
     line = rules_line("trtllm", version).name
     decisions, gates = [], []
     config: dict = {"max_batch_size": ctx.max_batch}
+    memory = engine_memory(ctx.plan)
+    if memory:
+        config["kv_cache_config"] = {"free_gpu_memory_fraction": memory["free_gpu_memory_fraction"]}
+        decisions.append(f"kv_cache_config.free_gpu_memory_fraction {memory['free_gpu_memory_fraction']:g}: the plan's {memory['gpu_memory_utilization']:g} "
+                         "of the device as a share of the memory left after weights and activations; max_batch_size "
+                         f"{ctx.max_batch} fits at its D")
     if not ctx.speculates:
         decisions.append("the plan speculates at no batch size: no speculative_config")
         return EngineFiles({"config.yaml": _dump(config)}, config, decisions, gates)

@@ -7,6 +7,7 @@ import shlex
 
 from specdec_tune.exporters.engines import Engine, EngineFiles, ExportContext, deviation, deviation_text, register
 from specdec_tune.exporters.engine_checks import check_vllm
+from specdec_tune.exporters.memory_limits import engine_memory
 from specdec_tune.exporters.schedule import to_vllm
 from specdec_tune.exporters.versions import gate
 
@@ -26,6 +27,15 @@ def render(ctx: ExportContext) -> EngineFiles:
     version = ctx.versions["vllm"]
     decisions, gates = [], []
     serve = ["vllm", "serve", ctx.target_model, "--max-num-seqs", str(ctx.max_batch)]
+    memory = engine_memory(ctx.plan)
+    if memory:
+        serve += ["--gpu-memory-utilization", f"{memory['gpu_memory_utilization']:g}"]
+        if memory["kv_cache_pool_bytes"]:  # vLLM on a CPU: the KV cache is the pool the plan was sized for
+            serve = ["env", f"VLLM_CPU_KVCACHE_SPACE={memory['kv_cache_pool_bytes'] / 2**30:g}", *serve]
+        decisions.append(f"--gpu-memory-utilization {memory['gpu_memory_utilization']:g} and --max-num-seqs {ctx.max_batch}: the plan's memory "
+                         "budget and the largest batch that fits in it at its D" + (
+                             f" (on a CPU vLLM keeps the KV cache in VLLM_CPU_KVCACHE_SPACE, {memory['kv_cache_pool_bytes'] / 2**30:g} GiB "
+                             "as profiled)" if memory["kv_cache_pool_bytes"] else ""))
     if not ctx.speculates:
         decisions.append("the plan speculates at no batch size: no speculative_config")
         return EngineFiles({"serve.sh": _script(serve)}, None, decisions, gates)

@@ -40,6 +40,7 @@ from specdec_tune.profiles import micro, replay
 from specdec_tune.profiles.calibration import CalibrationPrompt, load_calibration
 from specdec_tune.profiles.drafters import Drafter, DraftRequest, create
 from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint, resolve_device
+from specdec_tune.profiles.memory import allocator_peak_bytes, memory_record
 from specdec_tune.profiles.intervals import median_interval, monotone_fit, moved_beyond_interval
 from specdec_tune.profiles.models.loading import load_model, model_folder, weights_hash
 from specdec_tune.profiles.prompts import encode_fitting, encode_prompts
@@ -491,6 +492,8 @@ class Profiler:
         timed("acceptance loop", self._acceptance_loops, log, budget)
         growth_notes = timed("acceptance growth", self._grow_acceptance, log, budget, verify)
         acceptance = timed("acceptance records", self._acceptance_records)
+        drafter_infos = self._drafter_infos()
+        memory = timed("memory", self._memory, drafter_infos)
         skipped: dict[str, list[str]] = {}  # "host overhead" -> ["ngram B=1 D=1", ...]
         for what in budget.skipped:
             phase, _, cell = what.partition(" B=") if " B=" in what else (what, "", "")
@@ -524,13 +527,29 @@ class Profiler:
             "fingerprint": self.fingerprint, "backend": "torch", "device": self.device_fp,
             "target": dataclasses.asdict(self.target.ref),
             "timing_shapes": f"{self.target.ref.path} ({self.model.config.model_type}, {len(self.model.layers)} layers, hidden {self.model.config.hidden_size}, {self.target.ref.dtype}; real weights)",
-            "drafters": self._drafter_infos(),
+            "drafters": drafter_infos, "memory": memory,
             "workload": self._workload() | {"prompts_by_domain": self._prompts_by_domain()},
             "verify": verify, "draft": draft, "host": host, "acceptance": acceptance, "micro": micro_points, "notes": notes,
             "verify_fit": verify_fit, "phase_s": {k: round(v, 1) for k, v in phase_s.items()},
         })
         write_json(out, profile.model_dump(mode="json"))
         return profile
+
+    def _memory(self, drafter_infos: list[dict]) -> dict:
+        """The memory record (profiles/memory.py); on a GPU each (B, 1+D) verify step's activation peak is measured."""
+        measured = {}
+        if self.device.type == "cuda":
+            ctx = max(self.s.ctx_buckets)
+            for B in self.s.batch_buckets:
+                step = VerifyStep(self.model, B, ctx, self.s.max_draft_len + 1, self.s.seed, self.device)
+                for T in range(1, self.s.max_draft_len + 2):
+                    if step.ready:
+                        measured[(B, T)] = allocator_peak_bytes(lambda: step.timing(T, warmup=0, repeats=1), self.device)
+                del step
+        own = {i["name"]: model_folder(i["options"]["model"])[2] for i in drafter_infos
+               if i["options"].get("model") and i["model"] and "hidden_layers" not in i["model"]}
+        return memory_record(model_folder(self.s.target, self.s.trust_remote_code)[2], self.target.ref.dtype, drafter_infos, self.device_fp,
+                             list(self.s.batch_buckets), self.s.max_draft_len, own, measured_activation=measured)
 
     def _prompts_by_domain(self) -> dict[str, int]:
         prompts = self.used or list(self.prompt_set.prompts)

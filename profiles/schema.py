@@ -191,6 +191,7 @@ class Profile(Record):
     # instead of verify + draft + host
     rounds: list[RoundPoint] = []
     engine: dict = {}  # the measuring engine: name, version, options, and per mechanism whether it ran there and why not
+    memory: dict = {}  # what the deployment holds in device memory (profiles/memory.py); empty in profiles before it
 
 
 def load_profile(path: Path) -> Profile:

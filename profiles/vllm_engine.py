@@ -21,6 +21,8 @@ from packaging.version import InvalidVersion, Version
 from specdec_tune import SpecdecError
 
 RUNNER = Path(__file__).with_name("vllm_runner.py")
+CPU_KV_CACHE_GIB = 1  # vLLM's KV cache pool on a CPU (VLLM_CPU_KVCACHE_SPACE): small, the profile's contexts are short
+CPU_KV_CACHE_BYTES = CPU_KV_CACHE_GIB << 30
 VARIABLE = "SPECDEC_TUNE_VLLM_PYTHON"
 # The runner reads per-request drafted / accepted counts per verify step (`per_request_spec_decode_metrics`) and the
 # per-batch schedule, as vLLM 0.32 has them; the lines after it are the ones versions.py knows.
@@ -66,6 +68,7 @@ class VllmEngine:
             job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
             job_path.write_text(json.dumps(job))
             env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(CPU_KV_CACHE_GIB)  # the pool the profile's memory record assumes
             try:
                 done = subprocess.run([self.python, str(RUNNER), str(job_path), str(result_path)], capture_output=True, text=True,
                                       timeout=timeout_s, env=env, cwd=cwd or tmp)

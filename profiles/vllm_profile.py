@@ -49,6 +49,8 @@ from specdec_tune.profiles.calibration import load_calibration
 from specdec_tune.profiles.drafters.base import describe_spec
 from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint, resolve_device
 from specdec_tune.profiles.intervals import monotone_fit, moved_beyond_interval
+from specdec_tune.profiles.memory import memory_record
+from specdec_tune.profiles.vllm_engine import CPU_KV_CACHE_BYTES
 from specdec_tune.profiles.models.loading import describe_model, model_folder, weights_hash
 from specdec_tune.profiles.models.views import engine_model_view, write_cut_draft
 from specdec_tune.profiles.profiler import BOOTSTRAP_RESAMPLES, Budget, acceptance_records, parse_drafter_spec, workload_record
@@ -89,7 +91,7 @@ class VllmProfiler:
         self.s = settings = settings.for_device(self.device.type)
         self.progress = progress
         self.engine = engine or VllmEngine.locate()
-        self.target_ref, tokenizer, hf_config = describe_model(settings.target, settings.dtype, self.device, settings.trust_remote_code)
+        self.target_ref, tokenizer, self.hf_config = describe_model(settings.target, settings.dtype, self.device, settings.trust_remote_code)
         if tokenizer is None:
             raise SpecdecError(f"{settings.target} has no tokenizer files", "give a model folder with its tokenizer")
         self.mechanisms: dict[str, Mechanism] = {}
@@ -110,7 +112,7 @@ class VllmProfiler:
                                               settings.max_draft_len if limit is None else min(settings.max_draft_len, limit), model)
         self.calibration = load_calibration(settings.prompts)
         self.pool, _ = self.calibration.split()
-        context = int(hf_config.get("max_position_embeddings") or 2048)
+        context = int(self.hf_config.get("max_position_embeddings") or 2048)
         self.encoded = encode_fitting(tokenizer, self.pool, context_tokens=context, max_new_tokens=settings.new_tokens,
                                       max_draft_tokens=settings.max_draft_len)
         self.fitting = fitting = [p for p in self.pool if p.id in self.encoded]
@@ -275,6 +277,8 @@ class VllmProfiler:
         phase_s["engine units"] = time.monotonic() - t0
         rounds, moved = self._rounds(units)
         greedy_ids = {i for u in units.values() for i in u["accept_ids"].get("0.0", [])}
+        drafters = [{"name": m.name, "kind": m.kind, "options": m.options, "model": m.model, "quant_formats": ["none"],
+                     "max_draft_len": m.max_draft_len if m.max_draft_len < self.s.max_draft_len else None} for m in self.mechanisms.values()]
         acceptance, checks_notes = self._acceptance(units)
         notes = [f"measured in vLLM {self.engine.version}: every time is an engine step as vLLM runs it (draft, verify and host together); "
                  "acceptance from vLLM's own per-request counters"]
@@ -292,10 +296,9 @@ class VllmProfiler:
             "fingerprint": self.fingerprint, "backend": "vllm", "device": self.device_fp, "target": dataclasses.asdict(self.target_ref),
             "timing_shapes": f"{self.target_ref.path} in vLLM {self.engine.version} ({self.target_ref.arch}, {self.target_ref.num_layers} layers, "
                              f"{self.dtype}; real weights)",
-            "drafters": [{"name": m.name, "kind": m.kind, "options": m.options, "model": m.model, "quant_formats": ["none"],
-                          "max_draft_len": m.max_draft_len if m.max_draft_len < self.s.max_draft_len else None} for m in self.mechanisms.values()],
+            "drafters": drafters,
             "workload": self._workload() | {"prompts_by_domain": {d: sum(self.prompt_domain[i] == d for i in greedy_ids) for d in self.pool.domains()}},
-            "verify": [], "draft": [], "host": [], "micro": [], "acceptance": acceptance, "rounds": rounds, "notes": notes,
+            "verify": [], "draft": [], "host": [], "micro": [], "acceptance": acceptance, "rounds": rounds, "notes": notes, "memory": self._memory(drafters),
             "phase_s": {k: round(v, 1) for k, v in phase_s.items()},
             "engine": {"name": "vllm", "version": self.engine.version, "python": self.engine.python, "options": self.engine_options,
                        "max_num_seqs": self.max_num_seqs, "max_model_len": self.max_model_len, "mechanisms": self.supported,
@@ -306,6 +309,13 @@ class VllmProfiler:
         return profile
 
     # ------------------------------------------------------------------ records
+
+    def _memory(self, drafters: list[dict]) -> dict:
+        """The memory record (profiles/memory.py) for the target in vLLM's dtype; on a CPU vLLM's KV cache is its own pool."""
+        own = {d["name"]: model_folder(d["options"]["model"])[2] for d in drafters
+               if d["options"].get("model") and d["model"] and "hidden_layers" not in d["model"]}
+        return memory_record(self.hf_config, self.dtype, drafters, self.device_fp, list(self.s.batch_buckets), self.s.max_draft_len, own,
+                             kv_cache_bytes=CPU_KV_CACHE_BYTES if self.device.type == "cpu" else None)
 
     def _rounds(self, units: dict) -> tuple[list[dict], list[str]]:
         """Round points per mechanism (plain as "none"): medians with intervals, fitted monotone (module docstring)."""
@@ -372,6 +382,7 @@ class VllmProfiler:
                 if abs(rel) > 0.05:
                     notes.append(f"{m.name}: tokens per forward derived at D={D} from the D_max run differs from vLLM's own run at D={D} "
                                  f"by {rel:+.1%} ({derived:.3f} against {direct:.3f})")
+            notes += self._width_notes(m, top)
             for temp_key, per_prompt in counters.items():
                 temp = float(temp_key)
                 sums = replay.derived_rates(per_prompt, m.max_draft_len)
@@ -379,6 +390,23 @@ class VllmProfiler:
                                               checks if temp == 0.0 else [], max_draft_len=m.max_draft_len, new_tokens=self.s.new_tokens,
                                               seed=self.s.seed)
         return records, notes
+
+
+    def _width_notes(self, m: Mechanism, top: dict) -> list[str]:
+        """Where greedy tokens per forward at D_max stayed wider than the target, and why (the split or the time ran out)."""
+        target = self.s.acceptance_half_width
+        ids = top["accept_ids"].get("0.0", [])
+        if target <= 0 or not ids:
+            return []
+        counters = [counters_of(r, m.max_draft_len) for r in top["accept"]["0.0"]]
+        out = []
+        for d, w in half_widths(counters, [self.prompt_domain[i] for i in ids], m.max_draft_len, self.s.seed).items():
+            if w > target:
+                used = sum(self.prompt_domain[i] == d for i in ids)
+                why = "the profiling split has no more prompts for it" if used >= sum(q.domain == d for q in self.fitting) else "the time allowed no more"
+                out.append(f"acceptance: {m.name} tokens per forward at D={m.max_draft_len} is within ±{w:.1%} (95%) for {d} ({used} prompts), "
+                           f"above the ±{target:.0%} target: {why}")
+        return out
 
 
 def _bisect(units: dict, name: str, tolerance: float) -> list[int]:

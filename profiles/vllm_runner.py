@@ -23,7 +23,7 @@ JOB.json:
         seed            sampling seed (temperature > 0)
 
 RESULT.json (written whatever happens; `ok: false` and vLLM's message when the engine fails to start):
-    vllm_version, engine_args, init_s, and per run:
+    vllm_version, engine_args, init_s, kv_cache (the KV cache vLLM allocated: num_blocks x block_size tokens), and per run:
     steps     per engine step: wall ms, requests running before it, rows that were already decoding, whether a prompt
               was prefilled in it, and the counters' change over it (drafts, draft tokens, accepted tokens)
     requests  per request: output token ids, rounds (steps that gave it tokens, its prefill's excluded), and vLLM's
@@ -202,6 +202,8 @@ def run(job: dict) -> dict:
         return result
     result["ok"] = True
     engine, counter = llm.llm_engine, itertools.count()
+    cache = engine.vllm_config.cache_config  # the engine core runs in this process: its KV cache size is set here
+    result["kv_cache"] = {"num_blocks": cache.num_gpu_blocks, "block_size": cache.block_size}
     for spec in job["runs"]:
         try:
             result["runs"].append(run_one(engine, spec, counter))

@@ -4,7 +4,8 @@ result format (profiles/vllm_runner.py), so that the vllm backend, its cost mode
 It simulates what the runner would observe: continuous batching over a run's prompts at its concurrency, one step per
 round; a request drafts K tokens per round (K from the config, or from its per-batch ranges at the step's batch size,
 as vLLM's dense lookup gives it), each accepted with probability `accept` given the ones before (a chain), plus one
-bonus token; a step costs base + per_token · rows · (1 + K) ms, times a seeded jitter. Mechanisms in `refuse` fail at
+bonus token; a step costs base + per_token · rows · (1 + K) ms, times a seeded jitter. Its KV cache is sized as vLLM's CPU worker
+sizes it, from the model folders' configs. Mechanisms in `refuse` fail at
 start-up with a message, as vLLM refuses one it cannot run; `fail_run` names a run that dies part-way (out of memory).
 """
 
@@ -43,13 +44,31 @@ class FakeVllm:
         if method in self.refuse:
             return {"ok": False, "error": self.refuse[method], "runs": []}
         rng = random.Random(len(self.jobs))
-        out = {"ok": True, "error": None, "vllm_version": self.version, "init_s": 1.0, "runs": []}
+        out = {"ok": True, "error": None, "vllm_version": self.version, "init_s": 1.0, "runs": [], "kv_cache": self._kv_cache(job, config)}
         for spec in job["runs"]:
             if spec["name"] == self.fail_run:
                 out["runs"].append({"name": spec["name"], "error": "OutOfMemoryError: simulated"})
                 continue
             out["runs"].append(self._run(spec, config, rng))
         return out
+
+    @staticmethod
+    def _kv_cache(job: dict, config: dict | None) -> dict:
+        """As vLLM's CPU worker sizes it: the KV pool over one block's page in every attention layer (the target's and a
+        draft model's), 2 · block size · KV heads · head dim · dtype bytes per layer."""
+        import json
+        from pathlib import Path
+
+        block, pool = 16, 1 << 30
+        dtype_bytes = {"float32": 4}.get(job.get("engine", {}).get("dtype"), 2)
+        folders = [job["model_dir"]] + ([config["model"]] if config and config.get("model") else [])
+        page = 0
+        for folder in folders:
+            c = json.loads((Path(folder) / "config.json").read_text())
+            kv_heads = c.get("num_key_value_heads") or c["num_attention_heads"]
+            head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+            page += c["num_hidden_layers"] * 2 * block * kv_heads * head_dim * dtype_bytes
+        return {"num_blocks": pool // page, "block_size": block}
 
     def _run(self, spec: dict, config: dict | None, rng: random.Random) -> dict:
         pending = list(range(len(spec["prompts"])))

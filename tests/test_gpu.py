@@ -44,3 +44,14 @@ def test_small_profile_on_cuda(tmp_path):
     profile = Profiler(settings).run()
     assert profile.device["kind"] == "cuda" and profile.device["capability"]
     assert all(p.median_ms and p.median_ms > 0 for p in profile.verify if p.source == "measured")
+    measured = {(a["batch"], a["tokens"]): a["bytes"] for a in profile.memory["activation"] if a["source"] == "measured"}
+    assert set(measured) == {(B, T) for B in (1, 4) for T in range(1, 5)} and measured[(4, 4)] > measured[(1, 1)] > 0
+
+
+def test_the_allocator_peak_counts_what_a_call_allocates():
+    from specdec_tune.profiles.memory import allocator_peak_bytes
+
+    dev = torch.device("cuda")
+    keep = torch.empty(1 << 20, dtype=torch.uint8, device=dev)  # allocated before: not counted
+    peak = allocator_peak_bytes(lambda: torch.empty(1 << 22, dtype=torch.uint8, device=dev), dev)
+    assert 1 << 22 <= peak < (1 << 22) + (1 << 21) and keep.numel()

@@ -185,6 +185,12 @@ def test_profile_end_to_end_and_reuse(tmp_path):
     assert {p.kind for p in first.micro} == {"attention", "linear"}
     assert {(p.mechanism, p.draft_len) for p in first.host} == {("plain", 0), ("ngram", 1), ("ngram", 3), ("draft_model", 1), ("draft_model", 3)}
     assert "the loop gave equal counters in fp32" in " ".join(first.notes)
+    # memory: the target's and the one-layer draft model's weights and KV from the config, activations modeled on a CPU
+    memory = first.memory
+    layer = memory["target"]["weights_bytes"]["none"] - memory["drafters"]["draft_model"]["weights_bytes"]["none"]
+    assert memory["drafters"]["ngram"]["params"] == 0 and memory["drafters"]["draft_model"]["kv_bytes_per_token"] * memory["target"]["shape"]["layers"] \
+        == memory["target"]["kv_bytes_per_token"] and layer > 0
+    assert {a["source"] for a in memory["activation"]} == {"modeled"} and memory["device"]["usable_bytes"] == first.device["memory_bytes"]
 
     # a second run with the same fingerprint reuses the file: nothing measured again
     log_lines = sum(1 for _ in next(tmp_path.glob("measurements-*.jsonl")).open())

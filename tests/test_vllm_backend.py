@@ -153,7 +153,7 @@ def _bundle(tmp_path: Path, ranges) -> Path:
 
 def _plan(schedule) -> dict:
     figure = {"value": 50.0, "source": "measured", "low": 40.0, "high": 60.0}
-    return {"ctx": 64, "max_draft_len": 3, "max_batch": 4,
+    return {"ctx": 64, "max_draft_len": 3, "max_batch": 4, "mechanism": "ngram", "quant": "none", "search_settings": {},
             "buckets": [{"batch": B, "draft_len": D, "predicted": {"tokens_per_s": figure, "tokens_per_forward": {"value": 1.5}}} for B, D in schedule]}
 
 
@@ -164,6 +164,8 @@ def test_engine_check_reads_the_draft_length_vllm_applied(fake_profile, tmp_path
     tp = engine_throughput(_plan(schedule), profile, bundle, MeasureSettings(rows=4), engine=FakeVllm())
     assert tp["passed"], tp
     assert [(r["batch"], r["draft_len_applied"]) for r in tp["buckets"]] == schedule
+    kv = tp["kv_capacity"]  # vLLM's pool over the target's KV bytes per token (ngram holds none): the memory model predicts it
+    assert kv["within"] and abs(kv["error_pct"]) < 1 and kv["engine_tokens"] == kv["num_blocks"] * kv["block_size"]
     assert all(r["measured_tokens_per_s"] > 0 and r["steady_steps"] >= 3 for r in tp["buckets"])
     wrong = engine_throughput(_plan(schedule), profile, _bundle(tmp_path / "bad", [[1, 1, 3], [2, 2, 1], [3, 4, 0]]), MeasureSettings(rows=4),
                               engine=FakeVllm(ignore_schedule=True))  # an engine that runs num_speculative_tokens at every batch
@@ -212,6 +214,7 @@ def test_real_vllm_profile_and_engine_check(tmp_path):
     tp = engine_throughput(plan, profile, bundle, MeasureSettings(rows=4))
     assert tp["checked"] and tp["vllm_version"] == "0.32.0"
     assert [r["draft_len_applied"] for r in tp["buckets"]] == [2, 1], tp
+    assert tp["kv_capacity"]["within"], tp["kv_capacity"]  # the KV cache vLLM allocated, as the memory model predicts it
 
 
 def test_a_lookup_drafters_round_moves_to_the_workloads_drafting_rate(fake_profile):
@@ -239,6 +242,8 @@ def test_acceptance_grows_where_its_interval_is_wide(fake_profile, tmp_path):
     assert not {tuple(p) for p in more[0]["prompts"]} & {tuple(p) for p in first[0]["prompts"]}
     greedy = next(a for a in profile.acceptance if (a.mechanism, a.domain, a.temperature) == ("ngram", "all", 0.0))
     assert greedy.prompts == len(first[0]["prompts"]) + len(more[0]["prompts"]) == sum(profile.workload.prompts_by_domain.values())
+    widths = [n for n in profile.notes if n.startswith("acceptance: ngram") and "above the ±2% target" in n]
+    assert widths and all(n.endswith(("the profiling split has no more prompts for it", "the time allowed no more")) for n in widths)
     fixed = FakeVllm(refuse={"suffix": SUFFIX_REFUSAL})
     _profile(tmp_path, fixed, drafters=("ngram",), acceptance_half_width=0.0)  # no target: the first pass's prompts only
     assert not any(run["name"] == "accept/0.0/more" for j in fixed.jobs for run in j["runs"])
