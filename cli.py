@@ -281,6 +281,12 @@ def _print_profile_summary(result, path: Path) -> None:
                       f"KV {memory['target']['kv_bytes_per_token'] / 1e3:.1f} kB/token" + (f"; drafters: {drafters}" if drafters else "")
                       + f"; activations {sum(a['source'] == 'measured' for a in memory['activation'])} of {len(memory['activation'])} (B, 1+D) "
                       f"measured; device {memory['device']['usable_bytes'] / 1e9:.2f} GB ({memory['device']['source']})", markup=False)
+    if result.moe:
+        woken = "; ".join(f"B={B}: " + ", ".join(f"{p['experts_woken']:.1f}" for p in result.moe["points"] if p["batch"] == B)
+                          for B in dict.fromkeys(p["batch"] for p in result.moe["points"]))
+        console.print(f"mixture of experts (measured, ctx {result.moe['ctx']}): experts woken per MoE layer of {result.moe['num_experts']} "
+                      f"({result.moe['experts_per_token']} per token) by a verify step of 1+D = 1..{result.workload.max_draft_len + 1} tokens: {woken}",
+                      markup=False)
     for note in result.notes:
         console.print(f"note: {note}", markup=False)
     console.print(f"wrote {path}", markup=False)
@@ -466,6 +472,9 @@ def _plan_findings(plan: dict) -> list[str]:
         if tie:
             lines.append(f"batch {b['batch']}: {tie['text']}")
         lines += [f"flag: batch {b['batch']} {flag}" for flag in b.get("flags", [])]
+        moe = b["rationale"].get("moe")
+        if moe and moe["why_speculation_loses"]:
+            lines.append(f"batch {b['batch']}: {moe['text']}")
     lines += [disagreement_line(row) for row in (plan.get("per_domain") or {}).get("disagreeing_buckets", [])]
     return lines
 

@@ -52,6 +52,32 @@ def _loss_pct(own: float, other: float) -> float:
     return 100 * (own - other) / own if own else 0.0
 
 
+MOE_WAKE_RATIO = 1.15  # more experts woken than this, relative to one token, is named as why speculation loses
+
+
+def experts_woken(moe: dict, B: int, tokens: int) -> float | None:
+    """The profile's measured experts per MoE layer for a verify step of `tokens` tokens per row at batch B (None: not measured)."""
+    return next((p["experts_woken"] for p in moe.get("points", ()) if p["batch"] == B and p["tokens"] == tokens), None)
+
+
+def moe_line(moe: dict, B: int, tokens: int, verify_ratio: float | None, tokens_per_forward: float | None) -> dict | None:
+    """For a mixture-of-experts target: the experts a step of `tokens` tokens wakes against one token's, and, where
+    speculation is off (`verify_ratio` and the `tokens_per_forward` that draft would give are passed), that routing is
+    why: the drafts would be accepted (over 1.02 tokens per forward) but the step costs more than they bring, and it
+    wakes MOE_WAKE_RATIO times the experts of one token or more."""
+    one, many = (experts_woken(moe, B, 1), experts_woken(moe, B, tokens)) if moe else (None, None)
+    if not one or many is None:
+        return None
+    text = (f"mixture of experts: verifying {tokens} tokens per row at batch {B} wakes {many:.1f} of {moe['num_experts']} experts per "
+            f"layer against {one:.1f} for one token (measured)")
+    why = (verify_ratio is not None and tokens_per_forward is not None and many / one >= MOE_WAKE_RATIO
+           and 1.02 < tokens_per_forward < verify_ratio)
+    if why:
+        text += "; the extra experts' weights are why speculation loses here" + (
+            f" (the step costs {verify_ratio:.2f}x one)" if math.isfinite(verify_ratio) else "")
+    return {"text": text, "tokens": tokens, "experts_woken": many, "experts_woken_one_token": one, "why_speculation_loses": why}
+
+
 def rationale(space: Space, c: Candidate, B: int, D: int) -> dict:
     """Why this D at this batch: the deciding guideline, the figures behind it, the next-best alternatives."""
     cost, m, q = space.cost, c.mechanism, c.quant
@@ -104,6 +130,10 @@ def rationale(space: Space, c: Candidate, B: int, D: int) -> dict:
         lines.append(f"D={longer[0]} would add {tpf_gain:+.1%} tokens per forward against {verify_gain:+.1%} verify and "
                      f"{draft_gain:+.1%} draft+host time per round" if p.verify_ms is not None else
                      f"D={longer[0]} would add {tpf_gain:+.1%} tokens per forward against {round_gain:+.1%} time per engine round")
+    moe = moe_line(cost.profile.moe, B, 1 + max(D, 1), None if D else cost_ratio,
+                   None if D else cost.predict(B, max(D, 1), m, q).tokens_per_forward.value)
+    if moe:
+        lines.append(moe["text"])
     tile = space.tiles(D)
     if space.tile_rows > 1:
         lines.append(f"attention: G·(1+D) = {tile['query_rows_per_kv_head']} query rows per KV head in {tile['tiles']} tile(s) of "
@@ -127,6 +157,8 @@ def rationale(space: Space, c: Candidate, B: int, D: int) -> dict:
            "next_best": {"draft_len": others[0][1], "loss_pct": _loss_pct(own, others[0][0])} if others else None,
            "tie": tie,
            "intervals": {"chosen": _bounds_of(p), "runner_up": _bounds_of(space.cost.predict(B, runner_up, m, q)) if runner_up is not None else None}}
+    if moe:
+        out["moe"] = moe
     if rivals:
         score, m2, q2 = max(rivals)
         out["next_mechanism"] = {"mechanism": m2, "quant": q2, "loss_pct": _loss_pct(own, score)}  # guideline 5

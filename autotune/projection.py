@@ -21,7 +21,8 @@ Drafters with a network, by their `kind` and `model` record in the profile:
 
 A head's layers are costed at the target's layer shapes; the fc that fuses the target's states (once per
 round) and DSpark's rank-r Markov steps are left out. Lookups stay at their measured host time (they run on
-the host CPU) but are labelled modeled, as is the host overhead.
+the host CPU) but are labelled modeled, as is the host overhead. A mixture-of-experts target is refused: how many
+experts a step wakes is measured (profile.moe), not modeled, so its curve is only known where it was profiled.
 """
 
 from __future__ import annotations
@@ -119,6 +120,10 @@ def project(profile: Profile, spec: DeviceSpec) -> Profile:
     if profile.rounds:
         raise SpecdecError(f"this profile was measured in {profile.backend}: its times are whole engine rounds, which the roofline "
                            "model does not take apart", "profile in the engine on that device, or project a profile of --engine torch")
+    if profile.moe:
+        raise SpecdecError(f"the target is a mixture of experts ({profile.moe['num_experts']} per layer): the roofline model reads one dense MLP per "
+                           "layer, while a verify step's cost follows the experts its tokens wake (measured only on this device)",
+                           "profile the target on that device")
     s = shapes_from_profile(profile)
     w = profile.workload
     buckets = GPU_BATCH_BUCKETS if spec.capability is not None or spec.gfx else tuple(w.batch_buckets)

@@ -13,8 +13,8 @@ from specdec_tune import SpecdecError
 from specdec_tune.exporters.mechanisms import mechanism
 from specdec_tune.exporters.validate import plan_drafter
 from specdec_tune.kernels.autotune import DEFAULT_TILE_ROWS, ModelShapes, ServedShapes
-from specdec_tune.profiles.models.llama import CausalLM, ModelConfig
-from specdec_tune.profiles.models.loading import load_model, model_folder
+from specdec_tune.profiles.models.llama import CausalLM
+from specdec_tune.profiles.models.loading import load_model, model_config, model_folder
 from specdec_tune.profiles.models.views import write_cut_draft
 
 TARGET_ARCHS = ("sm_90", "sm_100")
@@ -46,7 +46,7 @@ def target_shapes(path: str):
     """The kernels' view of the target (`kernels.autotune.ModelShapes`) from its config (a Hugging Face folder or GGUF, as
     `profile.target["path"]` names it); no weights are read."""
     _, _, config, _ = model_folder(path)
-    return ModelShapes.from_model_config(ModelConfig.from_hf(config))
+    return ModelShapes.from_model_config(model_config(config))
 
 
 DRAFT_CHECKPOINT = "drafter/checkpoint"  # relative to the bundle: the engines' launch commands run from the bundle folder

@@ -1,14 +1,15 @@
 """What a deployment holds in device memory: the profile's `memory` record, computed from the models' configs.
 
-    weights     embeddings (V·H) + L layers (q, k, v, o: H·(q + 2kv) + q·H; gate, up, down: 3·H·I; two norms) + final
-                norm + LM head (V·H, none where tied). Linear layers in each weight format at its bits per weight
-                (formats.py, scales included, large-tensor limit); embeddings, norms and the LM head stay in the dtype
-                (the engines keep them unquantized)
+    weights     embeddings (V·H) + L layers (q, k, v, o: H·(q + 2kv) + q·H; gate, up, down: 3·H·I, or E experts' 3·H·I
+                and an E·H router in a mixture of experts; two norms) + final norm + LM head (V·H, none where tied).
+                Linear layers in each weight format at its bits per weight (formats.py, scales included, large-tensor
+                limit); embeddings, norms and the LM head stay in the dtype (the engines keep them unquantized)
     KV / token  2 · L · H_kv · hd · dtype bytes: K and V of every layer (the engines' default cache dtype is the model's)
     lookahead   every running request holds its context plus 1 + D slots: the tokens a round verifies
     activation  the live set of one forward over B·T rows, modeled per row as 4·V (fp32 logits) + dtype bytes ·
-                (2·H + q + 2·kv + 2·I) (the residual and a normed copy, qkv, gate and up); on a GPU the allocator's
-                peak over a verify step replaces it (`measured`)
+                (2·H + q + 2·kv + 2·I·k) (the residual and a normed copy, qkv, gate and up in the k experts a token
+                routes to; k = 1 for a dense MLP); on a GPU the allocator's peak over a verify step replaces it
+                (`measured`)
     drafters    a draft model loads its own copy of its layers, embeddings and head and keeps its own KV cache; a
                 learned head (EAGLE-3, MTP, DFlash, DSpark) adds its layers at the target's layer shapes, the fc that
                 fuses the target's states, and its own LM head where its draft vocabulary is reduced, and keeps its
@@ -26,22 +27,33 @@ from specdec_tune.formats import WEIGHT_FORMATS, bits_per_weight
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
+def _first(config: dict, *keys: str):
+    """A config value under the first of its names that is set (families name them differently: n_embd, n_head, ...)."""
+    return next((config[k] for k in keys if config.get(k) is not None), None)
+
+
 def shape_of(config: dict, layers: int | None = None) -> dict:
-    """The sizes the formulas need, from a Hugging Face config (`layers`: a truncated copy's count)."""
-    hidden = int(config["hidden_size"])
-    heads = int(config["num_attention_heads"])
+    """The sizes the formulas need, from a Hugging Face config (`layers`: a truncated copy's count). A mixture-of-experts
+    config adds `experts` MLPs of `intermediate` each (moe_intermediate_size where the family names one) and a router."""
+    hidden = int(_first(config, "hidden_size", "n_embd", "d_model"))
+    heads = int(_first(config, "num_attention_heads", "n_head"))
     head_dim = int(config.get("head_dim") or hidden // heads)
     kv_heads = int(config.get("num_key_value_heads") or heads)
-    return {"layers": int(layers if layers is not None else config["num_hidden_layers"]), "hidden": hidden,
+    experts = int(_first(config, "num_local_experts", "num_experts", "n_routed_experts") or 0)
+    intermediate = _first(config, "moe_intermediate_size", "intermediate_size") if experts else _first(config, "intermediate_size", "n_inner")
+    return {"layers": int(layers if layers is not None else _first(config, "num_hidden_layers", "n_layer")), "hidden": hidden,
             "q_width": heads * head_dim, "kv_width": kv_heads * head_dim, "kv_heads": kv_heads, "head_dim": head_dim,
-            "intermediate": int(config["intermediate_size"]), "vocab": int(config["vocab_size"]),
-            "tied": bool(config.get("tie_word_embeddings", False))}
+            "intermediate": int(intermediate or 4 * hidden), "vocab": int(config["vocab_size"]),
+            "tied": bool(config.get("tie_word_embeddings", False)), "experts": experts,
+            "experts_per_token": int(config.get("num_experts_per_tok") or 1) if experts else 1}
 
 
 def layer_linear_shapes(s: dict) -> list[tuple[int, int]]:
-    """(out, in) of one decoder layer's linear weights."""
+    """(out, in) of one decoder layer's linear weights: attention, then one MLP (or each expert's and the router)."""
     h, q, kv, i = s["hidden"], s["q_width"], s["kv_width"], s["intermediate"]
-    return [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]
+    mlp = [(i, h), (i, h), (h, i)]
+    experts = s.get("experts", 0)
+    return [(q, h), (kv, h), (kv, h), (h, q)] + (mlp * experts + [(experts, h)] if experts else mlp)
 
 
 def param_counts(s: dict, *, embeddings: bool = True, head_rows: int | None = None, extra_linear: list | None = None) -> dict:
@@ -69,7 +81,8 @@ def kv_bytes_per_token(s: dict, dtype_bytes: int) -> int:
 
 
 def activation_bytes_per_row(s: dict, dtype_bytes: int) -> int:
-    return 4 * s["vocab"] + dtype_bytes * (2 * s["hidden"] + s["q_width"] + 2 * s["kv_width"] + 2 * s["intermediate"])
+    gate_up = 2 * s["intermediate"] * s.get("experts_per_token", 1)  # a token's gate and up outputs, in each expert it routes to
+    return 4 * s["vocab"] + dtype_bytes * (2 * s["hidden"] + s["q_width"] + 2 * s["kv_width"] + gate_up)
 
 
 def drafter_memory(info: dict, target: dict, target_config: dict, dtype_bytes: int, own_config: dict | None) -> dict:

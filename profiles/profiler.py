@@ -494,6 +494,7 @@ class Profiler:
         acceptance = timed("acceptance records", self._acceptance_records)
         drafter_infos = self._drafter_infos()
         memory = timed("memory", self._memory, drafter_infos)
+        moe = timed("moe", self._experts_woken)
         skipped: dict[str, list[str]] = {}  # "host overhead" -> ["ngram B=1 D=1", ...]
         for what in budget.skipped:
             phase, _, cell = what.partition(" B=") if " B=" in what else (what, "", "")
@@ -527,7 +528,7 @@ class Profiler:
             "fingerprint": self.fingerprint, "backend": "torch", "device": self.device_fp,
             "target": dataclasses.asdict(self.target.ref),
             "timing_shapes": f"{self.target.ref.path} ({self.model.config.model_type}, {len(self.model.layers)} layers, hidden {self.model.config.hidden_size}, {self.target.ref.dtype}; real weights)",
-            "drafters": drafter_infos, "memory": memory,
+            "drafters": drafter_infos, "memory": memory, "moe": moe,
             "workload": self._workload() | {"prompts_by_domain": self._prompts_by_domain()},
             "verify": verify, "draft": draft, "host": host, "acceptance": acceptance, "micro": micro_points, "notes": notes,
             "verify_fit": verify_fit, "phase_s": {k: round(v, 1) for k, v in phase_s.items()},
@@ -550,6 +551,27 @@ class Profiler:
                if i["options"].get("model") and i["model"] and "hidden_layers" not in i["model"]}
         return memory_record(model_folder(self.s.target, self.s.trust_remote_code)[2], self.target.ref.dtype, drafter_infos, self.device_fp,
                              list(self.s.batch_buckets), self.s.max_draft_len, own, measured_activation=measured)
+
+    @torch.inference_mode()
+    def _experts_woken(self) -> dict:
+        """For a mixture-of-experts target: per batch bucket and 1+D, the distinct experts a verify step's tokens wake,
+        averaged over the MoE layers. Real calibration text (routing depends on it): `ctx` tokens of context, then the
+        1+D tokens that follow. Counted once per cell (routing is deterministic); {} for a dense target."""
+        moe = getattr(self.model, "moe", None)
+        if moe is None:
+            return {}
+        ctx, t_max = self.s.ctx_buckets[0], self.s.max_draft_len + 1
+        points = []
+        for B in self.s.batch_buckets:
+            rows = torch.tensor(self._context_rows(B, ctx, t_max), device=self.device)  # [B, ctx + t_max]
+            for T in range(1, t_max + 1):
+                cache = self.model.new_cache(B, ctx + T)
+                self.model(rows[:, :ctx], cache, torch.zeros(B, dtype=torch.long, device=self.device), logits="none")
+                with self.model.count_experts() as woke:
+                    self.model(rows[:, ctx : ctx + T], cache, torch.full((B,), ctx, dtype=torch.long, device=self.device), logits="none")
+                points.append({"batch": B, "tokens": T, "experts_woken": sum(woke) / len(woke), "source": "measured"})
+        return {"num_experts": moe.num_experts, "experts_per_token": moe.experts_per_token, "ctx": ctx,
+                "moe_layers": len(woke), "points": points}
 
     def _prompts_by_domain(self) -> dict[str, int]:
         prompts = self.used or list(self.prompt_set.prompts)

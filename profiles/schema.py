@@ -192,6 +192,9 @@ class Profile(Record):
     rounds: list[RoundPoint] = []
     engine: dict = {}  # the measuring engine: name, version, options, and per mechanism whether it ran there and why not
     memory: dict = {}  # what the deployment holds in device memory (profiles/memory.py); empty in profiles before it
+    # a mixture-of-experts target: the distinct experts one verify step wakes per MoE layer, against batch and 1+D
+    # (the cause of its verify curve's shape); empty for a dense target
+    moe: dict = {}
 
 
 def load_profile(path: Path) -> Profile:

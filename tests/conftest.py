@@ -29,31 +29,51 @@ TINY = dict(
 )
 
 
+# Families outside the built-in four, run through transformers' own modules (profiles/models/generic.py): the config
+# class and what each needs beyond TINY. A sliding window of 6 is shorter than the tests' sequences, so the window's
+# mask is exercised; gemma2 soft-caps attention scores and final logits; mixtral and qwen3_moe route over experts.
+OTHER_FAMILIES = {
+    "gemma2": ("Gemma2Config", dict(head_dim=8, sliding_window=6, query_pre_attn_scalar=8)),
+    "gemma3_text": ("Gemma3TextConfig", dict(head_dim=8, sliding_window=6, query_pre_attn_scalar=8, num_hidden_layers=4,
+                                             layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"])),
+    "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None)),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(head_dim=8, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1)),
+    "phi3": ("Phi3Config", dict(pad_token_id=0, eos_token_id=1, bos_token_id=1, sliding_window=None)),
+    "olmo2": ("Olmo2Config", dict(pad_token_id=0, eos_token_id=1)),
+    "granite": ("GraniteConfig", dict(logits_scaling=4.0, embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.3)),
+}
+
+
 def build_hf_model(kind: str = "llama", tied: bool = False, seed: int = 0, **overrides):
-    """A tiny random transformers model of `kind` (llama, mistral, qwen2, qwen3), float32, eval mode.
+    """A tiny random transformers model of `kind` (llama, mistral, qwen2, qwen3, or one of OTHER_FAMILIES), float32,
+    eval mode.
 
     Weights are re-drawn at the scale of a trained model (norm gains and biases non-trivial), so a
     forward that skips a bias, a norm or a rotation gives visibly different logits.
     """
     import transformers
 
-    config_cls = {
-        "llama": transformers.LlamaConfig,
-        "mistral": transformers.MistralConfig,
-        "qwen2": transformers.Qwen2Config,
-        "qwen3": transformers.Qwen3Config,
-    }[kind]
-    extra = {"head_dim": 8} if kind == "qwen3" else {}  # Qwen3Config defaults head_dim to 128
-    if kind == "mistral":
-        extra["sliding_window"] = None
+    if kind in OTHER_FAMILIES:
+        name, extra = OTHER_FAMILIES[kind]
+        config_cls = getattr(transformers, name)
+    else:
+        config_cls = {
+            "llama": transformers.LlamaConfig,
+            "mistral": transformers.MistralConfig,
+            "qwen2": transformers.Qwen2Config,
+            "qwen3": transformers.Qwen3Config,
+        }[kind]
+        extra = {"head_dim": 8} if kind == "qwen3" else {}  # Qwen3Config defaults head_dim to 128
+        if kind == "mistral":
+            extra["sliding_window"] = None
     config = config_cls(**{**TINY, **extra, "tie_word_embeddings": tied, **overrides})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
+            if p.dim() >= 2:  # linear weights; a MoE layer's experts stacked as [E, out, in]
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
             elif "norm" in name:
                 p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
             else:  # biases

@@ -141,12 +141,13 @@ def test_custom_code_config_is_refused(tiny_hf_dir, tmp_path):
         load_model(str(folder))
 
 
-def test_unsupported_architecture_in_folder(tiny_hf_dir, tmp_path):
+def test_a_family_transformers_does_not_implement_is_refused(tiny_hf_dir, tmp_path):
     folder = copy_of(tiny_hf_dir, tmp_path)
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "model_type": "gpt_neox"}))
-    with pytest.raises(SpecdecError, match="gpt_neox"):
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "made_up_lm"}))
+    with pytest.raises(SpecdecError, match="'made_up_lm' has no causal LM in the installed transformers") as e:
         load_model(str(folder))
+    assert "llama" in e.value.hint and "gemma3_text" in e.value.hint
 
 
 @pytest.mark.parametrize("keep", [0.5, 0.0001])
@@ -192,9 +193,10 @@ def test_gguf_of_unsupported_architecture_is_refused_before_converting(tmp_path,
         raise AssertionError("conversion started")
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_conversion)
-    write_gguf(tmp_path / "tiny.gguf", "gpt2")
-    with pytest.raises(SpecdecError, match="architecture 'gpt2'"):
+    write_gguf(tmp_path / "tiny.gguf", "rwkv6")
+    with pytest.raises(SpecdecError, match="architecture 'rwkv6' cannot be converted") as e:
         load_model(str(tmp_path / "tiny.gguf"))
+    assert "Hugging Face folder" in e.value.hint
     assert not (cache_root() / "models").exists()
     assert cache_root() == tmp_path / "cache"
 

@@ -62,19 +62,10 @@ class ModelConfig:
                 f"unsupported model architecture {model_type!r}",
                 f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}",
             )
+        reason = builtin_unsupported(hf)
+        if reason:
+            raise SpecdecError(f"{reason} in the {model_type} config is not supported by the built-in forward", "load it through the generic path")
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-        if not isinstance(rope, dict):
-            raise SpecdecError(f"rope_scaling in the {model_type} config is {rope!r}, not an object", "fix the config.json")
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in ("default", None):
-            raise SpecdecError(f"unsupported rope scaling {rope_type!r} in {model_type} config", "use a model with default RoPE")
-        if hf.get("sliding_window") and hf.get("use_sliding_window", model_type == "mistral"):
-            raise SpecdecError("sliding-window attention is not supported", "use a model without sliding_window")
-        if hf.get("mlp_bias"):
-            raise SpecdecError(f"MLP biases (mlp_bias) in the {model_type} config are not supported", "use a model without mlp_bias")
-        act = hf.get("hidden_act", "silu")
-        if act not in ("silu", "swish"):
-            raise SpecdecError(f"activation {act!r} in the {model_type} config is not supported", "this forward runs SiLU-gated MLPs")
 
         def count(key: str, default: int | None = None) -> int:
             value = hf.get(key) if hf.get(key) is not None else default
@@ -116,6 +107,23 @@ class ModelConfig:
             qk_norm=model_type == "qwen3",
             eos_token_ids=eos_ids,
         )
+
+
+def builtin_unsupported(hf: dict) -> str | None:
+    """What in a config of the four built-in families this forward would get wrong (None: nothing); such a model
+    runs through transformers' own modules instead (generic.py)."""
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    if not isinstance(rope, dict):
+        return f"rope_scaling {rope!r}"
+    if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+        return f"rope scaling {rope.get('rope_type', rope.get('type'))!r}"
+    if hf.get("sliding_window") and hf.get("use_sliding_window", hf.get("model_type") == "mistral"):
+        return "sliding-window attention"
+    if hf.get("mlp_bias"):
+        return "an MLP bias (mlp_bias)"
+    if hf.get("hidden_act", "silu") not in ("silu", "swish"):
+        return f"activation {hf.get('hidden_act')!r}"
+    return None
 
 
 class KVCache:
@@ -230,7 +238,55 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class CausalLM(nn.Module):
+class DecoderStack:
+    """What both forwards (CausalLM here, generic.GenericCausalLM) share: dtype and device, cuts by layer id, and the
+    two entry points over `_run(tokens, cache, start_pos, logits, layer_ids) -> (logits, hidden)`."""
+
+    config: ModelConfig
+    embed_tokens: nn.Embedding
+    layers: nn.ModuleList
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    def truncated(self, num_layers: int):
+        """The first `num_layers` layers with this model's embedding, final norm and head, sharing weights."""
+        return self.sublayers(list(range(num_layers)))
+
+    def sublayers(self, layer_ids: list[int]):
+        """These layers (in order) with this model's embedding, final norm and head, sharing weights."""
+        n = self.config.num_layers
+        if not layer_ids or any(not 0 <= i < n for i in layer_ids) or sorted(set(layer_ids)) != layer_ids:
+            raise SpecdecError(f"draft layers {layer_ids} are not increasing ids in 0..{n - 1}", "pick distinct layers of the target")
+        return self._cut(layer_ids)
+
+    def forward(self, tokens: torch.Tensor, cache: KVCache, start_pos: torch.Tensor, logits: str = "all") -> torch.Tensor:
+        """Run T new tokens per row on top of the cache.
+
+        tokens: [B, T] int64; start_pos: [B] int64, row b's tokens go to positions start_pos[b]+t.
+        logits: "all" -> [B, T, V] float32, "hidden" -> final-normed hidden [B, T, hidden], "none" -> None.
+        """
+        return self._run(tokens, cache, start_pos, logits, ())[0]
+
+    def forward_capture(self, tokens: torch.Tensor, cache: KVCache, start_pos: torch.Tensor, layer_ids: tuple[int, ...],
+                        logits: str = "all") -> tuple[torch.Tensor | None, torch.Tensor]:
+        """`forward`, plus the hidden states at `layer_ids`, concatenated: [B, T, len(layer_ids) * hidden].
+
+        Layer id i < num_layers is the residual stream entering layer i (Hugging Face's hidden_states[i],
+        vLLM's EAGLE-3 auxiliary layer convention); id num_layers is the final-normed state the LM head reads.
+        """
+        n = len(self.layers)
+        if not layer_ids or any(not 0 <= i <= n for i in layer_ids):
+            raise SpecdecError(f"hidden-state layer ids {list(layer_ids)} are not in 0..{n}", f"pick ids of this {n}-layer model")
+        return self._run(tokens, cache, start_pos, logits, layer_ids)  # type: ignore[return-value]
+
+
+class CausalLM(DecoderStack, nn.Module):
     """Embedding, decoder layers, final norm, LM head; forward over a static KV cache."""
 
     def __init__(self, config: ModelConfig, layers: nn.ModuleList | None = None) -> None:
@@ -244,23 +300,7 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self._rope_cache: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.embed_tokens.weight.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.embed_tokens.weight.device
-
-    def truncated(self, num_layers: int) -> CausalLM:
-        """The first `num_layers` layers with this model's final norm and head, sharing weights."""
-        return self.sublayers(list(range(num_layers)))
-
-    def sublayers(self, layer_ids: list[int]) -> CausalLM:
-        """These layers (in order) with this model's embedding, final norm and head, sharing weights."""
-        n = self.config.num_layers
-        if not layer_ids or any(not 0 <= i < n for i in layer_ids) or sorted(set(layer_ids)) != layer_ids:
-            raise SpecdecError(f"draft layers {layer_ids} are not increasing ids in 0..{n - 1}", "pick distinct layers of the target")
+    def _cut(self, layer_ids: list[int]) -> CausalLM:
         c = dataclasses.replace(self.config, num_layers=len(layer_ids))
         with torch.device("meta"):  # the embedding, norm and head made here are replaced by this model's
             draft = CausalLM(c, layers=nn.ModuleList(self.layers[i] for i in layer_ids))
@@ -274,38 +314,6 @@ class CausalLM(nn.Module):
         """cos, sin for positions [B, T] -> [B, T, 1, head_dim], from a table grown on demand."""
         self._rope_cache, cos, sin = rope_lookup(self._rope_cache, self.config, positions, self.dtype, self.device)
         return cos, sin
-
-    def forward(
-        self,
-        tokens: torch.Tensor,
-        cache: KVCache,
-        start_pos: torch.Tensor,
-        logits: str = "all",
-    ) -> torch.Tensor:
-        """Run T new tokens per row on top of the cache.
-
-        tokens: [B, T] int64; start_pos: [B] int64, row b's tokens go to positions start_pos[b]+t.
-        logits: "all" -> [B, T, V] float32, "hidden" -> final-normed hidden [B, T, hidden], "none" -> None.
-        """
-        return self._run(tokens, cache, start_pos, logits, ())[0]
-
-    def forward_capture(
-        self,
-        tokens: torch.Tensor,
-        cache: KVCache,
-        start_pos: torch.Tensor,
-        layer_ids: tuple[int, ...],
-        logits: str = "all",
-    ) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """`forward`, plus the hidden states at `layer_ids`, concatenated: [B, T, len(layer_ids) * hidden].
-
-        Layer id i < num_layers is the residual stream entering layer i (Hugging Face's hidden_states[i],
-        vLLM's EAGLE-3 auxiliary layer convention); id num_layers is the final-normed state the LM head reads.
-        """
-        n = len(self.layers)
-        if not layer_ids or any(not 0 <= i <= n for i in layer_ids):
-            raise SpecdecError(f"hidden-state layer ids {list(layer_ids)} are not in 0..{n}", f"pick ids of this {n}-layer model")
-        return self._run(tokens, cache, start_pos, logits, layer_ids)  # type: ignore[return-value]
 
     def _run(self, tokens, cache, start_pos, logits: str, layer_ids: tuple[int, ...]):
         positions, mask, rows = step_coordinates(start_pos, tokens.shape[1], cache.capacity)

