@@ -564,11 +564,12 @@ class Profiler:
         points = []
         for B in self.s.batch_buckets:
             rows = torch.tensor(self._context_rows(B, ctx, t_max), device=self.device)  # [B, ctx + t_max]
-            for T in range(1, t_max + 1):
-                cache = self.model.new_cache(B, ctx + T)
-                self.model(rows[:, :ctx], cache, torch.zeros(B, dtype=torch.long, device=self.device), logits="none")
+            cache = self.model.new_cache(B, ctx + t_max)
+            self.model(rows[:, :ctx], cache, torch.zeros(B, dtype=torch.long, device=self.device), logits="none")
+            start = torch.full((B,), ctx, dtype=torch.long, device=self.device)
+            for T in range(1, t_max + 1):  # each step writes slots ctx..ctx+T-1 over the last one's: the context stays
                 with self.model.count_experts() as woke:
-                    self.model(rows[:, ctx : ctx + T], cache, torch.full((B,), ctx, dtype=torch.long, device=self.device), logits="none")
+                    self.model(rows[:, ctx : ctx + T], cache, start, logits="none")
                 points.append({"batch": B, "tokens": T, "experts_woken": sum(woke) / len(woke), "source": "measured"})
         return {"num_experts": moe.num_experts, "experts_per_token": moe.experts_per_token, "ctx": ctx,
                 "moe_layers": len(woke), "points": points}

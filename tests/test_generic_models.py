@@ -30,8 +30,11 @@ NEW_TOKENS = 24
 
 
 @pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECDEC_TUNE_CACHE", str(tmp_path / "cache"))
+def private_cache(request, tmp_path, monkeypatch):
+    """Keep the tiny tmp models' digests out of the shared cache; the demo-marked tests use the real one (its converted
+    GGUFs)."""
+    if request.node.get_closest_marker("demo") is None:
+        monkeypatch.setenv("SPECDEC_TUNE_CACHE", str(tmp_path / "cache"))
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +213,7 @@ def test_a_mixture_of_experts_target_through_profile_search_export_validate(tmp_
     validation = json.loads((bundle / "validation.json").read_text())
     assert validation["lossless"]["passed"] is True
     assert json.loads((bundle / "drafter" / "checkpoint" / "config.json").read_text())["num_hidden_layers"] == 1
-    assert main(["validate", str(bundle), "--lossless-prompts", "1"]) == 0
+    assert main(["validate", str(bundle), "--configs-only"]) == 0  # the hashes and the engine configs again (export ran the gates)
 
 
 @pytest.mark.demo
