@@ -13,6 +13,7 @@ from specdec_tune.profiles.drafters.dflash import DFlashHead
 from specdec_tune.profiles.drafters.eagle3 import Eagle3Head
 from specdec_tune.profiles.drafters.heads import DraftHead
 from specdec_tune.profiles.drafters.mtp import MtpHead
+from specdec_tune.profiles.models.generic import GenericCausalLM
 from specdec_tune.profiles.models.llama import CausalLM
 from specdec_tune.records import write_json
 
@@ -20,8 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # What one counted forward is, per kind (written into the results that count them).
 FORWARDS_COUNTED = {
-    "target": "one pass of the full-depth target (CausalLM forward or forward_capture): a verify step, a prefill, a timed profile step",
-    "draft_model": "one pass of a shallower CausalLM (the draft model): its catch-up over the new tokens, or one draft step",
+    "target": "one pass of the full-depth target (forward or forward_capture, built-in or generic path): a verify step, a prefill, a timed profile step",
+    "draft_model": "one pass of a shallower model (the draft model): its catch-up over the new tokens, or one draft step",
     "eagle3, mtp": "one DraftHead.step: a serial head's catch-up over the new target states, or one draft step",
     "dflash, dspark": "one DFlashHead.block_hidden: the block pass (the catch-up's key/value projections are not counted)",
 }
@@ -37,10 +38,11 @@ def _head_kind(head: DraftHead) -> str:
 
 
 class ForwardCounter:
-    """Model forwards run while `active()` is open: CausalLM passes by depth, learned-head passes by mechanism.
+    """Model forwards run while `active()` is open: model passes by depth, learned-head passes by mechanism.
 
-    Every CausalLM pass goes through `CausalLM._run` (forward and forward_capture alike), a serial head's through
-    `DraftHead.step`, a block head's through `DFlashHead.block_hidden`: those three are patched while counting.
+    Every model pass goes through its forward's `_run` (forward and forward_capture alike, CausalLM and GenericCausalLM),
+    a serial head's through `DraftHead.step`, a block head's through `DFlashHead.block_hidden`: those are patched while
+    counting.
     """
 
     def __init__(self) -> None:
@@ -49,12 +51,16 @@ class ForwardCounter:
 
     @contextlib.contextmanager
     def active(self):
-        run, step, block = CausalLM._run, DraftHead.step, DFlashHead.block_hidden
+        runs = {cls: cls._run for cls in (CausalLM, GenericCausalLM)}
+        step, block = DraftHead.step, DFlashHead.block_hidden
         by_depth, heads = self.by_depth, self.heads
 
-        def counted_run(model, *a, **k):
-            by_depth[len(model.layers)] += 1
-            return run(model, *a, **k)
+        def counting(run):
+            def counted_run(model, *a, **k):
+                by_depth[len(model.layers)] += 1
+                return run(model, *a, **k)
+
+            return counted_run
 
         def counted_step(head, *a, **k):
             heads[_head_kind(head)] += 1
@@ -64,11 +70,15 @@ class ForwardCounter:
             heads[_head_kind(head)] += 1
             return block(head, *a, **k)
 
-        CausalLM._run, DraftHead.step, DFlashHead.block_hidden = counted_run, counted_step, counted_block
+        for cls, run in runs.items():
+            cls._run = counting(run)
+        DraftHead.step, DFlashHead.block_hidden = counted_step, counted_block
         try:
             yield self
         finally:
-            CausalLM._run, DraftHead.step, DFlashHead.block_hidden = run, step, block
+            for cls, run in runs.items():
+                cls._run = run
+            DraftHead.step, DFlashHead.block_hidden = step, block
 
     def paused(self, fn):
         """fn wrapped so that the forwards it runs (a speed probe's) are not counted."""
@@ -84,7 +94,7 @@ class ForwardCounter:
         return run
 
     def summary(self, target_layers: int) -> dict:
-        """{"target_forwards": n, "drafter_forwards": {"draft_model": n, "eagle3": n, ...}}: a CausalLM of the target's
+        """{"target_forwards": n, "drafter_forwards": {"draft_model": n, "eagle3": n, ...}}: a model of the target's
         depth is the target, a shallower (or deeper) one the draft model; kinds that never ran are left out."""
         drafters = {"draft_model": sum(n for depth, n in self.by_depth.items() if depth != target_layers)} | dict(self.heads)
         return {"target_forwards": self.by_depth[target_layers], "drafter_forwards": {k: n for k, n in sorted(drafters.items()) if n}}

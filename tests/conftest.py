@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random Llama-family checkpoints saved as Hugging Face folders, and the gpu marker."""
+"""Shared fixtures: tiny random checkpoints (the built-in Llama family and seven others) saved as Hugging Face folders,
+and the gpu marker."""
 
 from __future__ import annotations
 

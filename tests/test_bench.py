@@ -243,6 +243,18 @@ def test_forward_counter_counts_the_target_and_each_drafter_apart(mechanism):
     assert counter.summary(6) == {"target_forwards": out.target_forwards + 1, "drafter_forwards": {mechanism: expected}}
 
 
+def test_forward_counter_counts_a_generic_path_target_and_its_cut_draft(hf_variant_dir, tmp_path, monkeypatch):
+    from specdec_tune.profiles.drafters import create
+    from specdec_tune.profiles.models.loading import load_model
+    from specdec_tune.profiles.specdec import generate
+
+    monkeypatch.setenv("SPECDEC_TUNE_CACHE", str(tmp_path / "cache"))
+    target = load_model(str(hf_variant_dir("gemma2")), dtype="float32")
+    drafter = create("draft_model", target, {"layers": "1"})
+    out, counter, _ = common.counted(lambda: generate(target.model, [[1, 2, 3, 4, 5]], drafter=drafter, num_draft_tokens=3, max_new_tokens=9))
+    assert counter.summary(3) == {"target_forwards": out.target_forwards + 1, "drafter_forwards": {"draft_model": out.counters.num_draft_tokens}}
+
+
 def test_forward_counter_leaves_out_what_runs_paused():
     """The decision-quality sweep probes the device's speed between its timed runs: those forwards are not the sweep's."""
     from specdec_tune.profiles.specdec import generate

@@ -1,9 +1,11 @@
 """Finding and loading target and draft models: Hugging Face folders (safetensors) and GGUF files.
 
-A GGUF file is dequantized once by transformers and cached as safetensors (with its config and
-tokenizer) under the cache root, keyed by the file's content hash; later loads read the cache
-through safetensors (no pickle) onto meta-initialised modules, in well under a second.
-Weights in pickle files (`pytorch_model.bin`) are refused: loading them can execute code.
+A GGUF file (of any architecture transformers' GGUF reader converts) is dequantized once by transformers and cached
+as safetensors (with its config and tokenizer) under the cache root, keyed by the file's content hash; later loads
+read the cache through safetensors (no pickle). The built-in forward (llama.py) takes the model where it covers it,
+its weights read onto meta-initialised modules in well under a second; any other causal LM the installed transformers
+implements loads into transformers' own classes and runs through generic.py. Weights in pickle files
+(`pytorch_model.bin`) and custom model code (`auto_map`) are refused: loading them can execute code.
 """
 
 from __future__ import annotations
@@ -273,8 +275,7 @@ def load_model(
         torch.set_flush_denormal(True)
     if implementation not in IMPLEMENTATIONS:
         raise SpecdecError(f"unknown model implementation {implementation!r}", f"use one of {', '.join(IMPLEMENTATIONS)}")
-    builtin = hf_config.get("model_type") in SUPPORTED_ARCHITECTURES and not builtin_unsupported(hf_config)
-    if implementation == "builtin" or (implementation == "auto" and builtin):
+    if implementation == "builtin" or (implementation == "auto" and _builtin_covers(hf_config)):
         model = _load_builtin(folder, hf_config, shards, torch_dtype, dev)
     else:
         model = _load_transformers(folder, hf_config, torch_dtype, dev)
@@ -293,6 +294,10 @@ def load_model(
         num_layers=len(model.layers),
     )
     return LoadedModel(model=model, tokenizer=tokenizer, ref=ref)
+
+
+def _builtin_covers(hf_config: dict) -> bool:
+    return hf_config.get("model_type") in SUPPORTED_ARCHITECTURES and not builtin_unsupported(hf_config)
 
 
 def _load_builtin(folder: Path, hf_config: dict, shards: list[Path], torch_dtype: torch.dtype, dev: torch.device) -> CausalLM:
@@ -357,7 +362,7 @@ def _load_transformers(folder: Path, hf_config: dict, torch_dtype: torch.dtype, 
 
 def model_config(hf_config: dict) -> ModelConfig:
     """A model's shapes from its config.json (no weights read), as the forward that `load_model` picks would see them."""
-    if hf_config.get("model_type") in SUPPORTED_ARCHITECTURES and not builtin_unsupported(hf_config):
+    if _builtin_covers(hf_config):
         return ModelConfig.from_hf(hf_config)
     from transformers import AutoConfig
 
