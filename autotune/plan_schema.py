@@ -12,7 +12,7 @@ import dataclasses
 from pathlib import Path
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.cost_model import Figure as CostFigure, Prediction
@@ -53,6 +53,21 @@ class BucketMemory(Record):
     kv_bytes: float
     activation_bytes: float
     max_concurrency: int  # the largest batch that fits at this D
+
+
+class PlanMemory(BaseModel):
+    """plan.json's memory budget (autotune/memory.py `summary`): the fields export computes the engines' limits from are
+    typed; the concurrency table, the formula and the sources are for people."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+    fraction: float = Field(gt=0, le=1)
+    device_bytes: float = Field(gt=0)
+    device_source: str
+    tensor_parallel: int = Field(ge=1)
+    ctx: int = Field(ge=1)
+    kv_cache_pool_bytes: Optional[float] = Field(default=None, gt=0)
+    target_weights_bytes: float = Field(ge=0)
+    target_kv_bytes_per_token: float = Field(ge=0)
 
 
 class Bucket(Record):
@@ -139,12 +154,18 @@ class Plan(Record):
     tile: Tile
     buckets: list[Bucket] = Field(min_length=1)
     per_domain: Optional[dict] = None  # each domain's own schedule, where the domains of the mix disagree on D
-    memory: Optional[dict] = None  # the memory budget, its sources and the concurrency that fits per mechanism and D
+    memory: Optional[PlanMemory] = None  # the memory budget, its sources and the concurrency that fits per mechanism and D
     single_draft_len: SingleDraftLen
     pareto: Pareto
     study: dict
     settings_hash: str
     search_settings: dict
+
+    @model_validator(mode="after")
+    def _memory_in_every_bucket(self) -> Plan:
+        if self.memory is not None and any(b.memory is None for b in self.buckets):
+            raise ValueError("the plan has a memory budget but a bucket without its memory figures")
+        return self
 
     def to_json(self) -> dict:
         """The JSON object plan.json holds (fields left unset, such as a missing per-domain split, stay out)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from specdec_tune import SpecdecError
 from specdec_tune.records import read_json
@@ -168,6 +168,21 @@ class Workload(Record):
     acceptance_half_width: float = 0.0  # target relative half-width of tokens per forward (95%); 0 in version-1 profiles
 
 
+class ExpertsPoint(Record):
+    batch: int = Field(ge=1)
+    tokens: int = Field(ge=1)  # 1 + D per row
+    experts_woken: float = Field(ge=0)  # distinct experts per MoE layer, averaged over the layers
+    source: str
+
+
+class ExpertsRecord(Record):
+    num_experts: int = Field(ge=1)
+    experts_per_token: int = Field(ge=1)
+    ctx: int = Field(ge=1)
+    moe_layers: int = Field(ge=1)
+    points: list[ExpertsPoint]
+
+
 class Profile(Record):
     schema_version: int
     tool_version: str
@@ -195,6 +210,11 @@ class Profile(Record):
     # a mixture-of-experts target: the distinct experts one verify step wakes per MoE layer, against batch and 1+D
     # (the cause of its verify curve's shape); empty for a dense target
     moe: dict = {}
+
+    @field_validator("moe")
+    @classmethod
+    def _experts_record(cls, value: dict) -> dict:
+        return ExpertsRecord.model_validate(value).model_dump() if value else value
 
 
 def load_profile(path: Path) -> Profile:

@@ -157,3 +157,25 @@ def test_the_bundle_carries_the_budget_in_every_engines_spelling(tmp_path):
     readme = (out / "README.md").read_text()
     assert "Concurrency that fits, per band" in readme
     assert all(f"(D={b['draft_len']}): up to {b['memory']['max_concurrency']} requests fit" in readme for b in plan["buckets"])
+
+
+@pytest.mark.parametrize("damage", ["device_bytes=null", "no ctx", "fraction=2", "a bucket without memory"])
+def test_a_plan_whose_memory_budget_is_damaged_is_refused_in_one_line(tmp_path, damage):
+    """Export computes each engine's limits from these fields: a plan missing one is refused at load, not mid-export."""
+    from specdec_tune.autotune.plan_schema import load_plan
+
+    plan = json.loads((Path(__file__).parent.parent / "bench" / "results" / "plan_gemma3_270m_cpu_bf16.json").read_text())
+    (tmp_path / "ok.json").write_text(json.dumps(plan))
+    load_plan(tmp_path / "ok.json")  # undamaged, it loads
+    if damage == "device_bytes=null":
+        plan["memory"]["device_bytes"] = None
+    elif damage == "no ctx":
+        del plan["memory"]["ctx"]
+    elif damage == "fraction=2":
+        plan["memory"]["fraction"] = 2
+    else:
+        del plan["buckets"][-1]["memory"]
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    with pytest.raises(SpecdecError, match="is not a valid plan") as e:
+        load_plan(tmp_path / "plan.json")
+    assert "\n" not in str(e.value)
