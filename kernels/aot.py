@@ -31,6 +31,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -217,13 +218,23 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def _die_with_parent() -> None:
+    """The compiler process's preexec_fn: it is killed when the process that started it dies (Linux PR_SET_PDEATHSIG),
+    so an export killed mid-way leaves nothing writing into its staging folder for the next export to clean up."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
 def compile_to(jobs: list[tuple[Variant, str]], out_dir: Path) -> list[dict]:
     """Compile every (variant, arch) and write its cubin and metadata under out_dir/kernels/<arch>/; one file record each."""
     if not _interpreting():
         return [_write_binary(compile_variant(v, arch), v, arch, out_dir) for v, arch in jobs]
     request = json.dumps({"out_dir": str(out_dir), "jobs": [[dataclasses.asdict(v), arch] for v, arch in jobs]})
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-m", "specdec_tune.kernels.aot"], input=request, capture_output=True, text=True, env=env, check=False)
+    done = subprocess.run([sys.executable, "-m", "specdec_tune.kernels.aot"], input=request, capture_output=True, text=True, env=env, check=False,
+                          preexec_fn=_die_with_parent if sys.platform == "linux" else None)
     if done.returncode != 0:
         lines = done.stderr.strip().splitlines() or ["no output"]
         raise SpecdecError(f"the kernel compiler process failed: {lines[-1][:300]}", "run `specdec-tune export --debug` for the full error")
