@@ -38,7 +38,7 @@ def private_cache(request, tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def family(request, hf_variant_dir, build_hf):
+def family(hf_variant_dir, build_hf):
     """(transformers model, the loop's model loaded from its saved folder) for one family, built once per module."""
     cache = {}
 

@@ -55,3 +55,25 @@ def test_the_allocator_peak_counts_what_a_call_allocates():
     keep = torch.empty(1 << 20, dtype=torch.uint8, device=dev)  # allocated before: not counted
     peak = allocator_peak_bytes(lambda: torch.empty(1 << 22, dtype=torch.uint8, device=dev), dev)
     assert 1 << 22 <= peak < (1 << 22) + (1 << 21) and keep.numel()
+
+
+def test_generic_path_on_cuda_matches_cpu_and_stays_lossless(hf_variant_dir, tmp_path, monkeypatch):
+    """The generic path (transformers' modules under the loop's cache) on the GPU: a sliding-window family's logits
+    agree with its CPU run, and greedy speculation equals plain greedy there."""
+    from specdec_tune.profiles.drafters.ngram import NgramDrafter
+    from specdec_tune.profiles.models.loading import load_model
+    from specdec_tune.profiles.specdec import generate
+
+    monkeypatch.setenv("SPECDEC_TUNE_CACHE", str(tmp_path / "cache"))
+    folder = str(hf_variant_dir("gemma3_text"))
+    cpu, gpu = load_model(folder, dtype="float32"), load_model(folder, dtype="float32", device="cuda")
+    toks = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    start = torch.zeros(2, dtype=torch.long)
+    with torch.no_grad():
+        want = cpu.model(toks, cpu.model.new_cache(2, 12), start)
+        got = gpu.model(toks.cuda(), gpu.model.new_cache(2, 12), start.cuda())
+    torch.testing.assert_close(got.cpu(), want, atol=1e-3, rtol=1e-3)
+    prompts = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 7]]
+    plain = generate(gpu.model, prompts, max_new_tokens=16).tokens
+    spec = generate(gpu.model, prompts, drafter=NgramDrafter(None, NgramDrafter.Options()), num_draft_tokens=3, max_new_tokens=16).tokens
+    assert spec == plain
