@@ -394,8 +394,9 @@ def search(
                   "D never rises with batch, memory: a longer draft does not fit in memory); next D: the runner-up "
                   "and its predicted change", markup=False)
     console.print("[low–high]: 95% interval of the prediction, from the acceptance bootstrap over prompts and the timing interval of the "
-                  "median, taken together at their worst and best; - where the profile has none. Within a bucket, draft lengths whose "
-                  f"intervals overlap are a tie and the shorter draft wins (without intervals: within {settings.tie_tolerance:.0%})",
+                  "median, taken together at their worst and best; - where the profile has none. Within a bucket, a draft length whose "
+                  "tokens/s ratio to the best has a 95% interval holding 1 (acceptance paired over the same prompts) ties with it and "
+                  f"the shorter draft wins (without per-prompt counts: overlapping intervals; without intervals: within {settings.tie_tolerance:.0%})",
                   markup=False)
     for line in _plan_findings(plan):
         console.print(line, markup=False)

@@ -34,6 +34,17 @@ enters at its value; a prediction none of whose inputs has one (a version-1 prof
 The baseline is the one reference every D at a batch is divided by: its own spread moves all of them
 together and cannot change which D wins, so it is left out of the speedup's interval (TPS(B, 0) keeps it).
 
+Two draft lengths (`ratio`). Whether D beats D' at one batch is a question about their ratio, not about the two
+figures apart: both are decoded on the same prompts, and a prompt that accepts well at one accepts well at the other,
+so the prompts' spread moves AL(D) and AL(D') together and cancels in the ratio. With the profile's per-prompt counts
+(the "all" record's `per_prompt`), AL(D)/AL(D') is bootstrapped paired: each resample draws prompts once and
+computes both (for a mix, each resample mixes the domains as above), and its 2.5 / 97.5 percentiles bound the ratio.
+The two rounds were timed in separate cells, so their errors are independent, and on a log scale
+    r = TPS(D)/TPS(D') = [AL(D)/AL(D')] · [T_round(D')/T_round(D)]
+    ln r_low  = ln r − sqrt(δ_AL,low² + δ_D,high² + δ_D',low²)      δ_X,high = ln(X_high / X), δ_X,low = ln(X / X_low)
+    ln r_high = ln r + sqrt(δ_AL,high² + δ_D,low² + δ_D',high²)
+where δ_AL,low = ln(ratio / ratio_low) of the paired interval and the T_round bounds are those of the prediction.
+
 A mix of domains (`mix`, shares w_d of the requests, Σ w_d = 1). Let every request generate N tokens. A
 request of domain d takes N / AL_d(D) rounds, so the mix emits N·Σ w_d tokens over N·Σ w_d / AL_d(D)
 rounds of one row, and
@@ -58,8 +69,11 @@ import bisect
 import dataclasses
 import math
 
+import numpy as np
+
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.memory import DEFAULT_FRACTION, MemoryModel, Need
+from specdec_tune.profiles import intervals
 from specdec_tune.profiles.schema import AcceptanceRecord, Profile, RoundPoint, Timed
 
 SOURCES = ("measured", "interpolated", "fitted", "emulated", "modeled", "infeasible")  # weakest last
@@ -209,6 +223,17 @@ class Acceptance:
     """One drafter's acceptance over a workload: one profiled record, or a mix of domains (module docstring)."""
 
     parts: tuple[tuple[float, AcceptanceRecord], ...]  # (w_d, the domain's record); the w_d sum to 1
+    # [R, D_max + 1] tokens per forward of R bootstrap resamples of the workload's prompts, every D on the same prompts
+    # (`intervals.draws`); None where the profile kept no per-prompt counts
+    paired_draws: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    def tokens_per_forward_ratio(self, draft_len: int, other: int) -> tuple[float, float] | None:
+        """The 95% interval of AL(D) / AL(D') over the paired resamples, or None without them."""
+        if self.paired_draws is None:
+            return None
+        ratios = self.paired_draws[:, draft_len] / self.paired_draws[:, other]
+        low, high = np.percentile(ratios, [2.5, 97.5])
+        return float(low), float(high)
 
     @property
     def max_draft_len(self) -> int:
@@ -251,6 +276,22 @@ def normalise_mix(profile: Profile, mix: dict[str, float]) -> dict[str, float]:
         raise SpecdecError(f"--mix weights must be positive numbers ({', '.join(bad) or 'none given'})", "write it like --mix writing=0.5,coding=0.5")
     total = sum(mix.values())
     return {d: w / total for d, w in mix.items()}
+
+
+PAIRED_RESAMPLES = 1000
+
+
+def _paired_draws(record: AcceptanceRecord | None, shares: dict[str, float]) -> np.ndarray | None:
+    """`Acceptance.paired_draws` from the "all" record's per-prompt counts, for a domain, a mix or "all" (every domain
+    weighted equally, as the record's own figures are); None where the record kept none."""
+    sums = record.per_prompt if record is not None else None
+    if sums is None:
+        return None
+    weights = dict.fromkeys(sums.domains, 1.0) if set(shares) == {"all"} else shares
+    if not any(d in weights for d in sums.domains):
+        return None
+    tables = {k: np.asarray(getattr(sums, k), dtype=float) for k in ("emitted", "rounds", "accepted", "drafts")}
+    return intervals.draws(tables, sums.domains, weights, resamples=PAIRED_RESAMPLES)[0]
 
 
 # ---------------------------------------------------------------------------------------------- the model
@@ -314,7 +355,7 @@ class CostModel:
         records = {(a.mechanism, a.quant, a.domain): a for a in self.profile.acceptance if a.temperature == temperature}
         pairs = sorted({(m, q) for m, q, _ in records})
         shares = self.mix or {domain: 1.0}
-        return {(m, q): Acceptance(tuple((w, records[(m, q, d)]) for d, w in shares.items()))
+        return {(m, q): Acceptance(tuple((w, records[(m, q, d)]) for d, w in shares.items()), _paired_draws(records.get((m, q, "all")), shares))
                 for m, q in pairs if all((m, q, d) in records for d in shares)}
 
     @property
@@ -506,6 +547,29 @@ class CostModel:
         candidates += [self.predict(batch, D, m, quant) for m in self.mechanisms if quant in self.quants(m)
                        for D in range(1, self.draft_len_limit(m) + 1)]
         return max(candidates, key=lambda p: (p.tokens_per_s.value, -p.draft_len))
+
+    def ratio(self, batch: int, draft_len: int, other: int, mechanism: str, quant: str = "none") -> Figure | None:
+        """TPS(B, D) / TPS(B, D') and the 95% interval of that ratio itself (module docstring, "Two draft lengths");
+        None where the profile kept no per-prompt acceptance counts or either point cannot run."""
+        a, b = self.predict(batch, draft_len, mechanism, quant), self.predict(batch, other, mechanism, quant)
+        if min(a.tokens_per_s.value, b.tokens_per_s.value) <= 0:
+            return None
+        if draft_len == other:
+            return Figure(1.0, a.tokens_per_s.source, 1.0, 1.0)
+        al_ratio = self.acceptance(mechanism, quant).tokens_per_forward_ratio(draft_len, other)
+        if al_ratio is None:
+            return None
+        value = a.tokens_per_s.value / b.tokens_per_s.value
+        al = a.tokens_per_forward.value / b.tokens_per_forward.value
+
+        def spread(f: Figure) -> tuple[float, float]:  # log distance of the round's bounds from its value
+            low, high = f.bounds()
+            return math.log(f.value / low), math.log(high / f.value)
+
+        (a_down, a_up), (b_down, b_up) = spread(a.round_ms), spread(b.round_ms)
+        down = math.hypot(math.log(al / min(al_ratio[0], al)), a_up, b_down)  # D's round slower, D''s faster: the ratio falls
+        up = math.hypot(math.log(max(al_ratio[1], al) / al), a_down, b_up)
+        return bounded(value, weakest(a.tokens_per_s.source, b.tokens_per_s.source), value * math.exp(-down), value * math.exp(up))
 
 
 def _sum(*parts: Figure) -> Figure:

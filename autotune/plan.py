@@ -8,8 +8,9 @@ Rationale per bucket names the guideline of DESIGN.md §1 that set D:
   5 the measured acceptance: it stops growing, or still pays at the longest draft
 and, where the schedule's rule set it instead (D never rises with batch; TensorRT-LLM's smallest key carries the
 maximum: space.py), that rule ("schedule"), or where the next longer draft does not fit in
-memory at that batch ("memory"). Where D was taken over a longer one it ties with (cost_model.py's 95% intervals
-overlap, or, without intervals, the 2% tolerance) the rationale says so and carries both intervals; a bucket whose
+memory at that batch ("memory"). Where D was taken over a longer one it ties with (space.py: the 95% interval of their
+tokens/s ratio holds 1; without per-prompt counts, their intervals overlap; without intervals, the 2% tolerance)
+the rationale says so and carries both intervals (and the ratio's); a bucket whose
 prediction rests on a verify cell the monotone fit moved beyond its interval carries a flag naming the cell.
 
 `device.times` is the weakest source among the bucket predictions (`device.sources` counts them), or
@@ -174,6 +175,11 @@ def _tie(space: Space, c: Candidate, B: int, D: int) -> dict | None:
     if rule is None:
         return None
     shorter = "the shorter draft is taken" if D < best else "the longer draft is kept (the schedule's maximum)"
+    if rule == "paired":
+        r = space.cost.ratio(B, D, best, c.mechanism, c.quant)
+        text = (f"D={D} runs at {r.value:.3f}x D={best}'s tokens/s, 95% interval {r.low:.3f}-{r.high:.3f} (acceptance paired over "
+                f"the same prompts): inside the noise, {shorter}")
+        return {"rule": rule, "with_draft_len": best, "ratio": [r.low, r.value, r.high], "text": text}
     if rule == "intervals":
         text = f"D={best} and D={D} overlap within their 95% intervals: {shorter}"
     else:

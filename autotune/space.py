@@ -22,10 +22,14 @@ Objectives (all from predictions; each figure keeps its measured/interpolated/mo
   pareto      both of the last two at once (NSGA-II); the plan carries the front
 A floor missed by a relative shortfall s costs SLO_PENALTY·s in the (unitless) objective.
 
-Ties (`bucket_value`). Within a bucket, a draft length whose predicted tokens/s interval (95%, cost_model.py)
-overlaps the interval of the bucket's best counts as tied with it, and the cheaper one wins: the shorter
-draft, D = 0 cheapest. Where either figure has no interval (a version-1 profile), predicted differences
-below the tie tolerance (2%) count as ties instead. A draft length that misses a floor the best meets is
+Ties (`bucket_value`). Within a bucket, a draft length whose difference from the bucket's best is inside the
+noise of that difference counts as tied with it, and the cheaper one wins: the shorter draft, D = 0 cheapest.
+The noise of a difference is the 95% interval of the ratio TPS(D) / TPS(best) (`CostModel.ratio`): acceptance
+resampled over the same prompts for both draft lengths (paired), the two rounds' timing intervals apart. Two
+draft lengths decoded on the same prompts accept alike where a prompt is easy or hard, so their ratio is far
+tighter than either figure; comparing the two figures' own intervals would call most real differences ties.
+Where the profile kept no per-prompt counts, overlapping tokens/s intervals are ties; where either figure has
+no interval (a version-1 profile), predicted differences below the tie tolerance (2%) are. A draft length that misses a floor the best meets is
 never tied with it. The plan reports what ties cost against the strict optimum (no ties at all).
 
 Batch buckets the profile could not run (the one-token verify step out of memory, or never timed, at the
@@ -221,14 +225,18 @@ class Space:
         return self._best[key]
 
     def tie_rule(self, B: int, D: int, other: int, m: str, q: str) -> str | None:
-        """How D counts as tied with `other` at one bucket: "intervals" (their 95% tokens/s intervals overlap),
-        "tolerance" (no intervals: scores within the tie tolerance), or None (not tied; always None when strict)."""
+        """How D counts as tied with `other` at one bucket: "paired" (the 95% interval of TPS(D) / TPS(other) holds 1),
+        "intervals" (no per-prompt counts: their 95% tokens/s intervals overlap), "tolerance" (no intervals: scores
+        within the tie tolerance), or None (not tied; always None when strict)."""
         if self.strict:
             return None
+        meets_floor = self.floor_penalty(B, D, m, q) <= self.floor_penalty(B, other, m, q) + 1e-12
+        ratio = self.cost.ratio(B, D, other, m, q)
+        if ratio is not None:
+            return "paired" if ratio.low <= 1 <= ratio.high and meets_floor else None  # type: ignore[operator]
         a, b = self.cost.predict(B, D, m, q), self.cost.predict(B, other, m, q)
         overlapping = overlap(a.tokens_per_s, b.tokens_per_s)
         if overlapping is not None:
-            meets_floor = self.floor_penalty(B, D, m, q) <= self.floor_penalty(B, other, m, q) + 1e-12
             return "intervals" if overlapping and meets_floor else None
         score, top = self.bucket_score(B, D, m, q), self.bucket_score(B, other, m, q)
         return "tolerance" if score >= top - self.tie_tolerance * abs(top) else None

@@ -1,9 +1,10 @@
-"""Statistics for timing figures taken on a noisy machine.
+"""Statistics for figures taken on a noisy machine: timings, and acceptance counted over a few hundred prompts.
 
 - `median_interval`: a distribution-free confidence interval for the median of repeated timings.
 - `monotone_fit`: the weighted least-squares fit of a timing table that never decreases along any axis
   (more tokens verified, a larger batch or a longer context never makes a step cheaper).
 - `moved_beyond_interval`: whether the fit pulled a cell outside the interval its own samples allow.
+- `draws` / `figures`: acceptance figures of a mix of domains from per-prompt counts, bootstrapped over prompts.
 
 Pure functions over numpy and the standard library.
 """
@@ -242,3 +243,54 @@ def moved_beyond_interval(raw: float, fitted: float, low: float, high: float) ->
         raise ValueError(f"interval bounds out of order: low={low} > high={high}")
     slack = 1e-9 * max(abs(raw), abs(low), abs(high))
     return fitted < low - slack or fitted > high + slack
+
+
+# ---------------------------------------------------------------------------- acceptance over prompts
+
+
+def draws(sums: dict[str, np.ndarray], domains: Sequence[str], weights: dict[str, float], *, resamples: int = 0,
+          seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens per forward and vLLM's mean AL per D for a mix of domains: [1, D_max + 1] each on the prompts as they are
+    (resamples = 0), else [resamples, D_max + 1], one row per bootstrap resample of the prompts.
+
+    Each domain d contributes in proportion to its request share w_d: with every request generating the same
+    number of tokens, its rows spend rounds in proportion to w_d / tpf_d, so
+        tpf_mix = Σ_d w_d / Σ_d (w_d / tpf_d)    (a weighted harmonic mean; one domain: its own ratio).
+    vLLM's AL mixes the same way over rounds that drafted. A resample draws prompts with replacement within each
+    domain (the prompt is the unit that varies; domains are fixed by the mix), one draw for every D at once: a
+    row's figures at two draft lengths come from the same prompts, so their ratio is a paired comparison.
+    """
+    domains = np.asarray(domains)
+    names = [d for d in dict.fromkeys(domains.tolist()) if weights.get(d, 0) > 0]
+    rng = np.random.default_rng(seed)
+    R = max(resamples, 1)
+    tpf_inv = np.zeros((R, sums["emitted"].shape[1]))
+    al_num = np.zeros_like(tpf_inv)
+    al_den = np.zeros_like(tpf_inv)
+    total_w = sum(weights[d] for d in names)
+    for d in names:
+        idx = np.flatnonzero(domains == d)
+        counts = rng.multinomial(len(idx), np.full(len(idx), 1 / len(idx)), size=R) if resamples else np.ones((1, len(idx)))
+        e, r = counts @ sums["emitted"][idx], counts @ sums["rounds"][idx]  # [R, D+1]
+        a, q = counts @ sums["accepted"][idx], counts @ sums["drafts"][idx]
+        w = weights[d] / total_w
+        tpf_d = e / np.maximum(r, 1)
+        tpf_inv += w / tpf_d
+        drafted_rounds_share = w / tpf_d * q / np.maximum(r, 1)  # rounds of d per unit of its tokens, that drafted
+        al_num += drafted_rounds_share * a / np.maximum(q, 1)
+        al_den += drafted_rounds_share
+    tpf = 1 / tpf_inv
+    al = 1 + al_num / np.where(al_den > 0, al_den, 1)
+    tpf[:, 0] = al[:, 0] = 1.0  # D = 0: one token per forward, exactly
+    return tpf, al
+
+
+def figures(sums: dict[str, np.ndarray], domains: Sequence[str], weights: dict[str, float], *, resamples: int = 0,
+            seed: int = 0) -> tuple[np.ndarray, np.ndarray] | tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Tokens per forward and vLLM's mean AL per D for a mix of domains (`draws` on the prompts as they are), and with
+    `resamples` their 95% bootstrap bounds (the 2.5 / 97.5 percentiles of `draws`' resamples)."""
+    point_tpf, point_al = (x[0] for x in draws(sums, domains, weights))
+    if not resamples:
+        return point_tpf, point_al
+    tpf, al = draws(sums, domains, weights, resamples=resamples, seed=seed)
+    return (point_tpf, point_al, np.percentile(tpf, [2.5, 97.5], axis=0).T, np.percentile(al, [2.5, 97.5], axis=0).T)

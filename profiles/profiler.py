@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from specdec_tune import SpecdecError, __version__
-from specdec_tune.profiles import micro, replay
+from specdec_tune.profiles import intervals, micro, replay
 from specdec_tune.profiles.calibration import CalibrationPrompt, load_calibration
 from specdec_tune.profiles.drafters import Drafter, DraftRequest, create
 from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint, resolve_device
@@ -869,7 +869,7 @@ class Profiler:
             if fmt != "none":
                 continue
             rows = [by_prompt[p.id] for p in self.used if p.id in by_prompt]
-            tpf, _ = replay.figures(replay.per_prompt_rates(rows), [p.domain for p in self.used if p.id in by_prompt],
+            tpf, _ = intervals.figures(replay.per_prompt_rates(rows), [p.domain for p in self.used if p.id in by_prompt],
                                     dict.fromkeys(self.pool.domains(), 1.0))
             for B in self.s.batch_buckets:
                 bounds = {D: tpf[D] * t_verif[(B, 1)] / t_verif[(B, D + 1)] for D in range(1, len(tpf)) if (B, 1) in t_verif and (B, D + 1) in t_verif}
@@ -918,7 +918,7 @@ class Profiler:
             sums = replay.per_prompt_rates([by_prompt[p.id] for p in prompts])
             domains = [p.domain for p in prompts]
             for d in dict.fromkeys(domains):
-                tpf, _, ci, _ = replay.figures(sums, domains, {d: 1.0}, resamples=BOOTSTRAP_RESAMPLES, seed=self.s.seed)
+                tpf, _, ci, _ = intervals.figures(sums, domains, {d: 1.0}, resamples=BOOTSTRAP_RESAMPLES, seed=self.s.seed)
                 out[d] = max(out.get(d, 0.0), *((ci[D, 1] - ci[D, 0]) / 2 / tpf[D] for D in relevant if D < len(tpf)))
         return out
 
@@ -974,7 +974,7 @@ def acceptance_records(name: str, fmt: str, temp: float, domains: list[str], at_
     out = []
     for domain in ["all", *dict.fromkeys(domains)]:
         weights = dict.fromkeys(domains, 1.0) if domain == "all" else {domain: 1.0}
-        tpf, al, tpf_ci, al_ci = replay.figures(sums, domains, weights, resamples=BOOTSTRAP_RESAMPLES, seed=seed)
+        tpf, al, tpf_ci, al_ci = intervals.figures(sums, domains, weights, resamples=BOOTSTRAP_RESAMPLES, seed=seed)
         c = SpecCounters.total([x for x, d in zip(at_max, domains) if domain in ("all", d)])
         out.append({
             "mechanism": name, "quant": fmt, "quant_source": "measured" if fmt == "none" else "emulated", "domain": domain,
@@ -985,6 +985,8 @@ def acceptance_records(name: str, fmt: str, temp: float, domains: list[str], at_
             "conditional_acceptance": c.conditional_acceptance(), "tokens_per_forward": tpf.tolist(), "mean_al_vllm": al.tolist(),
             "tokens_per_forward_ci": tpf_ci.tolist(), "mean_al_vllm_ci": al_ci.tolist(), "method": method,
             "checks": checks if domain == "all" and fmt == "none" else [],
+            **({"per_prompt": {"domains": list(domains), **{k: np.rint(sums[k]).astype(int).tolist() for k in ("emitted", "rounds", "accepted", "drafts")}}}
+               if domain == "all" else {}),
         })
     return out
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from specdec_tune import SpecdecError
 from specdec_tune.records import read_json
@@ -95,6 +95,24 @@ class ALCheck(Record):
     flagged: bool  # |rel_diff| > 5%
 
 
+class PromptSums(Record):
+    """Per prompt (rows) and D = 0..D_max (columns), the counts the acceptance figures are ratios of
+    (`replay.per_prompt_rates`), and each prompt's domain: what a paired bootstrap over prompts resamples."""
+
+    domains: list[str]
+    emitted: list[list[int]]
+    rounds: list[list[int]]
+    accepted: list[list[int]]
+    drafts: list[list[int]]
+
+    @model_validator(mode="after")
+    def _one_row_per_prompt(self) -> "PromptSums":
+        tables = (self.emitted, self.rounds, self.accepted, self.drafts)
+        if any(len(t) != len(self.domains) for t in tables) or len({len(row) for t in tables for row in t}) > 1:
+            raise ValueError("per-prompt sums need one row per prompt and one column per draft length in every table")
+        return self
+
+
 class AcceptanceRecord(Record):
     mechanism: str
     quant: str = "none"  # weights format of the drafter while measured
@@ -121,6 +139,7 @@ class AcceptanceRecord(Record):
     # [D] 95% interval over prompts (bootstrap; the prompt is the unit that varies); [] in version-1 profiles
     tokens_per_forward_ci: list[list[float]] = []
     mean_al_vllm_ci: list[list[float]] = []
+    per_prompt: Optional[PromptSums] = None  # the "all" record's prompts, for comparisons between draft lengths (paired)
 
 
 class MicroPoint(Record):

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from specdec_tune import SpecdecError, __version__
-from specdec_tune.profiles import replay
+from specdec_tune.profiles import intervals, replay
 from specdec_tune.profiles.calibration import load_calibration
 from specdec_tune.profiles.drafters.base import describe_spec
 from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint, resolve_device
@@ -498,7 +498,7 @@ def half_widths(counters: list[SpecCounters], domains: list[str], draft_len: int
     sums = replay.derived_rates(counters, draft_len)
     out = {}
     for d in dict.fromkeys(domains):
-        tpf, _, ci, _ = replay.figures(sums, domains, {d: 1.0}, resamples=BOOTSTRAP_RESAMPLES, seed=seed)
+        tpf, _, ci, _ = intervals.figures(sums, domains, {d: 1.0}, resamples=BOOTSTRAP_RESAMPLES, seed=seed)
         out[d] = float((ci[draft_len, 1] - ci[draft_len, 0]) / 2 / tpf[draft_len])
     return out
 

@@ -12,9 +12,11 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from specdec_tune import SpecdecError
+from specdec_tune.profiles import intervals
 from specdec_tune.profiles.profiler import ProfileSettings, Profiler, adaptive_sample, fill_curve
 from specdec_tune.profiles.schema import SCHEMA_VERSION, load_profile
 from specdec_tune.profiles.store import MeasurementLog
@@ -181,6 +183,12 @@ def test_profile_end_to_end_and_reuse(tmp_path):
     assert len(ngram_all.tokens_per_forward) == 4 and ngram_all.tokens_per_forward[0] == 1.0
     assert ngram_all.method == "replay" and all(lo <= x <= hi for x, (lo, hi) in zip(ngram_all.tokens_per_forward, ngram_all.tokens_per_forward_ci))
     assert [c.draft_len for c in ngram_all.checks] == [3]  # the loop in the profile's dtype against the replay at D_max
+    # the per-prompt counts behind it (for paired comparisons) give back its figures, and only the "all" record keeps them
+    sums = ngram_all.per_prompt
+    assert len(sums.domains) == ngram_all.prompts and all(a.per_prompt is None for a in first.acceptance if a.domain != "all")
+    tables = {k: np.asarray(getattr(sums, k), dtype=float) for k in ("emitted", "rounds", "accepted", "drafts")}
+    tpf, al = intervals.figures(tables, sums.domains, dict.fromkeys(sums.domains, 1.0))
+    assert tpf.tolist() == pytest.approx(ngram_all.tokens_per_forward) and al.tolist() == pytest.approx(ngram_all.mean_al_vllm)
     assert any(a.quant == "fp8" and a.quant_source == "emulated" and a.method == "replay" for a in first.acceptance)
     assert {p.kind for p in first.micro} == {"attention", "linear"}
     assert {(p.mechanism, p.draft_len) for p in first.host} == {("plain", 0), ("ngram", 1), ("ngram", 3), ("draft_model", 1), ("draft_model", 3)}

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specdec_tune.profiles import replay
+from specdec_tune.profiles import intervals, replay
 from specdec_tune.profiles.drafters.base import _REGISTRY, available
 from specdec_tune.profiles.drafters.dflash import DFlashDrafter, DSparkDrafter, new_dflash_head
 from specdec_tune.profiles.drafters.draft_model import DraftModelDrafter
@@ -132,7 +132,7 @@ def _sums(tpf_by_prompt: list[float], tokens: int = 64) -> dict[str, np.ndarray]
 
 def test_mixed_tokens_per_forward_is_the_weighted_harmonic_mean():
     sums = {k: np.concatenate([a, b]) for (k, a), b in zip(_sums([2.0, 2.0]).items(), _sums([1.25]).values())}
-    tpf, al = replay.figures(sums, ["a", "a", "b"], {"a": 0.5, "b": 0.5})
+    tpf, al = intervals.figures(sums, ["a", "a", "b"], {"a": 0.5, "b": 0.5})
     assert tpf[0] == 1.0 and abs(tpf[1] - 1 / (0.5 / 2.0 + 0.5 / 1.25)) < 1e-12
     # every round drafted, so vLLM's AL equals tokens per forward here
     assert abs(al[1] - tpf[1]) < 1e-12
@@ -142,8 +142,8 @@ def test_bootstrap_interval_covers_and_narrows_with_prompts():
     rng = np.random.default_rng(0)
     few = list(1.3 + 0.3 * rng.random(5))
     many = list(1.3 + 0.3 * rng.random(80))
-    _, _, lo_hi_few, _ = replay.figures(_sums(few), ["a"] * 5, {"a": 1.0}, resamples=500)
-    point, _, lo_hi_many, _ = replay.figures(_sums(many), ["a"] * 80, {"a": 1.0}, resamples=500)
+    _, _, lo_hi_few, _ = intervals.figures(_sums(few), ["a"] * 5, {"a": 1.0}, resamples=500)
+    point, _, lo_hi_many, _ = intervals.figures(_sums(many), ["a"] * 80, {"a": 1.0}, resamples=500)
     assert lo_hi_many[1, 0] <= point[1] <= lo_hi_many[1, 1]
     assert (lo_hi_many[1, 1] - lo_hi_many[1, 0]) < (lo_hi_few[1, 1] - lo_hi_few[1, 0])
     assert lo_hi_few[0].tolist() == [1.0, 1.0]  # D = 0: no spread

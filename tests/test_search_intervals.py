@@ -8,6 +8,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from specdec_tune import SpecdecError
@@ -299,6 +300,67 @@ def test_overlapping_intervals_are_a_tie_and_the_shorter_draft_wins(profile, tmp
     assert ties
     # strict, every difference decides: the tie costs something, and the plan says how much
     assert plan["study"]["strict_optimum_value"] >= plan["study"]["exhaustive_value"]
+
+
+def per_prompt_counts(spread: float, per_domain: int = 6, seed: int = 0):
+    """update_acceptance for version2: the "all" record gets per-prompt counts of prompts that differ in how well they
+    accept (each prompt's tokens per forward is 1 + (AL(D) - 1) f_p, f_p uniform in 1 ± spread) but agree on the order
+    of the draft lengths, as real prompts do: wide intervals for each figure, a tight one for their ratio."""
+
+    def update(rec: dict) -> dict:
+        if rec["domain"] != "all":
+            return {}
+        rng = np.random.default_rng(seed)
+        domains = [d for d in ("writing", "coding", "humaneval") for _ in range(per_domain)]
+        emitted = [[64] * len(rec["tokens_per_forward"]) for _ in domains]
+        rounds = [[round(64 / (1 + (t - 1) * f)) for t in rec["tokens_per_forward"]] for f in 1 + spread * rng.uniform(-1, 1, len(domains))]
+        accepted = [[e - r for e, r in zip(es, rs)] for es, rs in zip(emitted, rounds)]
+        return {"per_prompt": {"domains": domains, "emitted": emitted, "rounds": rounds, "accepted": accepted, "drafts": rounds}}
+
+    return update
+
+
+def test_a_difference_is_judged_on_its_own_paired_interval(profile, tmp_path):
+    """Figures whose own intervals overlap (±8%) but whose ratio, paired over the same prompts, excludes 1: the longer
+    draft is a decision, not a tie. The ratio's interval holds its value, is degenerate for a draft length against
+    itself, and is narrower than the two figures' intervals allow; the plan names the rule and the ratio."""
+    wide = version2(profile, tpf_rel=0.08)
+    paired = version2(profile, tpf_rel=0.08, update_acceptance=per_prompt_counts(spread=0.7))
+    assert CostModel(wide).ratio(16, 1, 3, "suffix") is None  # no per-prompt counts: the overlap rule decides
+    cost = CostModel(paired)
+    r = cost.ratio(16, 1, 3, "suffix")
+    a, b = cost.predict(16, 1, "suffix").tokens_per_s, cost.predict(16, 3, "suffix").tokens_per_s
+    assert r.value == pytest.approx(a.value / b.value) and r.low <= r.value <= r.high
+    assert (r.high - r.low) < (a.high / b.low - a.low / b.high) / 2
+    assert (cost.ratio(4, 2, 2, "suffix").low, cost.ratio(4, 2, 2, "suffix").high) == (1.0, 1.0)
+
+    plans = {name: search(p, "h", SearchSettings(mechanisms=("suffix",), trials=40, out_dir=tmp_path / name))
+             for name, p in (("overlap", wide), ("paired", paired))}
+    space = Space(cost, SearchSettings(mechanisms=("suffix",)))
+    top = plans["paired"]["max_draft_len"]
+    for b in plans["paired"]["buckets"][1:]:  # the smallest bucket carries the schedule's maximum
+        B, D = b["batch"], b["draft_len"]
+        _, best = space.bucket_best(B, "suffix", "none")
+        if best <= top:  # the shortest draft length whose ratio to the best holds 1
+            assert D == min(d for d in space.allowed("suffix", "free") if d == best or cost.ratio(B, d, best, "suffix").low <= 1 <= cost.ratio(B, d, best, "suffix").high)
+        tie = b["rationale"]["tie"]
+        if tie:
+            assert tie["rule"] == "paired" and tie["ratio"][0] <= 1 <= tie["ratio"][2]
+            assert "(acceptance paired over the same prompts): inside the noise, the shorter draft is taken" in b["rationale"]["text"]
+    longer = [(o["batch"], o["draft_len"], p["draft_len"]) for o, p in zip(plans["overlap"]["buckets"], plans["paired"]["buckets"])]
+    assert all(p >= o for _, o, p in longer) and any(p > o for _, o, p in longer), longer
+
+
+def test_per_prompt_counts_are_one_row_per_prompt():
+    from pydantic import ValidationError
+
+    from specdec_tune.profiles.schema import PromptSums
+
+    ok = {"domains": ["a", "b"], "emitted": [[1, 2], [1, 2]], "rounds": [[1, 1], [1, 2]], "accepted": [[0, 1], [0, 0]], "drafts": [[0, 1], [0, 1]]}
+    assert PromptSums.model_validate(ok).domains == ["a", "b"]
+    for broken in ({**ok, "domains": ["a"]}, {**ok, "rounds": [[1, 1], [1]]}):
+        with pytest.raises(ValidationError, match="one row per prompt"):
+            PromptSums.model_validate(broken)
 
 
 def slower_to_verify_more(profile: Profile, batch: int, factor: float) -> Profile:
