@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import tempfile
@@ -43,12 +44,14 @@ from common import FORWARDS_COUNTED, ROOT, ForwardCounter, run_and_write, shown,
 # use 5; suffix decoding defaults K to its tree depth (24); EAGLE-3 examples use 3; MTP defaults to its layer count (1).
 ENGINE_DEFAULT_K = {"ngram": 5, "draft_model": 5, "suffix": 24, "eagle3": 3, "mtp": 1, "dflash": 7, "dspark": 7}
 
-SCALING = ("each point's measured tokens/s x (probe ms now / probe ms at profile time), the probe being one verify step at "
-           "batch 1, one new token, ctx {ctx} cached (median of 5 after 2 warm-ups), timed before and after the point and "
-           "averaged; probe ms at profile time is the profile's measured verify step of that shape. A factor above 1 means the "
-           "device ran slower than when it was profiled, and the scaled figure is what the point would measure at profile-time speed")
+SCALING = ("each run's measured tokens/s x (probe ms now / probe ms at profile time), the probe being one verify step at "
+           "the point's batch, one new token, ctx {ctx} cached (median of 5 after 2 warm-ups), timed before and after the run and "
+           "averaged, and a point's scaled figure the median over its runs; probe ms at profile time is the profile's verify step of "
+           "that shape. A factor above 1 means the device ran slower than when it was profiled, and the scaled figure is what the "
+           "point would measure at profile-time speed")
 ORACLE_KINDS = {"all": "every profiled mechanism x D", "plan": "D-only (plan's mechanism)"}
 NO_SPEC = "none"  # the mechanism recorded for D = 0: no drafter runs
+SWEEP_ORDER = "interleaved"  # the timed runs' order (`interleaved_runs`), a sweep setting
 
 
 def _rel_err(predicted: float, measured: float) -> float:
@@ -84,7 +87,7 @@ def sweep_settings(args, profile_sha256: str, dtype: str, **known) -> dict:
     """What the sweep's measurements depend on. Without `known` (ctx, batches, mechanisms, prompts: they need the
     plan and the tokenizer) the part that the command line alone sets, checked before anything runs."""
     settings = {"profile_sha256": profile_sha256, "new_tokens": args.new_tokens, "repeats": args.repeats, "rows": args.rows,
-                "seed": args.seed, "split": "held_back", "max_draft_len": args.max_draft_len, "dtype": dtype}
+                "seed": args.seed, "split": "held_back", "max_draft_len": args.max_draft_len, "dtype": dtype, "order": SWEEP_ORDER}
     return settings | known
 
 
@@ -111,10 +114,25 @@ def point_record(B: int, mech: str, quant: str, D: int, measured: dict, ratio: f
 
 
 def sweep_points(batches: list[int], mechanisms: dict[str, dict]) -> list[tuple[int, str, str, int]]:
-    """(batch, mechanism, quant, D) in measuring order: per bucket, D = 0 once, then every mechanism's D = 1 .. its limit."""
+    """(batch, mechanism, quant, D) of the sweep: per bucket, D = 0 once, then every mechanism's D = 1 .. its limit."""
     return [(B, m, s["quant"], D) for B in batches
             for m, s in [(NO_SPEC, {"quant": NO_SPEC, "max_draft_len": 0}), *mechanisms.items()]
             for D in ([0] if m == NO_SPEC else range(1, s["max_draft_len"] + 1))]
+
+
+def interleaved_runs(points: list[tuple], repeats: int, seed: int) -> list[tuple]:
+    """The order the timed runs go in: one run of every point of a bucket per round, shuffled afresh each round, for
+    `repeats` rounds, then the next bucket. A slow spell then falls on every configuration of the bucket alike instead
+    of on the few measured while it lasted, and the configurations compared within a bucket are compared under the
+    same drift."""
+    rng = random.Random(seed)
+    order = []
+    for B in dict.fromkeys(p[0] for p in points):
+        here = [p for p in points if p[0] == B]
+        for _ in range(repeats):
+            rng.shuffle(here)
+            order += list(here)
+    return order
 
 
 # ---------------------------------------------------------------------------- decisions and fidelity (pure: no model)
@@ -260,25 +278,36 @@ def run(args) -> dict:
     measured_before = {(p["batch"], p["mechanism"], p["draft_len"]): p for p in reused["sweep"]} if reused else {}
     drafters: dict = {}
 
-    def measure(B: int, m: str, q: str, D: int) -> tuple[dict, float]:
+    def measure(B: int, m: str, q: str, D: int) -> tuple[float, float, float]:
+        """One timed run (after a short warm-up): (tokens/s, its speed-scaled tokens/s, tokens per forward)."""
         if m != NO_SPEC and m not in drafters:
             drafters[m] = plan_drafter({"mechanism": m, "quant": q}, profile, target)
         rows = max(B, args.rows)  # small batches decode several batches, so that AL is not one prompt's
 
         def decode(between) -> dict:
             with counter.active():  # the decodes' forwards only: the speed probes between the runs are not the sweep's
-                return measure_decode(target, drafters.get(m), pool[:rows], D, args.new_tokens, args.repeats, args.seed, batch_size=B,
+                return measure_decode(target, drafters.get(m), pool[:rows], D, args.new_tokens, 1, args.seed, batch_size=B,
                                       between=counter.paused(between))
 
-        decoded, ratios = speed.measure(decode, batch=B)  # the device's speed against profile time, probed between the runs at B
-        return decoded, at_profile_speed_tokens_per_s(decoded, ratios)[0] / decoded["tokens_per_s"]
+        decoded, ratios = speed.measure(decode, batch=B)  # the device's speed against profile time, probed on either side of the run
+        return decoded["tokens_per_s"], at_profile_speed_tokens_per_s(decoded, ratios)[0], decoded["tokens_per_forward"]
 
-    points = []
+    swept = sweep_points(batches, mechanisms)
+    runs: dict[tuple, list[tuple[float, float, float]]] = {p: [] for p in swept}
     sweep_started = time.perf_counter()
-    for B, m, q, D in sweep_points(batches, mechanisms):
+    for B, m, q, D in [] if measured_before else interleaved_runs(swept, args.repeats, args.seed):
+        runs[(B, m, q, D)].append(measure(B, m, q, D))
+        tps, scaled, _ = runs[(B, m, q, D)][-1]
+        print(f"  run {len(runs[(B, m, q, D)])} of B={B:3d} {m:>12s} D={D:2d}: {tps:8.1f} tok/s (scaled {scaled:8.1f}) "
+              f"[{(time.perf_counter() - sweep_started) / 60:.1f} min]", file=sys.stderr, flush=True)
+    points = []
+    for B, m, q, D in swept:
         old = measured_before.get((B, m, D))  # the settings matched: every point was measured, by this script
-        meas, ratio = ({"tokens_per_s": old["measured_tokens_per_s"], "tokens_per_forward": old["measured_tokens_per_forward"]},
-                       old["device_speed_ratio"]) if old else measure(B, m, q, D)
+        if old:
+            meas, ratio = {"tokens_per_s": old["measured_tokens_per_s"], "tokens_per_forward": old["measured_tokens_per_forward"]}, old["device_speed_ratio"]
+        else:  # the median over the point's runs, raw and scaled apart
+            raw, scaled = statistics.median(r[0] for r in runs[(B, m, q, D)]), statistics.median(r[1] for r in runs[(B, m, q, D)])
+            meas, ratio = {"tokens_per_s": raw, "tokens_per_forward": runs[(B, m, q, D)][-1][2]}, scaled / raw
         p = point_record(B, m, q, D, meas, ratio, cost.predict(B, D, m, q))
         points.append(p)
         print(f"  B={B:3d} {m:>12s} D={D:2d}: measured {p['measured_tokens_per_s']:8.1f} tok/s (scaled {p['scaled_measured_tokens_per_s']:8.1f}, "
@@ -322,7 +351,7 @@ def table(result: dict) -> str:
     lines = [f"decision quality, {oracle}: raw measured decode tokens/s first, speed-scaled beside them; predictions from the cost model. "
              f"Plan: {result['mechanism']} on {result['device']} ({result['dtype']}), searched and predicted for the decoded prompts' mix ("
              + ", ".join(f"{d} {w:.0%}" for d, w in result.get("mix", {}).items()) + f"), held-back prompts, ctx {result['ctx']}, "
-             f"{result['new_tokens']} new tokens, at least {result['rows']} prompts per point, median of {result['repeats']} after a warm-up",
+             f"{result['new_tokens']} new tokens, at least {result['rows']} prompts per point, median of {result['repeats']} runs interleaved with the bucket's other points (each after a short warm-up)",
              "| batch | plan | oracle | no spec | best single | engine default | plan tok/s | oracle tok/s | plan / oracle | plan / no spec "
              "| scaled: oracle | scaled: plan / oracle | scaled: plan / no spec |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -360,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", type=Path, default=ROOT / "tests" / "data" / "demo_profile.json")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "decision_quality.json")
     ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per point, in rounds over the bucket's points (interleaved)")
     ap.add_argument("--rows", type=int, default=8, help="prompts decoded per point at least (in batches of the bucket's size)")
     ap.add_argument("--max-batch", type=int, default=1 << 30)
     ap.add_argument("--max-draft-len", type=int, default=1 << 30, help="caps every mechanism's D (each also stops at its own profiled limit)")

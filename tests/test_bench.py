@@ -88,6 +88,12 @@ def test_decision_quality_sweeps_every_profiled_mechanism_once_per_d():
     points = decision_quality.sweep_points([1, 2], every)
     assert len(points) == 2 * (1 + 3 * 4) and [p for p in points if p[3] == 0] == [(1, "none", "none", 0), (2, "none", "none", 0)]
     assert len(set(points)) == len(points)
+    # the timed runs: every point `repeats` times, a bucket's points interleaved round by round, bucket after bucket
+    order = decision_quality.interleaved_runs(points, 3, seed=0)
+    assert sorted(order) == sorted(points * 3)
+    first = order[: len(points) // 2]  # batch 1's 13 points, once each, before any of them runs again
+    assert sorted(first) == sorted(p for p in points if p[0] == 1) and all(p[0] == 1 for p in order[: 3 * len(first)])
+    assert order[: len(first)] != order[len(first) : 2 * len(first)]  # shuffled afresh each round
 
 
 def _point(B: int, mech: str, D: int, tps: float, predicted: float | None = None, ratio: float = 1.0) -> dict:
