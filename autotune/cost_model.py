@@ -306,6 +306,7 @@ class CostModel:
         tp = tensor_parallel or int(profile.engine.get("options", {}).get("tensor_parallel_size", 1))
         self.memory = MemoryModel(profile.memory, fraction=memory_fraction, tensor_parallel=tp) if profile.memory else None
         self._predictions: dict[tuple[int, int, str, str], Prediction] = {}
+        self._ratios: dict[tuple[int, int, int, str, str], Figure | None] = {}
         self.ctx = ctx if ctx is not None else profile.workload.ctx_buckets[0]
         if self.ctx not in profile.workload.ctx_buckets:
             raise SpecdecError(f"context {self.ctx} is not a profiled bucket", f"use one of {profile.workload.ctx_buckets}")
@@ -550,7 +551,13 @@ class CostModel:
 
     def ratio(self, batch: int, draft_len: int, other: int, mechanism: str, quant: str = "none") -> Figure | None:
         """TPS(B, D) / TPS(B, D') and the 95% interval of that ratio itself (module docstring, "Two draft lengths");
-        None where the profile kept no per-prompt acceptance counts or either point cannot run."""
+        None where the profile kept no per-prompt acceptance counts or either point cannot run. Remembered, as `predict`."""
+        key = (batch, draft_len, other, mechanism, quant)
+        if key not in self._ratios:
+            self._ratios[key] = self._ratio(batch, draft_len, other, mechanism, quant)
+        return self._ratios[key]
+
+    def _ratio(self, batch: int, draft_len: int, other: int, mechanism: str, quant: str) -> Figure | None:
         a, b = self.predict(batch, draft_len, mechanism, quant), self.predict(batch, other, mechanism, quant)
         if min(a.tokens_per_s.value, b.tokens_per_s.value) <= 0:
             return None

@@ -177,8 +177,8 @@ def _tie(space: Space, c: Candidate, B: int, D: int) -> dict | None:
     shorter = "the shorter draft is taken" if D < best else "the longer draft is kept (the schedule's maximum)"
     if rule == "paired":
         r = space.cost.ratio(B, D, best, c.mechanism, c.quant)
-        text = (f"D={D} runs at {r.value:.3f}x D={best}'s tokens/s, 95% interval {r.low:.3f}-{r.high:.3f} (acceptance paired over "
-                f"the same prompts): inside the noise, {shorter}")
+        text = (f"D={D} is predicted at {r.value:.3f}x D={best}'s tokens/s ({r.source}), 95% interval {r.low:.3f}-{r.high:.3f} "
+                f"(acceptance paired over the same prompts): inside the noise, {shorter}")
         return {"rule": rule, "with_draft_len": best, "ratio": [r.low, r.value, r.high], "text": text}
     if rule == "intervals":
         text = f"D={best} and D={D} overlap within their 95% intervals: {shorter}"

@@ -295,10 +295,11 @@ def run(args) -> dict:
     swept = sweep_points(batches, mechanisms)
     runs: dict[tuple, list[tuple[float, float, float]]] = {p: [] for p in swept}
     sweep_started = time.perf_counter()
-    for B, m, q, D in [] if measured_before else interleaved_runs(swept, args.repeats, args.seed):
-        runs[(B, m, q, D)].append(measure(B, m, q, D))
-        tps, scaled, _ = runs[(B, m, q, D)][-1]
-        print(f"  run {len(runs[(B, m, q, D)])} of B={B:3d} {m:>12s} D={D:2d}: {tps:8.1f} tok/s (scaled {scaled:8.1f}) "
+    for point in [] if measured_before else interleaved_runs(swept, args.repeats, args.seed):
+        runs[point].append(measure(*point))
+        B, m, _, D = point
+        tps, scaled, _ = runs[point][-1]
+        print(f"  run {len(runs[point])} of B={B:3d} {m:>12s} D={D:2d}: {tps:8.1f} tok/s (scaled {scaled:8.1f}) "
               f"[{(time.perf_counter() - sweep_started) / 60:.1f} min]", file=sys.stderr, flush=True)
     points = []
     for B, m, q, D in swept:
@@ -306,8 +307,9 @@ def run(args) -> dict:
         if old:
             meas, ratio = {"tokens_per_s": old["measured_tokens_per_s"], "tokens_per_forward": old["measured_tokens_per_forward"]}, old["device_speed_ratio"]
         else:  # the median over the point's runs, raw and scaled apart
-            raw, scaled = statistics.median(r[0] for r in runs[(B, m, q, D)]), statistics.median(r[1] for r in runs[(B, m, q, D)])
-            meas, ratio = {"tokens_per_s": raw, "tokens_per_forward": runs[(B, m, q, D)][-1][2]}, scaled / raw
+            done = runs[(B, m, q, D)]
+            raw, scaled = statistics.median(r[0] for r in done), statistics.median(r[1] for r in done)
+            meas, ratio = {"tokens_per_s": raw, "tokens_per_forward": done[-1][2]}, scaled / raw
         p = point_record(B, m, q, D, meas, ratio, cost.predict(B, D, m, q))
         points.append(p)
         print(f"  B={B:3d} {m:>12s} D={D:2d}: measured {p['measured_tokens_per_s']:8.1f} tok/s (scaled {p['scaled_measured_tokens_per_s']:8.1f}, "
