@@ -33,7 +33,7 @@ class ProfileSettings:
     acceptance_half_width: float = 0.02  # target relative half-width (95%) of tokens per forward at the relevant D
     acceptance: str = "replay"  # greedy acceptance: "replay" where the drafter allows it, or "loop" for every drafter
     sampled_prompts_per_domain: int = 1  # prompts per domain for temperatures > 0 (the loop, at D_max: the costliest unit)
-    check_prompts: int = 2  # prompts on which the loop checks the replay (dealt over the checked D: one each by default)
+    check_prompts: int = 4  # prompts on which the loop checks the replay (dealt over the checked D: two each by default)
     new_tokens: int = 32  # per prompt: for a fixed cost, more prompts narrow the interval over prompts more than longer ones
     temperatures: tuple[float, ...] = (0.0, 0.7)
     batch_buckets: tuple[int, ...] = ()  # () = the device's grid: DEFAULT_GRID

@@ -35,6 +35,7 @@ import triton.language as tl
 from specdec_tune import SpecdecError
 from specdec_tune.kernels.buckets import next_pow2, vocab_bucket
 from specdec_tune.kernels.greedy import verify_greedy
+from specdec_tune.kernels.sampling import inverse_cdf
 
 KERNELS = ("greedy_accept", "rejection_sample")
 KEY = ("vocab_bucket",)
@@ -195,7 +196,7 @@ def greedy_accept_ref(logits: torch.Tensor, drafts: torch.Tensor, draft_lens: to
 def rejection_sample_ref(logits: torch.Tensor, drafts: torch.Tensor, draft_lens: torch.Tensor, draft_probs: torch.Tensor | None,
                          temperature: float, u_accept: torch.Tensor, u_sample: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`verify_sampled` with its randomness made explicit: the accept tests use u_accept [B, K] (as it does) and
-    the emitted token is the inverse CDF of u_sample [B] instead of torch.multinomial."""
+    the emitted token is the inverse CDF of u_sample [B] (`verify_sampled` draws its u with the generator)."""
     B, K = drafts.shape
     p = torch.softmax(logits.float() / temperature, dim=-1)  # [B, 1+K, V]
     rows = torch.arange(B, device=logits.device)
@@ -219,12 +220,7 @@ def rejection_sample_ref(logits: torch.Tensor, drafts: torch.Tensor, draft_lens:
     residual = (p_n - q).clamp_min(0.0)
     use_residual = rejected & (residual.sum(-1) > 0)
     w = torch.where(use_residual[:, None], residual, p_n)  # [B, V]
-    running = w.cumsum(-1)
-    target = u_sample * w.sum(-1)
-    first = torch.searchsorted(running, target[:, None], right=True).squeeze(1)  # first v with running > target
-    vocab = torch.arange(w.shape[-1], device=w.device)
-    last_weighted = torch.where(w > 0, vocab, 0).amax(-1)
-    return num_accepted, torch.where(first < w.shape[-1], first, last_weighted)
+    return num_accepted, inverse_cdf(w, u_sample)
 
 
 # -------------------------------------------------------------------------------- tile rules

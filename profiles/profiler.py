@@ -68,6 +68,11 @@ HOST_PROMPT_TOKENS = 32  # of each prompt, its last: the host's work per round d
 # are sorted by prompt length so that a batch holds similar lengths; within it the prefill runs in length groups
 # (`specdec.prefill_groups`): on a CPU the prefill is where the time goes.
 TRAJECTORY_BATCH = 64
+# The check of the replay against the loop decodes this many tokens per prompt: a loop round costs nearly the same
+# for 2 rows as for 4 on a CPU (the forwards read the weights once per step), so 4 prompts x 16 tokens check as many
+# tokens as 2 x 32 in half the time (demo pair, fp32: 3.4 against 5.7 s with n-gram, 10.2 against 20.2 s with the
+# draft model).
+CHECK_NEW_TOKENS = 16
 DRAFT_POINT_MAX_MS = 500.0  # a draft-cost point stops repeating (after 3) once its calls span this: a serial draft of 7 steps at batch 8 takes half a second on a CPU
 
 
@@ -795,14 +800,16 @@ class Profiler:
                                   max_draft_len=self.d_max(self.drafters[name]), new_tokens=self.s.new_tokens, seed=self.s.seed)
 
     def _check_replay(self, log: MeasurementLog, budget: Budget) -> None:
-        """The loop checks the replay on a sample: in fp32 the counters must be equal, prompt by prompt and D by D
-        (a difference fails the profile); in the profile's dtype the tokens per forward at D_max are compared and
-        the difference recorded (batch-shape numerics: the loop verifies 1+D tokens per forward, the trajectory one)."""
+        """The loop checks the replay on a sample of `check_prompts` prompts, `CHECK_NEW_TOKENS` each: in fp32 the
+        counters must be equal, prompt by prompt and D by D (a difference fails the profile); in the profile's dtype
+        the tokens per forward at D_max are compared and the difference recorded (batch-shape numerics: the loop
+        verifies 1+D tokens per forward, the trajectory one)."""
         names = [name for name, fmt in self.replay_units if fmt == "none"]
         if not names or not budget.allows("replay check against the loop"):
             return
-        sample = list(self.prompt_set.prompts)[:: max(1, len(self.prompt_set.prompts) // self.s.check_prompts)][: self.s.check_prompts]
-        stop = set(self.stop_ids)
+        prompts = list(self.prompt_set.prompts)
+        sample = prompts[:: max(1, len(prompts) // self.s.check_prompts)][: self.s.check_prompts]
+        N = min(CHECK_NEW_TOKENS, self.s.new_tokens)
         ids = [self.encoded[p.id] for p in sample]
         exact, trajs = None, None
         for i, name in enumerate(names):
@@ -816,48 +823,50 @@ class Profiler:
                     exact = self.target if self.model.dtype == torch.float32 else load_model(
                         self.s.target, dtype="float32", device=str(self.device), trust_remote_code=self.s.trust_remote_code)
                     trajs = ([self.trajectory[p.id] for p in sample] if exact is self.target
-                             else replay.trajectories(exact.model, ids, self.s.new_tokens, len(ids)))
+                             else replay.trajectories(exact.model, ids, N, len(ids)))
                 spec = next(x for x in self.s.drafters if parse_drafter_spec(x)[0] == name)
                 drafter = self.drafters[name] if exact is self.target else create(name, exact, parse_drafter_spec(spec)[1])
-                # the sample's prompts dealt over the checked D, D_max first, in one batch (each row its own D); a sample
-                # smaller than the D checked runs once per D
-                runs = [[(j, lens[-1 - j % len(lens)]) for j in range(len(sample))]] if len(sample) >= len(lens) else \
-                    [[(j, D) for j in range(len(sample))] for D in lens]
-                prompts_at: dict[str, list[str]] = {}
-                at_max: list[SpecCounters] = []
-                for run in runs:
-                    looped = generate(exact.model, [ids[j] for j, _ in run], drafter=drafter, num_draft_tokens=[D for _, D in run],
-                                      max_new_tokens=self.s.new_tokens, stop_token_ids=self.stop_ids).per_prompt
-                    for (j, D), b in zip(run, looped):
-                        a = replay.replay(trajs[j], replay.proposer(drafter, self.encoded[sample[j].id], trajs[j], exact.model, D), [D],
-                                          self.s.new_tokens, stop, D)[0]
-                        if dataclasses.asdict(a) != dataclasses.asdict(b):
-                            return {"equal": False, "draft_len": D, "prompt": sample[j].id,
-                                    "replay": [a.num_rounds, a.num_accepted_tokens], "loop": [b.num_rounds, b.num_accepted_tokens]}
-                        prompts_at.setdefault(str(D), []).append(sample[j].id)
-                        at_max += [b] if D == D_max else []
-                return {"equal": True, "prompts": len(sample), "draft_lens": lens, "prompts_at": {str(D): prompts_at[str(D)] for D in lens},
-                        "tokens_per_forward_at_d_max": SpecCounters.total(at_max).tokens_per_target_forward}
+                # the sample's prompts dealt over the checked D, D_max first, in one batch (each row its own D)
+                row_d = [lens[-1 - j % len(lens)] for j in range(len(sample))]
+                looped, replayed = self._loop_and_replay(exact.model, drafter, ids, trajs, row_d, N)
+                for j, (a, b) in enumerate(zip(replayed, looped)):
+                    if dataclasses.asdict(a) != dataclasses.asdict(b):
+                        return {"equal": False, "draft_len": row_d[j], "prompt": sample[j].id,
+                                "replay": [a.num_rounds, a.num_accepted_tokens], "loop": [b.num_rounds, b.num_accepted_tokens]}
+                return {"equal": True, "prompts": len(sample), "new_tokens": N, "draft_lens": lens,
+                        "prompts_at": {str(D): [p.id for p, d in zip(sample, row_d) if d == D] for D in lens},
+                        "tokens_per_forward_at_d_max": SpecCounters.total([c for c, d in zip(looped, row_d) if d == D_max]).tokens_per_target_forward}
 
-            result = log.measure(f"replay-check/{name}/fp32", fp32_check)
+            result = log.measure(f"replay-check/{name}/fp32/{len(sample)}x{N}", fp32_check)
             if not result["equal"]:
                 raise SpecdecError(
                     f"replayed acceptance of {name} differs from the speculative loop in fp32 on prompt {result['prompt']} at "
                     f"D={result['draft_len']} (rounds, accepted: replay {result['replay']}, loop {result['loop']})",
                     "profile with --acceptance loop, and report the drafter: its proposals must depend only on the prefix")
+
+            def in_dtype():  # D_max on every row of the sample, in the profile's own dtype
+                looped, replayed = self._loop_and_replay(self.model, self.drafters[name], ids, [self.trajectory[p.id] for p in sample],
+                                                         [D_max] * len(sample), N)
+                return [SpecCounters.total(c).tokens_per_target_forward for c in (replayed, looped)]
+
             if self.model.dtype == torch.float32:  # the check above ran in the profile's dtype: equal counters
-                at_max = [p for p in sample if p.id in result.get("prompts_at", {}).get(str(D_max), [q.id for q in sample])]
-                direct = result["tokens_per_forward_at_d_max"]
+                replayed_tpf = direct = result["tokens_per_forward_at_d_max"]
             else:
-                at_max = sample
-                looped = self.run_counters(self.drafters[name], D_max, 0.0, log, f"replay-check/{name}/{self.model.dtype}", sample)
-                direct = SpecCounters.total(looped).tokens_per_target_forward
-            replayed = SpecCounters.total([self.replayed[(name, "none")][p.id][-1] for p in at_max]).tokens_per_target_forward
-            rel = (replayed - direct) / direct
-            self.replay_checks[name] = [{"draft_len": D_max, "derived": replayed, "direct": direct, "rel_diff": rel,
+                replayed_tpf, direct = log.measure(f"replay-check/{name}/{self.model.dtype}/{len(sample)}x{N}", in_dtype)
+            rel = (replayed_tpf - direct) / direct
+            self.replay_checks[name] = [{"draft_len": D_max, "derived": replayed_tpf, "direct": direct, "rel_diff": rel,
                                          "flagged": abs(rel) > FLAG_REL_DIFF}]
             self.replay_exact[name] = result
         self._tick("replay check", len(names), len(names))
+
+    def _loop_and_replay(self, model, drafter: Drafter, ids: list[list[int]], trajs: list[list[int]], row_d: list[int],
+                         new_tokens: int) -> tuple[list[SpecCounters], list[SpecCounters]]:
+        """Per row, the loop's counters (one batch, row b at D = row_d[b]) and the replay's over the row's trajectory."""
+        looped = generate(model, ids, drafter=drafter, num_draft_tokens=row_d, max_new_tokens=new_tokens, stop_token_ids=self.stop_ids).per_prompt
+        stop = set(self.stop_ids)
+        replayed = [replay.replay(g, replay.proposer(drafter, x, g, model, D), [D], new_tokens, stop, D)[0]
+                    for x, g, D in zip(ids, trajs, row_d)]
+        return looped, replayed
 
     def _relevant_draft_lens(self, verify: list[dict]) -> set[int]:
         """The D a plan could take: per batch bucket and replayed drafter, the D with the best speedup bound

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 import torch
 
 from specdec_tune import SpecdecError
+from specdec_tune.kernels.sampling import sample_tokens
 from specdec_tune.kernels.greedy import verify_greedy
 from specdec_tune.profiles.drafters.base import Draft, Drafter, DraftRequest
 from specdec_tune.profiles.models.llama import CausalLM
@@ -210,7 +211,7 @@ def verify_sampled(
         # p == q exactly leaves no residual mass; then any p-sample is correct (the branch has probability 0).
         residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), dist)
         dist = torch.where(rejected[:, None], residual, dist)
-    next_token = torch.multinomial(dist, 1, generator=generator).squeeze(1)
+    next_token = sample_tokens(dist, generator)
     return num_accepted, next_token
 
 

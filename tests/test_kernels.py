@@ -27,7 +27,7 @@ if type(triton.language.standard.cdiv).__name__ != "InterpretedFunction":  # tri
 from scipy.stats import chisquare
 
 from specdec_tune import SpecdecError
-from specdec_tune.kernels import acceptance, aot, autotune
+from specdec_tune.kernels import acceptance, aot, autotune, sampling
 from specdec_tune.kernels import verify_attention as va
 from specdec_tune.profiles.models.llama import gqa_attention
 from specdec_tune.profiles.specdec import verify_greedy, verify_sampled
@@ -254,6 +254,22 @@ def test_rejection_sampling_is_distributed_as_the_reference_loop():
     loop_counts = counts(*verify_sampled(*rows_ref, T, torch.Generator().manual_seed(2)))
     assert loop_counts[~keep].sum() == 0
     assert chisquare(loop_counts[keep], exact[keep] / exact[keep].sum() * M).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sample_tokens_draws_each_token_at_its_probability(dtype):
+    """The inverse-CDF sampler the loop and the drafters draw with: frequencies match the weights (chi-square), a
+    zero-weight token is never drawn, also where u lands at the very top; a uniform draw fails the same test."""
+    probs = torch.tensor([0.0, 0.05, 0.0, 0.5, 0.3, 0.15, 0.0], dtype=dtype)
+    N = 20000
+    tokens = sampling.sample_tokens(probs.expand(N, -1), torch.Generator().manual_seed(5))
+    counts = torch.bincount(tokens, minlength=len(probs)).double()
+    keep = probs > 0
+    assert counts[~keep].sum() == 0
+    assert chisquare(counts[keep], probs[keep].double() / probs[keep].double().sum() * N).pvalue > 1e-3
+    assert chisquare(counts[keep], torch.full((int(keep.sum()),), N / keep.sum().item())).pvalue < 1e-6
+    top = sampling.inverse_cdf(probs[None].float(), torch.tensor([1.0]))  # u·Σw at the sum: the last weighted token
+    assert top.tolist() == [5]
 
 
 def test_acceptance_rejects_bad_input():

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from specdec_tune import SpecdecError
+from specdec_tune.kernels.sampling import sample_tokens
 from specdec_tune.profiles.drafters.base import Draft, DraftRequest, register
 from specdec_tune.profiles.drafters.checkpoints import resolve_head
 from specdec_tune.profiles.drafters.head_reading import check_verifier, draft_map, layer_config, load_into
@@ -267,7 +268,7 @@ class BlockDrafter(HeadDrafter):
                 return head.to_target_ids(step_logits.argmax(-1))
             q = torch.softmax(step_logits / request.temperature, dim=-1)
             probs.append(head.target_probs(q))
-            return head.to_target_ids(torch.multinomial(q, 1, generator=request.generator).squeeze(1))
+            return head.to_target_ids(sample_tokens(q, request.generator))
 
         _, chosen = head.draft_logits(hidden, tokens[:, 0], choose)
         draft_tokens = torch.stack(chosen[:K], dim=1).tolist()  # [B, K]

@@ -18,6 +18,7 @@ import dataclasses
 import torch
 
 from specdec_tune import SpecdecError
+from specdec_tune.kernels.sampling import sample_tokens
 from specdec_tune.profiles.drafters.base import Draft, Drafter, DraftRequest, register
 from specdec_tune.profiles.drafters.quant import quantize_linear_weights
 from specdec_tune.profiles.models.loading import LoadedModel, check_same_vocabulary, load_model
@@ -124,7 +125,7 @@ def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator |
     if temperature == 0:
         return logits.argmax(-1), None
     q = torch.softmax(logits / temperature, dim=-1)
-    return torch.multinomial(q, 1, generator=generator).squeeze(1), q
+    return sample_tokens(q, generator), q
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from specdec_tune import SpecdecError
+from specdec_tune.kernels.sampling import sample_tokens
 from specdec_tune.profiles.drafters.base import Draft, Drafter, DraftRequest
 from specdec_tune.profiles.drafters.quant import quantize_linear_weights
 from specdec_tune.profiles.models.llama import KVCache, ModelConfig, rope_lookup, step_coordinates
@@ -272,7 +273,7 @@ class HeadDrafter(Drafter):
                 token = head.to_target_ids(step_logits.argmax(-1))
             else:
                 q = torch.softmax(step_logits / request.temperature, dim=-1)
-                token = head.to_target_ids(torch.multinomial(q, 1, generator=request.generator).squeeze(1))
+                token = head.to_target_ids(sample_tokens(q, request.generator))
                 probs.append(head.target_probs(q))
             drafted.append(token)
             if step + 1 < K:  # d_k at position N-2+k from its own carried state
