@@ -34,8 +34,8 @@ from collections.abc import Sequence
 import torch
 
 from specdec_tune import SpecdecError
-from specdec_tune.kernels.sampling import sample_tokens
 from specdec_tune.kernels.greedy import verify_greedy
+from specdec_tune.kernels.sampling import sample_tokens
 from specdec_tune.profiles.drafters.base import Draft, Drafter, DraftRequest
 from specdec_tune.profiles.models.llama import CausalLM
 
