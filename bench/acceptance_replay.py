@@ -58,11 +58,15 @@ def _replayed(target, drafters: dict, ids, args, stop: set[int], lens: list[int]
     return out
 
 
-def _looped(target, drafter, ids, D: int, args, stop: set[int]) -> list[SpecCounters]:
+def _looped(target, drafter, ids, D: int, args, stop: set[int], texts: list | None = None) -> list[SpecCounters]:
+    """The loop's per-prompt counters at D (its generated tokens appended to `texts` when given)."""
     out = []
     for start in range(0, len(ids), args.batch):
-        out += generate(target.model, ids[start : start + args.batch], drafter=drafter, num_draft_tokens=D,
-                        max_new_tokens=args.new_tokens, stop_token_ids=sorted(stop)).per_prompt
+        result = generate(target.model, ids[start : start + args.batch], drafter=drafter, num_draft_tokens=D,
+                          max_new_tokens=args.new_tokens, stop_token_ids=sorted(stop))
+        out += result.per_prompt
+        if texts is not None:
+            texts += result.tokens
     return out
 
 
@@ -97,19 +101,29 @@ def cost_and_dtype(args) -> dict:
     drafters = {name: create(name, target, options) for name, options in DRAFTER_OPTIONS.items()}
     checks = sorted({max(1, args.max_draft_len // 4), max(1, args.max_draft_len // 2)} - {args.max_draft_len})
 
+    texts: dict[str, list[list[int]]] = {name: [] for name in drafters}  # the loop's tokens at D_max, per prompt
+
     def the_loop():
-        return {name: [_looped(target, d, ids, D, args, stop) for D in (_d_max(d, args), *(c for c in checks if c < _d_max(d, args)))]
-                for name, d in drafters.items()}
+        return {name: [_looped(target, d, ids, D, args, stop, texts[name] if D == _d_max(d, args) else None)
+                       for D in (_d_max(d, args), *(c for c in checks if c < _d_max(d, args)))] for name, d in drafters.items()}
 
     looped, loop_count, loop_s = counted(the_loop)
     lens = list(range(1, args.max_draft_len + 1))
     replayed, replay_count, replay_s = counted(lambda: _replayed(target, drafters, ids, args, stop, lens))
+    trajectories = replay.trajectories(target.model, ids, args.new_tokens, args.batch)  # what the replay ran on (untimed here)
     per_drafter = {}
     for name in DRAFTER_OPTIONS:
         loop_tpf = SpecCounters.total(looped[name][0]).tokens_per_target_forward
         replay_tpf = SpecCounters.total([r[-1] for r in replayed[name]]).tokens_per_target_forward
+        # Where the loop's text is the plain greedy text (the trajectory), its counters must equal the replay's in any
+        # dtype; where a near-tie flipped with the batch shape (1+D tokens verified at once against one), the texts part
+        # and so do the counters: the difference lives in those prompts alone.
+        same = [i for i, (t, g) in enumerate(zip(texts[name], trajectories)) if list(t) == list(g[: len(t)])]
+        same_equal = sum(dataclasses.asdict(replayed[name][i][-1]) == dataclasses.asdict(SpecCounters.merge(
+            looped[name][0][i], SpecCounters(max_draft_len=args.max_draft_len))) for i in same)
         per_drafter[name] = {"loop_tokens_per_forward_at_d_max": loop_tpf, "replay_tokens_per_forward_at_d_max": replay_tpf,
-                             "rel_diff_pct": 100 * (replay_tpf - loop_tpf) / loop_tpf}
+                             "rel_diff_pct": 100 * (replay_tpf - loop_tpf) / loop_tpf,
+                             "prompts_same_text": len(same), "prompts_same_text_equal_counters": same_equal}
     return {"dtype": str(target.model.dtype).removeprefix("torch."), "per_drafter": per_drafter,
             "loop": {"what": f"one run per drafter at D_max and at D = {checks}; other D derived", "wall_s": loop_s,
                      **loop_count.summary(layers)},
@@ -128,12 +142,14 @@ def run(args) -> dict:
 def table(r: dict) -> str:
     lines = [f"acceptance by replay vs the loop: {r['prompts']}, {r['new_tokens']} tokens, greedy",
              "| drafter | fp32: prompts with equal counters (D checked) | tokens/forward at D_max, replay vs loop "
-             f"({r['profile_dtype']['dtype']}) |", "|---|---|---|"]
+             f"({r['profile_dtype']['dtype']}) | prompts whose loop text is the plain greedy text ({r['profile_dtype']['dtype']}) |",
+             "|---|---|---|---|"]
     for name, rows in r["exact_fp32"].items():
         eq = ", ".join(f"{x['equal_prompts']}/{x['prompts']} (D={x['draft_len']})" for x in rows)
         d = r["profile_dtype"]["per_drafter"][name]
         lines.append(f"| {name} | {eq} | {d['replay_tokens_per_forward_at_d_max']:.3f} vs {d['loop_tokens_per_forward_at_d_max']:.3f} "
-                     f"({d['rel_diff_pct']:+.1f}%) |")
+                     f"({d['rel_diff_pct']:+.1f}%) | {d['prompts_same_text']}/{rows[0]['prompts']} "
+                     f"({d['prompts_same_text_equal_counters']} with equal counters) |")
     loop, rep = r["profile_dtype"]["loop"], r["profile_dtype"]["replay"]
     lines += ["", f"cost of greedy acceptance for {len(r['exact_fp32'])} drafters: loop {loop['wall_s']:.0f} s, "
               f"{loop['target_forwards']} target forwards ({loop['what']}); replay {rep['wall_s']:.0f} s, "

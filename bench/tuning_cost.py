@@ -71,7 +71,9 @@ def run(args) -> dict:
     result = {"source": "measured", "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in args.profile_overrides.items()},
               "profile_s": profile_s, "search_s": search_s, "drafters": [d.name for d in profile.drafters],
               **counter.summary(profile.target["num_layers"]), "forwards_counted": FORWARDS_COUNTED,
-              "device": profile.device.get("name"), "dtype": profile.device.get("dtype")}
+              "device": profile.device.get("name"), "dtype": profile.device.get("dtype"),
+              "acceptance_prompts": max((a.prompts for a in profile.acceptance if a.domain == "all" and a.temperature == 0), default=0),
+              "phase_s": profile.phase_s, "phases_skipped": [n for n in profile.notes if n.startswith("phase skipped")]}
     oracle_path = ROOT / "bench" / "results" / "decision_quality.json"
     if oracle_path.exists() and not args.quick:
         result["oracle"] = oracle_cost(json.loads(oracle_path.read_text()), oracle_path)
@@ -94,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     if result is None:
         return 1
     drafters = ", ".join(f"{k} {n}" for k, n in result["drafter_forwards"].items()) or "none ran a network"
-    line = (f"measured: profile {result['profile_s']:.0f} s + search {result['search_s']:.1f} s, {result['target_forwards']} target forwards "
+    line = (f"measured: profile {result['profile_s']:.0f} s ({result['acceptance_prompts']} greedy acceptance prompts, "
+            f"{len(result['phases_skipped'])} phases skipped) + search {result['search_s']:.1f} s, {result['target_forwards']} target forwards "
             f"(drafter forwards: {drafters})")
     if "oracle" in result:
         o = result["oracle"]
