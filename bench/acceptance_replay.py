@@ -47,15 +47,15 @@ def _d_max(drafter, args) -> int:
     return min(args.max_draft_len, drafter.max_draft_len or args.max_draft_len)
 
 
-def _replayed(target, drafters: dict, ids, args, stop: set[int], lens: list[int]) -> dict[str, list[list[SpecCounters]]]:
-    """Per drafter and prompt, the replayed counters at each D of `lens` the drafter can make."""
+def _replayed(target, drafters: dict, ids, args, stop: set[int], lens: list[int]) -> tuple[dict[str, list[list[SpecCounters]]], list[list[int]]]:
+    """Per drafter and prompt, the replayed counters at each D of `lens` the drafter can make; and the trajectories."""
     trajectories = replay.trajectories(target.model, ids, args.new_tokens, args.batch)
     out = {}
     for name, d in drafters.items():
         d_max = _d_max(d, args)
         out[name] = [replay.replay(t, replay.proposer(d, p, t, target.model, d_max), [D for D in lens if D <= d_max], args.new_tokens,
                                    stop, args.max_draft_len) for p, t in zip(ids, trajectories)]
-    return out
+    return out, trajectories
 
 
 def _looped(target, drafter, ids, D: int, args, stop: set[int], texts: list | None = None) -> list[SpecCounters]:
@@ -76,7 +76,7 @@ def exact_check(args) -> dict:
     ids = _encoded(target, args.prompts, args.new_tokens, args.max_draft_len)
     stop = set(target.model.config.eos_token_ids)
     drafters = {name: create(name, target, options) for name, options in DRAFTER_OPTIONS.items()}
-    replayed = _replayed(target, drafters, ids, args, stop, args.check_lens)
+    replayed, _ = _replayed(target, drafters, ids, args, stop, args.check_lens)
     out = {}
     for name, drafter in drafters.items():
         rows = []
@@ -109,8 +109,7 @@ def cost_and_dtype(args) -> dict:
 
     looped, loop_count, loop_s = counted(the_loop)
     lens = list(range(1, args.max_draft_len + 1))
-    replayed, replay_count, replay_s = counted(lambda: _replayed(target, drafters, ids, args, stop, lens))
-    trajectories = replay.trajectories(target.model, ids, args.new_tokens, args.batch)  # what the replay ran on (untimed here)
+    (replayed, trajectories), replay_count, replay_s = counted(lambda: _replayed(target, drafters, ids, args, stop, lens))
     per_drafter = {}
     for name in DRAFTER_OPTIONS:
         loop_tpf = SpecCounters.total(looped[name][0]).tokens_per_target_forward
