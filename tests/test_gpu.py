@@ -77,3 +77,15 @@ def test_generic_path_on_cuda_matches_cpu_and_stays_lossless(hf_variant_dir, tmp
     plain = generate(gpu.model, prompts, max_new_tokens=16).tokens
     spec = generate(gpu.model, prompts, drafter=NgramDrafter(None, NgramDrafter.Options()), num_draft_tokens=3, max_new_tokens=16).tokens
     assert spec == plain
+
+
+def test_sample_tokens_on_cuda_draws_only_weighted_tokens_at_their_rates():
+    """The sampled loop's draw on a GPU (a CUDA generator, the fp32 cumsum there): zero-weight tokens never come out and
+    the frequencies follow the weights."""
+    from specdec_tune.kernels.sampling import sample_tokens
+
+    probs = torch.tensor([0.0, 0.25, 0.0, 0.75], device="cuda")
+    tokens = sample_tokens(probs.expand(40000, -1), torch.Generator(device="cuda").manual_seed(0))
+    counts = torch.bincount(tokens, minlength=4).cpu()
+    assert counts[0] == counts[2] == 0
+    assert abs(counts[1].item() / 40000 - 0.25) < 0.01
