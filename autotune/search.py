@@ -110,6 +110,11 @@ def search(profile: Profile, profile_hash: str, settings: SearchSettings) -> dic
         summary |= {"best_sampled_value": space.score(sampled), "best_value": value,
                     "gap_pct": 100 * (exact_value - value) / exact_value if exact_value else 0.0,
                     "gap_to_strict_optimum_pct": 100 * (strict - space.strict_score(chosen)) / strict if strict else 0.0}
+        if settings.objective == "speedup":  # the same drafter with every predicted difference deciding: what the ties gave up
+            with space.strictly():
+                untied = space.fill(chosen.mechanism, chosen.quant, chosen.tile_policy, chosen.max_batch)
+            summary["untied_schedule"] = [[B, D] for B, D in zip(space.served(chosen.max_batch), untied.schedule)]
+            summary["untied_gain_pct"] = 100 * (space.strict_score(untied) / space.strict_score(chosen) - 1)
     # the default study lives beside plan.json: recorded relative to it, so that the plan does not depend on where it was written
     recorded_storage = settings.storage or f"journal:{STUDY_FILE} (beside plan.json)"
     plan = build_plan(profile, profile_hash, space, chosen, settings=settings, storage=recorded_storage, study_summary=summary, study_front=front,

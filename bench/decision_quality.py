@@ -211,6 +211,16 @@ def summarize(points: list[dict], schedule: list[list[int]], plan_mech: str, def
             "targets": targets(raw_rows) | {"scaled": targets(scaled_rows)}}
 
 
+def untied_measured(plan: dict, points: list[dict], rows: list[dict]) -> list[dict]:
+    """The search's schedule with every predicted difference deciding (no ties; the plan's `study.untied_schedule`),
+    measured on the sweep where it swept that D (raw tokens/s and the share of the bucket's oracle), else None."""
+    by = {(p["batch"], p["draft_len"]): p["measured_tokens_per_s"] for p in points if p["mechanism"] in (plan["mechanism"], NO_SPEC)}
+    oracle = {r["batch"]: r["tokens_per_s"]["oracle"] for r in rows}
+    return [{"batch": B, "draft_len": D, "measured_tokens_per_s": by.get((B, D)),
+             "vs_oracle": by[(B, D)] / oracle[B] if (B, D) in by else None}
+            for B, D in plan["study"].get("untied_schedule", []) if B in oracle]
+
+
 def _config(mech: str, D: int) -> str:
     return "no spec" if D == 0 else f"{mech} D={D}"
 
@@ -322,6 +332,7 @@ def run(args) -> dict:
         sweep_cost = {k: reused["cost"][k] for k in sweep_cost}
     schedule = [[b["batch"], min(b["draft_len"], mechanisms[mech]["max_draft_len"])] for b in buckets]
     default_k = min(ENGINE_DEFAULT_K.get(mech, 3), mechanisms[mech]["max_draft_len"])
+    summary = summarize(points, schedule, mech, default_k)
     return {
         "source": "measured", "profile": shown(args.profile), "device": profile.device.get("name"), "dtype": profile.device.get("dtype"),
         "mechanism": mech, "quant": quant, "ctx": plan["ctx"], "split": "held_back", "mix": mix, "new_tokens": args.new_tokens, "repeats": args.repeats,
@@ -331,7 +342,7 @@ def run(args) -> dict:
         "scaling": {"method": SCALING.format(ctx=plan["ctx"]), "probe_ms_at_profile_time": speed.profiled_ms,
                     "applied": speed.profiled_ms is not None, "why_not": speed.why},
         "measured_rounds": "rounds with every row of the batch decoding (a continuously batched server's steady state)",
-        **summarize(points, schedule, mech, default_k), "sweep": points,
+        **summary, "untied": untied_measured(plan, points, summary["buckets"]), "sweep": points,
         "settings": settings, "sweep_settings_hash": sha256_json(settings),
         "sweep_reused_from": {"path": shown(args.reuse_sweep), "sha256": sha256_file(args.reuse_sweep)} if reused else None,
         "cost": {"search_s": search_s, **sweep_cost,
@@ -378,6 +389,10 @@ def table(result: dict) -> str:
               f"plan at least {100 * g['plan_min_vs_oracle']:.1f}% of the oracle in every bucket (scaled {100 * g['scaled']['plan_min_vs_oracle']:.1f}%); "
               f"mean speedup plan {g['plan_mean_speedup']:.3f}x vs best single config {g['single_d_mean_speedup']:.3f}x "
               f"(scaled {g['scaled']['plan_mean_speedup']:.3f}x vs {g['scaled']['single_d_mean_speedup']:.3f}x)",
+              "without ties (the same search with every predicted difference deciding): " + "; ".join(
+                  f"batch {u['batch']} {_config(result['mechanism'], u['draft_len'])} "
+                  + (f"{100 * u['vs_oracle']:.1f}% of the oracle" if u["vs_oracle"] is not None else "not swept")
+                  for u in result.get("untied", [])),
               f"scaling: {result['scaling']['method']}; factors x{lo:.3f} to x{hi:.3f}"
               + ("" if result["scaling"]["applied"] else f" (not applied: {result['scaling']['why_not']})"),
               f"oracle sweep: {len(result['sweep'])} points in {c['oracle_sweep_s']:.0f} s, {c['oracle_sweep_target_forwards']} target forwards, "

@@ -1,6 +1,7 @@
 """Statistics for figures taken on a noisy machine: timings, and acceptance counted over a few hundred prompts.
 
 - `median_interval`: a distribution-free confidence interval for the median of repeated timings.
+- `pooled_rel_sd` / `pooled_half_width`: the noise all cells share, for a cell with too few samples to say.
 - `monotone_fit`: the weighted least-squares fit of a timing table that never decreases along any axis
   (more tokens verified, a larger batch or a longer context never makes a step cheaper).
 - `moved_beyond_interval`: whether the fit pulled a cell outside the interval its own samples allow.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -73,6 +74,29 @@ def median_interval(samples: Sequence[float], confidence: float = 0.95) -> tuple
         raise ValueError("median_interval needs finite samples")
     j, k, _ = median_ranks(values_sorted.size, confidence)
     return float(values_sorted[j - 1]), float(values_sorted[k - 1])
+
+
+def pooled_rel_sd(groups: Iterable[Sequence[float]]) -> float | None:
+    """The per-sample relative spread several cells' timings share, robustly: 1.4826 x the median of
+    |ln(x / m)| over the samples x of every cell with at least 3 samples, m the cell's median (for odd n the
+    sample that is the median, always 0, is left out). On log-timings this is the sd of a normal for the same
+    spread, i.e. the relative sd. None without such a cell.
+
+    A cell of 3 samples cannot say how noisy the machine is (its (min, max) holds the median only 75% of the
+    time); the noise of all cells together can."""
+    deviations: list[float] = []
+    for g in groups:
+        logs = np.log(np.asarray(g, dtype=np.float64))
+        if logs.size >= 3:
+            d = np.sort(np.abs(logs - np.median(logs)))
+            deviations += list(d[1:] if logs.size % 2 else d)
+    return 1.4826 * float(np.median(deviations)) if deviations else None
+
+
+def pooled_half_width(n: int, rel_sd: float, median: float) -> float:
+    """The 95% half-width of the median of n samples whose relative sd is `rel_sd`: the median's standard error is
+    sqrt(pi / 2) sigma / sqrt(n) for a normal (1.2533 x that of the mean), so 1.96 x 1.2533 x rel_sd x median / sqrt(n)."""
+    return 1.96 * math.sqrt(math.pi / 2) * rel_sd * median / math.sqrt(n)
 
 
 def _pava(values: np.ndarray, weights: np.ndarray) -> np.ndarray:

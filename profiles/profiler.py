@@ -13,6 +13,8 @@ Phases, in order (the budget counts from the command's start, imports and model 
   micro       attention vs G*(1+D) rows per KV head; linear layers vs M = B*(1+D)
   loop        the speculative loop at D_max for temperatures > 0 (1 prompt per domain; with --acceptance loop, for
               everything), smaller D derived from its rounds
+  refinement  the decision cells (per batch bucket: 1 and 1+D for the 3 D with the best speedup bound by the
+              acceptance so far) get more visits until tight: a fifth of the budget left, and again whatever growth leaves
   more prompts  greedy acceptance grows per domain until tokens per forward is within ±half-width (95% bootstrap
               interval over prompts) at the D a plan could take, the split runs out, or the budget ends: it fills
               what the other phases left of the budget, adding only the prompts the replay's cost says fit
@@ -41,7 +43,7 @@ from specdec_tune.profiles.calibration import CalibrationPrompt, load_calibratio
 from specdec_tune.profiles.drafters import Drafter, DraftRequest, create
 from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint, resolve_device
 from specdec_tune.profiles.memory import allocator_peak_bytes, memory_record
-from specdec_tune.profiles.intervals import median_interval, monotone_fit, moved_beyond_interval
+from specdec_tune.profiles.intervals import median_interval, monotone_fit, moved_beyond_interval, pooled_half_width, pooled_rel_sd
 from specdec_tune.profiles.models.loading import load_model, model_folder, weights_hash
 from specdec_tune.profiles.prompts import encode_fitting, encode_prompts
 from specdec_tune.profiles.schema import SCHEMA_VERSION, Profile, finished_profile, load_profile
@@ -218,6 +220,15 @@ def time_verify_step(model, batch: int, ctx: int, tokens: int, seed: int = 0) ->
 VERIFY_BUDGET_SHARE = 0.18  # of the budget left when the verify phase starts
 VERIFY_TARGET_REL_HALF_WIDTH = 0.03  # a cell is repeated until its median's 95% interval is this tight (or the share ends)
 VERIFY_SAMPLES_PER_VISIT = 3
+# Decision cells: once acceptance is known, the verify cells that each batch bucket's choice of D rests on (1+D for the
+# `REFINE_CANDIDATES` best D by the speedup bound, and 1) get more visits, in shuffled rounds, until each median's 95%
+# interval is `REFINE_TARGET_REL_HALF_WIDTH` tight or it has `REFINE_MAX_VISITS` visits. Two draft lengths tie when
+# their difference is inside the noise (autotune/space.py): a few samples per cell on a drifting machine made most
+# real differences ties.
+REFINE_CANDIDATES = 3
+REFINE_TARGET_REL_HALF_WIDTH = 0.015
+REFINE_MAX_VISITS = 24
+REFINE_BUDGET_SHARE = 0.2  # of the budget left when acceptance growth starts; what growth leaves goes to the same cells
 FIT_MAX_SWEEPS = 3000  # of Dykstra's projections (a 16 x 5 x 2 grid: ~2 ms each; noisy grids need a few hundred)
 
 
@@ -288,7 +299,7 @@ class VerifySampler:
 
     def half_width(self, B: int, ctx: int, t: int) -> float:
         """Half the width of the cell's median's 95% interval (ms)."""
-        low, high = median_interval(self.samples[(B, ctx, t)])
+        low, high = _cell_interval(self.samples[(B, ctx, t)], pooled_rel_sd(self.samples.values()))
         return (high - low) / 2
 
     def run(self, deadline: float) -> None:
@@ -310,17 +321,41 @@ class VerifySampler:
                         nxt += [(a, m), (m, b)]
                 gaps[(B, ctx)] = nxt
         while time.monotonic() < deadline:  # repeats where the interval is still wide
+            rel_sd = pooled_rel_sd(self.samples.values())
             wide = [key for key, samples in self.samples.items()
-                    if len(samples) < self.p.s.verify_visits * VERIFY_SAMPLES_PER_VISIT and _rel_half_width(samples) > VERIFY_TARGET_REL_HALF_WIDTH]
+                    if len(samples) < self.p.s.verify_visits * VERIFY_SAMPLES_PER_VISIT and _rel_half_width(samples, rel_sd) > VERIFY_TARGET_REL_HALF_WIDTH]
             if not wide:
                 break
             self._round(wide, deadline)
         self.steps.clear()
 
+    def refine(self, cells: list[tuple[int, int, int]], deadline: float) -> None:
+        """More visits to `cells` (B, ctx, t), measured or not yet, in shuffled rounds until each is tight
+        (`REFINE_TARGET_REL_HALF_WIDTH`), has `REFINE_MAX_VISITS` visits, runs out of memory, or the deadline passes."""
+        def open_(cell, rel_sd):
+            samples = self.samples.get(cell, [])
+            return cell[2] < self.infeasible.get(cell[:2], cell[2] + 1) and (not samples or (
+                len(samples) < REFINE_MAX_VISITS * VERIFY_SAMPLES_PER_VISIT and _rel_half_width(samples, rel_sd) > REFINE_TARGET_REL_HALF_WIDTH))
+        while time.monotonic() < deadline and (todo := [c for c in cells if open_(c, pooled_rel_sd(self.samples.values()))]):
+            self._round(todo, deadline)
+        self.steps.clear()
 
-def _rel_half_width(samples: list[float]) -> float:
-    low, high = median_interval(samples)
+
+def _rel_half_width(samples: list[float], rel_sd: float | None) -> float:
+    """Relative half-width of a cell's median: its own 95% interval's, or the shared noise's (`pooled_half_width`) at
+    its sample count where that is wider (3 samples' (min, max) holds the median only 75% of the time)."""
+    low, high = _cell_interval(samples, rel_sd)
     return (high - low) / 2 / statistics.median(samples)
+
+
+def _cell_interval(samples: list[float], rel_sd: float | None) -> tuple[float, float]:
+    """A cell's 95% interval of its median: the order statistics' (`median_interval`), widened to the shared noise's."""
+    low, high = median_interval(samples)
+    if rel_sd:
+        median = statistics.median(samples)
+        h = pooled_half_width(len(samples), rel_sd, median)
+        low, high = min(low, median - h), max(high, median + h)
+    return low, high
 
 
 def fit_verify(samples: dict[tuple[int, int, int], list[float]], infeasible: dict[tuple[int, int], int], batches, ctxs, t_max: int,
@@ -336,6 +371,7 @@ def fit_verify(samples: dict[tuple[int, int, int], list[float]], infeasible: dic
     grid = np.full((t_max, len(batches), len(ctxs)), np.nan)
     weight = np.zeros_like(grid)
     timings: dict[tuple[int, int, int], Timing] = {}
+    rel_sd = pooled_rel_sd(samples.values())
     for bi, B in enumerate(batches):
         for ci, ctx in enumerate(ctxs):
             measured = {t: statistics.median(samples[(B, ctx, t)]) for t in range(1, t_max + 1) if (B, ctx, t) in samples}
@@ -345,7 +381,9 @@ def fit_verify(samples: dict[tuple[int, int, int], list[float]], infeasible: dic
                     continue
                 grid[t - 1, bi, ci] = y
                 if source == "measured":
-                    timings[(B, ctx, t)] = tm = Timing.of(samples[(B, ctx, t)])
+                    tm = Timing.of(samples[(B, ctx, t)])
+                    low, high = _cell_interval(samples[(B, ctx, t)], rel_sd)
+                    timings[(B, ctx, t)] = tm = dataclasses.replace(tm, ci_low_ms=low, ci_high_ms=high)
                     weight[t - 1, bi, ci] = 1.0 / max((tm.ci_high_ms - tm.ci_low_ms) / 2, 0.005 * tm.median_ms) ** 2
     with warnings.catch_warnings(record=True) as unconverged:  # still monotone, within tol of optimal: recorded below
         warnings.simplefilter("always")
@@ -377,7 +415,9 @@ def fit_verify(samples: dict[tuple[int, int, int], list[float]], infeasible: dic
     widths = [(tm.ci_high_ms - tm.ci_low_ms) / 2 / tm.median_ms for tm in timings.values()]
     summary = {
         "method": "weighted isotonic regression, non-decreasing in 1+D, batch and context (Dykstra's projections over PAVA); "
-                  "weights 1 / half-width^2 of each median's 95% interval",
+                  "weights 1 / half-width^2 of each median's 95% interval (the order statistics' interval, widened to the "
+                  "half-width the noise all cells share gives at the cell's sample count)",
+        "pooled_rel_sd": rel_sd,
         "visits": visits, "samples_per_visit": VERIFY_SAMPLES_PER_VISIT, "cells_measured": measured_cells,
         "target_rel_half_width": VERIFY_TARGET_REL_HALF_WIDTH,
         "cells_above_target": sum(w > VERIFY_TARGET_REL_HALF_WIDTH for w in widths),
@@ -495,7 +535,9 @@ class Profiler:
         host = timed("host", self._host, log, budget)
         micro_points = timed("micro", self._micro, log, budget)
         timed("acceptance loop", self._acceptance_loops, log, budget)
+        verify, verify_fit = timed("verify refinement", self._refine_verify, budget, verify, verify_fit, REFINE_BUDGET_SHARE)
         growth_notes = timed("acceptance growth", self._grow_acceptance, log, budget, verify)
+        verify, verify_fit = timed("verify refinement", self._refine_verify, budget, verify, verify_fit, 1.0)  # what growth left
         acceptance = timed("acceptance records", self._acceptance_records)
         drafter_infos = self._drafter_infos()
         memory = timed("memory", self._memory, drafter_infos)
@@ -595,6 +637,7 @@ class Profiler:
         sampler = VerifySampler(self, log, seeds=[1, 2, 4, 8, 16, 32, 64], t_max=s.max_draft_len + 1)
         deadline = time.monotonic() + VERIFY_BUDGET_SHARE * max(0.0, budget.deadline - time.monotonic())
         sampler.run(deadline)
+        self.verify_sampler = sampler  # the decision cells get more visits once acceptance is known (`_refine_verify`)
         self._tick("verify", sampler.visits, sampler.visits)
         return fit_verify(sampler.samples, sampler.infeasible, s.batch_buckets, s.ctx_buckets, s.max_draft_len + 1, sampler.visits)
 
@@ -868,23 +911,51 @@ class Profiler:
                     for x, g, D in zip(ids, trajs, row_d)]
         return looped, replayed
 
-    def _relevant_draft_lens(self, verify: list[dict]) -> set[int]:
-        """The D a plan could take: per batch bucket and replayed drafter, the D with the best speedup bound
-        tokens_per_forward(D) x T_verif(B, 1) / T_verif(B, 1+D) (draft and host cost left out)."""
+    def _speedup_bounds(self, verify: list[dict]) -> dict[tuple[str, int], dict[int, float]]:
+        """Per replayed drafter and batch bucket, the speedup bound of every D at the cost model's default context,
+        tokens_per_forward(D) x T_verif(B, 1) / T_verif(B, 1+D) (draft and host cost left out; domains weighed alike)."""
         ctx = self.s.ctx_buckets[0]
         t_verif = {(p["batch"], p["tokens"]): p["median_ms"] for p in verify if p["ctx"] == ctx and p["median_ms"]}
-        relevant = set()
+        bounds = {}
         for (name, fmt), by_prompt in self.replayed.items():
             if fmt != "none":
                 continue
             rows = [by_prompt[p.id] for p in self.used if p.id in by_prompt]
             tpf, _ = intervals.figures(replay.per_prompt_rates(rows), [p.domain for p in self.used if p.id in by_prompt],
-                                    dict.fromkeys(self.pool.domains(), 1.0))
+                                       dict.fromkeys(self.pool.domains(), 1.0))
             for B in self.s.batch_buckets:
-                bounds = {D: tpf[D] * t_verif[(B, 1)] / t_verif[(B, D + 1)] for D in range(1, len(tpf)) if (B, 1) in t_verif and (B, D + 1) in t_verif}
-                if bounds:
-                    relevant.add(max(bounds, key=bounds.get))
-        return relevant or {1}
+                if (B, 1) in t_verif:
+                    bounds[(name, B)] = {D: tpf[D] * t_verif[(B, 1)] / t_verif[(B, D + 1)] for D in range(1, len(tpf)) if (B, D + 1) in t_verif}
+        return bounds
+
+    def _relevant_draft_lens(self, verify: list[dict]) -> set[int]:
+        """The D a plan could take: per batch bucket and replayed drafter, the D with the best speedup bound."""
+        return {max(b, key=b.get) for b in self._speedup_bounds(verify).values() if b} or {1}
+
+    def decision_cells(self, verify: list[dict]) -> list[tuple[int, int, int]]:
+        """The verify cells (B, ctx, 1+D) each bucket's choice of D rests on: 1 and 1+D for the `REFINE_CANDIDATES`
+        draft lengths with the best speedup bound, per replayed drafter, at the cost model's default context."""
+        ctx = self.s.ctx_buckets[0]
+        cells = {(B, ctx, 1) for B in self.s.batch_buckets}
+        for (_, B), bound in self._speedup_bounds(verify).items():
+            cells |= {(B, ctx, D + 1) for D in sorted(bound, key=bound.get, reverse=True)[:REFINE_CANDIDATES]}
+        return sorted(cells)
+
+    def _refine_verify(self, budget: Budget, verify: list[dict], fit: dict, share: float) -> tuple[list[dict], dict]:
+        """`share` of the budget left (less the finishing reserve) for more visits to the decision cells, then the
+        curve fitted again over every sample."""
+        sampler, s = self.verify_sampler, self.s
+        left_s = budget.deadline - FINISH_RESERVE_S - time.monotonic()
+        cells = self.decision_cells(verify)
+        if left_s <= 0 or not self.replayed:
+            return verify, fit
+        self._tick("verify refinement", 0, len(cells))
+        sampler.refine(cells, time.monotonic() + share * left_s)
+        self._tick("verify refinement", len(cells), len(cells))
+        points, fit = fit_verify(sampler.samples, sampler.infeasible, s.batch_buckets, s.ctx_buckets, s.max_draft_len + 1, sampler.visits)
+        per_cell = {c: len(sampler.samples.get(c, [])) // VERIFY_SAMPLES_PER_VISIT for c in cells}
+        return points, fit | {"decision_cells": [{"batch": B, "ctx": ctx, "tokens": t, "visits": n} for (B, ctx, t), n in per_cell.items()],
+                              "decision_cells_target_rel_half_width": REFINE_TARGET_REL_HALF_WIDTH}
 
     def _grow_acceptance(self, log: MeasurementLog, budget: Budget, verify: list[dict]) -> list[str]:
         """Add prompts to every domain whose tokens per forward is not yet within ±half-width at the relevant D

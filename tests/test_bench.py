@@ -124,6 +124,14 @@ def test_decision_quality_decisions_and_bounds_on_a_known_sweep():
     assert decision_quality.check_bounds(good) == []
 
 
+def test_decision_quality_measures_the_untied_schedule_where_it_was_swept():
+    r = _result([[1, 1], [2, 1]], "ngram")
+    plan = {"mechanism": "ngram", "study": {"untied_schedule": [[1, 2], [2, 3]]}}
+    one, two = decision_quality.untied_measured(plan, r["sweep"], r["buckets"])
+    assert one == {"batch": 1, "draft_len": 2, "measured_tokens_per_s": 70.0, "vs_oracle": pytest.approx(1.0)}
+    assert two["draft_len"] == 3 and two["measured_tokens_per_s"] is None and two["vs_oracle"] is None  # D = 3 was not swept
+
+
 def test_decision_quality_bounds_fail_on_a_planted_bad_plan():
     worst = _result([[1, 1], [2, 2]], "ngram")  # the plan picks the worst measured D in both buckets
     violations = decision_quality.check_bounds(worst, min_vs_oracle=0.8, max_median_err_pct=25)

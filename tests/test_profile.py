@@ -4,6 +4,7 @@ target (reuse on a matching fingerprint, resume after SIGKILL)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import signal
@@ -88,6 +89,25 @@ def test_the_fit_keeps_the_curve_monotone_and_flags_a_cell_that_disagrees_with_i
     honest = [p for k, p in by.items() if k not in {(1, 128, 13), (1, 128, 12), (1, 128, 14), (8, 128, 1), (8, 128, 2)}]
     assert sum(p["source"] == "measured" for p in honest) >= 0.9 * len(honest)
     assert all(p["ci_low_ms"] <= p["median_ms"] <= p["ci_high_ms"] for p in points)
+
+
+def test_a_cell_of_three_samples_does_not_outweigh_a_well_measured_neighbour():
+    """Three close samples (min-max 2 ms, 75% coverage) once pulled a 72-sample neighbour 25 ms down (B=2 1+D=1 of a
+    fp32 profile on a noisy machine: 141.7 -> 113.1 ms). Its interval is widened to the noise all cells share at 3
+    samples, so the fit moves the thin cell, and the well-measured ones keep their medians."""
+    from specdec_tune.profiles.intervals import pooled_rel_sd
+    from specdec_tune.profiles.profiler import fit_verify
+
+    rng = random.Random(1)
+    samples = {(2, 128, 1): [140 * math.exp(rng.gauss(0, 0.1)) for _ in range(72)],
+               (2, 128, 2): [114.0, 115.0, 116.0],
+               (2, 128, 3): [155 * math.exp(rng.gauss(0, 0.1)) for _ in range(72)]}
+    assert pooled_rel_sd(samples.values()) == pytest.approx(0.1, rel=0.25)
+    points, fit = fit_verify(samples, {}, [2], [128], 3, visits=50)
+    by = {p["tokens"]: p for p in points}
+    assert by[1]["source"] == "measured" and by[1]["median_ms"] == pytest.approx(by[1]["raw_median_ms"], rel=0.02)
+    assert by[2]["source"] == "fitted" and by[2]["median_ms"] > 130 and by[3]["median_ms"] >= by[2]["median_ms"]  # the thin cell moved
+    assert fit["pooled_rel_sd"] == pytest.approx(0.1, rel=0.25)
 
 
 # ---------------------------------------------------------------------------- measurement log
@@ -339,6 +359,45 @@ def test_remeasure_appends_visits_refits_and_rewrites_the_profile(tmp_path, tiny
     for B in new.workload.batch_buckets:
         curve = [p.median_ms for p in new.verify if p.batch == B and p.ctx == 128 and p.median_ms is not None]
         assert curve == sorted(curve)
+
+
+def test_refinement_visits_the_decision_cells_until_each_is_tight(tmp_path):
+    """More visits go to the decision cells alone: a noisy one until its interval is tight (or the visits cap), a
+    cell between measured 1+D gets its first samples, an out-of-memory one none, and the other cells are left."""
+    from specdec_tune.profiles import profiler as pr
+
+    rng = random.Random(0)
+    noise = {(1, 128, 2): 0.2, (1, 128, 3): 0.0, (1, 128, 5): 0.0}  # relative spread of a cell's samples
+
+    profiler = Profiler.__new__(Profiler)
+    profiler.s = ProfileSettings(max_draft_len=7, batch_buckets=(1,), ctx_buckets=(128,))
+    sampler = pr.VerifySampler(profiler, MeasurementLog(tmp_path, "0" * 64), seeds=[1, 8], t_max=8)
+    visited = []
+
+    def visit(B, ctx, t):
+        visited.append((B, ctx, t))
+        sampler.samples.setdefault((B, ctx, t), []).extend(
+            10.0 * t * (1 + rng.uniform(-1, 1) * noise[(B, ctx, t)]) for _ in range(pr.VERIFY_SAMPLES_PER_VISIT))
+
+    sampler._visit = visit
+    sampler.samples = {(1, 128, 2): [20.0, 26.0, 15.0], (1, 128, 3): [30.0] * 72, (1, 128, 8): [90.0, 60.0, 80.0]}
+    sampler.infeasible = {(1, 128): 6}
+    sampler.refine([(1, 128, 2), (1, 128, 3), (1, 128, 5), (1, 128, 6)], deadline=time.monotonic() + 5)
+    assert set(visited) == {(1, 128, 2), (1, 128, 5)}  # tight (3: 72 equal samples), infeasible (6) and not a decision cell (8): no visit
+    assert visited.count((1, 128, 5)) == 1  # never measured: one visit of identical samples is tight
+    assert visited.count((1, 128, 2)) == pr.REFINE_MAX_VISITS - 1  # 20% noise never gets within 1.5%: the cap
+
+
+def test_decision_cells_are_the_best_draft_lengths_by_the_speedup_bound():
+    from specdec_tune.profiles.profiler import REFINE_CANDIDATES
+
+    profiler = Profiler.__new__(Profiler)
+    profiler.s = ProfileSettings(max_draft_len=7, batch_buckets=(1, 4), ctx_buckets=(128, 512))
+    profiler._speedup_bounds = lambda verify: {("ngram", 1): {1: 1.2, 2: 1.3, 3: 1.25, 4: 1.1},
+                                               ("ngram", 4): {1: 1.05, 2: 0.9, 3: 0.8, 4: 0.7}, ("suffix", 4): {5: 1.01}}
+    assert REFINE_CANDIDATES == 3
+    assert profiler.decision_cells([]) == [(1, 128, 1), (1, 128, 2), (1, 128, 3), (1, 128, 4),
+                                           (4, 128, 1), (4, 128, 2), (4, 128, 3), (4, 128, 4), (4, 128, 6)]
 
 
 def test_progress_prints_one_line_per_finished_phase_where_output_is_not_a_terminal(capsys):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from specdec_tune import SpecdecError
-from specdec_tune.cli import _print_plan_table, main
+from specdec_tune.cli import _plan_findings, _print_plan_table, main
 from specdec_tune.autotune.cost_model import SOURCES, CostModel, Figure, overlap, weakest
 from specdec_tune.autotune.search import SearchSettings, search
 from specdec_tune.autotune.space import Candidate, Space
@@ -300,6 +300,12 @@ def test_overlapping_intervals_are_a_tie_and_the_shorter_draft_wins(profile, tmp
     assert ties
     # strict, every difference decides: the tie costs something, and the plan says how much
     assert plan["study"]["strict_optimum_value"] >= plan["study"]["exhaustive_value"]
+    # ... and which schedule that would have been: each bucket's strictly best D where the schedule allows it
+    untied = dict(plan["study"]["untied_schedule"])
+    assert list(untied) == [b["batch"] for b in plan["buckets"]] and list(untied.values()) == sorted(untied.values(), reverse=True)
+    assert any(untied[b["batch"]] > b["draft_len"] for b in plan["buckets"] if b["rationale"]["tie"])
+    assert plan["study"]["untied_gain_pct"] > 0
+    assert any(line.startswith("without ties") for line in _plan_findings(plan))
 
 
 def per_prompt_counts(spread: float, per_domain: int = 6, seed: int = 0):
