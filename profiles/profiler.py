@@ -14,7 +14,7 @@ Phases, in order (the budget counts from the command's start, imports and model 
   loop        the speculative loop at D_max for temperatures > 0 (1 prompt per domain; with --acceptance loop, for
               everything), smaller D derived from its rounds
   refinement  the decision cells (per batch bucket: 1 and 1+D for the 3 D with the best speedup bound by the
-              acceptance so far) get more visits until tight: a fifth of the budget left, and again whatever growth leaves
+              acceptance so far) get more visits until tight: a tenth of the budget left, and again whatever growth leaves
   more prompts  greedy acceptance grows per domain until tokens per forward is within ±half-width (95% bootstrap
               interval over prompts) at the D a plan could take, the split runs out, or the budget ends: it fills
               what the other phases left of the budget, adding only the prompts the replay's cost says fit
@@ -228,7 +228,7 @@ VERIFY_SAMPLES_PER_VISIT = 3
 REFINE_CANDIDATES = 3
 REFINE_TARGET_REL_HALF_WIDTH = 0.015
 REFINE_MAX_VISITS = 24
-REFINE_BUDGET_SHARE = 0.2  # of the budget left when acceptance growth starts; what growth leaves goes to the same cells
+REFINE_BUDGET_SHARE = 0.1  # of the budget left when acceptance growth starts (it takes prompts from growth); what growth leaves goes to the same cells
 FIT_MAX_SWEEPS = 3000  # of Dykstra's projections (a 16 x 5 x 2 grid: ~2 ms each; noisy grids need a few hundred)
 
 
