@@ -154,7 +154,7 @@ def profile(
     prompts_per_domain: Annotated[int, typer.Option(help="Profiling prompts per domain to start greedy acceptance with (more are added until --half-width).")] = PROFILE.prompts_per_domain,
     half_width: Annotated[float, typer.Option("--half-width", help="Target relative half-width (95%) of tokens per forward per domain; prompts are added until it holds (0: none added).")] = PROFILE.acceptance_half_width,
     acceptance: Annotated[str, typer.Option(help="Greedy acceptance: replay (from the target's trajectory, checked against the loop) or loop.")] = PROFILE.acceptance,
-    verify_visits: Annotated[int, typer.Option(help="Most visits per verify cell (a warm-up and 3 timed calls each) while its median's 95% interval is wider than ±3%.")] = PROFILE.verify_visits,
+    verify_visits: Annotated[int, typer.Option(help="Most visits per verify cell (a warm-up and 3 timed calls each) while its median's 95% interval is wider than ±3%; the cells a choice of D rests on get up to 4x as many.")] = PROFILE.verify_visits,
     new_tokens: Annotated[int, typer.Option(help="Tokens generated per prompt in acceptance runs.")] = PROFILE.new_tokens,
     temperatures: Annotated[str, typer.Option(help="Temperatures for acceptance, comma-separated (0 = greedy).")] = _csv(PROFILE.temperatures),
     batch: Annotated[str, typer.Option("--batch", help=f"Batch buckets, comma-separated (default 1..{DEFAULT_GRID['cpu'][0]} on CPU, 1..{DEFAULT_GRID['cuda'][0]} on a GPU).")] = "",

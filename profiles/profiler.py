@@ -222,12 +222,12 @@ VERIFY_TARGET_REL_HALF_WIDTH = 0.03  # a cell is repeated until its median's 95%
 VERIFY_SAMPLES_PER_VISIT = 3
 # Decision cells: once acceptance is known, the verify cells that each batch bucket's choice of D rests on (1+D for the
 # `REFINE_CANDIDATES` best D by the speedup bound, and 1) get more visits, in shuffled rounds, until each median's 95%
-# interval is `REFINE_TARGET_REL_HALF_WIDTH` tight or it has `REFINE_MAX_VISITS` visits. Two draft lengths tie when
+# interval is `REFINE_TARGET_REL_HALF_WIDTH` tight or it has `REFINE_VISITS_FACTOR` x --verify-visits visits. Two draft lengths tie when
 # their difference is inside the noise (autotune/space.py): a few samples per cell on a drifting machine made most
 # real differences ties.
 REFINE_CANDIDATES = 3
 REFINE_TARGET_REL_HALF_WIDTH = 0.015
-REFINE_MAX_VISITS = 24
+REFINE_VISITS_FACTOR = 4  # a decision cell's visits may reach this many times --verify-visits (default 6: 24)
 REFINE_BUDGET_SHARE = 0.1  # of the budget left when acceptance growth starts (it takes prompts from growth); what growth leaves goes to the same cells
 FIT_MAX_SWEEPS = 3000  # of Dykstra's projections (a 16 x 5 x 2 grid: ~2 ms each; noisy grids need a few hundred)
 
@@ -331,11 +331,12 @@ class VerifySampler:
 
     def refine(self, cells: list[tuple[int, int, int]], deadline: float) -> None:
         """More visits to `cells` (B, ctx, t), measured or not yet, in shuffled rounds until each is tight
-        (`REFINE_TARGET_REL_HALF_WIDTH`), has `REFINE_MAX_VISITS` visits, runs out of memory, or the deadline passes."""
+        (`REFINE_TARGET_REL_HALF_WIDTH`), has `REFINE_VISITS_FACTOR` x --verify-visits visits, runs out of memory, or the deadline passes."""
+        most = REFINE_VISITS_FACTOR * self.p.s.verify_visits * VERIFY_SAMPLES_PER_VISIT
         def open_(cell, rel_sd):
             samples = self.samples.get(cell, [])
             return cell[2] < self.infeasible.get(cell[:2], cell[2] + 1) and (not samples or (
-                len(samples) < REFINE_MAX_VISITS * VERIFY_SAMPLES_PER_VISIT and _rel_half_width(samples, rel_sd) > REFINE_TARGET_REL_HALF_WIDTH))
+                len(samples) < most and _rel_half_width(samples, rel_sd) > REFINE_TARGET_REL_HALF_WIDTH))
         while time.monotonic() < deadline and (todo := [c for c in cells if open_(c, pooled_rel_sd(self.samples.values()))]):
             self._round(todo, deadline)
         self.steps.clear()

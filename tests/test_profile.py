@@ -192,9 +192,9 @@ def test_profile_end_to_end_and_reuse(tmp_path):
     assert all(p.ci_low_ms <= p.median_ms <= p.ci_high_ms for p in first.verify if p.source != "interpolated")
     assert first.verify_fit["cells_measured"] >= 4 and first.verify_fit["visits"] >= 4
     assert {(p.mechanism, p.batch, p.draft_len) for p in first.draft} == {(m, b, d) for m in ("ngram", "draft_model") for b in (1, 2) for d in (1, 2, 3)}
-    # the serial drafter's cost grows with D; a lookup's barely does
+    # the serial drafter's cost grows with D (three steps against one; a shared machine's noise can take a third off the ratio)
     dm = {p.draft_len: p.median_ms for p in first.draft if p.mechanism == "draft_model" and p.batch == 1}
-    assert dm[3] > 2 * dm[1]
+    assert dm[3] > 1.5 * dm[1]
     # acceptance per mechanism x domain, derived AL for every D, checks at smaller D, emulated FP8
     domains = set(first.workload.domains)
     greedy = {(a.mechanism, a.domain) for a in first.acceptance if a.quant == "none"}
@@ -385,7 +385,7 @@ def test_refinement_visits_the_decision_cells_until_each_is_tight(tmp_path):
     sampler.refine([(1, 128, 2), (1, 128, 3), (1, 128, 5), (1, 128, 6)], deadline=time.monotonic() + 5)
     assert set(visited) == {(1, 128, 2), (1, 128, 5)}  # tight (3: 72 equal samples), infeasible (6) and not a decision cell (8): no visit
     assert visited.count((1, 128, 5)) == 1  # never measured: one visit of identical samples is tight
-    assert visited.count((1, 128, 2)) == pr.REFINE_MAX_VISITS - 1  # 20% noise never gets within 1.5%: the cap
+    assert visited.count((1, 128, 2)) == pr.REFINE_VISITS_FACTOR * 6 - 1  # 20% noise never gets within 1.5%: the cap (--verify-visits 6)
 
 
 def test_decision_cells_are_the_best_draft_lengths_by_the_speedup_bound():
