@@ -297,9 +297,9 @@ class VerifySampler:
         samples = self.samples.get((B, ctx, t))
         return statistics.median(samples) if samples else None
 
-    def half_width(self, B: int, ctx: int, t: int) -> float:
-        """Half the width of the cell's median's 95% interval (ms)."""
-        low, high = _cell_interval(self.samples[(B, ctx, t)], pooled_rel_sd(self.samples.values()))
+    def half_width(self, B: int, ctx: int, t: int, rel_sd: float | None) -> float:
+        """Half the width of the cell's median's 95% interval (ms), `rel_sd` the noise all cells share."""
+        low, high = _cell_interval(self.samples[(B, ctx, t)], rel_sd)
         return (high - low) / 2
 
     def run(self, deadline: float) -> None:
@@ -309,6 +309,7 @@ class VerifySampler:
         while any(gaps.values()):  # bisection, one level per round
             todo = [(B, ctx, (a + b) // 2) for (B, ctx), pairs in gaps.items() for a, b in pairs if b - a >= 2]
             self._round(todo)
+            rel_sd = pooled_rel_sd(self.samples.values())  # once a round: every gap's noise test reads it
             for (B, ctx), pairs in gaps.items():
                 nxt = []
                 for a, b in (p for p in pairs if p[1] - p[0] >= 2):
@@ -316,7 +317,7 @@ class VerifySampler:
                     ya, ym, yb = self.median(B, ctx, a), self.median(B, ctx, m), self.median(B, ctx, b)
                     if None in (ya, ym, yb):
                         continue
-                    noise = self.half_width(B, ctx, m) + (self.half_width(B, ctx, a) + self.half_width(B, ctx, b)) / 2
+                    noise = self.half_width(B, ctx, m, rel_sd) + (self.half_width(B, ctx, a, rel_sd) + self.half_width(B, ctx, b, rel_sd)) / 2
                     if abs(ym - (ya + (yb - ya) * (m - a) / (b - a))) > max(self.p.s.interp_tolerance * ym, noise):
                         nxt += [(a, m), (m, b)]
                 gaps[(B, ctx)] = nxt
@@ -947,9 +948,9 @@ class Profiler:
         curve fitted again over every sample."""
         sampler, s = self.verify_sampler, self.s
         left_s = budget.deadline - FINISH_RESERVE_S - time.monotonic()
-        cells = self.decision_cells(verify)
         if left_s <= 0 or not self.replayed:
             return verify, fit
+        cells = self.decision_cells(verify)
         self._tick("verify refinement", 0, len(cells))
         sampler.refine(cells, time.monotonic() + share * left_s)
         self._tick("verify refinement", len(cells), len(cells))
