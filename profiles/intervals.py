@@ -2,6 +2,7 @@
 
 - `median_interval`: a distribution-free confidence interval for the median of repeated timings.
 - `pooled_rel_sd` / `pooled_half_width`: the noise all cells share, for a cell with too few samples to say.
+- `design_effect`: how many samples count as one where they come in visits that share a level.
 - `monotone_fit`: the weighted least-squares fit of a timing table that never decreases along any axis
   (more tokens verified, a larger batch or a longer context never makes a step cheaper).
 - `moved_beyond_interval`: whether the fit pulled a cell outside the interval its own samples allow.
@@ -93,7 +94,29 @@ def pooled_rel_sd(groups: Iterable[Sequence[float]]) -> float | None:
     return 1.4826 * float(np.median(deviations)) if deviations else None
 
 
-def pooled_half_width(n: int, rel_sd: float, median: float) -> float:
+def design_effect(cells: Iterable[Sequence[Sequence[float]]]) -> float:
+    """How many samples count as one where samples come in visits (a visit's calls run back to back and share its
+    level): 1 + (m - 1) rho, m the samples per visit and rho the intra-visit correlation of log-timings,
+        rho = s_b^2 / (s_b^2 + s_w^2),   s_w^2 = mean within-visit variance,
+        s_b^2 = max(0, variance of the visits' means within a cell - s_w^2 / m),
+    pooled over every cell with at least 2 visits (one-way ANOVA estimates). 1 where nothing says (no such cell):
+    n samples then count as n."""
+    within, between, sizes = [], [], []
+    for visits in cells:
+        logs = [np.log(np.asarray(v, dtype=np.float64)) for v in visits if len(v) >= 2]
+        if len(logs) < 2:
+            continue
+        within += [float(np.var(x, ddof=1)) for x in logs]
+        between.append(float(np.var([x.mean() for x in logs], ddof=1)))
+        sizes += [x.size for x in logs]
+    if not between:
+        return 1.0
+    m, s_w = float(np.mean(sizes)), float(np.mean(within))
+    s_b = max(0.0, float(np.mean(between)) - s_w / m)
+    return 1.0 + (m - 1.0) * (s_b / (s_b + s_w) if s_b + s_w > 0 else 0.0)
+
+
+def pooled_half_width(n: float, rel_sd: float, median: float) -> float:
     """The 95% half-width of the median of n samples whose relative sd is `rel_sd`: the median's standard error is
     sqrt(pi / 2) sigma / sqrt(n) for a normal (1.2533 x that of the mean), so 1.96 x 1.2533 x rel_sd x median / sqrt(n)."""
     return 1.96 * math.sqrt(math.pi / 2) * rel_sd * median / math.sqrt(n)

@@ -2,7 +2,8 @@
 
 Phases, in order (the budget counts from the command's start, imports and model loading included; a short --budget-minutes drops what is left and says so in `notes`):
   verify      T_verif(B, 1+D, ctx): every cell visited in shuffled rounds (seeds, bisection where a line misses by
-              > tol, repeats until the median's 95% interval is tight), then fitted non-decreasing in 1+D, B and ctx
+              > tol, repeats until the median's 95% interval is tight), the device's drift taken out of every visit
+              (profiles/drift.py), then fitted non-decreasing in 1+D, B and ctx
   draft       T_draft(B, D) per mechanism, one propose() as it runs (serial steps / one pass / lookups), on real text
   acceptance  greedy: replayed exactly at every D from the target's trajectories (profiles/replay.py), for every
               drafter in every weight format (FP8 / NVFP4 as fake-quantized weights: emulated)
@@ -38,12 +39,13 @@ import numpy as np
 import torch
 
 from specdec_tune import SpecdecError, __version__
-from specdec_tune.profiles import intervals, micro, replay
+from specdec_tune.profiles import drift, intervals, micro, replay
 from specdec_tune.profiles.calibration import CalibrationPrompt, load_calibration
 from specdec_tune.profiles.drafters import Drafter, DraftRequest, create
 from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint, resolve_device
 from specdec_tune.profiles.memory import allocator_peak_bytes, memory_record
-from specdec_tune.profiles.intervals import median_interval, monotone_fit, moved_beyond_interval, pooled_half_width, pooled_rel_sd
+from specdec_tune.profiles.intervals import (design_effect, median_interval, monotone_fit, moved_beyond_interval, pooled_half_width,
+                                              pooled_rel_sd)
 from specdec_tune.profiles.models.loading import load_model, model_folder, weights_hash
 from specdec_tune.profiles.prompts import encode_fitting, encode_prompts
 from specdec_tune.profiles.schema import SCHEMA_VERSION, Profile, finished_profile, load_profile
@@ -237,20 +239,22 @@ class VerifySampler:
 
     A visit times one cell (B, ctx, 1+D): one warm-up call, then `VERIFY_SAMPLES_PER_VISIT` timed calls, logged
     under its own key so that a killed run resumes. Rounds of visits run in a shuffled order over every cell
-    (a slow spell then lands on random cells of every batch and context, not on one curve's neighbours):
+    (a slow spell then lands on random cells of every batch and context, not on one curve's neighbours), and the
+    device's drift, what the visits around one share, is taken out of every visit (`drift.corrected`):
       1. the seeds in 1+D (and 1, 1+D_max) for every (B, ctx);
       2. bisection: the midpoint of each gap whose straight line misses the midpoint by more than the tolerance and
          more than the noise (the midpoint's interval and the line's);
       3. repeats: another visit for every cell whose median's 95% interval is wider than the target,
          until all are tight, a cell has `verify_visits` visits, or the phase's share of the budget ends.
-    Each cell's figures pool the samples of all its visits. A cell that runs out of memory is infeasible,
-    with every larger 1+D of its (B, ctx).
+    Each cell's figures pool the (drift-corrected) samples of all its visits. A cell that runs out of memory is
+    infeasible, with every larger 1+D of its (B, ctx).
     """
 
     def __init__(self, profiler: Profiler, log: MeasurementLog, seeds: list[int], t_max: int) -> None:
         self.p, self.log, self.t_max = profiler, log, t_max
         self.seeds = sorted({1, t_max, *(x for x in seeds if x <= t_max)})
-        self.samples: dict[tuple[int, int, int], list[float]] = {}  # (B, ctx, t) -> ms
+        self.timed: list[tuple[tuple[int, int, int], list[float]]] = []  # ((B, ctx, t), ms as timed) per visit, in visit order
+        self._corrected: drift.Corrected | None = None
         self.infeasible: dict[tuple[int, int], int] = {}  # (B, ctx) -> smallest t that ran out of memory
         self.visits = 0
         self.steps: dict[tuple[int, int], VerifyStep] = {}
@@ -272,7 +276,7 @@ class VerifySampler:
     def _visit(self, B: int, ctx: int, t: int) -> None:
         if t >= self.infeasible.get((B, ctx), t + 1):
             return
-        n = len(self.samples.get((B, ctx, t), [])) // VERIFY_SAMPLES_PER_VISIT  # visits so far: the log key of this one
+        n = sum(cell == (B, ctx, t) for cell, _ in self.timed)  # visits so far: the log key of this one
 
         def measure():
             step = self._step(B, ctx)
@@ -284,7 +288,23 @@ class VerifySampler:
         if samples is None:
             self.infeasible[(B, ctx)] = min(t, self.infeasible.get((B, ctx), t))
         else:
-            self.samples.setdefault((B, ctx, t), []).extend(samples)
+            self.timed.append(((B, ctx, t), samples))
+            self._corrected = None
+
+    @property
+    def corrected(self) -> drift.Corrected:
+        if self._corrected is None:
+            self._corrected = drift.corrected(self.timed)
+        return self._corrected
+
+    @property
+    def samples(self) -> dict[tuple[int, int, int], list[float]]:
+        """(B, ctx, t) -> ms at the device's typical speed over the measurement, every visit pooled."""
+        return self.corrected.samples
+
+    def fit(self) -> tuple[list[dict], dict]:
+        """The verify curve over every visit so far (`fit_verify`)."""
+        return fit_verify_visits(self.timed, self.infeasible, self.p.s.batch_buckets, self.p.s.ctx_buckets, self.t_max)
 
     def _round(self, visits: list[tuple[int, int, int]], deadline: float | None = None) -> None:
         self.rng.shuffle(visits)
@@ -297,9 +317,13 @@ class VerifySampler:
         samples = self.samples.get((B, ctx, t))
         return statistics.median(samples) if samples else None
 
-    def half_width(self, B: int, ctx: int, t: int, rel_sd: float | None) -> float:
-        """Half the width of the cell's median's 95% interval (ms), `rel_sd` the noise all cells share."""
-        low, high = _cell_interval(self.samples[(B, ctx, t)], rel_sd)
+    def noise(self) -> Noise:
+        """The noise all cells share, now."""
+        return Noise(pooled_rel_sd(self.samples.values()), design_effect(self.corrected.visits.values()))
+
+    def half_width(self, B: int, ctx: int, t: int, noise: Noise) -> float:
+        """Half the width of the cell's median's 95% interval (ms)."""
+        low, high = _cell_interval(self.samples[(B, ctx, t)], noise)
         return (high - low) / 2
 
     def run(self, deadline: float) -> None:
@@ -309,7 +333,7 @@ class VerifySampler:
         while any(gaps.values()):  # bisection, one level per round
             todo = [(B, ctx, (a + b) // 2) for (B, ctx), pairs in gaps.items() for a, b in pairs if b - a >= 2]
             self._round(todo)
-            rel_sd = pooled_rel_sd(self.samples.values())  # once a round: every gap's noise test reads it
+            noise = self.noise()  # once a round: every gap's noise test reads it
             for (B, ctx), pairs in gaps.items():
                 nxt = []
                 for a, b in (p for p in pairs if p[1] - p[0] >= 2):
@@ -317,14 +341,14 @@ class VerifySampler:
                     ya, ym, yb = self.median(B, ctx, a), self.median(B, ctx, m), self.median(B, ctx, b)
                     if None in (ya, ym, yb):
                         continue
-                    noise = self.half_width(B, ctx, m, rel_sd) + (self.half_width(B, ctx, a, rel_sd) + self.half_width(B, ctx, b, rel_sd)) / 2
-                    if abs(ym - (ya + (yb - ya) * (m - a) / (b - a))) > max(self.p.s.interp_tolerance * ym, noise):
+                    spread = self.half_width(B, ctx, m, noise) + (self.half_width(B, ctx, a, noise) + self.half_width(B, ctx, b, noise)) / 2
+                    if abs(ym - (ya + (yb - ya) * (m - a) / (b - a))) > max(self.p.s.interp_tolerance * ym, spread):
                         nxt += [(a, m), (m, b)]
                 gaps[(B, ctx)] = nxt
         while time.monotonic() < deadline:  # repeats where the interval is still wide
-            rel_sd = pooled_rel_sd(self.samples.values())
-            wide = [key for key, samples in self.samples.items()
-                    if len(samples) < self.p.s.verify_visits * VERIFY_SAMPLES_PER_VISIT and _rel_half_width(samples, rel_sd) > VERIFY_TARGET_REL_HALF_WIDTH]
+            noise = self.noise()
+            wide = [key for key, visits in self.corrected.visits.items()
+                    if len(visits) < self.p.s.verify_visits and _rel_half_width(self.samples[key], noise) > VERIFY_TARGET_REL_HALF_WIDTH]
             if not wide:
                 break
             self._round(wide, deadline)
@@ -333,35 +357,60 @@ class VerifySampler:
     def refine(self, cells: list[tuple[int, int, int]], deadline: float) -> None:
         """More visits to `cells` (B, ctx, t), measured or not yet, in shuffled rounds until each is tight
         (`REFINE_TARGET_REL_HALF_WIDTH`), has `REFINE_VISITS_FACTOR` x --verify-visits visits, runs out of memory, or the deadline passes."""
-        most = REFINE_VISITS_FACTOR * self.p.s.verify_visits * VERIFY_SAMPLES_PER_VISIT
-        def open_(cell, rel_sd):
-            samples = self.samples.get(cell, [])
-            return cell[2] < self.infeasible.get(cell[:2], cell[2] + 1) and (not samples or (
-                len(samples) < most and _rel_half_width(samples, rel_sd) > REFINE_TARGET_REL_HALF_WIDTH))
-        while time.monotonic() < deadline and (todo := [c for c in cells if open_(c, pooled_rel_sd(self.samples.values()))]):
+        most = REFINE_VISITS_FACTOR * self.p.s.verify_visits
+        def open_(cell, noise):
+            visits = self.corrected.visits.get(cell, [])
+            return cell[2] < self.infeasible.get(cell[:2], cell[2] + 1) and (not visits or (
+                len(visits) < most and _rel_half_width(self.samples[cell], noise) > REFINE_TARGET_REL_HALF_WIDTH))
+        while time.monotonic() < deadline and (todo := [c for c in cells if open_(c, self.noise())]):
             self._round(todo, deadline)
         self.steps.clear()
 
 
-def _rel_half_width(samples: list[float], rel_sd: float | None) -> float:
-    """Relative half-width of a cell's median: its own 95% interval's, or the shared noise's (`pooled_half_width`) at
-    its sample count where that is wider (3 samples' (min, max) holds the median only 75% of the time)."""
-    low, high = _cell_interval(samples, rel_sd)
+@dataclasses.dataclass(frozen=True)
+class Noise:
+    """What all verify cells share: the relative sd of one sample (`pooled_rel_sd`; None where no cell says) and how
+    many samples count as one (`design_effect`: a visit's calls run back to back and share its level)."""
+
+    rel_sd: float | None
+    design_effect: float = 1.0
+
+
+def _rel_half_width(samples: list[float], noise: Noise) -> float:
+    """Relative half-width of a cell's median (`_cell_interval`)."""
+    low, high = _cell_interval(samples, noise)
     return (high - low) / 2 / statistics.median(samples)
 
 
-def _cell_interval(samples: list[float], rel_sd: float | None) -> tuple[float, float]:
-    """A cell's 95% interval of its median: the order statistics' (`median_interval`), widened to the shared noise's."""
+def _cell_interval(samples: list[float], noise: Noise) -> tuple[float, float]:
+    """A cell's 95% interval of its median: the order statistics' (`median_interval`), widened to the shared noise's
+    (`pooled_half_width` at n / design effect samples): three close samples, one visit, are not a tight cell."""
     low, high = median_interval(samples)
-    if rel_sd:
+    if noise.rel_sd:
         median = statistics.median(samples)
-        h = pooled_half_width(len(samples), rel_sd, median)
+        h = pooled_half_width(len(samples) / noise.design_effect, noise.rel_sd, median)
         low, high = min(low, median - h), max(high, median + h)
     return low, high
 
 
+def fit_verify_visits(timed: list[tuple[tuple[int, int, int], list[float]]], infeasible: dict[tuple[int, int], int], batches, ctxs,
+                      t_max: int) -> tuple[list[dict], dict]:
+    """`fit_verify` over visits in the order they were timed ((B, ctx, t), ms): the device's drift taken out first
+    (`drift.corrected`), each cell's median as timed kept beside (`uncorrected_median_ms`)."""
+    corrected = drift.corrected(timed)
+    uncorrected: dict[tuple[int, int, int], list[float]] = {}
+    for cell, ms in timed:
+        uncorrected.setdefault(cell, []).extend(ms)
+    points, fit = fit_verify(corrected.samples, infeasible, batches, ctxs, t_max, len(timed),
+                             visit_design_effect=design_effect(corrected.visits.values()))
+    for p in points:
+        if (cell := (p["batch"], p["ctx"], p["tokens"])) in uncorrected and p.get("raw_median_ms") is not None:
+            p["uncorrected_median_ms"] = statistics.median(uncorrected[cell])
+    return points, fit | {"drift": corrected.summary(), "pooled_rel_sd_uncorrected": pooled_rel_sd(uncorrected.values())}
+
+
 def fit_verify(samples: dict[tuple[int, int, int], list[float]], infeasible: dict[tuple[int, int], int], batches, ctxs, t_max: int,
-               visits: int) -> tuple[list[dict], dict]:
+               visits: int, visit_design_effect: float = 1.0) -> tuple[list[dict], dict]:
     """The verify curve's points: raw medians with their intervals, and the monotone fit the cost model reads.
 
     More tokens, more rows or a longer cache never make a forward cheaper: the fit is the weighted least-squares
@@ -373,7 +422,7 @@ def fit_verify(samples: dict[tuple[int, int, int], list[float]], infeasible: dic
     grid = np.full((t_max, len(batches), len(ctxs)), np.nan)
     weight = np.zeros_like(grid)
     timings: dict[tuple[int, int, int], Timing] = {}
-    rel_sd = pooled_rel_sd(samples.values())
+    noise = Noise(pooled_rel_sd(samples.values()), visit_design_effect)
     for bi, B in enumerate(batches):
         for ci, ctx in enumerate(ctxs):
             measured = {t: statistics.median(samples[(B, ctx, t)]) for t in range(1, t_max + 1) if (B, ctx, t) in samples}
@@ -384,7 +433,7 @@ def fit_verify(samples: dict[tuple[int, int, int], list[float]], infeasible: dic
                 grid[t - 1, bi, ci] = y
                 if source == "measured":
                     tm = Timing.of(samples[(B, ctx, t)])
-                    low, high = _cell_interval(samples[(B, ctx, t)], rel_sd)
+                    low, high = _cell_interval(samples[(B, ctx, t)], noise)
                     timings[(B, ctx, t)] = tm = dataclasses.replace(tm, ci_low_ms=low, ci_high_ms=high)
                     weight[t - 1, bi, ci] = 1.0 / max((tm.ci_high_ms - tm.ci_low_ms) / 2, 0.005 * tm.median_ms) ** 2
     with warnings.catch_warnings(record=True) as unconverged:  # still monotone, within tol of optimal: recorded below
@@ -417,9 +466,10 @@ def fit_verify(samples: dict[tuple[int, int, int], list[float]], infeasible: dic
     widths = [(tm.ci_high_ms - tm.ci_low_ms) / 2 / tm.median_ms for tm in timings.values()]
     summary = {
         "method": "weighted isotonic regression, non-decreasing in 1+D, batch and context (Dykstra's projections over PAVA); "
-                  "weights 1 / half-width^2 of each median's 95% interval (the order statistics' interval, widened to the "
-                  "half-width the noise all cells share gives at the cell's sample count)",
-        "pooled_rel_sd": rel_sd,
+                  "weights 1 / half-width^2 of each median's 95% interval (the order statistics' interval of its samples, "
+                  "drift-corrected where the visits' order is known, widened to the half-width the noise all cells share "
+                  "gives at the cell's sample count over the design effect of samples timed in visits)",
+        "pooled_rel_sd": noise.rel_sd, "design_effect": visit_design_effect,
         "visits": visits, "samples_per_visit": VERIFY_SAMPLES_PER_VISIT, "cells_measured": measured_cells,
         "target_rel_half_width": VERIFY_TARGET_REL_HALF_WIDTH,
         "cells_above_target": sum(w > VERIFY_TARGET_REL_HALF_WIDTH for w in widths),
@@ -641,7 +691,7 @@ class Profiler:
         sampler.run(deadline)
         self.verify_sampler = sampler  # the decision cells get more visits once acceptance is known (`_refine_verify`)
         self._tick("verify", sampler.visits, sampler.visits)
-        return fit_verify(sampler.samples, sampler.infeasible, s.batch_buckets, s.ctx_buckets, s.max_draft_len + 1, sampler.visits)
+        return sampler.fit()
 
     # ------------------------------------------------------------------ draft cost
 
@@ -954,8 +1004,8 @@ class Profiler:
         self._tick("verify refinement", 0, len(cells))
         sampler.refine(cells, time.monotonic() + share * left_s)
         self._tick("verify refinement", len(cells), len(cells))
-        points, fit = fit_verify(sampler.samples, sampler.infeasible, s.batch_buckets, s.ctx_buckets, s.max_draft_len + 1, sampler.visits)
-        per_cell = {c: len(sampler.samples.get(c, [])) // VERIFY_SAMPLES_PER_VISIT for c in cells}
+        points, fit = sampler.fit()
+        per_cell = {c: sum(cell == c for cell, _ in sampler.timed) for c in cells}
         return points, fit | {"decision_cells": [{"batch": B, "ctx": ctx, "tokens": t, "visits": n} for (B, ctx, t), n in per_cell.items()],
                               "decision_cells_target_rel_half_width": REFINE_TARGET_REL_HALF_WIDTH}
 
@@ -1085,11 +1135,11 @@ def remeasure(profile_path: Path, verify_cells: list[tuple[int, int, int]], visi
         raise SpecdecError(f"{profile_path} is projected onto {profile.device.get('name')}: its cells were never measured here",
                            "re-measure the profile it was projected from")
     log = MeasurementLog(profile_path.parent, profile.fingerprint)
-    samples: dict[tuple[int, int, int], list[float]] = {}
+    timed: list[tuple[tuple[int, int, int], list[float]]] = []  # in the order the visits were logged
     for key, value in log.items("verify/"):
         _, B, ctx, t, _visit = key.split("/")
         if value is not None:
-            samples.setdefault((int(B), int(ctx), int(t)), []).extend(value)
+            timed.append(((int(B), int(ctx), int(t)), value))
     w = profile.workload
     t_max = w.max_draft_len + 1
     infeasible = {}
@@ -1100,22 +1150,20 @@ def remeasure(profile_path: Path, verify_cells: list[tuple[int, int, int]], visi
     target = load_model(profile.target["path"], dtype=profile.device.get("dtype", "auto"), device=str(device))
     before = {(p.batch, p.tokens, p.ctx): p.median_ms for p in profile.verify}
     steps: dict[tuple[int, int], VerifyStep] = {}
-    total_visits = len(log.items("verify/"))
     for B, t, ctx in verify_cells:
         if (B, ctx) not in steps:
             steps[(B, ctx)] = VerifyStep(target.model, B, ctx, t_max, 0, device)
-        for _ in range(visits):
-            n = len(samples.get((B, ctx, t), [])) // VERIFY_SAMPLES_PER_VISIT
+    for B, t, ctx in [cell for _ in range(visits) for cell in verify_cells]:  # interleaved: the drift is told from the cells
+        n = sum(cell == (B, ctx, t) for cell, _ in timed)
 
-            def measure(step=steps[(B, ctx)], t=t):
-                timing = step.timing(t, warmup=1, repeats=VERIFY_SAMPLES_PER_VISIT) if step.ready else None
-                return list(timing.samples_ms) if timing else None
+        def measure(step=steps[(B, ctx)], t=t):
+            timing = step.timing(t, warmup=1, repeats=VERIFY_SAMPLES_PER_VISIT) if step.ready else None
+            return list(timing.samples_ms) if timing else None
 
-            value = log.measure(f"verify/{B}/{ctx}/{t}/visit{n}", measure)
-            total_visits += 1
-            if value is not None:
-                samples.setdefault((B, ctx, t), []).extend(value)
-    points, fit = fit_verify(samples, infeasible, w.batch_buckets, w.ctx_buckets, t_max, total_visits)
+        value = log.measure(f"verify/{B}/{ctx}/{t}/visit{n}", measure)
+        if value is not None:
+            timed.append(((B, ctx, t), value))
+    points, fit = fit_verify_visits(timed, infeasible, w.batch_buckets, w.ctx_buckets, t_max)
     data = profile.model_dump(mode="json") | {"verify": points, "verify_fit": fit}
     updated = Profile.model_validate(data)
     write_json(profile_path, updated.model_dump(mode="json"))

@@ -42,7 +42,8 @@ class TimingPoint(Timed):
     batch: int
     tokens: int  # 1 + D
     ctx: int
-    raw_median_ms: Optional[float] = None  # the measured median before the monotone fit (None where not measured)
+    raw_median_ms: Optional[float] = None  # the measured median before the monotone fit, drift-corrected (None where not measured)
+    uncorrected_median_ms: Optional[float] = None  # the same as timed, before the device's drift was taken out (profiles/drift.py)
     fit_moved: bool = False  # the fit moved this cell by more than its interval: source "fitted", flagged in plans
 
 

@@ -376,11 +376,12 @@ def test_refinement_visits_the_decision_cells_until_each_is_tight(tmp_path):
 
     def visit(B, ctx, t):
         visited.append((B, ctx, t))
-        sampler.samples.setdefault((B, ctx, t), []).extend(
-            10.0 * t * (1 + rng.uniform(-1, 1) * noise[(B, ctx, t)]) for _ in range(pr.VERIFY_SAMPLES_PER_VISIT))
+        sampler.timed.append(((B, ctx, t), [10.0 * t * (1 + rng.uniform(-1, 1) * noise[(B, ctx, t)])
+                                            for _ in range(pr.VERIFY_SAMPLES_PER_VISIT)]))
+        sampler._corrected = None
 
     sampler._visit = visit
-    sampler.samples = {(1, 128, 2): [20.0, 26.0, 15.0], (1, 128, 3): [30.0] * 72, (1, 128, 8): [90.0, 60.0, 80.0]}
+    sampler.timed = [((1, 128, 2), [20.0, 26.0, 15.0]), *[((1, 128, 3), [30.0] * 3)] * 24, ((1, 128, 8), [90.0, 60.0, 80.0])]
     sampler.infeasible = {(1, 128): 6}
     sampler.refine([(1, 128, 2), (1, 128, 3), (1, 128, 5), (1, 128, 6)], deadline=time.monotonic() + 5)
     assert set(visited) == {(1, 128, 2), (1, 128, 5)}  # tight (3: 72 equal samples), infeasible (6) and not a decision cell (8): no visit
