@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
 import sys
@@ -34,6 +35,7 @@ from specdec_tune import SpecdecError
 from specdec_tune.autotune.cost_model import CostModel, normalise_mix
 from specdec_tune.autotune.search import SearchSettings, search
 from specdec_tune.exporters.validate import DeviceSpeed, at_profile_speed_tokens_per_s, context_prompts_by_domain, measure_decode, plan_drafter
+from specdec_tune.profiles.intervals import pooled_half_width, pooled_rel_sd
 from specdec_tune.profiles.models.loading import load_model
 from specdec_tune.profiles.schema import load_profile
 from specdec_tune.records import sha256_file, sha256_json
@@ -106,8 +108,10 @@ def check_reuse(reused: dict, settings: dict, path) -> None:
 
 
 def point_record(B: int, mech: str, quant: str, D: int, measured: dict, ratio: float, prediction) -> dict:
-    """One swept point: raw measurement, its speed-scaled tokens/s, the cost model's prediction."""
+    """One swept point: raw measurement (the median of its runs, each run's figure beside it where known), its
+    speed-scaled tokens/s, the cost model's prediction."""
     return {"batch": B, "mechanism": mech, "quant": quant, "draft_len": D, "measured_tokens_per_s": measured["tokens_per_s"],
+            "runs_tokens_per_s": measured.get("runs_tokens_per_s"),
             "measured_tokens_per_forward": measured["tokens_per_forward"], "device_speed_ratio": ratio,
             "scaled_measured_tokens_per_s": measured["tokens_per_s"] * ratio, "predicted_tokens_per_s": prediction.tokens_per_s.value,
             "predicted_tokens_per_forward": prediction.tokens_per_forward.value, "predicted_source": prediction.tokens_per_s.source}
@@ -208,7 +212,27 @@ def summarize(points: list[dict], schedule: list[list[int]], plan_mech: str, def
                 "single_d_mean_speedup": mean_ratio("single_d"), "plan_beats_single_d": mean_ratio("plan") > mean_ratio("single_d")}
 
     return {"buckets": raw_rows, "best_single_measured": raw_single | {"scaled": scaled_single}, "fidelity": fidelity,
-            "targets": targets(raw_rows) | {"scaled": targets(scaled_rows)}}
+            "targets": targets(raw_rows) | {"scaled": targets(scaled_rows)}, "sweep_noise": sweep_noise(points, raw_rows)}
+
+
+def sweep_noise(points: list[dict], rows: list[dict]) -> dict | None:
+    """How far the sweep's own noise reaches, from the runs of every point: a run's relative sd pooled over the points
+    (`pooled_rel_sd`), and per bucket plan / oracle with a 95% interval, each point's median of n runs taken as
+    independent at that noise (`pooled_half_width`; the runs of a bucket's points share rounds, so the drift they
+    share cancels and the interval is conservative). None where the points keep no runs (a sweep before they did)."""
+    runs = {_key(p["batch"], p["mechanism"], p["draft_len"]): p.get("runs_tokens_per_s") for p in points}
+    if not all(r and len(r) >= 2 for r in runs.values()):
+        return None
+    rel_sd = pooled_rel_sd(runs.values())
+    if not rel_sd:
+        return None
+    buckets = []
+    for r in rows:
+        plan, oracle = (_key(r["batch"], r[f"{x}_mechanism"], r[f"{x}_draft_len"]) for x in ("plan", "oracle"))
+        value = r["vs_oracle"]["plan"]
+        h = 0.0 if plan == oracle else math.hypot(*(pooled_half_width(len(runs[k]), rel_sd, 1.0) for k in (plan, oracle)))
+        buckets.append({"batch": r["batch"], "plan_vs_oracle": value, "low": value * math.exp(-h), "high": value * math.exp(h)})
+    return {"run_rel_sd": rel_sd, "buckets": buckets}
 
 
 def untied_measured(plan: dict, points: list[dict], rows: list[dict]) -> list[dict]:
@@ -315,11 +339,12 @@ def run(args) -> dict:
     for B, m, q, D in swept:
         old = measured_before.get((B, m, D))  # the settings matched: every point was measured, by this script
         if old:
-            meas, ratio = {"tokens_per_s": old["measured_tokens_per_s"], "tokens_per_forward": old["measured_tokens_per_forward"]}, old["device_speed_ratio"]
+            meas, ratio = {"tokens_per_s": old["measured_tokens_per_s"], "tokens_per_forward": old["measured_tokens_per_forward"],
+                           "runs_tokens_per_s": old.get("runs_tokens_per_s")}, old["device_speed_ratio"]
         else:  # the median over the point's runs, raw and scaled apart
             done = runs[(B, m, q, D)]
             raw, scaled = statistics.median(r[0] for r in done), statistics.median(r[1] for r in done)
-            meas, ratio = {"tokens_per_s": raw, "tokens_per_forward": done[-1][2]}, scaled / raw
+            meas, ratio = {"tokens_per_s": raw, "tokens_per_forward": done[-1][2], "runs_tokens_per_s": [r[0] for r in done]}, scaled / raw
         p = point_record(B, m, q, D, meas, ratio, cost.predict(B, D, m, q))
         points.append(p)
         print(f"  B={B:3d} {m:>12s} D={D:2d}: measured {p['measured_tokens_per_s']:8.1f} tok/s (scaled {p['scaled_measured_tokens_per_s']:8.1f}, "
@@ -389,6 +414,9 @@ def table(result: dict) -> str:
               f"plan at least {100 * g['plan_min_vs_oracle']:.1f}% of the oracle in every bucket (scaled {100 * g['scaled']['plan_min_vs_oracle']:.1f}%); "
               f"mean speedup plan {g['plan_mean_speedup']:.3f}x vs best single config {g['single_d_mean_speedup']:.3f}x "
               f"(scaled {g['scaled']['plan_mean_speedup']:.3f}x vs {g['scaled']['single_d_mean_speedup']:.3f}x)",
+              *([f"the sweep's own noise: a run's relative sd {100 * n['run_rel_sd']:.1f}% (pooled over the points); plan / oracle with its 95% "
+                 "interval: " + "; ".join(f"batch {b['batch']} {b['plan_vs_oracle']:.3f} ({b['low']:.3f}-{min(b['high'], 9.99):.3f})" for b in n["buckets"])]
+                if (n := result.get("sweep_noise")) else []),
               "without ties (the same search with every predicted difference deciding): " + "; ".join(
                   f"batch {u['batch']} {_config(result['mechanism'], u['draft_len'])} "
                   + (f"{100 * u['vs_oracle']:.1f}% of the oracle" if u["vs_oracle"] is not None else "not swept")

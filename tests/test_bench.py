@@ -4,6 +4,7 @@ report are checked on the quick runs and shown to fail on planted bad results.""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -130,6 +131,21 @@ def test_decision_quality_measures_the_untied_schedule_where_it_was_swept():
     one, two = decision_quality.untied_measured(plan, r["sweep"], r["buckets"])
     assert one == {"batch": 1, "draft_len": 2, "measured_tokens_per_s": 70.0, "vs_oracle": pytest.approx(1.0)}
     assert two["draft_len"] == 3 and two["measured_tokens_per_s"] is None and two["vs_oracle"] is None  # D = 3 was not swept
+
+
+def test_decision_quality_states_the_sweeps_own_noise_around_plan_over_oracle():
+    """Runs spread ±10% (log sd 0.1 about each point's median): plan / oracle carries the interval two medians of 3
+    runs at that noise allow; the bucket whose plan is the oracle has none; a sweep without runs states nothing."""
+    spread = [math.exp(-0.1), 1.0, math.exp(0.1)]  # |ln| deviations 0.1 (the median's 0 left out): pooled sd 1.4826 x 0.1
+    points = [_point(B, m, D, tps) | {"runs_tokens_per_s": [tps * f for f in spread]} for (B, m, D), tps in SWEEP.items()]
+    noise = decision_quality.summarize(points, [[1, 1], [2, 1]], "suffix", default_k=1)["sweep_noise"]
+    assert noise["run_rel_sd"] == pytest.approx(0.14826)
+    one, two = noise["buckets"]
+    h = math.sqrt(2) * 1.96 * math.sqrt(math.pi / 2) * 0.14826 / math.sqrt(3)
+    assert one["plan_vs_oracle"] == pytest.approx(60 / 70) and one["low"] == pytest.approx(60 / 70 * math.exp(-h))
+    assert one["high"] == pytest.approx(60 / 70 * math.exp(h)) and one["high"] > 1  # inside the sweep's noise
+    assert two == {"batch": 2, "plan_vs_oracle": 1.0, "low": 1.0, "high": 1.0}
+    assert decision_quality.summarize(points[:1] + [_point(1, "ngram", 1, 40.0)], [[1, 1]], "ngram", default_k=1)["sweep_noise"] is None
 
 
 def test_decision_quality_bounds_fail_on_a_planted_bad_plan():
