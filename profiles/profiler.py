@@ -996,7 +996,7 @@ class Profiler:
     def _refine_verify(self, budget: Budget, verify: list[dict], fit: dict, share: float) -> tuple[list[dict], dict]:
         """`share` of the budget left (less the finishing reserve) for more visits to the decision cells, then the
         curve fitted again over every sample."""
-        sampler, s = self.verify_sampler, self.s
+        sampler = self.verify_sampler
         left_s = budget.deadline - FINISH_RESERVE_S - time.monotonic()
         if left_s <= 0 or not self.replayed:
             return verify, fit
