@@ -21,6 +21,7 @@ slow kernel shape) stays slow; what is removed is what the other cells timed aro
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import statistics
 from typing import Hashable, Sequence
@@ -34,10 +35,14 @@ MIN_INFORMATIVE_VISITS = 2 * WINDOW + 1  # fewer: no correction (the levels coul
 
 @dataclasses.dataclass(frozen=True)
 class Corrected:
-    samples: dict[Hashable, list[float]]  # per cell, every visit's samples divided by its level, in visit order
-    visits: dict[Hashable, list[list[float]]]  # per cell, each visit's samples divided by its level
+    visits: dict[Hashable, list[list[float]]]  # per cell, each visit's samples divided by its level, in visit order
     levels: list[float]  # per visit, exp(δ_v): above 1 the device ran slower than typical
     applied: bool  # False where too few informative visits: samples unchanged, levels all 1
+
+    @functools.cached_property
+    def samples(self) -> dict[Hashable, list[float]]:
+        """Per cell, every visit's samples pooled."""
+        return {c: [x for v in vs for x in v] for c, vs in self.visits.items()}
 
     def summary(self) -> dict:
         """What profile.json records of the correction."""
@@ -85,9 +90,7 @@ def _neighbours(cells: list, informative: np.ndarray, v: int) -> list[int]:
 def corrected(visits: Sequence[tuple[Hashable, Sequence[float]]]) -> Corrected:
     """Every visit's samples at the device's typical speed (module docstring), grouped by cell."""
     delta, applied = levels(visits) if visits else (np.zeros(0), False)
-    samples: dict[Hashable, list[float]] = {}
     by_visit: dict[Hashable, list[list[float]]] = {}
     for (c, s), d in zip(visits, delta):
         by_visit.setdefault(c, []).append([x / math.exp(d) for x in s])
-        samples.setdefault(c, []).extend(by_visit[c][-1])
-    return Corrected(samples, by_visit, [math.exp(d) for d in delta], applied)
+    return Corrected(by_visit, [math.exp(d) for d in delta], applied)

@@ -254,7 +254,7 @@ class VerifySampler:
         self.p, self.log, self.t_max = profiler, log, t_max
         self.seeds = sorted({1, t_max, *(x for x in seeds if x <= t_max)})
         self.timed: list[tuple[tuple[int, int, int], list[float]]] = []  # ((B, ctx, t), ms as timed) per visit, in visit order
-        self._corrected: drift.Corrected | None = None
+        self._corrected: tuple[int, drift.Corrected] | None = None  # (visits it covers, the correction)
         self.infeasible: dict[tuple[int, int], int] = {}  # (B, ctx) -> smallest t that ran out of memory
         self.visits = 0
         self.steps: dict[tuple[int, int], VerifyStep] = {}
@@ -276,7 +276,7 @@ class VerifySampler:
     def _visit(self, B: int, ctx: int, t: int) -> None:
         if t >= self.infeasible.get((B, ctx), t + 1):
             return
-        n = sum(cell == (B, ctx, t) for cell, _ in self.timed)  # visits so far: the log key of this one
+        n = visits_of(self.timed, (B, ctx, t))  # visits so far: the log key of this one
 
         def measure():
             step = self._step(B, ctx)
@@ -289,13 +289,13 @@ class VerifySampler:
             self.infeasible[(B, ctx)] = min(t, self.infeasible.get((B, ctx), t))
         else:
             self.timed.append(((B, ctx, t), samples))
-            self._corrected = None
 
     @property
     def corrected(self) -> drift.Corrected:
-        if self._corrected is None:
-            self._corrected = drift.corrected(self.timed)
-        return self._corrected
+        """`drift.corrected` over every visit so far (computed again once a visit was added)."""
+        if self._corrected is None or self._corrected[0] != len(self.timed):
+            self._corrected = (len(self.timed), drift.corrected(self.timed))
+        return self._corrected[1]
 
     @property
     def samples(self) -> dict[tuple[int, int, int], list[float]]:
@@ -362,9 +362,18 @@ class VerifySampler:
             visits = self.corrected.visits.get(cell, [])
             return cell[2] < self.infeasible.get(cell[:2], cell[2] + 1) and (not visits or (
                 len(visits) < most and _rel_half_width(self.samples[cell], noise) > REFINE_TARGET_REL_HALF_WIDTH))
-        while time.monotonic() < deadline and (todo := [c for c in cells if open_(c, self.noise())]):
+        while time.monotonic() < deadline:
+            noise = self.noise()  # once a round
+            todo = [c for c in cells if open_(c, noise)]
+            if not todo:
+                break
             self._round(todo, deadline)
         self.steps.clear()
+
+
+def visits_of(timed: list[tuple[tuple[int, int, int], list[float]]], cell: tuple[int, int, int]) -> int:
+    """How many of the logged visits `timed` ((B, ctx, t), ms) are of `cell`."""
+    return sum(c == cell for c, _ in timed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1005,7 +1014,7 @@ class Profiler:
         sampler.refine(cells, time.monotonic() + share * left_s)
         self._tick("verify refinement", len(cells), len(cells))
         points, fit = sampler.fit()
-        per_cell = {c: sum(cell == c for cell, _ in sampler.timed) for c in cells}
+        per_cell = {c: visits_of(sampler.timed, c) for c in cells}
         return points, fit | {"decision_cells": [{"batch": B, "ctx": ctx, "tokens": t, "visits": n} for (B, ctx, t), n in per_cell.items()],
                               "decision_cells_target_rel_half_width": REFINE_TARGET_REL_HALF_WIDTH}
 
@@ -1154,7 +1163,7 @@ def remeasure(profile_path: Path, verify_cells: list[tuple[int, int, int]], visi
         if (B, ctx) not in steps:
             steps[(B, ctx)] = VerifyStep(target.model, B, ctx, t_max, 0, device)
     for B, t, ctx in [cell for _ in range(visits) for cell in verify_cells]:  # interleaved: the drift is told from the cells
-        n = sum(cell == (B, ctx, t) for cell, _ in timed)
+        n = visits_of(timed, (B, ctx, t))
 
         def measure(step=steps[(B, ctx)], t=t):
             timing = step.timing(t, warmup=1, repeats=VERIFY_SAMPLES_PER_VISIT) if step.ready else None

@@ -378,7 +378,6 @@ def test_refinement_visits_the_decision_cells_until_each_is_tight(tmp_path):
         visited.append((B, ctx, t))
         sampler.timed.append(((B, ctx, t), [10.0 * t * (1 + rng.uniform(-1, 1) * noise[(B, ctx, t)])
                                             for _ in range(pr.VERIFY_SAMPLES_PER_VISIT)]))
-        sampler._corrected = None
 
     sampler._visit = visit
     sampler.timed = [((1, 128, 2), [20.0, 26.0, 15.0]), *[((1, 128, 3), [30.0] * 3)] * 24, ((1, 128, 8), [90.0, 60.0, 80.0])]
