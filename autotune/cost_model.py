@@ -38,7 +38,8 @@ Two draft lengths (`ratio`). Whether D beats D' at one batch is a question about
 figures apart: both are decoded on the same prompts, and a prompt that accepts well at one accepts well at the other,
 so the prompts' spread moves AL(D) and AL(D') together and cancels in the ratio. With the profile's per-prompt counts
 (the "all" record's `per_prompt`), AL(D)/AL(D') is bootstrapped paired: each resample draws prompts once and
-computes both (for a mix, each resample mixes the domains as above), and its 2.5 / 97.5 percentiles bound the ratio.
+computes both (for a mix, each resample mixes the domains as above), and its 2.5 / 97.5 percentiles, widened for the
+prompts' count about the resamples' median (`intervals.widening`), bound the ratio.
 The two rounds were timed in separate cells, so their errors are independent, and on a log scale
     r = TPS(D)/TPS(D') = [AL(D)/AL(D')] · [T_round(D')/T_round(D)]
     ln r_low  = ln r − sqrt(δ_AL,low² + δ_D,high² + δ_D',low²)      δ_X,high = ln(X_high / X), δ_X,low = ln(X / X_low)
@@ -226,13 +227,15 @@ class Acceptance:
     # [R, D_max + 1] tokens per forward of R bootstrap resamples of the workload's prompts, every D on the same prompts
     # (`intervals.draws`); None where the profile kept no per-prompt counts
     paired_draws: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
+    paired_widening: float = 1.0  # `intervals.widening` for the prompts the draws resample
 
     def tokens_per_forward_ratio(self, draft_len: int, other: int) -> tuple[float, float] | None:
-        """The 95% interval of AL(D) / AL(D') over the paired resamples, or None without them."""
-        if self.paired_draws is None:
+        """The 95% interval of AL(D) / AL(D') over the paired resamples (widened about their median for the prompts'
+        count), or None without them."""
+        if self.paired_draws is None or math.isinf(self.paired_widening):
             return None
         ratios = self.paired_draws[:, draft_len] / self.paired_draws[:, other]
-        low, high = np.percentile(ratios, [2.5, 97.5])
+        low, high = intervals.widened(np.median(ratios), ratios, self.paired_widening)
         return float(low), float(high)
 
     @property
@@ -281,17 +284,18 @@ def normalise_mix(profile: Profile, mix: dict[str, float]) -> dict[str, float]:
 PAIRED_RESAMPLES = 1000
 
 
-def _paired_draws(record: AcceptanceRecord | None, shares: dict[str, float]) -> np.ndarray | None:
-    """`Acceptance.paired_draws` from the "all" record's per-prompt counts, for a domain, a mix or "all" (every domain
-    weighted equally, as the record's own figures are); None where the record kept none."""
+def _paired_draws(record: AcceptanceRecord | None, shares: dict[str, float]) -> dict:
+    """`Acceptance.paired_draws` and `paired_widening` from the "all" record's per-prompt counts, for a domain, a mix or
+    "all" (every domain weighted equally, as the record's own figures are); none where the record kept none."""
     sums = record.per_prompt if record is not None else None
     if sums is None:
-        return None
+        return {}
     weights = dict.fromkeys(sums.domains, 1.0) if set(shares) == {"all"} else shares
     if not any(d in weights for d in sums.domains):
-        return None
+        return {}
     tables = {k: np.asarray(getattr(sums, k), dtype=float) for k in ("emitted", "rounds", "accepted", "drafts")}
-    return intervals.draws(tables, sums.domains, weights, resamples=PAIRED_RESAMPLES)[0]
+    return {"paired_draws": intervals.draws(tables, sums.domains, weights, resamples=PAIRED_RESAMPLES)[0],
+            "paired_widening": intervals.widening(sums.domains, weights)}
 
 
 # ---------------------------------------------------------------------------------------------- the model
@@ -356,7 +360,7 @@ class CostModel:
         records = {(a.mechanism, a.quant, a.domain): a for a in self.profile.acceptance if a.temperature == temperature}
         pairs = sorted({(m, q) for m, q, _ in records})
         shares = self.mix or {domain: 1.0}
-        return {(m, q): Acceptance(tuple((w, records[(m, q, d)]) for d, w in shares.items()), _paired_draws(records.get((m, q, "all")), shares))
+        return {(m, q): Acceptance(tuple((w, records[(m, q, d)]) for d, w in shares.items()), **_paired_draws(records.get((m, q, "all")), shares))
                 for m, q in pairs if all((m, q, d) in records for d in shares)}
 
     @property

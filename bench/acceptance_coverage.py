@@ -27,7 +27,7 @@ from pathlib import Path
 
 from specdec_tune import SpecdecError
 from specdec_tune.exporters.validate import plan_drafter
-from specdec_tune.profiles import replay
+from specdec_tune.profiles import intervals, replay
 from specdec_tune.profiles.calibration import CalibrationSet, load_calibration
 from specdec_tune.profiles.models.loading import load_model
 from specdec_tune.profiles.prompts import encode_prompts
@@ -87,7 +87,7 @@ def run(args) -> dict:
             continue
         sums = replay.per_prompt_rates([replayed[a.mechanism][i] for i in rows])
         weights = {d: 1.0 for d in wl.domains} if a.domain == "all" else {a.domain: 1.0}
-        tpf, _, tpf_ci, _ = replay.figures(sums, [domains[i] for i in rows], weights, resamples=RESAMPLES, seed=args.seed)
+        tpf, _, tpf_ci, _ = intervals.figures(sums, [domains[i] for i in rows], weights, resamples=RESAMPLES, seed=args.seed)
         for D in range(1, min(a.max_draft_len, args.max_draft_len) + 1):
             lo, hi = a.tokens_per_forward_ci[D]
             x, (x_lo, x_hi) = float(tpf[D]), (float(tpf_ci[D][0]), float(tpf_ci[D][1]))

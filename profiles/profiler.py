@@ -1124,12 +1124,17 @@ def acceptance_records(name: str, fmt: str, temp: float, domains: list[str], at_
             "num_accepted_tokens": c.num_accepted_tokens, "num_accepted_tokens_per_pos": c.num_accepted_tokens_per_pos,
             "num_reached_per_pos": c.num_reached_per_pos, "num_rounds": c.num_rounds, "rounds": c.rounds,
             "conditional_acceptance": c.conditional_acceptance(), "tokens_per_forward": tpf.tolist(), "mean_al_vllm": al.tolist(),
-            "tokens_per_forward_ci": tpf_ci.tolist(), "mean_al_vllm_ci": al_ci.tolist(), "method": method,
+            "tokens_per_forward_ci": _bounded_or_none(tpf_ci), "mean_al_vllm_ci": _bounded_or_none(al_ci), "method": method,
             "checks": checks if domain == "all" and fmt == "none" else [],
             **({"per_prompt": {"domains": list(domains), **{k: np.rint(sums[k]).astype(int).tolist() for k in ("emitted", "rounds", "accepted", "drafts")}}}
                if domain == "all" else {}),
         })
     return out
+
+
+def _bounded_or_none(ci: np.ndarray) -> list:
+    """An interval table as written: none ([]) where a domain of one prompt leaves it unbounded."""
+    return ci.tolist() if np.isfinite(ci).all() else []
 
 
 def remeasure(profile_path: Path, verify_cells: list[tuple[int, int, int]], visits: int = 2) -> tuple[Profile, list[dict]]:
