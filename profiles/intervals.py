@@ -394,4 +394,6 @@ def figures(sums: dict[str, np.ndarray], domains: Sequence[str], weights: dict[s
         return point_tpf, point_al
     tpf, al = draws(sums, domains, weights, resamples=resamples, seed=seed)
     factor = widening(domains, weights)
-    return point_tpf, point_al, widened(point_tpf, tpf, factor), widened(point_al, al, factor)
+    # both figures lie in [1, 1 + D] by definition: a widened interval stops there
+    cap = 1.0 + np.arange(len(point_tpf), dtype=float)[:, None]
+    return (point_tpf, point_al, np.clip(widened(point_tpf, tpf, factor), 1.0, cap), np.clip(widened(point_al, al, factor), 1.0, cap))

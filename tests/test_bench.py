@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -311,3 +312,25 @@ def test_acceptance_coverage_states_what_a_calibrated_interval_would_cover():
     half = 1.96 / n**0.5  # the known per-prompt spread: the interval's width is not what is simulated
     inside = ((held.mean(1) - profile.mean(1)).abs() <= half).float().mean().item()
     assert inside == pytest.approx(acceptance_coverage.calibrated_coverage(n, m), abs=0.01)
+
+
+def test_acceptance_coverage_subsamples_a_large_domain_and_widening_restores_coverage():
+    """A domain of 200 prompts with skewed per-prompt acceptance stands in for the population: intervals over 7 of them
+    cover its tokens per forward near 95% when widened, clearly less as plain percentiles."""
+    import types
+
+    import acceptance_coverage
+
+    rng = np.random.default_rng(3)
+    n, D = 200, 3
+    tpf = 1 + rng.gamma(1.5, 0.25, n)  # per prompt, at every D >= 1
+    emitted = np.full((n, D + 1), 60.0)
+    rounds = np.concatenate([emitted[:, :1], 60.0 / tpf[:, None].repeat(D, 1)], axis=1)
+    drafts = rounds.copy()
+    drafts[:, 0] = 0
+    per_prompt = types.SimpleNamespace(domains=["big"] * n + ["small"] * 3, **{
+        k: np.concatenate([v, v[:3]]).tolist() for k, v in {"emitted": emitted, "rounds": rounds, "accepted": emitted - rounds, "drafts": drafts}.items()})
+    record = types.SimpleNamespace(domain="all", quant="none", temperature=0.0, per_prompt=per_prompt, max_draft_len=D, mechanism="m")
+    [seven, twenty] = acceptance_coverage.subsample_coverage(types.SimpleNamespace(acceptance=[record]), D, seed=0, draws=400)
+    assert seven["domain"] == "big" and seven["prompts"] == 7 and twenty["prompts"] == 20
+    assert 0.88 <= seven["coverage_widened"] <= 0.99 and seven["coverage_plain"] < seven["coverage_widened"] - 0.03

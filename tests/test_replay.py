@@ -186,3 +186,13 @@ def test_interval_over_few_prompts_holds_its_confidence():
             covered[factor] += lo <= truth <= hi
     assert 0.91 <= covered["widened"] / trials <= 0.99
     assert covered[1.0] / trials < 0.9
+
+
+def test_widened_interval_stays_within_one_and_one_plus_d():
+    """Seven prompts that rarely accept: the widened lower bound would fall below one token per forward; it stops at 1."""
+    per_prompt = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.9]
+    _, _, tpf_ci, al_ci = intervals.figures(_sums(per_prompt), ["a"] * 7, {"a": 1.0}, resamples=500)
+    assert tpf_ci[1, 0] == 1.0 and al_ci[1, 0] >= 1.0 and tpf_ci[1, 1] <= 2.0
+    point, _ = intervals.figures(_sums(per_prompt), ["a"] * 7, {"a": 1.0})
+    resampled, _ = intervals.draws(_sums(per_prompt), ["a"] * 7, {"a": 1.0}, resamples=500)
+    assert intervals.widened(point, resampled, intervals.widening(["a"] * 7, {"a": 1.0}))[1, 0] < 1.0  # unclipped, it would
