@@ -193,7 +193,7 @@ def test_a_mixture_of_experts_target_through_profile_search_export_validate(tmp_
 
     prof, plan, bundle = tmp_path / "profile", tmp_path / "plan", tmp_path / "bundle"
     assert main(["profile", "--target", str(folder), "--out", str(prof), "--batch", "1,2", "--ctx", "32", "--max-draft-len", "3",
-                 "--prompts-per-domain", "1", "--new-tokens", "8", "--half-width", "0", "--verify-visits", "2", "--temperatures", "0",
+                 "--prompts-per-domain", "2", "--new-tokens", "8", "--half-width", "0", "--verify-visits", "2", "--temperatures", "0",
                  "--quant", "none", "--drafter", "ngram", "--drafter", "draft_model:layers=1"]) == 0
     profile = load_profile(prof / "profile.json")
     assert profile.target["arch"] == "qwen3_moe" and "qwen3_moe" in profile.timing_shapes
