@@ -373,6 +373,11 @@ def widening(domains: Sequence[str], weights: dict[str, float], confidence: floa
     return t_quantile(p, df) * math.sqrt(variance / resampled) / statistics.NormalDist().inv_cdf(p)
 
 
+def half_width_text(rel_half_width: float) -> str:
+    """A relative 95% half-width as the notes say it; a domain of one prompt has none."""
+    return f"within ±{rel_half_width:.1%} (95%)" if math.isfinite(rel_half_width) else "without an interval (one prompt: no spread to bootstrap)"
+
+
 def widened(center: np.ndarray, resampled: np.ndarray, factor: float, confidence: float = 0.95) -> np.ndarray:
     """[..., 2]: the percentile interval of `resampled` ([R, ...], one row per resample) widened about `center` by
     `factor` (`widening`), never narrower than the percentiles; unbounded where the factor is (one prompt)."""

@@ -1045,7 +1045,7 @@ class Profiler:
                 added = added[: int(left_s / s_per_prompt)]
             if not added or left_s <= 0:
                 why = {d: "the time budget ended" if unused[d] else "the profiling split has no more prompts for it" for d in wide}
-                return [f"acceptance: {why[d]}; tokens per forward at D = {relevant} is within ±{w:.1%} (95%) for {d} "
+                return [f"acceptance: {why[d]}; tokens per forward at D = {relevant} is {intervals.half_width_text(w)} for {d} "
                         f"({sum(p.domain == d for p in self.used)} prompts), above the ±{target:.0%} target" for d, w in sorted(wide.items())]
             self._replay_prompts(log, added, units)
 

@@ -404,7 +404,7 @@ class VllmProfiler:
             if w > target:
                 used = sum(self.prompt_domain[i] == d for i in ids)
                 why = "the profiling split has no more prompts for it" if used >= sum(q.domain == d for q in self.fitting) else "the time allowed no more"
-                out.append(f"acceptance: {m.name} tokens per forward at D={m.max_draft_len} is within ±{w:.1%} (95%) for {d} ({used} prompts), "
+                out.append(f"acceptance: {m.name} tokens per forward at D={m.max_draft_len} is {intervals.half_width_text(w)} for {d} ({used} prompts), "
                            f"above the ±{target:.0%} target: {why}")
         return out
 

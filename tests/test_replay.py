@@ -165,6 +165,7 @@ def test_widening_is_hesterbergs_factor_and_pools_a_mix():
     assert intervals.widening(["a"] * 120, {"a": 1.0}) < mixed < intervals.widening(["a"] * 7, {"a": 1.0})
     assert intervals.widening(["a"] * 7 + ["b"] * 2, {"a": 1.0}) == intervals.widening(["a"] * 7, {"a": 1.0})
     assert intervals.widening(["a"] * 7 + ["b"], {"a": 1.0, "b": 1.0}) == float("inf")
+    assert intervals.half_width_text(0.02) == "within ±2.0% (95%)" and "one prompt" in intervals.half_width_text(float("inf"))
 
 
 def test_interval_over_few_prompts_holds_its_confidence():
