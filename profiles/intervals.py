@@ -399,6 +399,7 @@ def figures(sums: dict[str, np.ndarray], domains: Sequence[str], weights: dict[s
         return point_tpf, point_al
     tpf, al = draws(sums, domains, weights, resamples=resamples, seed=seed)
     factor = widening(domains, weights)
-    # both figures lie in [1, 1 + D] by definition: a widened interval stops there
+    # both figures lie in [1, 1 + D] by definition: a widened interval stops there (one without bounds stays so)
     cap = 1.0 + np.arange(len(point_tpf), dtype=float)[:, None]
-    return (point_tpf, point_al, np.clip(widened(point_tpf, tpf, factor), 1.0, cap), np.clip(widened(point_al, al, factor), 1.0, cap))
+    bounded = (lambda ci: ci) if math.isinf(factor) else (lambda ci: np.clip(ci, 1.0, cap))
+    return point_tpf, point_al, bounded(widened(point_tpf, tpf, factor)), bounded(widened(point_al, al, factor))

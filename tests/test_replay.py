@@ -194,6 +194,8 @@ def test_widened_interval_stays_within_one_and_one_plus_d():
     per_prompt = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.9]
     _, _, tpf_ci, al_ci = intervals.figures(_sums(per_prompt), ["a"] * 7, {"a": 1.0}, resamples=500)
     assert tpf_ci[1, 0] == 1.0 and al_ci[1, 0] >= 1.0 and tpf_ci[1, 1] <= 2.0
+    _, _, one_prompt, _ = intervals.figures(_sums([1.4]), ["a"], {"a": 1.0}, resamples=50)
+    assert np.isinf(one_prompt[1]).all()  # one prompt: no interval (the profile writes none), not the clipped range
     point, _ = intervals.figures(_sums(per_prompt), ["a"] * 7, {"a": 1.0})
     resampled, _ = intervals.draws(_sums(per_prompt), ["a"] * 7, {"a": 1.0}, resamples=500)
     assert intervals.widened(point, resampled, intervals.widening(["a"] * 7, {"a": 1.0}))[1, 0] < 1.0  # unclipped, it would
