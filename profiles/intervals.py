@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import statistics
 import warnings
+from collections import Counter
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -359,7 +360,7 @@ def widening(domains: Sequence[str], weights: dict[str, float], confidence: floa
     per-prompt spread in every domain its variance bias is sum c_d^2 (n_d-1)/n_d^2 against sum c_d^2 / n_d, and its
     degrees of freedom are Welch-Satterthwaite's: (sum c_d^2/n_d)^2 / sum c_d^4 / (n_d^2 (n_d-1)). A domain of one
     prompt has no spread to estimate: the factor is infinite."""
-    counts = {d: sum(1 for x in domains if x == d) for d in dict.fromkeys(domains) if weights.get(d, 0) > 0}
+    counts = {d: n for d, n in Counter(domains).items() if weights.get(d, 0) > 0}
     if not counts:
         return 1.0
     if min(counts.values()) < 2:
@@ -378,15 +379,17 @@ def half_width_text(rel_half_width: float) -> str:
     return f"within ±{rel_half_width:.1%} (95%)" if math.isfinite(rel_half_width) else "without an interval (one prompt: no spread to bootstrap)"
 
 
-def widened(center: np.ndarray, resampled: np.ndarray, factor: float, confidence: float = 0.95) -> np.ndarray:
+def widened(center: np.ndarray, resampled: np.ndarray, factor: float, confidence: float = 0.95, cap=None) -> np.ndarray:
     """[..., 2]: the percentile interval of `resampled` ([R, ...], one row per resample) widened about `center` by
-    `factor` (`widening`), never narrower than the percentiles; unbounded where the factor is (one prompt)."""
+    `factor` (`widening`), never narrower than the percentiles, and with `cap` kept inside [1, cap] (a figure's range);
+    unbounded where the factor is (one prompt)."""
     if math.isinf(factor):
         return np.stack([np.full_like(center, -math.inf), np.full_like(center, math.inf)], axis=-1)
     tail = 50 * (1 - confidence)
     low, high = np.percentile(resampled, [tail, 100 - tail], axis=0)
     low, high = np.minimum(low, center), np.maximum(high, center)
-    return np.stack([center - factor * (center - low), center + factor * (high - center)], axis=-1)
+    out = np.stack([center - factor * (center - low), center + factor * (high - center)], axis=-1)
+    return out if cap is None else np.clip(out, 1.0, cap)
 
 
 def figures(sums: dict[str, np.ndarray], domains: Sequence[str], weights: dict[str, float], *, resamples: int = 0,
@@ -399,7 +402,5 @@ def figures(sums: dict[str, np.ndarray], domains: Sequence[str], weights: dict[s
         return point_tpf, point_al
     tpf, al = draws(sums, domains, weights, resamples=resamples, seed=seed)
     factor = widening(domains, weights)
-    # both figures lie in [1, 1 + D] by definition: a widened interval stops there (one without bounds stays so)
-    cap = 1.0 + np.arange(len(point_tpf), dtype=float)[:, None]
-    bounded = (lambda ci: ci) if math.isinf(factor) else (lambda ci: np.clip(ci, 1.0, cap))
-    return point_tpf, point_al, bounded(widened(point_tpf, tpf, factor)), bounded(widened(point_al, al, factor))
+    cap = 1.0 + np.arange(len(point_tpf), dtype=float)[:, None]  # both figures lie in [1, 1 + D] by definition
+    return point_tpf, point_al, widened(point_tpf, tpf, factor, cap=cap), widened(point_al, al, factor, cap=cap)
