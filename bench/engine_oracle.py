@@ -7,7 +7,8 @@ every batch bucket at its concurrency on the same held-back prompts (the engine 
 (B requests decoding): tokens/s = 1e3 · B · tokens per round / median step ms. Each configuration's engine runs
 `--repeats` times, the configurations taking turns (odd passes in reverse order), and a bucket's steady steps are pooled
 over its engines: a slow spell of the machine then lands on every configuration, not on the few that ran in it. The decisions, the cost model's error and
-the targets are computed as for the torch backend (decision_quality.summarize). There is no speed probe inside the
+the targets are computed as for the torch backend (decision_quality.summarize), the re-measure of each bucket's plan and
+oracle too (`confirm`: the plan's own engine against the oracle's, `--confirm` engines each, taking turns). There is no speed probe inside the
 engine, so the `scaled` figures equal the raw ones. Cost: the profile's engine seconds plus the search's against the
 oracle sweep's engine seconds (each engine's start-up included on both sides).
 """
@@ -31,28 +32,58 @@ from specdec_tune.records import sha256_file, sha256_json
 from specdec_tune.vllm_spelling import speculative_config
 
 from common import shown
-from decision_quality import ENGINE_DEFAULT_K, point_record, searched_for, summarize
+from decision_quality import ENGINE_DEFAULT_K, _key, confirmed, point_record, searched_for, summarize
 
 NO_SPEC = "none"
 PLAN = ("plan", -1)
 
 
-def interleaved(engine, profile, batches: list[int], pool, rows: int, configs: dict, passes: int, unit_s: dict) -> dict:
+def interleaved(engine, profile, batches: list[int], pool, rows: int, configs: dict, passes: int, unit_s: dict,
+                batches_of: dict | None = None) -> dict:
     """Every config's engine started `passes` times, the configs taking turns (odd passes in the reverse order, so that a
     drift in the machine's speed lands on every config alike): per config and batch, the bucket's run from each pass.
-    Each config's engine seconds are added to `unit_s`."""
-    out: dict = {key: {B: [] for B in batches} for key in configs}
+    A config runs the buckets `batches_of` gives it (default: all); its engine seconds are added to `unit_s`."""
+    batches_of = {key: (batches_of or {}).get(key, batches) for key in configs}
+    out: dict = {key: {B: [] for B in batches_of[key]} for key in configs}
     for p in range(passes):
         for key in (list(configs) if p % 2 == 0 else list(configs)[::-1]):
             t0 = time.perf_counter()
-            raw = run_buckets(engine, profile, batches, pool, rows, max(batches), config=configs[key])
+            raw = run_buckets(engine, profile, batches_of[key], pool, rows, max(batches), config=configs[key])
             unit_s[f"{key[0]}/{key[1]}"] = unit_s.get(f"{key[0]}/{key[1]}", 0.0) + time.perf_counter() - t0
             if not raw.get("ok"):
                 raise SpecdecError(f"vLLM did not run {key[0]} at D={key[1]}: {raw.get('error')}", "sweep the mechanisms the profile ran")
             by_name = {r.get("name"): r for r in raw["runs"]}
-            for B in batches:
+            for B in batches_of[key]:
                 out[key][B].append(by_name.get(f"bucket/{B}"))
     return out
+
+
+def confirm(engine, profile, rows: list[dict], schedule: list[list[int]], mech: str, pool, args, plan_config: dict | None, drafts: dict) -> dict:
+    """The re-measure (decision_quality.CONFIRMATION) in vLLM: the plan's own engine (its per-batch table; no speculation
+    where it never speculates) and each bucket's oracle config, `args.confirm` engines each, taking turns; a config runs
+    only the buckets it is compared at, and each engine's bucket figure is one run."""
+    configs, batches_of = {PLAN: plan_config}, {PLAN: []}
+    for r in rows:
+        if (r["plan_mechanism"], r["plan_draft_len"]) == (r["oracle_mechanism"], r["oracle_draft_len"]):
+            continue
+        key = (r["oracle_mechanism"], r["oracle_draft_len"])
+        configs.setdefault(key, _config(profile, *key, drafts))
+        batches_of.setdefault(key, []).append(r["batch"])
+        batches_of[PLAN].append(r["batch"])
+    if not batches_of[PLAN]:
+        return confirmed(rows, {}) | {"repeats": args.confirm}
+    runs = interleaved(engine, profile, sorted(set(batches_of[PLAN])), pool, args.rows, configs, args.confirm, {}, batches_of)
+    plan_at = dict(map(tuple, schedule))
+    again: dict = {}
+    for key, by_batch in runs.items():
+        for B, engine_runs in by_batch.items():
+            m, D = (mech, plan_at[B]) if key == PLAN else key
+            for run in engine_runs:
+                fig = steady_figures([run], B)
+                if "error" in fig:
+                    raise SpecdecError(f"{m} D={D} at batch {B}, measured again: {fig['error']}", "run with more rows")
+                again.setdefault(_key(B, m, D), []).append(fig["measured_tokens_per_s"])
+    return confirmed(rows, again) | {"repeats": args.confirm}
 
 
 def _config(profile, mechanism: str, draft_len: int, drafts: dict[str, Path]) -> dict | None:
@@ -65,7 +96,7 @@ def _config(profile, mechanism: str, draft_len: int, drafts: dict[str, Path]) ->
 def _sweep_settings(profile, engine: VllmEngine, ctx: int, batches: list[int], pool, rows: int, mechanisms: dict) -> dict:
     """What the sweep's measurements depend on (not the profile's figures: a new profile of the same setup reuses them)."""
     options = {d.name: d.options for d in profile.drafters if d.name in mechanisms}
-    return {"engine": f"vllm {engine.version}", "target": profile.target.get("weights_hash"), "dtype": profile.target.get("dtype"), "ctx": ctx,
+    return {"engine": f"vllm {engine.version}", "device": profile.device.get("name"), "target": profile.target.get("weights_hash"), "dtype": profile.target.get("dtype"), "ctx": ctx,
             "batches": batches, "rows": rows, "tokens_per_request": BUCKET_TOKENS, "held_back_prompts_sha256": sha256_json(pool),
             "mechanisms": {m: {"max_draft_len": v["max_draft_len"], "options": options.get(m)} for m, v in mechanisms.items()},
             "engine_options": profile.engine.get("options", {}), "max_model_len": profile.engine.get("max_model_len")}
@@ -125,7 +156,9 @@ def run_engine(args, engine=None) -> dict:
                 print(f"  B={B:3d} {m:>12s} D={D:2d}: vLLM {p['measured_tokens_per_s']:8.1f} tok/s (predicted {p['predicted_tokens_per_s']:8.1f}), "
                       f"tokens/round {p['measured_tokens_per_forward']:.3f} (predicted {p['predicted_tokens_per_forward']:.3f})", file=sys.stderr, flush=True)
         plan_run = [{"batch": B, "draft_len": D, **steady_figures(runs[PLAN][B], B)} for B, D in schedule] if PLAN in runs else None
-    default_k = min(ENGINE_DEFAULT_K.get(mech, 3), mechanisms[mech]["max_draft_len"])
+        default_k = min(ENGINE_DEFAULT_K.get(mech, 3), mechanisms[mech]["max_draft_len"])
+        summary = summarize(points, schedule, mech, default_k)
+        confirmation = confirm(engine, profile, summary["buckets"], schedule, mech, pool, args, configs.get(PLAN), drafts) if args.confirm else None
     oracle_s = sum(v for k, v in unit_s.items() if k != f"{PLAN[0]}/{PLAN[1]}")
     profile_s = profile.phase_s.get("engine units", 0.0)
     return {
@@ -138,7 +171,7 @@ def run_engine(args, engine=None) -> dict:
                    "no speed probe in the engine: `scaled` equals raw",
         "scaling": {"method": "none", "applied": False, "why_not": "no speed probe inside the engine"},
         "measured_rounds": "engine steps with every request of the bucket decoding",
-        **summarize(points, schedule, mech, default_k), "sweep": points, "settings": settings,
+        **summary, "sweep": points, "settings": settings, "confirmation": confirmation,
         "sweep_reused_from": {"path": shown(args.reuse_sweep), "sha256": sha256_file(args.reuse_sweep)} if reused else None,
         "cost": {"search_s": search_s, "profile_engine_s": profile_s, "oracle_sweep_s": oracle_s, "oracle_unit_s": unit_s,
                  "tuning_vs_oracle": (profile_s + search_s) / oracle_s, "oracle_sweep_target_forwards": "n/a (engine)",

@@ -340,6 +340,8 @@ class VllmProfiler:
                             weight[di, bi, ci] = 1.0 / max((tm.ci_high_ms - tm.ci_low_ms) / 2, 0.005 * tm.median_ms) ** 2
             if not timings:
                 continue
+            slopes = {(B, ctx): drafting_slope([(c["step_ms"], c.get("step_draft_tokens", [])) for u in by_len.values()
+                                                if (c := u["cells"].get(f"{B}/{ctx}"))]) for B in batches for ctx in ctxs}
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 fitted = monotone_fit(grid, weight, max_iter=FIT_MAX_SWEEPS)
@@ -355,7 +357,7 @@ class VllmProfiler:
                             point |= {"median_ms": y, "p10_ms": tm.p10_ms, "p90_ms": tm.p90_ms, "repeats": tm.repeats,
                                       "ci_low_ms": min(tm.ci_low_ms, y), "ci_high_ms": max(tm.ci_high_ms, y),
                                       "source": "fitted" if is_moved else "measured", "tokens_per_round": cell.get("tokens_per_round"),
-                                      **drafting_slope(cell["step_ms"], cell.get("step_draft_tokens", []))}
+                                      **_drafting(cell, slopes.get((B, ctx), 0.0))}
                             if is_moved:
                                 moved.append(f"{name} D={D} B={B} ctx={ctx} {tm.median_ms:.1f}->{y:.1f} ms")
                         points.append(point)
@@ -428,16 +430,27 @@ def _bisect(units: dict, name: str, tolerance: float) -> list[int]:
     return out
 
 
-def drafting_slope(step_ms: list[float], draft_tokens: list[float]) -> dict:
-    """The timed rounds' draft tokens per row k, and the least-squares slope of a step's ms on k (floored at 0: verifying
-    more tokens never makes a step cheaper; 0 where k did not vary). The steps of one cell differ only in what they
-    propose, so the slope is the cost of a drafted token per row at this batch and draft length."""
-    if len(draft_tokens) != len(step_ms) or len(step_ms) < 3:
-        return {}
-    k, y = np.asarray(draft_tokens), np.asarray(step_ms)
-    spread = float(((k - k.mean()) ** 2).sum())
-    slope = float(((k - k.mean()) * (y - y.mean())).sum() / spread) if spread > 1e-12 else 0.0
-    return {"draft_tokens_per_row": float(k.mean()), "ms_per_draft_token": max(slope, 0.0)}
+def drafting_slope(cells: list[tuple[list[float], list[float]]]) -> float:
+    """ms of a step per draft token per row at one (B, ctx), from every timed cell there: the least-squares slope of a
+    step's ms on its draft tokens per row k, each cell centred on its own means (one slope, an offset per cell), floored at
+    0 (verifying more tokens never makes a step cheaper; 0 where k did not vary). Verifying one more drafted token per
+    row costs the same whatever D allowed it, so the cells of every D share the slope: a single cell's few dozen steps
+    leave it to the noise (a spell of slow steps that happen to draft more reads as a costly token)."""
+    sxy = sxx = 0.0
+    for step_ms, draft_tokens in cells:
+        if len(draft_tokens) != len(step_ms) or len(step_ms) < 3:
+            continue
+        k, y = np.asarray(draft_tokens), np.asarray(step_ms)
+        sxy += float(((k - k.mean()) * (y - y.mean())).sum())
+        sxx += float(((k - k.mean()) ** 2).sum())
+    return max(sxy / sxx, 0.0) if sxx > 1e-12 else 0.0
+
+
+def _drafting(cell: dict, ms_per_draft_token: float) -> dict:
+    """A cell's draft tokens per row over its timed steps and its (B, ctx)'s slope (`drafting_slope`); none where its
+    steps kept no draft counts."""
+    k = cell.get("step_draft_tokens", [])
+    return {"draft_tokens_per_row": float(np.mean(k)), "ms_per_draft_token": ms_per_draft_token} if len(k) == len(cell["step_ms"]) and len(k) >= 3 else {}
 
 
 def steady_steps(run: dict, batch: int) -> list[dict]:

@@ -220,9 +220,13 @@ def test_real_vllm_profile_and_engine_check(tmp_path):
 def test_a_lookup_drafters_round_moves_to_the_workloads_drafting_rate(fake_profile):
     from specdec_tune.profiles.vllm_profile import drafting_slope
 
-    fit = drafting_slope([10.0, 12.0, 14.0, 10.0], [0.0, 1.0, 2.0, 0.0])
-    assert fit["draft_tokens_per_row"] == pytest.approx(0.75) and fit["ms_per_draft_token"] == pytest.approx(2.0)
-    assert drafting_slope([10.0, 9.0, 8.0], [0.0, 1.0, 2.0])["ms_per_draft_token"] == 0.0  # never cheaper for drafting more
+    assert drafting_slope([([10.0, 12.0, 14.0, 10.0], [0.0, 1.0, 2.0, 0.0])]) == pytest.approx(2.0)
+    assert drafting_slope([([10.0, 9.0, 8.0], [0.0, 1.0, 2.0])]) == 0.0  # never cheaper for drafting more
+    # two cells of one (B, ctx) at different D share one slope, each about its own level: D = 7's cell runs 20 ms above
+    # D = 1's, which a single line through both would read as the drafted tokens' cost (20 ms over 3 tokens)
+    short, long_ = ([10.0, 11.0, 10.0, 11.0], [0.0, 1.0, 0.0, 1.0]), ([30.0, 31.0, 32.0, 31.0], [3.0, 4.0, 5.0, 4.0])
+    assert drafting_slope([short, long_]) == pytest.approx(1.0)
+    assert drafting_slope([(short[0] + long_[0], short[1] + long_[1])]) > 5.0
     profile, _ = fake_profile
     base = CostModel(profile).predict(2, 4, "ngram")
     slowed = [r.model_copy(update={"draft_tokens_per_row": 0.0, "ms_per_draft_token": 10.0}) if (r.mechanism, r.draft_len) == ("ngram", 4) else r
@@ -266,3 +270,24 @@ def test_the_engine_oracle_interleaves_its_configurations(fake_profile, tmp_path
     assert methods == [0, 1, 2, 2, 1, 0]  # the second pass in reverse: a linear drift lands on every configuration alike
     assert all(len(runs[k][B]) == 2 for k in configs for B in (1, 2)) and set(unit_s) == {"none/0", "ngram/1", "ngram/2"}
     assert PLAN not in runs
+
+
+def test_the_engine_oracle_measures_the_plan_and_the_oracle_again_where_they_differ(fake_profile):
+    import argparse
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+    from engine_oracle import confirm
+
+    profile, _ = fake_profile
+    engine = FakeVllm()
+    rows = [{"batch": 1, "plan_mechanism": "ngram", "plan_draft_len": 2, "oracle_mechanism": "ngram", "oracle_draft_len": 2},
+            {"batch": 2, "plan_mechanism": "ngram", "plan_draft_len": 1, "oracle_mechanism": "ngram", "oracle_draft_len": 3}]
+    plan_config = {"method": "ngram", "num_speculative_tokens": 2, "num_speculative_tokens_per_batch_size": [[1, 1, 2], [2, 2, 1]]}
+    args = argparse.Namespace(confirm=3, rows=4)
+    again = confirm(engine, profile, rows, [[1, 2], [2, 1]], "ngram", [[1, 2, 3, 4, 5, 6, 7, 8]] * 4, args, plan_config, {})
+    ks = [j["speculative_config"]["num_speculative_tokens"] for j in engine.jobs]
+    assert ks == [2, 3, 3, 2, 2, 3]  # the plan's own engine and the oracle's, taking turns, three each
+    assert all([r["name"] for r in j["runs"]] == ["warmup", "bucket/2"] for j in engine.jobs)  # only the bucket they differ at
+    one, two = again["buckets"]
+    assert one["same_config"] and one["plan_vs_oracle"] == 1.0 and again["repeats"] == 3
+    assert len(two["plan_runs_tokens_per_s"]) == len(two["oracle_runs_tokens_per_s"]) == 3 and two["low"] < two["plan_vs_oracle"] < two["high"]
