@@ -236,9 +236,11 @@ class VllmProfiler:
         def measure():
             if not work:
                 work.append(self._model_dir(self.s.out_dir / "engine-models"))
+            t0 = time.monotonic()
             accept = self._accept_runs(mechanism, draft_len, pass_index, first, budget)
             raw = self.engine.run(self._job(mechanism, draft_len, pass_index, accept, *work[0]), UNIT_TIMEOUT_S)
-            return summarise(raw, {name.split("/")[1]: [q.id for q in prompts] for name, (_, prompts) in accept.items()})
+            return summarise(raw, {name.split("/")[1]: [q.id for q in prompts] for name, (_, prompts) in accept.items()}) \
+                | {"engine_s": time.monotonic() - t0}
 
         return log.measure(f"vllm/{mechanism}/{draft_len}/{pass_index}", measure)
 
@@ -274,7 +276,8 @@ class VllmProfiler:
             units |= self._units(log, todo, budget, work, required=False)
             todo = [(m.name, mid) for m in running for mid in _bisect(units, m.name, self.s.interp_tolerance)]
         self._tick("engine units", len(units), len(units))
-        phase_s["engine units"] = time.monotonic() - t0
+        logged_s = [u["engine_s"] for u in units.values()]  # a resumed profile's too, whichever run measured them
+        phase_s["engine units"] = sum(logged_s) if None not in logged_s else time.monotonic() - t0
         rounds, moved = self._rounds(units)
         greedy_ids = {i for u in units.values() for i in u["accept_ids"].get("0.0", [])}
         drafters = [{"name": m.name, "kind": m.kind, "options": m.options, "model": m.model, "quant_formats": ["none"],
@@ -489,7 +492,8 @@ def merged(passes: list[dict]) -> dict:
     """A unit's passes as one: each cell's steps pooled (tokens per round over all of them), the acceptance runs in the
     order they ran; not ok where the first pass was not (a later pass's failure marks the unit's cells as `failed_cells`)."""
     out = {"ok": passes[0]["ok"], "error": next((p["error"] for p in passes if p["error"]), None), "init_s": [p["init_s"] for p in passes],
-           "passes": len(passes), "cells": {}, "accept": {}, "accept_ids": {}, "accept_s": {}}
+           "passes": len(passes), "cells": {}, "accept": {}, "accept_ids": {}, "accept_s": {},
+           "engine_s": None if any(p.get("engine_s") is None for p in passes) else sum(p["engine_s"] for p in passes)}
     if any(p.get("failed_cells") for p in passes):
         out["failed_cells"] = True
     for p in passes:

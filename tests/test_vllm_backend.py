@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -109,13 +110,14 @@ def test_killed_profile_resumes_without_repeating_finished_engines(fake_profile,
         def run(self, job, timeout_s, cwd=None):
             if len(self.jobs) == 3:
                 raise KeyboardInterrupt
+            time.sleep(0.5)  # engine seconds the resumed run does not spend again
             return super().run(job, timeout_s, cwd)
 
     first = Killed(refuse={"suffix": SUFFIX_REFUSAL})
     with pytest.raises(KeyboardInterrupt):
         _profile(tmp_path, first)
     again = FakeVllm(refuse={"suffix": SUFFIX_REFUSAL})
-    _profile(tmp_path, again)
+    profile = _profile(tmp_path, again)
 
     def unit(job):
         return (job["speculative_config"] or {}).get("method"), (job["speculative_config"] or {}).get("num_speculative_tokens")
@@ -124,6 +126,10 @@ def test_killed_profile_resumes_without_repeating_finished_engines(fake_profile,
     assert [m for m, _ in done] == [None, "ngram", "draft_model"]
     assert redone.count((None, None)) == PASSES - 1  # plain's first engine is not run again, its other passes are
     assert sorted(done + redone, key=str) == sorted((unit(j) for j in fake_profile[1].jobs), key=str)  # nothing twice, nothing left out
+    # the engine seconds are every unit's, the ones the killed run measured too (the tuning cost counts them)
+    log = [json.loads(line) for f in tmp_path.glob("**/measurements-*.jsonl") for line in f.read_text().splitlines()]
+    logged_s = sum(e["value"]["engine_s"] for e in log if "engine_s" in e.get("value", {}))
+    assert logged_s >= 1.4 and profile.phase_s["engine units"] == pytest.approx(logged_s, abs=0.1)
 
 
 def test_units_take_turns_and_pool_their_passes(fake_profile):
