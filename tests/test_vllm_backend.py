@@ -260,8 +260,6 @@ def test_acceptance_grows_where_its_interval_is_wide(fake_profile, tmp_path):
 
 
 def test_the_engine_oracle_interleaves_its_configurations(fake_profile, tmp_path):
-    import argparse
-
     sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
     from engine_oracle import PLAN, interleaved
 
