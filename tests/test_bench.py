@@ -357,3 +357,12 @@ def test_acceptance_coverage_subsamples_a_large_domain_and_widening_restores_cov
     [seven, twenty] = acceptance_coverage.subsample_coverage(types.SimpleNamespace(acceptance=[record]), D, seed=0, draws=400)
     assert seven["domain"] == "big" and seven["prompts"] == 7 and twenty["prompts"] == 20
     assert 0.88 <= seven["coverage_widened"] <= 0.99 and seven["coverage_plain"] < seven["coverage_widened"] - 0.03
+
+
+@pytest.mark.demo
+def test_prompt_cut_replays_the_same_prompts_cut_and_whole(tmp_path):
+    r = _run("prompt_cut.py", tmp_path / "cut.json")
+    assert [x["domain"] for x in r["prompts"]] and len(r["prompts"]) == 2 and r["draft_len"] == 3
+    assert all(x["prompt_tokens"] >= x["cut_to"] == r["prompts"][0]["cut_to"] for x in r["prompts"])
+    assert all(1.0 <= x[f"{k}_tokens_per_forward"] <= 1 + r["draft_len"] for x in r["prompts"] for k in ("cut", "whole"))
+    assert set(r["pooled_tokens_per_forward"]) == {"cut", "whole"} and (tmp_path / "cut.md").read_text().startswith("ngram tokens per forward")
