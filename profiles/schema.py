@@ -80,8 +80,9 @@ class RoundPoint(Timed):
     ctx: int
     tokens_per_round: Optional[float] = None  # tokens a row emitted per timed round (the timing prompts' own acceptance)
     # A lookup drafter proposes in some rounds and not in others, and a round costs more the more tokens it verifies:
-    # the draft tokens per row of the timed rounds, and the least-squares slope of a step's ms on them (>= 0; 0 where
-    # every round drafted alike), so that the cost model can move the time to the workload's own drafting rate
+    # the draft tokens per row of the timed rounds, and the least-squares slope of a step's ms on them, one per (batch,
+    # context) over the mechanism's cells (>= 0; 0 where every round drafted alike), so that the cost model can move
+    # the time to the workload's own drafting rate
     draft_tokens_per_row: Optional[float] = None
     ms_per_draft_token: Optional[float] = None
 
