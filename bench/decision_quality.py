@@ -58,6 +58,7 @@ SCALING = ("each run's measured tokens/s x (probe ms now / probe ms at profile t
 CONFIRMATION = ("the oracle is the best of a bucket's measured points, and the best of several noisy figures reads high (the "
                 "winner's curse): the plan and the oracle were measured again, apart from the sweep that chose the oracle, in "
                 "alternating runs (shuffled per round), and plan / oracle is the ratio of their medians")
+PROMPTS = {"cut": "cut to the context (their last ctx - N/2 tokens)", "whole": "whole (those between half of ctx - N/2 tokens and all of it)"}
 ORACLE_KINDS = {"all": "every profiled mechanism x D", "plan": "D-only (plan's mechanism)"}
 NO_SPEC = "none"  # the mechanism recorded for D = 0: no drafter runs
 SWEEP_ORDER = "interleaved"  # the timed runs' order (`interleaved_runs`), a sweep setting
@@ -337,7 +338,7 @@ def run(args) -> dict:
     ctx = profile.workload.ctx_buckets[0]
     needed = max(args.rows, *(B for B in profile.workload.batch_buckets if B <= args.max_batch))
     target = load_model(profile.target["path"], dtype=dtype)
-    held = context_prompts_by_domain(target, ctx, args.new_tokens, profile.workload.max_draft_len, "held_back")
+    held = context_prompts_by_domain(target, ctx, args.new_tokens, profile.workload.max_draft_len, "held_back", whole=args.prompts == "whole")
     if len(held) < needed:
         raise SpecdecError(f"only {len(held)} held-back prompts reach the context {ctx}", "use fewer or smaller batches")
     pool, mix, plan, search_s = searched_for(profile, profile_sha256, held[:needed], args.seed)
@@ -410,7 +411,8 @@ def run(args) -> dict:
         print(f"  again: run {len(again[_key(B, m, D)])} of B={B:3d} {m:>12s} D={D:2d}: {again[_key(B, m, D)][-1]:8.1f} tok/s", file=sys.stderr, flush=True)
     return {
         "source": "measured", "profile": shown(args.profile), "device": profile.device.get("name"), "dtype": profile.device.get("dtype"),
-        "mechanism": mech, "quant": quant, "ctx": plan["ctx"], "split": "held_back", "mix": mix, "new_tokens": args.new_tokens, "repeats": args.repeats,
+        "mechanism": mech, "quant": quant, "ctx": plan["ctx"], "split": "held_back", "mix": mix, "prompts": args.prompts, "new_tokens": args.new_tokens,
+        "repeats": args.repeats,
         "rows": args.rows, "max_draft_len": cap, "oracle_kind": ORACLE_KINDS[args.mechanisms], "mechanisms_swept": mechanisms,
         "engine_default_k": default_k, "plan_schedule": [[b["batch"], b["draft_len"]] for b in buckets],
         "plan_schedule_measured": schedule, "figures": "raw measured tokens/s; `scaled` beside them: see scaling",
@@ -439,7 +441,7 @@ def table(result: dict) -> str:
               else f"D-only oracle (the plan's mechanism, {mechs})")
     lines = [f"decision quality, {oracle}: raw measured decode tokens/s first, speed-scaled beside them; predictions from the cost model. "
              f"Plan: {result['mechanism']} on {result['device']} ({result['dtype']}), searched and predicted for the decoded prompts' mix ("
-             + ", ".join(f"{d} {w:.0%}" for d, w in result.get("mix", {}).items()) + f"), held-back prompts, ctx {result['ctx']}, "
+             + ", ".join(f"{d} {w:.0%}" for d, w in result.get("mix", {}).items()) + f"), held-back prompts {PROMPTS[result.get('prompts', 'cut')]}, ctx {result['ctx']}, "
              f"{result['new_tokens']} new tokens, at least {result['rows']} prompts per point, median of {result['repeats']} runs interleaved with the bucket's other points (each after a short warm-up)",
              "| batch | plan | oracle | no spec | best single | engine default | plan tok/s | oracle tok/s | plan / oracle | plan / no spec "
              "| scaled: oracle | scaled: plan / oracle | scaled: plan / no spec |",
@@ -507,6 +509,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="sweep at most this many mechanisms: the plan's and the ones the cost model rates best after it")
     ap.add_argument("--confirm", type=int, default=5, help="runs of each bucket's plan and oracle measured again after the sweep "
                     "(0: none); plan / oracle on them beside the sweep's")
+    ap.add_argument("--prompts", choices=sorted(PROMPTS), default="cut", help="the held-back prompts decoded: cut to the context "
+                    "bucket (every row's KV cache at ctx), or whole, those that fit (the text a lookup drafter copies from kept, "
+                    "as the profile measures acceptance)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reuse-sweep", type=Path, default=None, help="take the measured points from an earlier result of this script and "
                     "recompute the plan, the predictions and the decisions; refused unless it was swept with the same settings "

@@ -108,7 +108,7 @@ def run_engine(args, engine=None) -> dict:
         raise SpecdecError(f"{args.profile} was profiled with --engine {profile.backend}", "profile with --engine vllm for the vLLM oracle")
     engine = engine or VllmEngine.locate()
     ctx = profile.workload.ctx_buckets[0]
-    held = held_back_prompts(profile, ctx, BUCKET_TOKENS, profile.workload.max_draft_len)
+    held = held_back_prompts(profile, ctx, BUCKET_TOKENS, profile.workload.max_draft_len, whole=args.prompts == "whole")
     batches = [B for B in profile.workload.batch_buckets if B <= args.max_batch]
     needed = max(args.rows, *batches)
     if len(held) < needed:
@@ -164,7 +164,7 @@ def run_engine(args, engine=None) -> dict:
     return {
         "source": "measured", "engine": f"vllm {engine.version}", "profile": shown(args.profile), "device": profile.device.get("name"),
         "dtype": profile.target.get("dtype"), "mechanism": mech, "quant": "none", "ctx": plan["ctx"], "split": "held_back", "mix": mix,
-        "new_tokens": BUCKET_TOKENS, "repeats": args.repeats, "rows": args.rows, "max_draft_len": args.max_draft_len,
+        "prompts": args.prompts, "new_tokens": BUCKET_TOKENS, "repeats": args.repeats, "rows": args.rows, "max_draft_len": args.max_draft_len,
         "oracle_kind": "every profiled mechanism x D" if args.mechanisms == "all" else "D-only (plan's mechanism)", "mechanisms_swept": mechanisms,
         "engine_default_k": default_k, "plan_schedule": schedule, "plan_schedule_measured": schedule, "plan_schedule_run": plan_run,
         "figures": f"raw measured tokens/s (steady steps of the engine, pooled over {args.repeats} interleaved engines per point); "

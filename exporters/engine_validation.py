@@ -43,11 +43,11 @@ BUCKET_TOKENS = 48  # per request: tens of steady rounds per bucket even where d
 TIMEOUT_S = 1800.0
 
 
-def held_back_prompts(profile, ctx: int, new_tokens: int, max_draft: int) -> list[tuple[list[int], str]]:
+def held_back_prompts(profile, ctx: int, new_tokens: int, max_draft: int, whole: bool = False) -> list[tuple[list[int], str]]:
     """validate.context_prompts_by_domain on the held-back split, with the target's tokenizer alone (no weights loaded)."""
     _, tokenizer, config = describe_model(profile.target["path"], profile.target.get("dtype", "auto"), resolve_device("cpu"))
     prompts = prompts_by_domain(tokenizer, int(config.get("max_position_embeddings") or 2048), 1000, new_tokens, max_draft, "held_back")
-    return cut_to_context(prompts, ctx, new_tokens)
+    return cut_to_context(prompts, ctx, new_tokens, whole)
 
 
 def run_buckets(engine, profile, batches: list[int], pool: list[list[int]], rows: int, max_num_seqs: int, *,

@@ -111,15 +111,22 @@ def lossless_gate(plan: dict, profile, s: MeasureSettings) -> dict:
             "runs": runs}
 
 
-def context_prompts_by_domain(target, ctx: int, new_tokens: int, max_draft: int, split: str) -> list[tuple[list[int], str]]:
+def context_prompts_by_domain(target, ctx: int, new_tokens: int, max_draft: int, split: str, whole: bool = False) -> list[tuple[list[int], str]]:
     """(ids, domain) of the calibration prompts at least ctx − new_tokens/2 tokens long, cut to that length from the
     left (the chat template's reply header stays last), so that the KV cache averages `ctx` over the decode. The
-    length filter favours the domains of long prompts (HumanEval, extraction): the domains say what was decoded."""
-    return cut_to_context(_prompts_by_domain(target, 1000, new_tokens, max_draft, split=split), ctx, new_tokens)
+    length filter favours the domains of long prompts (HumanEval, extraction): the domains say what was decoded.
+    `whole`: the prompts between half that length and all of it, uncut (`cut_to_context`)."""
+    return cut_to_context(_prompts_by_domain(target, 1000, new_tokens, max_draft, split=split), ctx, new_tokens, whole)
 
 
-def cut_to_context(prompts: list[tuple[list[int], str]], ctx: int, new_tokens: int) -> list[tuple[list[int], str]]:
+def cut_to_context(prompts: list[tuple[list[int], str]], ctx: int, new_tokens: int, whole: bool = False) -> list[tuple[list[int], str]]:
+    """The prompts of a decode at context `ctx`: each long enough cut to its last ctx − new_tokens/2 tokens, or (`whole`)
+    only those between half that length and all of it, as they are. A cut drops text a lookup drafter would copy from
+    (the document an extraction prompt asks about), while the profile measures acceptance on whole prompts; whole
+    prompts keep that, at a KV cache a little shorter than `ctx`."""
     length = max(1, ctx - new_tokens // 2)
+    if whole:
+        return [(ids, domain) for ids, domain in prompts if length // 2 <= len(ids) <= length]
     return [(ids[-length:], domain) for ids, domain in prompts if len(ids) >= length]
 
 

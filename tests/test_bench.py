@@ -366,3 +366,13 @@ def test_prompt_cut_replays_the_same_prompts_cut_and_whole(tmp_path):
     assert all(x["prompt_tokens"] >= x["cut_to"] == r["prompts"][0]["cut_to"] for x in r["prompts"])
     assert all(1.0 <= x[f"{k}_tokens_per_forward"] <= 1 + r["draft_len"] for x in r["prompts"] for k in ("cut", "whole"))
     assert set(r["pooled_tokens_per_forward"]) == {"cut", "whole"} and (tmp_path / "cut.md").read_text().startswith("ngram tokens per forward")
+
+
+def test_the_benches_prompts_cut_to_the_context_or_whole_where_they_fit():
+    from specdec_tune.exporters.validate import cut_to_context
+
+    prompts = [(list(range(n)), f"d{n}") for n in (10, 40, 60, 100, 200)]
+    cut = cut_to_context(prompts, ctx=64, new_tokens=16)  # 56 tokens each: the long ones' last 56
+    assert [(len(ids), d) for ids, d in cut] == [(56, "d60"), (56, "d100"), (56, "d200")] and cut[-1][0] == list(range(144, 200))
+    whole = cut_to_context(prompts, ctx=64, new_tokens=16, whole=True)  # between 28 and 56 tokens, as they are
+    assert whole == [(list(range(40)), "d40")]
