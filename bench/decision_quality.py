@@ -150,7 +150,7 @@ def interleaved_runs(points: list[tuple], repeats: int, seed: int) -> list[tuple
 # ---------------------------------------------------------------------------- decisions and fidelity (pure: no model)
 
 
-def _key(B: int, mech: str, D: int) -> tuple[int, str, int]:
+def point_key(B: int, mech: str, D: int) -> tuple[int, str, int]:
     return (B, NO_SPEC, 0) if D == 0 else (B, mech, D)
 
 
@@ -158,7 +158,7 @@ def decisions(points: list[dict], schedule: list[list[int]], plan_mech: str, def
     """Per bucket: no speculation, best single (mechanism, D), engine default K, plan, oracle, on one tokens/s figure
     of the points (`measured_tokens_per_s` or `scaled_measured_tokens_per_s`). Also the D-only oracle (the plan's
     mechanism's best D), which shows how much of a gap is the D and how much the mechanism."""
-    tps = {_key(p["batch"], p["mechanism"], p["draft_len"]): p[figure] for p in points}
+    tps = {point_key(p["batch"], p["mechanism"], p["draft_len"]): p[figure] for p in points}
     configs = sorted({(m, D) for _, m, D in tps})
     batches = [B for B, _ in schedule]
     # the best single config, as a hand sweep finds it: highest mean speedup over no speculation, then the shorter D
@@ -169,9 +169,9 @@ def decisions(points: list[dict], schedule: list[list[int]], plan_mech: str, def
         here = [(m, D) for m, D in configs if (B, m, D) in tps]
         oracle = max(here, key=lambda c: (tps[(B, *c)], -c[1]))
         own = max((c for c in here if c[0] in (plan_mech, NO_SPEC)), key=lambda c: (tps[(B, *c)], -c[1]))
-        default = _key(B, plan_mech, default_k)
+        default = point_key(B, plan_mech, default_k)
         t = {"no_spec": tps[(B, NO_SPEC, 0)], "single_d": tps[(B, *single)], "engine_default": tps[default],
-             "plan": tps[_key(B, plan_mech, plan_D)], "d_only_oracle": tps[(B, *own)], "oracle": tps[(B, *oracle)]}
+             "plan": tps[point_key(B, plan_mech, plan_D)], "d_only_oracle": tps[(B, *own)], "oracle": tps[(B, *oracle)]}
         rows.append({"batch": B, "plan_mechanism": plan_mech if plan_D else NO_SPEC, "plan_draft_len": plan_D,
                      "oracle_mechanism": oracle[0], "oracle_draft_len": oracle[1], "d_only_oracle_draft_len": own[1],
                      "single_mechanism": single[0], "single_draft_len": single[1], "default_draft_len": default_k, "tokens_per_s": t,
@@ -204,8 +204,8 @@ def summarize(points: list[dict], schedule: list[list[int]], plan_mech: str, def
                "tokens_per_s", "vs_oracle", "vs_no_spec")
     for row, scaled in zip(raw_rows, scaled_rows):
         row["scaled"] = {k: scaled[k] for k in decided}
-    by_point = {_key(p["batch"], p["mechanism"], p["draft_len"]): p for p in points}
-    plan_points = [by_point[_key(B, plan_mech, D)] for B, D in schedule]
+    by_point = {point_key(p["batch"], p["mechanism"], p["draft_len"]): p for p in points}
+    plan_points = [by_point[point_key(B, plan_mech, D)] for B, D in schedule]
     fidelity = fidelity_of(points)
     fidelity["by_mechanism"] = {m: fidelity_of([p for p in points if p["mechanism"] == m]) for m in sorted({p["mechanism"] for p in points})}
     fidelity["plan_tokens_per_s_err_pct"] = [100 * _rel_err(p["predicted_tokens_per_s"], p["measured_tokens_per_s"]) for p in plan_points]
@@ -228,7 +228,7 @@ def sweep_noise(points: list[dict], rows: list[dict]) -> dict | None:
     (`pooled_rel_sd`), and per bucket plan / oracle with a 95% interval, each point's median of n runs taken as
     independent at that noise (`pooled_half_width`; the runs of a bucket's points share rounds, so the drift they
     share cancels and the interval is conservative). None where the points keep no runs (a sweep before they did)."""
-    runs = {_key(p["batch"], p["mechanism"], p["draft_len"]): p.get("runs_tokens_per_s") for p in points}
+    runs = {point_key(p["batch"], p["mechanism"], p["draft_len"]): p.get("runs_tokens_per_s") for p in points}
     if not all(r and len(r) >= 2 for r in runs.values()):
         return None
     rel_sd = pooled_rel_sd(runs.values())
@@ -236,7 +236,7 @@ def sweep_noise(points: list[dict], rows: list[dict]) -> dict | None:
         return None
     buckets = []
     for r in rows:
-        plan, oracle = (_key(r["batch"], r[f"{x}_mechanism"], r[f"{x}_draft_len"]) for x in ("plan", "oracle"))
+        plan, oracle = (point_key(r["batch"], r[f"{x}_mechanism"], r[f"{x}_draft_len"]) for x in ("plan", "oracle"))
         value = r["vs_oracle"]["plan"]
         h = 0.0 if plan == oracle else math.hypot(*(pooled_half_width(len(runs[k]), rel_sd, 1.0) for k in (plan, oracle)))
         buckets.append({"batch": r["batch"], "plan_vs_oracle": value, "low": value * math.exp(-h), "high": value * math.exp(h)})
@@ -255,14 +255,14 @@ def confirmation_points(rows: list[dict], quants: dict[str, str]) -> list[tuple[
     return out
 
 
-def confirmed(rows: list[dict], runs: dict[tuple[int, str, int], list[float]]) -> dict:
+def confirmed(rows: list[dict], runs: dict[tuple[int, str, int], list[float]], repeats: int) -> dict:
     """Plan / oracle per bucket on the re-measure (CONFIRMATION): each side the median of its runs (raw tokens/s), the
     ratio's 95% interval from the runs' pooled relative sd (None with fewer than 3 runs a point); 1 where the plan is
     the oracle."""
     rel_sd = pooled_rel_sd(runs.values())
     buckets = []
     for r in rows:
-        plan, oracle = (_key(r["batch"], r[f"{x}_mechanism"], r[f"{x}_draft_len"]) for x in ("plan", "oracle"))
+        plan, oracle = (point_key(r["batch"], r[f"{x}_mechanism"], r[f"{x}_draft_len"]) for x in ("plan", "oracle"))
         if plan == oracle:
             buckets.append({"batch": r["batch"], "plan_vs_oracle": 1.0, "low": 1.0, "high": 1.0, "same_config": True})
             continue
@@ -271,7 +271,7 @@ def confirmed(rows: list[dict], runs: dict[tuple[int, str, int], list[float]]) -
         buckets.append({"batch": r["batch"], "plan_vs_oracle": value, "low": value * math.exp(-h) if h is not None else None,
                         "high": value * math.exp(h) if h is not None else None, "same_config": False,
                         "plan_runs_tokens_per_s": runs[plan], "oracle_runs_tokens_per_s": runs[oracle]})
-    return {"method": CONFIRMATION, "run_rel_sd": rel_sd, "buckets": buckets,
+    return {"method": CONFIRMATION, "repeats": repeats, "run_rel_sd": rel_sd, "buckets": buckets,
             "plan_min_vs_oracle": min(b["plan_vs_oracle"] for b in buckets)}
 
 
@@ -407,8 +407,9 @@ def run(args) -> dict:
     again: dict[tuple[int, str, int], list[float]] = {}
     pairs = confirmation_points(summary["buckets"], {m: v["quant"] for m, v in mechanisms.items()})
     for B, m, q, D in interleaved_runs(pairs, args.confirm, args.seed + 1) if args.confirm else []:
-        again.setdefault(_key(B, m, D), []).append(measure(B, m, q, D)[0])
-        print(f"  again: run {len(again[_key(B, m, D)])} of B={B:3d} {m:>12s} D={D:2d}: {again[_key(B, m, D)][-1]:8.1f} tok/s", file=sys.stderr, flush=True)
+        runs = again.setdefault(point_key(B, m, D), [])
+        runs.append(measure(B, m, q, D)[0])
+        print(f"  again: run {len(runs)} of B={B:3d} {m:>12s} D={D:2d}: {runs[-1]:8.1f} tok/s", file=sys.stderr, flush=True)
     return {
         "source": "measured", "profile": shown(args.profile), "device": profile.device.get("name"), "dtype": profile.device.get("dtype"),
         "mechanism": mech, "quant": quant, "ctx": plan["ctx"], "split": "held_back", "mix": mix, "prompts": args.prompts, "new_tokens": args.new_tokens,
@@ -420,7 +421,7 @@ def run(args) -> dict:
                     "applied": speed.profiled_ms is not None, "why_not": speed.why},
         "measured_rounds": "rounds with every row of the batch decoding (a continuously batched server's steady state)",
         **summary, "untied": untied_measured(plan, points, summary["buckets"]), "sweep": points,
-        "confirmation": confirmed(summary["buckets"], again) | {"repeats": args.confirm} if args.confirm else None,
+        "confirmation": confirmed(summary["buckets"], again, args.confirm) if args.confirm else None,
         "settings": settings, "sweep_settings_hash": sha256_json(settings),
         "sweep_reused_from": {"path": shown(args.reuse_sweep), "sha256": sha256_file(args.reuse_sweep)} if reused else None,
         "cost": {"search_s": search_s, **sweep_cost,

@@ -32,7 +32,7 @@ from specdec_tune.records import sha256_file, sha256_json
 from specdec_tune.vllm_spelling import speculative_config
 
 from common import shown
-from decision_quality import ENGINE_DEFAULT_K, _key, confirmed, point_record, searched_for, summarize
+from decision_quality import ENGINE_DEFAULT_K, confirmed, point_key, point_record, searched_for, summarize
 
 NO_SPEC = "none"
 PLAN = ("plan", -1)
@@ -71,7 +71,7 @@ def confirm(engine, profile, rows: list[dict], schedule: list[list[int]], mech: 
         batches_of.setdefault(key, []).append(r["batch"])
         batches_of[PLAN].append(r["batch"])
     if not batches_of[PLAN]:
-        return confirmed(rows, {}) | {"repeats": args.confirm}
+        return confirmed(rows, {}, args.confirm)
     runs = interleaved(engine, profile, sorted(set(batches_of[PLAN])), pool, args.rows, configs, args.confirm, {}, batches_of)
     plan_at = dict(map(tuple, schedule))
     again: dict = {}
@@ -82,8 +82,8 @@ def confirm(engine, profile, rows: list[dict], schedule: list[list[int]], mech: 
                 fig = steady_figures([run], B)
                 if "error" in fig:
                     raise SpecdecError(f"{m} D={D} at batch {B}, measured again: {fig['error']}", "run with more rows")
-                again.setdefault(_key(B, m, D), []).append(fig["measured_tokens_per_s"])
-    return confirmed(rows, again) | {"repeats": args.confirm}
+                again.setdefault(point_key(B, m, D), []).append(fig["measured_tokens_per_s"])
+    return confirmed(rows, again, args.confirm)
 
 
 def _config(profile, mechanism: str, draft_len: int, drafts: dict[str, Path]) -> dict | None:

@@ -158,7 +158,7 @@ def test_decision_quality_measures_plan_and_oracle_again_and_judges_the_bounds_o
     pairs = decision_quality.confirmation_points(r["buckets"], {"ngram": "none", "suffix": "none"})
     assert pairs == [(1, "suffix", "none", 1), (1, "ngram", "none", 2)]
     spread = [math.exp(-0.1), 1.0, math.exp(0.1)]
-    again = decision_quality.confirmed(r["buckets"], {(1, "suffix", 1): [66 * f for f in spread], (1, "ngram", 2): [67 * f for f in spread]})
+    again = decision_quality.confirmed(r["buckets"], {(1, "suffix", 1): [66 * f for f in spread], (1, "ngram", 2): [67 * f for f in spread]}, 3)
     one, two = again["buckets"]
     h = math.sqrt(2) * 1.96 * math.sqrt(math.pi / 2) * 0.14826 / math.sqrt(3)
     assert one["plan_vs_oracle"] == pytest.approx(66 / 67) and one["low"] == pytest.approx(66 / 67 * math.exp(-h))
@@ -166,10 +166,10 @@ def test_decision_quality_measures_plan_and_oracle_again_and_judges_the_bounds_o
     # the sweep alone puts batch 1 at 60/70 = 86%: below a 90% bound, which the re-measure (98.5%) keeps
     assert len(decision_quality.check_bounds(r, min_vs_oracle=0.9)) == 1
     assert decision_quality.check_bounds(r | {"confirmation": again}, min_vs_oracle=0.9) == []
-    planted = decision_quality.confirmed(r["buckets"], {(1, "suffix", 1): [50.0] * 3, (1, "ngram", 2): [70.0] * 3})
+    planted = decision_quality.confirmed(r["buckets"], {(1, "suffix", 1): [50.0] * 3, (1, "ngram", 2): [70.0] * 3}, 3)
     violations = decision_quality.check_bounds(r | {"confirmation": planted}, min_vs_oracle=0.9)
     assert len(violations) == 1 and "batch 1" in violations[0] and "71.4%" in violations[0] and "measured again" in violations[0]
-    assert "71.4% in every bucket" in decision_quality.confirmation_line(planted | {"repeats": 3})
+    assert "71.4% in every bucket" in decision_quality.confirmation_line(planted)
 
 
 def test_decision_quality_bounds_fail_on_a_planted_bad_plan():
