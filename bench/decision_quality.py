@@ -510,9 +510,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="sweep at most this many mechanisms: the plan's and the ones the cost model rates best after it")
     ap.add_argument("--confirm", type=int, default=5, help="runs of each bucket's plan and oracle measured again after the sweep "
                     "(0: none); plan / oracle on them beside the sweep's")
-    ap.add_argument("--prompts", choices=sorted(PROMPTS), default="cut", help="the held-back prompts decoded: cut to the context "
+    ap.add_argument("--prompts", choices=sorted(PROMPTS), default=None, help="the held-back prompts decoded: cut to the context "
                     "bucket (every row's KV cache at ctx), or whole, those that fit (the text a lookup drafter copies from kept, "
-                    "as the profile measures acceptance)")
+                    "as the profile measures acceptance). Default: as the engine's export check decodes them: torch cut; vllm whole "
+                    "where enough fit, else cut")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reuse-sweep", type=Path, default=None, help="take the measured points from an earlier result of this script and "
                     "recompute the plan, the predictions and the decisions; refused unless it was swept with the same settings "
@@ -526,6 +527,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.engine == "vllm":
         return _main_engine(args, ap)
+    args.prompts = args.prompts or "cut"
     if args.quick:
         args.max_batch, args.max_draft_len, args.new_tokens, args.repeats, args.rows, args.confirm = 2, 1, 8, 1, 2, min(args.confirm, 1)
         args.max_mechanisms = min(args.max_mechanisms, 2)

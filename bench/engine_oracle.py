@@ -8,8 +8,10 @@ every batch bucket at its concurrency on the same held-back prompts (the engine 
 `--repeats` times, the configurations taking turns (odd passes in reverse order), and a bucket's steady steps are pooled
 over its engines: a slow spell of the machine then lands on every configuration, not on the few that ran in it. The decisions, the cost model's error and
 the targets are computed as for the torch backend (decision_quality.summarize), the re-measure of each bucket's plan and
-oracle too (`confirm`: the plan's own engine against the oracle's, `--confirm` engines each, taking turns). There is no speed probe inside the
-engine, so the `scaled` figures equal the raw ones. Cost: the profile's engine seconds plus the search's against the
+oracle too (`confirm`: the plan's own engine against the oracle's, `--confirm` engines each, taking turns). Speed: each
+engine times the profile's speed probe around and within every bucket run (profiles/vllm_runner.py Probe); a point's
+`device_speed_ratio` is (the median of its runs' probe samples over the profile's reference)^elasticity (vllm_engine.speed_ratio),
+and its `scaled` tokens/s the raw figure times that ratio: what the point would measure at the profile's reference speed. Cost: the profile's engine seconds plus the search's against the
 oracle sweep's engine seconds (each engine's start-up included on both sides).
 """
 
@@ -23,11 +25,11 @@ from pathlib import Path
 
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.cost_model import CostModel
-from specdec_tune.exporters.engine_validation import BUCKET_TOKENS, held_back_prompts, run_buckets, steady_figures
+from specdec_tune.exporters.engine_validation import BUCKET_TOKENS, decoded_prompts, held_back_prompts, run_buckets, steady_figures
 from specdec_tune.exporters.schedule import to_vllm
 from specdec_tune.profiles.models.views import write_cut_draft
 from specdec_tune.profiles.schema import load_profile
-from specdec_tune.profiles.vllm_engine import VllmEngine
+from specdec_tune.profiles.vllm_engine import VllmEngine, probe_median_ms, speed_ratio
 from specdec_tune.records import sha256_file, sha256_json
 from specdec_tune.vllm_spelling import speculative_config
 
@@ -35,6 +37,10 @@ from common import shown
 from decision_quality import ENGINE_DEFAULT_K, confirmed, point_key, point_record, searched_for, summarize
 
 NO_SPEC = "none"
+SCALING = ("each point's measured tokens/s x (probe ms in its engines / the profile's reference probe ms)^elasticity, the probe "
+           "(profiles/vllm_runner.py Probe: the target's linear layers of one decode forward) timed in the engine's process around each "
+           "of the point's runs and between their steps, the median of those samples, the reference and the elasticity the profile's "
+           "(engine.speed_probe: its rounds are brought to that speed); a ratio above 1 means the device ran slower than the reference")
 PLAN = ("plan", -1)
 
 
@@ -104,13 +110,17 @@ def _sweep_settings(profile, engine: VllmEngine, ctx: int, batches: list[int], p
 
 def run_engine(args, engine=None) -> dict:
     profile = load_profile(args.profile)
+    speed = profile.engine.get("speed_probe")
     if profile.backend != "vllm":
         raise SpecdecError(f"{args.profile} was profiled with --engine {profile.backend}", "profile with --engine vllm for the vLLM oracle")
     engine = engine or VllmEngine.locate()
     ctx = profile.workload.ctx_buckets[0]
-    held = held_back_prompts(profile, ctx, BUCKET_TOKENS, profile.workload.max_draft_len, whole=args.prompts == "whole")
     batches = [B for B in profile.workload.batch_buckets if B <= args.max_batch]
     needed = max(args.rows, *batches)
+    if args.prompts is None:  # as the export's engine check decodes them
+        held, args.prompts = decoded_prompts(profile, ctx, profile.workload.max_draft_len, needed)
+    else:
+        held = held_back_prompts(profile, ctx, BUCKET_TOKENS, profile.workload.max_draft_len, whole=args.prompts == "whole")
     if len(held) < needed:
         raise SpecdecError(f"only {len(held)} held-back prompts reach the context {ctx}", "use fewer or smaller batches")
     pool, mix, plan, search_s = searched_for(profile, sha256_file(args.profile), held[:needed], args.seed)
@@ -141,25 +151,27 @@ def run_engine(args, engine=None) -> dict:
         for m, D in units:
             if (m, D) not in runs:
                 figures = {B: {"measured_tokens_per_s": before[(B, m, D)]["measured_tokens_per_s"], "tokens_per_round":
-                               before[(B, m, D)]["measured_tokens_per_forward"], **{k: before[(B, m, D)][k] for k in (
-                                   "measured_raw_tokens_per_s", "measured_interval_tokens_per_s", "draft_len_applied")}} for B in batches}
+                               before[(B, m, D)]["measured_tokens_per_forward"], **{k: before[(B, m, D)].get(k) for k in (
+                                   "measured_raw_tokens_per_s", "measured_interval_tokens_per_s", "draft_len_applied", "probe_ms")}} for B in batches}
             else:
-                figures = {B: steady_figures(runs[(m, D)][B], B) for B in batches}
+                figures = {B: steady_figures(runs[(m, D)][B], B) | {"probe_ms": probe_median_ms(runs[(m, D)][B])} for B in batches}
             for B in batches:
                 fig = figures[B]
                 if "error" in fig:
                     raise SpecdecError(f"{m} D={D} at batch {B}: {fig['error']}", "run with more rows")
                 p = point_record(B, m, "none", D, {"tokens_per_s": fig["measured_tokens_per_s"], "tokens_per_forward": fig["tokens_per_round"]},
-                                 1.0, cost.predict(B, D, m))
+                                 speed_ratio(fig.get("probe_ms"), speed) or 1.0, cost.predict(B, D, m))
                 points.append(p | {"measured_raw_tokens_per_s": fig["measured_raw_tokens_per_s"], "measured_interval_tokens_per_s":
-                                   fig["measured_interval_tokens_per_s"], "draft_len_applied": fig["draft_len_applied"]})
-                print(f"  B={B:3d} {m:>12s} D={D:2d}: vLLM {p['measured_tokens_per_s']:8.1f} tok/s (predicted {p['predicted_tokens_per_s']:8.1f}), "
+                                   fig["measured_interval_tokens_per_s"], "draft_len_applied": fig["draft_len_applied"], "probe_ms": fig.get("probe_ms")})
+                print(f"  B={B:3d} {m:>12s} D={D:2d}: vLLM {p['measured_tokens_per_s']:8.1f} tok/s (scaled {p['scaled_measured_tokens_per_s']:8.1f}, "
+                      f"predicted {p['predicted_tokens_per_s']:8.1f}), "
                       f"tokens/round {p['measured_tokens_per_forward']:.3f} (predicted {p['predicted_tokens_per_forward']:.3f})", file=sys.stderr, flush=True)
         plan_run = [{"batch": B, "draft_len": D, **steady_figures(runs[PLAN][B], B)} for B, D in schedule] if PLAN in runs else None
         default_k = min(ENGINE_DEFAULT_K.get(mech, 3), mechanisms[mech]["max_draft_len"])
         summary = summarize(points, schedule, mech, default_k)
         confirmation = confirm(engine, profile, summary["buckets"], schedule, mech, pool, args, configs.get(PLAN), drafts) if args.confirm else None
     oracle_s = sum(v for k, v in unit_s.items() if k != f"{PLAN[0]}/{PLAN[1]}")
+    applied = speed is not None and all(p["probe_ms"] for p in points)
     profile_s = profile.phase_s.get("engine units", 0.0)
     return {
         "source": "measured", "engine": f"vllm {engine.version}", "profile": shown(args.profile), "device": profile.device.get("name"),
@@ -168,8 +180,10 @@ def run_engine(args, engine=None) -> dict:
         "oracle_kind": "every profiled mechanism x D" if args.mechanisms == "all" else "D-only (plan's mechanism)", "mechanisms_swept": mechanisms,
         "engine_default_k": default_k, "plan_schedule": schedule, "plan_schedule_measured": schedule, "plan_schedule_run": plan_run,
         "figures": f"raw measured tokens/s (steady steps of the engine, pooled over {args.repeats} interleaved engines per point); "
-                   "no speed probe in the engine: `scaled` equals raw",
-        "scaling": {"method": "none", "applied": False, "why_not": "no speed probe inside the engine"},
+                   "`scaled` beside them: see scaling",
+        "scaling": {"method": SCALING, "probe_ms_at_profile_time": (speed or {}).get("median_ms"), "elasticity": (speed or {}).get("elasticity"),
+                    "probe": (speed or {}).get("spec"),
+                    "applied": applied, "why_not": None if applied else "the profile or a point's engines timed no speed probe: `scaled` equals raw"},
         "measured_rounds": "engine steps with every request of the bucket decoding",
         **summary, "sweep": points, "settings": settings, "confirmation": confirmation,
         "sweep_reused_from": {"path": shown(args.reuse_sweep), "sha256": sha256_file(args.reuse_sweep)} if reused else None,

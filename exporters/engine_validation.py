@@ -2,9 +2,9 @@
 in one engine with the whole schedule active.
 
 The engine starts with `max_num_seqs` the plan's largest batch (as `vllm/serve.sh` starts it), so vLLM's own per-batch
-lookup picks the draft length at every step. Each bucket runs at its concurrency B on held-back prompts cut to the
-plan's context (as the torch check cuts them), each request decoding 48 tokens with EOS ignored and a finished request
-replaced by the next prompt. Its steady steps, B requests decoding and none prefilling, give:
+lookup picks the draft length at every step. Each bucket runs at its concurrency B on held-back prompts that fit the
+plan's context whole where enough do, else cut to it (`decoded_prompts`), each request decoding 48 tokens with EOS
+ignored and a finished request replaced by the next prompt. Its steady steps, B requests decoding and none prefilling, give:
 
     D applied      the draft tokens per drafting request in a step (vLLM's counters), largest over the steady steps:
                    it must equal the plan's D (none drafted where D = 0), else the bucket fails
@@ -19,9 +19,11 @@ The KV cache vLLM allocated (blocks x block size) is compared with the memory mo
 
 A bucket fails when vLLM ran another D than the plan's: the bundle would not run the plan, and export refuses it. Its
 throughput is reported beside its prediction and flagged where the error is beyond the tolerance and outside the noise,
-without refusing: nothing here probes the device's speed inside vLLM (as the torch check does around every run), and on
-a shared machine the engine's step drifts by 20% within minutes, so such a flag says "re-profile on a quiet machine",
-not "the plan is wrong".
+without refusing: on a shared machine the engine's step drifts by 20% within minutes, so such a flag says "re-profile on
+a quiet machine", not "the plan is wrong". Beside the raw error, where the profile has a speed probe: the device's speed
+ratio (the probe timed in the engine around and within the bucket's run against the profile's reference speed:
+vllm_engine.speed_ratio) and the error against the measurement scaled by it, what the bucket would measure at the
+speed the profile's rounds were brought to.
 """
 
 from __future__ import annotations
@@ -35,12 +37,14 @@ from specdec_tune.profiles.fingerprint import resolve_device
 from specdec_tune.profiles.models.loading import describe_model, model_folder
 from specdec_tune.profiles.models.views import engine_model_view
 from specdec_tune.profiles.timing import Timing
+from specdec_tune.profiles.vllm_engine import probe_median_ms, speed_ratio
 from specdec_tune.profiles.vllm_profile import steady_steps
 from specdec_tune.settings import MeasureSettings
 
 KV_CAPACITY_TOLERANCE_PCT = 10.0
 BUCKET_TOKENS = 48  # per request: tens of steady rounds per bucket even where drafts are accepted
 TIMEOUT_S = 1800.0
+PROMPT_WAYS = {"whole": "whole (those that fit the context)", "cut": "cut to the context"}  # decoded_prompts
 
 
 def held_back_prompts(profile, ctx: int, new_tokens: int, max_draft: int, whole: bool = False) -> list[tuple[list[int], str]]:
@@ -48,6 +52,16 @@ def held_back_prompts(profile, ctx: int, new_tokens: int, max_draft: int, whole:
     _, tokenizer, config = describe_model(profile.target["path"], profile.target.get("dtype", "auto"), resolve_device("cpu"))
     prompts = prompts_by_domain(tokenizer, int(config.get("max_position_embeddings") or 2048), 1000, new_tokens, max_draft, "held_back")
     return cut_to_context(prompts, ctx, new_tokens, whole)
+
+
+def decoded_prompts(profile, ctx: int, max_draft: int, needed: int) -> tuple[list[tuple[list[int], str]], str]:
+    """The held-back prompts (ids, domain) the engine check and the engine bench decode, and which way: whole, those
+    that fit the context as they are, where at least `needed` do (the text a lookup drafter copies from kept, as in the
+    profile's acceptance runs); else each long enough cut to the context (`validate.cut_to_context`)."""
+    whole = held_back_prompts(profile, ctx, BUCKET_TOKENS, max_draft, whole=True)
+    if len(whole) >= needed:
+        return whole, "whole"
+    return held_back_prompts(profile, ctx, BUCKET_TOKENS, max_draft), "cut"
 
 
 def run_buckets(engine, profile, batches: list[int], pool: list[list[int]], rows: int, max_num_seqs: int, *,
@@ -60,6 +74,7 @@ def run_buckets(engine, profile, batches: list[int], pool: list[list[int]], rows
     with tempfile.TemporaryDirectory(prefix="specdec-engine-") as tmp:
         view = engine_model_view(model_folder(profile.target["path"])[1], Path(tmp) / "target")
         job = {"model_dir": str(view), "max_num_seqs": max_num_seqs, "runs": runs, "speculative_config": config,
+               "probe": (profile.engine.get("speed_probe") or {}).get("spec"),  # timed around and within each run
                "engine": {"dtype": profile.target.get("dtype", "auto"), "max_model_len": profile.engine.get("max_model_len"),
                           **profile.engine.get("options", {})}}
         if config_file is not None:
@@ -97,7 +112,8 @@ def engine_throughput(plan: dict, profile, bundle: Path, s: MeasureSettings, eng
     except SpecdecError as e:
         return {"checked": False, "engine": "vllm", "why": str(e)}
     config_file = bundle / "vllm" / "speculative_config.json"
-    pool = [ids for ids, _ in held_back_prompts(profile, plan["ctx"], BUCKET_TOKENS, plan["max_draft_len"])]
+    held, prompts = decoded_prompts(profile, plan["ctx"], plan["max_draft_len"], max(s.rows, plan["max_batch"]))
+    pool = [ids for ids, _ in held]
     if not pool:
         return {"checked": False, "engine": "vllm", "why": f"no held-back prompt reaches the plan's context of {plan['ctx']} tokens"}
     raw = run_buckets(engine, profile, [b["batch"] for b in plan["buckets"]], pool, s.rows, plan["max_batch"],
@@ -106,11 +122,13 @@ def engine_throughput(plan: dict, profile, bundle: Path, s: MeasureSettings, eng
         return {"checked": True, "engine": "vllm", "passed": False, "tolerance_pct": s.tolerance_pct, "buckets": [],
                 "error": f"vLLM did not start on the bundle's config: {raw.get('error')}"}
     by_name = {r.get("name"): r for r in raw["runs"]}
-    rows = [bucket_row(b, steady_figures([by_name.get(f"bucket/{b['batch']}")], b["batch"]), s.tolerance_pct) for b in plan["buckets"]]
+    speed = profile.engine.get("speed_probe")
+    rows = [bucket_row(b, steady_figures([run := by_name.get(f"bucket/{b['batch']}")], b["batch"]), s.tolerance_pct,
+                       speed_ratio(probe_median_ms([run]), speed)) for b in plan["buckets"]]
     timed = [r for r in rows if "error_pct" in r]
     return {"checked": True, "engine": "vllm", "vllm_version": raw.get("vllm_version"), "config_file": "vllm/speculative_config.json",
             "kv_capacity": kv_capacity(plan, profile, raw.get("kv_cache")),
-            "max_num_seqs": plan["max_batch"], "tolerance_pct": s.tolerance_pct, "tokens_per_request": BUCKET_TOKENS, "buckets": rows,
+            "max_num_seqs": plan["max_batch"], "tolerance_pct": s.tolerance_pct, "tokens_per_request": BUCKET_TOKENS, "prompts": prompts, "buckets": rows,
             "passed": all(r["passed"] for r in rows), "throughput_within": all(r.get("throughput_within", False) for r in rows),
             "worst": max(({"batch": r["batch"], "error_pct": r["error_pct"]} for r in timed), key=lambda w: abs(w["error_pct"]), default=None),
             "rule": "a bucket passes when vLLM ran the plan's D (and was timed); its throughput is flagged, not refused, where the error "
@@ -135,7 +153,7 @@ def kv_capacity(plan: dict, profile, reported: dict | None) -> dict | None:
             "error_pct": error_pct, "within": abs(error_pct) <= KV_CAPACITY_TOLERANCE_PCT, "tolerance_pct": KV_CAPACITY_TOLERANCE_PCT}
 
 
-def bucket_row(bucket: dict, measured: dict, tolerance_pct: float) -> dict:
+def bucket_row(bucket: dict, measured: dict, tolerance_pct: float, ratio: float | None = None) -> dict:
     B, D = bucket["batch"], bucket["draft_len"]
     row = {"batch": B, "draft_len": D}
     if "error" in measured:
@@ -150,6 +168,8 @@ def bucket_row(bucket: dict, measured: dict, tolerance_pct: float) -> dict:
         "draft_len_ok": d_ok, "predicted_tokens_per_forward": bucket["predicted"]["tokens_per_forward"]["value"],
         "predicted_tokens_per_s": figure["value"], "predicted_source": figure["source"], "predicted_interval_tokens_per_s": [p_low, p_high],
         "error_pct": error_pct, "inside_noise": inside_noise, "throughput_within": abs(error_pct) <= tolerance_pct or inside_noise, "passed": d_ok,
+        "device_speed_ratio": ratio,
+        "scaled_error_pct": None if ratio is None else 100 * (figure["value"] / (measured["measured_tokens_per_s"] * ratio) - 1),
     }
 
 
@@ -167,8 +187,9 @@ def describe_row(r: dict) -> str:
     flag = "" if r["throughput_within"] else " [beyond the tolerance and the noise]"
     return (f"batch {r['batch']}, D={r['draft_len']}{applied}{flag}: predicted {r['predicted_tokens_per_s']:.0f} tokens/s ({r['predicted_source']}), "
             f"vLLM {r['measured_tokens_per_s']:.0f} [{r['measured_interval_tokens_per_s'][0]:.0f}–{r['measured_interval_tokens_per_s'][1]:.0f}]: "
-            f"{r['error_pct']:+.1f}%{' (inside the noise)' if r['inside_noise'] else ''}; tokens per round {r['tokens_per_round']:.3f} "
-            f"against {r['predicted_tokens_per_forward']:.3f} predicted")
+            f"{r['error_pct']:+.1f}%{' (inside the noise)' if r['inside_noise'] else ''}"
+            + ("" if r.get("scaled_error_pct") is None else f", {r['scaled_error_pct']:+.1f}% at the profile's reference speed (device x{r['device_speed_ratio']:.2f})")
+            + f"; tokens per round {r['tokens_per_round']:.3f} against {r['predicted_tokens_per_forward']:.3f} predicted")
 
 
 def engine_refusal(tp: dict) -> SpecdecError:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specdec_tune.exporters.memory_limits import limits_lines
-from specdec_tune.exporters.engine_validation import describe_kv, describe_row
+from specdec_tune.exporters.engine_validation import PROMPT_WAYS, describe_kv, describe_row
 from specdec_tune.exporters.safety import safety_lines
 from specdec_tune.exporters.validate import describe_repair, describe_throughput_row
 
@@ -156,8 +156,9 @@ def write_report(folder: Path, plan: dict, profile, engines: dict, validation: d
         lines.append(f"- lossless (fp32 greedy, held-back prompts): {lossless_text(gate)} {runs}".rstrip())
     tp = validation.get("throughput")
     if tp and tp.get("checked") and tp.get("engine") == "vllm":
-        lines.append(f"- in vLLM {tp.get('vllm_version')}, the bundle's own vllm/speculative_config.json with max_num_seqs {tp.get('max_num_seqs')} "
-                     f"({tp['rule']}):" if not tp.get("error") else f"- vLLM: {tp['error']}")
+        lines.append(f"- in vLLM {tp.get('vllm_version')}, the bundle's own vllm/speculative_config.json with max_num_seqs {tp.get('max_num_seqs')}, "
+                     f"held-back prompts {PROMPT_WAYS.get(tp.get('prompts'), 'cut to the context')} ({tp['rule']}):"
+                     if not tp.get("error") else f"- vLLM: {tp['error']}")
         lines += [f"  - {describe_row(r)}" for r in tp["buckets"]]
         if tp.get("kv_capacity"):
             lines.append(f"  - {describe_kv(tp['kv_capacity'])}")

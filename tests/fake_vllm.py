@@ -7,11 +7,14 @@ as vLLM's dense lookup gives it), each accepted with probability `accept` given 
 bonus token; a step costs base + per_token · rows · (1 + K) ms, times a seeded jitter. Its KV cache is sized as vLLM's CPU worker
 sizes it, from the model folders' configs. Mechanisms in `refuse` fail at
 start-up with a message, as vLLM refuses one it cannot run; `fail_run` names a run that dies part-way (out of memory).
+`slowdown` is the machine's speed: every step and the speed probe (`probe_ms`, around each run where the job asks for
+it) take that many times as long; a tuple gives each engine the next of its figures in turn (a machine that drifts).
 """
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 
 class FakeVllm:
@@ -19,9 +22,12 @@ class FakeVllm:
     python = "fake-python"
 
     def __init__(self, accept: float = 0.6, base_ms: float = 40.0, per_token_ms: float = 1.5, draft_ms_per_token: float = 0.0,
-                 refuse: dict[str, str] | None = None, fail_run: str | None = None, ignore_schedule: bool = False, jitter: float = 0.05) -> None:
+                 refuse: dict[str, str] | None = None, fail_run: str | None = None, ignore_schedule: bool = False, jitter: float = 0.05,
+                 slowdown: float | tuple[float, ...] = 1.0, probe_ms: float = 20.0) -> None:
         self.accept, self.base_ms, self.per_token_ms, self.draft_ms_per_token = accept, base_ms, per_token_ms, draft_ms_per_token
         self.refuse, self.fail_run, self.ignore_schedule, self.jitter = refuse or {}, fail_run, ignore_schedule, jitter
+        self.slowdowns, self.probe_ms = slowdown if isinstance(slowdown, tuple) else (slowdown,), probe_ms
+        self.slowdown = self.slowdowns[0]
         self.jobs: list[dict] = []
 
     def _k(self, config: dict | None, batch: int) -> int:
@@ -33,14 +39,16 @@ class FakeVllm:
         return config["num_speculative_tokens"]
 
     def run(self, job: dict, timeout_s: float, cwd=None) -> dict:
+        self.slowdown = self.slowdowns[len(self.jobs) % len(self.slowdowns)]
         self.jobs.append(job)
         config = job.get("speculative_config")
         if job.get("speculative_config_file"):
             import json
-            from pathlib import Path
 
             config = json.loads(Path(job["speculative_config_file"]).read_text())
         method = (config or {}).get("method")
+        if not Path(job["model_dir"]).is_absolute() and cwd is None:  # the runner starts in a folder of its own
+            return {"ok": False, "error": f"HFValidationError: Repo id must be in the form 'repo_name': {job['model_dir']!r}", "runs": []}
         if method in self.refuse:
             return {"ok": False, "error": self.refuse[method], "runs": []}
         rng = random.Random(len(self.jobs))
@@ -49,7 +57,7 @@ class FakeVllm:
             if spec["name"] == self.fail_run:
                 out["runs"].append({"name": spec["name"], "error": "OutOfMemoryError: simulated"})
                 continue
-            out["runs"].append(self._run(spec, config, rng))
+            out["runs"].append(self._run(spec, config, rng) | ({"probe_ms": [self.probe_ms * self.slowdown] * 2} if job.get("probe") else {}))
         return out
 
     @staticmethod
@@ -104,7 +112,7 @@ class FakeVllm:
                 if len(requests[i]["output_ids"]) >= spec["max_tokens"]:
                     requests[i]["output_ids"] = requests[i]["output_ids"][: spec["max_tokens"]]
                     live.remove(i)
-            ms = (self.base_ms + self.per_token_ms * running * (1 + k) + self.draft_ms_per_token * k) * (1 + self.jitter * rng.random())
+            ms = (self.base_ms + self.per_token_ms * running * (1 + k) + self.draft_ms_per_token * k) * (1 + self.jitter * rng.random()) * self.slowdown
             steps.append({"ms": ms, "running": running, "decoding": decoding, "prefill": decoding < running,
                           "num_drafts": drafts, "num_draft_tokens": drafted_tokens, "num_accepted_tokens": accepted_total})
         for r in requests.values():

@@ -13,7 +13,7 @@ import pytest
 
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.cost_model import CostModel
-from specdec_tune.exporters.engine_validation import engine_refusal, engine_throughput
+from specdec_tune.exporters.engine_validation import describe_row, engine_refusal, engine_throughput
 from specdec_tune.profiles.vllm_engine import VllmEngine
 from specdec_tune.profiles.vllm_profile import PASSES, TIMING_TOKENS, VllmProfiler, counters_of
 from specdec_tune.settings import MeasureSettings, ProfileSettings
@@ -132,6 +132,14 @@ def test_killed_profile_resumes_without_repeating_finished_engines(fake_profile,
     assert logged_s >= 1.4 and profile.phase_s["engine units"] == pytest.approx(logged_s, abs=0.1)
 
 
+def test_a_relative_out_dir_reaches_the_engine_as_a_full_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # `specdec-tune profile --engine vllm` with the default out dir, a relative one
+    settings = ProfileSettings(**(SMALL | {"out_dir": Path("artifacts/profile"), "drafters": ("ngram",), "temperatures": (0.0,)}))
+    engine = FakeVllm()
+    profile = VllmProfiler(settings, engine=engine).run()
+    assert all(Path(j["model_dir"]).is_absolute() for j in engine.jobs) and profile.rounds
+
+
 def test_units_take_turns_and_pool_their_passes(fake_profile):
     profile, engine = fake_profile
     plain = [i for i, j in enumerate(engine.jobs) if j["speculative_config"] is None]
@@ -178,6 +186,43 @@ def test_engine_check_reads_the_draft_length_vllm_applied(fake_profile, tmp_path
     assert not wrong["passed"]
     assert [r["draft_len_applied"] for r in wrong["buckets"]] == [3, 3, 3]
     assert "vLLM ran D=3" in str(engine_refusal(wrong))
+
+
+@pytest.fixture(scope="module")
+def drifting_profile(tmp_path_factory):
+    """A profile on a machine whose speed moves between engines (x1, x1.3, x0.8 in turn), as a shared one does."""
+    engine = FakeVllm(slowdown=(1.0, 1.3, 0.8), jitter=0.02)
+    return _profile(tmp_path_factory.mktemp("drift"), engine, drafters=("ngram",), temperatures=(0.0,)), engine
+
+
+def test_rounds_are_brought_to_the_reference_speed(drifting_profile, fake_profile):
+    profile, engine = drifting_profile
+    probe = profile.engine["speed_probe"]
+    assert probe["samples"] >= 2 * len(engine.jobs) and all(j["probe"] == probe["spec"] and probe["spec"]["layers"] > 0 for j in engine.jobs)
+    assert probe["elasticity"] == pytest.approx(1.0, abs=0.1)  # the fake's steps move with its probe one to one
+    steady = {(r.mechanism, r.batch, r.draft_len): r.median_ms for r in fake_profile[0].rounds if r.ctx == 64}
+    scale = probe["median_ms"] / 20.0  # the reference speed, against the steady machine's
+    for r in profile.rounds:
+        # brought to the reference, each cell is the steady machine's at that speed; raw, it is whatever mix of spells its passes met
+        assert r.median_ms == pytest.approx(steady[(r.mechanism, r.batch, r.draft_len)] * scale, rel=0.06)
+        assert r.raw_median_ms is not None
+    assert any("brought to the reference speed" in n for n in profile.notes)
+    assert fake_profile[0].engine["speed_probe"]["elasticity"] == 0.0  # a steady machine: nothing to fit, nothing moved
+
+
+def test_the_engine_check_scales_its_error_by_the_speed_probe(drifting_profile, tmp_path):
+    profile, _ = drifting_profile
+    reference = profile.engine["speed_probe"]["median_ms"] / 20.0
+    schedule = [(1, 3), (2, 1), (4, 0)]
+    bundle = _bundle(tmp_path, [[1, 1, 3], [2, 2, 1], [3, 4, 0]])
+    plan = _plan(schedule)
+    steady = engine_throughput(plan, profile, bundle, MeasureSettings(rows=4), engine=FakeVllm(slowdown=reference))
+    slow = engine_throughput(plan, profile, bundle, MeasureSettings(rows=4), engine=FakeVllm(slowdown=1.5 * reference))
+    for a, b in zip(steady["buckets"], slow["buckets"]):
+        assert a["device_speed_ratio"] == pytest.approx(1.0, abs=0.05) and b["device_speed_ratio"] == pytest.approx(1.5, rel=0.05)
+        assert b["measured_tokens_per_s"] == pytest.approx(a["measured_tokens_per_s"] / 1.5, rel=0.06)  # raw: the slow machine's
+        assert b["scaled_error_pct"] == pytest.approx(a["error_pct"], abs=6)  # scaled: as at the reference speed
+        assert "at the profile's reference speed (device x1.5" in describe_row(b)
 
 
 def test_locating_vllm_names_the_variable_and_the_version(tmp_path, monkeypatch):
@@ -295,3 +340,35 @@ def test_the_engine_oracle_measures_the_plan_and_the_oracle_again_where_they_dif
     one, two = again["buckets"]
     assert one["same_config"] and one["plan_vs_oracle"] == 1.0 and again["repeats"] == 3
     assert len(two["plan_runs_tokens_per_s"]) == len(two["oracle_runs_tokens_per_s"]) == 3 and two["low"] < two["plan_vs_oracle"] < two["high"]
+
+
+def test_the_engine_oracle_scales_each_point_by_the_speed_probe(drifting_profile, tmp_path):
+    import argparse
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+    from engine_oracle import run_engine
+
+    profile, _ = drifting_profile
+    reference = profile.engine["speed_probe"]["median_ms"] / 20.0
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile.model_dump(mode="json")))
+    args = argparse.Namespace(profile=path, prompts=None, max_batch=2, rows=4, max_draft_len=4, mechanisms="plan", repeats=1, seed=0,
+                              reuse_sweep=None, confirm=0)
+    steady, slow = run_engine(args, engine=FakeVllm(slowdown=reference)), run_engine(args, engine=FakeVllm(slowdown=1.5 * reference))
+    assert slow["scaling"]["applied"] and slow["scaling"]["probe_ms_at_profile_time"] == profile.engine["speed_probe"]["median_ms"]
+    for a, b in zip(steady["sweep"], slow["sweep"]):
+        assert b["device_speed_ratio"] == pytest.approx(1.5, rel=0.05) and b["probe_ms"] == pytest.approx(30.0 * reference)
+        assert b["measured_tokens_per_s"] == pytest.approx(a["measured_tokens_per_s"] / 1.5, rel=0.06)
+        assert b["scaled_measured_tokens_per_s"] == pytest.approx(a["scaled_measured_tokens_per_s"], rel=0.06)
+    assert slow["fidelity"]["tokens_per_s_median_err_pct"] > 30 > slow["fidelity"]["scaled"]["tokens_per_s_median_err_pct"]
+    assert slow["prompts"] == steady["prompts"] in ("whole", "cut")  # as the export's engine check decodes them
+
+
+def test_the_runners_speed_probe_times_the_targets_linear_layers():
+    from specdec_tune.profiles.vllm_engine import speed_probe_spec
+    from specdec_tune.profiles.vllm_runner import Probe
+
+    spec = speed_probe_spec({"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128}, "float32")
+    probe = Probe(spec)
+    assert [tuple(w.shape) for w in probe.weights[0]] == [(64, 128), (64, 256), (128, 64)] and len(probe.weights) == 2
+    assert tuple(probe.x_h.shape) == (spec["rows"], 64) and 0 < probe.ms() < 1e3
