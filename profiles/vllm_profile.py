@@ -22,15 +22,17 @@ before its mechanism's other units start), and a cell's steps are pooled over th
 steps of every unit instead of on all of one.
 
 A timed round is one LLMEngine.step() with B requests decoding, none prefilling and none finished: a timing run starts
-B real calibration texts laid end to end and cut to the context bucket, and decodes 16 tokens each per pass with EOS ignored, so
-the batch stays full. (A lookup drafter's round costs what its rows propose: on long concatenated texts that can be more
+B real calibration texts laid end to end and cut to the context bucket, and decodes 32 tokens each per pass with EOS ignored, so
+the batch stays full. (Not fewer: a lookup drafter that accepts well spends 16 tokens in 6 full rounds, all of them the
+heavy drafting right after the prefill; at B = 8 on a 2-core CPU, 16 tokens read an n-gram round at D = 7 7-15% above
+plain where 64 read it 3% above.) (A lookup drafter's round costs what its rows propose: on long concatenated texts that can be more
 than on the acceptance prompts; each cell records the tokens its rows emitted per round.) A cell's figure is the median of its steady steps with the median's 95% interval; each mechanism's cells are then
 fitted non-decreasing in D, batch and context (weighted isotonic regression, as the verify curve: a longer draft, more
 requests or a longer context never make a round cheaper), a cell moved beyond its interval becoming `fitted`.
 
 Speed: every engine times a fixed piece of work of the target's shape around and within each run (vllm_runner.Probe).
-Interleaving spreads a spell over the units, but with three passes a unit can still land two of them in a fast spell
-and another unit two in a slow one (on this 2-core machine the probe moved 25% within one profile). So each pass's steps
+Interleaving spreads a spell over the units, but with two passes a unit can still land both of them in a fast spell
+and another unit both in a slow one (on this 2-core machine the probe moved 25% within one profile). So each pass's steps
 are brought to the profile's reference speed before they are pooled:
 
     step at reference = step · (probe_ref / probe_pass)^e
@@ -79,8 +81,8 @@ from specdec_tune.settings import ProfileSettings
 from specdec_tune.vllm_spelling import VLLM, speculative_config
 
 UNIT_TIMEOUT_S = 1800.0  # one engine: start-up, every timing run and the acceptance runs
-PASSES = 3  # engines per unit, interleaved with the other units' (module docstring)
-TIMING_TOKENS = 16  # per request of a timing run, per pass: over the passes the batch stays full for tens of rounds
+PASSES = 2  # engines per unit, interleaved with the other units' (module docstring)
+TIMING_TOKENS = 32  # per request of a timing run, per pass: over the passes the batch stays full for tens of rounds
 EXTRA_ACCEPTANCE_S = 120.0  # engine seconds the second pass may spend on more acceptance prompts past the budget
 ACCEPTANCE_PROMPTS_PER_DOMAIN = 7  # at D_max: every MT-Bench category's profiling prompts, as many of the others
 WARMUP_TOKENS = 4  # a short run before the timed ones: the engine's first steps allocate and build
