@@ -396,9 +396,8 @@ def search(
     console.print("[low–high]: 95% interval of the prediction, from the acceptance bootstrap over prompts and the timing interval of the "
                   "median, taken together at their worst and best; - where the profile has none. Within a bucket, a draft length whose "
                   "tokens/s ratio to the best has a 95% interval holding 1 (acceptance paired over the same prompts) ties with it and "
-                  f"the shorter draft wins (without per-prompt counts: overlapping intervals; without intervals: within {settings.tie_tolerance:.0%}), "
-                  f"unless it would give up more than {settings.tie_max_loss:.0%} while the longer one loses at most that at the far end of "
-                  "its interval", markup=False)
+                  f"the shorter draft wins (without per-prompt counts: overlapping intervals; without intervals: within {settings.tie_tolerance:.0%})",
+                  markup=False)
     for line in _plan_findings(plan):
         console.print(line, markup=False)
     st = plan["study"]

@@ -169,7 +169,6 @@ class SearchSettings:
     quant_formats: tuple[str, ...] = ("none",)
     tile_rows: int = 0  # attention tile for the tile policy; 0 = the device's
     tie_tolerance: float = 0.02  # predicted differences below this share count as ties: the shorter draft wins
-    tie_max_loss: float = 0.03  # a tie gives up at most this share of predicted tokens/s where the longer draft is safe (space.py)
     storage: str | None = None  # Optuna storage URL; None = a journal file under out_dir
     study_name: str = ""  # "" = named after the profile and these settings
     out_dir: Path = Path("artifacts")

@@ -10,8 +10,7 @@ and, where the schedule's rule set it instead (D never rises with batch; TensorR
 maximum: space.py), that rule ("schedule"), or where the next longer draft does not fit in
 memory at that batch ("memory"). Where D was taken over a longer one it ties with (space.py: the 95% interval of their
 tokens/s ratio holds 1; without per-prompt counts, their intervals overlap; without intervals, the 2% tolerance)
-the rationale says so and carries both intervals (and the ratio's); where a shorter draft inside the noise was not
-taken because that tie would give up more than it avoids (space.py, `costly_tie`), it says so too; a bucket whose
+the rationale says so and carries both intervals (and the ratio's); a bucket whose
 prediction rests on a verify cell the monotone fit moved beyond its interval carries a flag naming the cell.
 
 `device.times` is the weakest source among the bucket predictions (`device.sources` counts them), or
@@ -150,9 +149,6 @@ def rationale(space: Space, c: Candidate, B: int, D: int) -> dict:
     tie = _tie(space, c, B, D)
     if tie:
         lines.append(tie["text"])
-    kept = _kept_over_tie(space, c, B, D)
-    if kept:
-        lines.append(kept["text"])
     runner_up = tie["with_draft_len"] if tie else others[0][1] if others else None  # the D this one was weighed against
     out = {"guideline": guideline, "text": "; ".join(lines),
            "figures": {"tokens_per_forward": p.tokens_per_forward.value, "round_ms": p.round_ms.value,
@@ -160,7 +156,7 @@ def rationale(space: Space, c: Candidate, B: int, D: int) -> dict:
                        ratio_key: cost_ratio if math.isfinite(cost_ratio) else None,
                        "draft_share": draft_share, **tile},
            "next_best": {"draft_len": others[0][1], "loss_pct": _loss_pct(own, others[0][0])} if others else None,
-           "tie": tie, "kept_over_tie": kept,
+           "tie": tie,
            "intervals": {"chosen": _bounds_of(p), "runner_up": _bounds_of(space.cost.predict(B, runner_up, m, q)) if runner_up is not None else None}}
     if moe:
         out["moe"] = moe
@@ -190,21 +186,6 @@ def _tie(space: Space, c: Candidate, B: int, D: int) -> dict | None:
         gain = -_loss_pct(space.bucket_score(B, D, c.mechanism, c.quant), space.bucket_score(B, best, c.mechanism, c.quant))
         text = f"D={best} is {gain:.1f}% ahead of D={D}, within the {space.tie_tolerance:.0%} tie tolerance (no intervals): {shorter}"
     return {"rule": rule, "with_draft_len": best, "text": text}
-
-
-def _kept_over_tie(space: Space, c: Candidate, B: int, D: int) -> dict | None:
-    """Where the shortest draft inside the noise of D was not taken because that tie would give up too much
-    (space.costly_tie)."""
-    for d in space.allowed(c.mechanism, c.tile_policy):
-        if d >= D:
-            return None
-        if space.noise_rule(B, d, D, c.mechanism, c.quant) and space.costly_tie(B, d, D, c.mechanism, c.quant):
-            loss, worst = space.tie_cost(B, d, D, c.mechanism, c.quant)  # type: ignore[misc]
-            text = (f"D={d} is inside the noise of D={D} but would give up {loss:.1%} of its predicted tokens/s, while D={D} "
-                    f"loses at most {max(worst, 0.0):.1%} at the far end of the interval (a tie gives up at most "
-                    f"{space.tie_max_loss:.0%} to avoid less): D={D} is kept")
-            return {"draft_len": d, "loss": loss, "worst_case_loss": worst, "text": text}
-    return None
 
 
 def fit_flags(space: Space, B: int, D: int) -> list[str]:

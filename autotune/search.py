@@ -96,8 +96,7 @@ def search(profile: Profile, profile_hash: str, settings: SearchSettings) -> dic
     exact, exact_value = space.exhaustive()
     strict = space.strict_optimum()
     summary = {"trials": len(study.trials), "trial_budget": trials_for(space, settings), "exhaustive_value": exact_value,
-               "strict_optimum_value": strict, "tie_tolerance": settings.tie_tolerance,
-               "tie_max_loss": settings.tie_max_loss}
+               "strict_optimum_value": strict, "tie_tolerance": settings.tie_tolerance}
     if settings.objective == "pareto":
         front = front_of(study, space)  # polished: every drafter and D at each cap the study's front reached
         chosen = knee(space, space.pareto_front({c.max_batch for c in front}))

@@ -32,14 +32,6 @@ Where the profile kept no per-prompt counts, overlapping tokens/s intervals are 
 no interval (a version-1 profile), predicted differences below the tie tolerance (2%) are. A draft length that misses a floor the best meets is
 never tied with it. The plan reports what ties cost against the strict optimum (no ties at all).
 
-A tie gives up at most `tie_max_loss` (3%) where it need not (`costly_tie`): inside the noise is not the same as
-equal. Where the shorter draft is predicted to lose more than that share and the longer one's own worst case (the far
-end of the ratio's interval) loses less than it, the two are not tied and the longer draft is kept: taking the
-shorter would trade a likely loss beyond the share for protection against one within it. A wide interval whose far
-end loses more than the share stays a tie (the shorter draft is the safer of two unknowns). So at a large batch,
-where speculation is predicted at 1.08x plain with an interval of 0.98-1.23, plain decoding does not win the tie: it
-would most likely give up 8% to avoid at most 2%.
-
 Batch buckets the profile could not run (the one-token verify step out of memory, or never timed, at the
 plan's context) are not in the space; the plan's notes name them.
 """
@@ -108,7 +100,7 @@ class Space:
         self.pairs = [(m, q) for m in self.mechanisms for q in settings.quant_formats if q in cost.quants(m)]
         if not self.pairs:
             raise SpecdecError("no mechanism was profiled with the requested weight formats", "add --quant none or profile the formats")
-        self.tie_tolerance, self.tie_max_loss = settings.tie_tolerance, settings.tie_max_loss
+        self.tie_tolerance = settings.tie_tolerance
         self.strict = False  # True: no ties at all (the strict optimum)
         self.group = attention_group(profile)
         self.tile_rows = settings.tile_rows or attention_tile_rows(profile)
@@ -232,47 +224,22 @@ class Space:
             self._best[key] = max(((self.bucket_score(B, d, m, q), d) for d in self.allowed(m, policy)), key=lambda sd: (sd[0], -sd[1]))
         return self._best[key]
 
-    def noise_rule(self, B: int, D: int, other: int, m: str, q: str) -> str | None:
-        """How D's difference from `other` at one bucket is inside the noise: "paired" (the 95% interval of
-        TPS(D) / TPS(other) holds 1), "intervals" (no per-prompt counts: their 95% tokens/s intervals overlap),
-        "tolerance" (no intervals: scores within the tie tolerance), or None."""
+    def tie_rule(self, B: int, D: int, other: int, m: str, q: str) -> str | None:
+        """How D counts as tied with `other` at one bucket: "paired" (the 95% interval of TPS(D) / TPS(other) holds 1),
+        "intervals" (no per-prompt counts: their 95% tokens/s intervals overlap), "tolerance" (no intervals: scores
+        within the tie tolerance), or None (not tied; always None when strict)."""
+        if self.strict:
+            return None
+        meets_floor = self.floor_penalty(B, D, m, q) <= self.floor_penalty(B, other, m, q) + 1e-12
         ratio = self.cost.ratio(B, D, other, m, q)
         if ratio is not None:
-            return "paired" if ratio.low <= 1 <= ratio.high else None  # type: ignore[operator]
+            return "paired" if ratio.low <= 1 <= ratio.high and meets_floor else None  # type: ignore[operator]
         a, b = self.cost.predict(B, D, m, q), self.cost.predict(B, other, m, q)
         overlapping = overlap(a.tokens_per_s, b.tokens_per_s)
         if overlapping is not None:
-            return "intervals" if overlapping else None
+            return "intervals" if overlapping and meets_floor else None
         score, top = self.bucket_score(B, D, m, q), self.bucket_score(B, other, m, q)
         return "tolerance" if score >= top - self.tie_tolerance * abs(top) else None
-
-    def tie_rule(self, B: int, D: int, other: int, m: str, q: str) -> str | None:
-        """How D counts as tied with `other` at one bucket (`noise_rule`), or None: not inside the noise, a floor that D
-        misses and `other` meets, a tie that would give up too much (`costly_tie`), or strict."""
-        if self.strict:
-            return None
-        rule = self.noise_rule(B, D, other, m, q)
-        if rule is None or rule == "tolerance":
-            return rule
-        meets_floor = self.floor_penalty(B, D, m, q) <= self.floor_penalty(B, other, m, q) + 1e-12
-        return rule if meets_floor and not self.costly_tie(B, D, other, m, q) else None
-
-    def tie_cost(self, B: int, D: int, other: int, m: str, q: str) -> tuple[float, float] | None:
-        """(what D is predicted to give up against `other`, what `other` gives up against D in its worst case), as
-        shares of tokens/s: from the paired ratio TPS(D) / TPS(other) and the far end of its interval, else from the
-        two tokens/s intervals; None where there are no intervals."""
-        ratio = self.cost.ratio(B, D, other, m, q)
-        if ratio is not None:
-            return 1 - ratio.value, 1 - 1 / ratio.high  # type: ignore[operator]
-        a, b = self.cost.predict(B, D, m, q).tokens_per_s, self.cost.predict(B, other, m, q).tokens_per_s
-        if not (a.has_interval and b.has_interval) or min(a.value, b.value) <= 0:
-            return None
-        return 1 - a.value / b.value, 1 - b.low / a.high  # type: ignore[operator]
-
-    def costly_tie(self, B: int, D: int, other: int, m: str, q: str) -> bool:
-        """A tie that would give up more than `tie_max_loss` to avoid less (module docstring)."""
-        cost = self.tie_cost(B, D, other, m, q)
-        return cost is not None and cost[0] > self.tie_max_loss and cost[1] <= self.tie_max_loss
 
     def bucket_value(self, B: int, D: int, m: str, q: str, policy: str = "free") -> float:
         """The bucket's score, flattened to the best where D is tied with the best (`tie_rule`).

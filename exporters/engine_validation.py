@@ -10,7 +10,8 @@ ignored and a finished request replaced by the next prompt. Its steady steps, B 
                    it must equal the plan's D (none drafted where D = 0), else the bucket fails
     tokens/round   (requests + accepted draft tokens) / requests, over the steady steps
     tokens/s       raw: 1e3 · tokens / Σ step ms;  as the cost model: 1e3 · B · tokens/round / median step ms, with the
-                   interval of the median step
+                   interval of the median step, which holds the profile's between-engine term (one engine is one draw
+                   of it: vllm_profile, "Engines")
     error          predicted / measured (as the cost model) − 1; inside the noise where the prediction's 95% interval
                    and the measurement's overlap
 
@@ -38,7 +39,7 @@ from specdec_tune.profiles.models.loading import describe_model, model_folder
 from specdec_tune.profiles.models.views import engine_model_view
 from specdec_tune.profiles.timing import Timing
 from specdec_tune.profiles.vllm_engine import probe_median_ms, speed_ratio
-from specdec_tune.profiles.vllm_profile import steady_steps
+from specdec_tune.profiles.vllm_profile import steady_steps, with_engines
 from specdec_tune.settings import MeasureSettings
 
 KV_CAPACITY_TOLERANCE_PCT = 10.0
@@ -82,9 +83,10 @@ def run_buckets(engine, profile, batches: list[int], pool: list[list[int]], rows
         return engine.run(job, TIMEOUT_S, cwd=cwd)
 
 
-def steady_figures(runs: list[dict | None], batch: int) -> dict:
+def steady_figures(runs: list[dict | None], batch: int, between: dict | None = None) -> dict:
     """A bucket's figures from its steady steps (module docstring), pooled over `runs` (one per engine that ran the
-    bucket); `error` where it has none to time."""
+    bucket), the median step's interval holding the profile's between-engine term (`between`: engine.between_engines,
+    vllm_profile.with_engines); `error` where it has none to time."""
     failed = next((run for run in runs if run is None or run.get("error")), False)
     if failed is not False:
         return {"error": (failed or {}).get("error") or "the engine stopped before this bucket"}
@@ -94,7 +96,7 @@ def steady_figures(runs: list[dict | None], batch: int) -> dict:
     drafting = [st["num_draft_tokens"] / st["num_drafts"] for st in steady if st["num_drafts"]]
     requests = batch * len(steady)
     tokens = requests + sum(st["num_accepted_tokens"] for st in steady)
-    step = Timing.of([st["ms"] for st in steady])
+    step = with_engines(Timing.of([st["ms"] for st in steady]), between or {}, len(runs))
     per_round = tokens / requests
     return {"draft_len_applied": round(max(drafting)) if drafting else 0, "drafting_steps": len(drafting), "steady_steps": len(steady),
             "tokens_per_round": per_round, "step_ms": step.median_ms, "step_ms_interval": [step.ci_low_ms, step.ci_high_ms],
@@ -123,7 +125,8 @@ def engine_throughput(plan: dict, profile, bundle: Path, s: MeasureSettings, eng
                 "error": f"vLLM did not start on the bundle's config: {raw.get('error')}"}
     by_name = {r.get("name"): r for r in raw["runs"]}
     speed = profile.engine.get("speed_probe")
-    rows = [bucket_row(b, steady_figures([run := by_name.get(f"bucket/{b['batch']}")], b["batch"]), s.tolerance_pct,
+    between = profile.engine.get("between_engines")
+    rows = [bucket_row(b, steady_figures([run := by_name.get(f"bucket/{b['batch']}")], b["batch"], between), s.tolerance_pct,
                        speed_ratio(probe_median_ms([run]), speed)) for b in plan["buckets"]]
     timed = [r for r in rows if "error_pct" in r]
     return {"checked": True, "engine": "vllm", "vllm_version": raw.get("vllm_version"), "config_file": "vllm/speculative_config.json",

@@ -1,6 +1,6 @@
 """`specdec-tune profile --engine vllm`: the profile measured inside vLLM, the engine the bundle is for.
 
-Units, each measured by PASSES engines, each started fresh in a process of its own and logged when it finishes (a
+Units, each measured by PASSES (3) engines, each started fresh in a process of its own and logged when it finishes (a
 killed profile resumes without repeating them):
   plain     vLLM without speculation: T_round(B, 0) at every batch and context bucket
   (m, D)    mechanism m at draft length D: T_round(B, D) at every batch and context bucket, and greedy acceptance at D
@@ -31,8 +31,8 @@ fitted non-decreasing in D, batch and context (weighted isotonic regression, as 
 requests or a longer context never make a round cheaper), a cell moved beyond its interval becoming `fitted`.
 
 Speed: every engine times a fixed piece of work of the target's shape around and within each run (vllm_runner.Probe).
-Interleaving spreads a spell over the units, but with two passes a unit can still land both of them in a fast spell
-and another unit both in a slow one (on this 2-core machine the probe moved 25% within one profile). So each pass's steps
+Interleaving spreads a spell over the units, but with three passes a unit can still land all of them in a fast spell
+and another unit all in a slow one (on this 2-core machine the probe moved 25% within one profile). So each pass's steps
 are brought to the profile's reference speed before they are pooled:
 
     step at reference = step · (probe_ref / probe_pass)^e
@@ -45,6 +45,14 @@ keeps probe_ref and e, and a later run's probe against them says how much slower
 profile's reference (the engine benches and the export's engine check give their errors at reference speed beside
 the raw ones).
 
+Engines: two engines of one configuration, started one after the other, differ by more than their steps' noise (a
+process's own luck: where its memory and threads land; on this 2-core CPU about 2% sd at reference speed, while the
+median of one engine's 30 steps holds about ±2%). Steps of one engine are not independent of each other, so the
+median's interval over the pooled steps would claim a precision that a new set of engines does not reproduce. The
+profile estimates that term from its own passes (`between_engines_sd`: over every cell, the variance of the passes'
+log medians less their own squared standard errors) and adds 1.96·sd/√(engines) to each cell's interval, on the log
+scale, as an independent error (`engine.between_engines`). With three engines a unit, that term is about ±2.3%.
+
 A mechanism the engine will not start is recorded in `engine.mechanisms` with vLLM's reason, a unit that crashes or runs
 out of memory part-way records its remaining cells infeasible with the engine's message; the profile goes on with the rest.
 """
@@ -53,7 +61,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 import random
+import statistics
 import time
 import warnings
 from pathlib import Path
@@ -65,7 +75,7 @@ from specdec_tune.profiles import intervals, replay
 from specdec_tune.profiles.calibration import load_calibration
 from specdec_tune.profiles.drafters.base import describe_spec
 from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint, resolve_device
-from specdec_tune.profiles.intervals import monotone_fit, moved_beyond_interval
+from specdec_tune.profiles.intervals import median_interval, monotone_fit, moved_beyond_interval
 from specdec_tune.profiles.memory import memory_record
 from specdec_tune.profiles.vllm_engine import CPU_KV_CACHE_BYTES, speed_probe_spec
 from specdec_tune.profiles.models.loading import describe_model, model_folder, weights_hash
@@ -81,7 +91,8 @@ from specdec_tune.settings import ProfileSettings
 from specdec_tune.vllm_spelling import VLLM, speculative_config
 
 UNIT_TIMEOUT_S = 1800.0  # one engine: start-up, every timing run and the acceptance runs
-PASSES = 2  # engines per unit, interleaved with the other units' (module docstring)
+PASSES = 3  # engines per unit, interleaved with the other units' (module docstring)
+Z95 = 1.96  # a normal's 95% two-sided quantile
 TIMING_TOKENS = 32  # per request of a timing run, per pass: over the passes the batch stays full for tens of rounds
 EXTRA_ACCEPTANCE_S = 120.0  # engine seconds the second pass may spend on more acceptance prompts past the budget
 ACCEPTANCE_PROMPTS_PER_DOMAIN = 7  # at D_max: every MT-Bench category's profiling prompts, as many of the others
@@ -311,6 +322,9 @@ class VllmProfiler:
             notes.append(f"engine rounds brought to the reference speed (the speed probe's median, {speed['median_ms']:.1f} ms): each pass's "
                          f"steps x (reference / the pass's probe)^{speed['elasticity']:.2f}, the elasticity fitted over every cell; "
                          "each round keeps its raw median beside (raw_median_ms)")
+        if self.between_engines["sd"] is not None:
+            notes.append(f"engines of one unit differed by {self.between_engines['sd']:.1%} (sd, at reference speed) beyond their steps' own "
+                         f"noise, over {self.between_engines['cells']} cells; each round's interval holds that term (engine.between_engines)")
         if moved:
             notes.append(f"{len(moved)} engine round cells disagreed with their neighbours beyond their 95% interval; the monotone fit "
                          "moved them (source 'fitted'): " + ", ".join(moved[:6]))
@@ -328,7 +342,7 @@ class VllmProfiler:
             "phase_s": {k: round(v, 1) for k, v in phase_s.items()},
             "engine": {"name": "vllm", "version": self.engine.version, "python": self.engine.python, "options": self.engine_options,
                        "max_num_seqs": self.max_num_seqs, "max_model_len": self.max_model_len, "mechanisms": self.supported,
-                       "passes": PASSES, "speed_probe": speed, "units": {f"{name}/{D}": {"ok": u["ok"], "init_s": u["init_s"], "error": u["error"]}
+                       "passes": PASSES, "speed_probe": speed, "between_engines": self.between_engines, "units": {f"{name}/{D}": {"ok": u["ok"], "init_s": u["init_s"], "error": u["error"]}
                                                           for (name, D), u in units.items()}},
         })
         write_json(out, profile.model_dump(mode="json"))
@@ -371,6 +385,8 @@ class VllmProfiler:
             if u["ok"]:
                 groups.setdefault(name, {})[D] = u
         batches, ctxs = list(self.s.batch_buckets), list(self.s.ctx_buckets)
+        between = self.between_engines = between_engines_sd([(at_reference(c), c.get("step_pass") or [0] * len(c["step_ms"]))
+                                                             for u in units.values() if u["ok"] for c in u["cells"].values()])
         for name, by_len in groups.items():
             lens = sorted(by_len)
             grid = np.full((len(lens), len(batches), len(ctxs)), np.nan)
@@ -382,7 +398,7 @@ class VllmProfiler:
                         cell = by_len[D]["cells"].get(f"{B}/{ctx}")
                         samples = at_reference(cell) if cell else None
                         if samples:
-                            timings[(D, B, ctx)] = tm = Timing.of(samples)
+                            timings[(D, B, ctx)] = tm = with_engines(Timing.of(samples), between, len(set(cell.get("step_pass") or [0])))
                             grid[di, bi, ci] = tm.median_ms
                             weight[di, bi, ci] = 1.0 / max((tm.ci_high_ms - tm.ci_low_ms) / 2, 0.005 * tm.median_ms) ** 2
             if not timings:
@@ -477,6 +493,38 @@ def _bisect(units: dict, name: str, tolerance: float) -> list[int]:
     return out
 
 
+def between_engines_sd(cells: list[tuple[list[float], list[int]]]) -> dict:
+    """The sd of log step time between the engines (passes) of one unit, beyond what their steps' own noise explains,
+    pooled over every cell timed by at least two engines (method of moments, module docstring: "Engines"): for each
+    such cell the variance of its passes' log medians less the mean squared standard error of those medians (each
+    from its 95% interval, half-width / 1.96 on the log scale), averaged over the cells, floored at 0."""
+    terms = []
+    for samples, passes in cells:
+        by_pass: dict[int, list[float]] = {}
+        for ms, p in zip(samples, passes):
+            by_pass.setdefault(p, []).append(ms)
+        runs = [sorted(v) for v in by_pass.values() if len(v) >= 6]  # enough steps for a 95% interval of the median
+        if len(runs) < 2:
+            continue
+        logs = [math.log(statistics.median(v)) for v in runs]
+        se2 = [((math.log(hi) - math.log(lo)) / (2 * Z95)) ** 2 for lo, hi in map(median_interval, runs)]
+        terms.append(statistics.variance(logs) - statistics.fmean(se2))
+    sd = math.sqrt(max(0.0, statistics.fmean(terms))) if terms else None
+    return {"sd": sd, "cells": len(terms), "what": "sd of ln(step ms) between the engines of one unit beyond their steps' noise, at "
+            "reference speed; each round's 95% interval is widened by 1.96·sd/√(its engines) on the log scale"}
+
+
+def with_engines(tm: Timing, between: dict, engines: int) -> Timing:
+    """A cell's pooled timing with the between-engine term added to its median's interval: each side's log distance
+    from the median and 1.96·sd/√engines taken together as independent errors."""
+    if not between.get("sd"):
+        return tm
+    extra = Z95 * between["sd"] / math.sqrt(max(engines, 1))
+    low = tm.median_ms * math.exp(-math.hypot(math.log(tm.median_ms / tm.ci_low_ms), extra))
+    high = tm.median_ms * math.exp(math.hypot(math.log(tm.ci_high_ms / tm.median_ms), extra))
+    return dataclasses.replace(tm, ci_low_ms=low, ci_high_ms=high)
+
+
 def speed_elasticity(cells: list[tuple[list[float], list[float | None]]]) -> float:
     """d log(step ms) / d log(probe ms): the least-squares slope over every cell's steps, each cell about its own means
     (one slope, an offset per cell; module docstring), clamped to [0, 1]; 0 where no cell's passes differ in speed."""
@@ -556,13 +604,14 @@ def merged(passes: list[dict]) -> dict:
            "engine_s": None if any(p.get("engine_s") is None for p in passes) else sum(p["engine_s"] for p in passes)}
     if any(p.get("failed_cells") for p in passes):
         out["failed_cells"] = True
-    for p in passes:
+    for index, p in enumerate(passes):
         pass_probe_ms = float(np.median(p["probe_ms"])) if p.get("probe_ms") else None  # the pass's speed
         for key, cell in p["cells"].items():
-            into = out["cells"].setdefault(key, {"step_ms": [], "step_draft_tokens": [], "rows": 0, "accepted": 0, "step_probe_ms": []})
+            into = out["cells"].setdefault(key, {"step_ms": [], "step_draft_tokens": [], "rows": 0, "accepted": 0, "step_probe_ms": [], "step_pass": []})
             for k in ("step_ms", "step_draft_tokens", "rows", "accepted"):
                 into[k] += cell[k]
             into["step_probe_ms"] += [pass_probe_ms] * len(cell["step_ms"])
+            into["step_pass"] += [index] * len(cell["step_ms"])
         for temp, rows in p["accept"].items():
             out["accept"].setdefault(temp, []).extend(rows)
             out["accept_ids"].setdefault(temp, []).extend(p["accept_ids"][temp])

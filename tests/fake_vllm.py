@@ -9,6 +9,8 @@ sizes it, from the model folders' configs. Mechanisms in `refuse` fail at
 start-up with a message, as vLLM refuses one it cannot run; `fail_run` names a run that dies part-way (out of memory).
 `slowdown` is the machine's speed: every step and the speed probe (`probe_ms`, around each run where the job asks for
 it) take that many times as long; a tuple gives each engine the next of its figures in turn (a machine that drifts).
+`luck` is each engine's own speed, in turn as `slowdown`'s, on its steps alone: what the probe does not see (where a
+process's memory and threads land).
 """
 
 from __future__ import annotations
@@ -23,11 +25,11 @@ class FakeVllm:
 
     def __init__(self, accept: float = 0.6, base_ms: float = 40.0, per_token_ms: float = 1.5, draft_ms_per_token: float = 0.0,
                  refuse: dict[str, str] | None = None, fail_run: str | None = None, ignore_schedule: bool = False, jitter: float = 0.05,
-                 slowdown: float | tuple[float, ...] = 1.0, probe_ms: float = 20.0) -> None:
+                 slowdown: float | tuple[float, ...] = 1.0, probe_ms: float = 20.0, luck: tuple[float, ...] = (1.0,)) -> None:
         self.accept, self.base_ms, self.per_token_ms, self.draft_ms_per_token = accept, base_ms, per_token_ms, draft_ms_per_token
         self.refuse, self.fail_run, self.ignore_schedule, self.jitter = refuse or {}, fail_run, ignore_schedule, jitter
         self.slowdowns, self.probe_ms = slowdown if isinstance(slowdown, tuple) else (slowdown,), probe_ms
-        self.slowdown = self.slowdowns[0]
+        self.slowdown, self.lucks, self.luck = self.slowdowns[0], luck, luck[0]
         self.jobs: list[dict] = []
 
     def _k(self, config: dict | None, batch: int) -> int:
@@ -40,6 +42,7 @@ class FakeVllm:
 
     def run(self, job: dict, timeout_s: float, cwd=None) -> dict:
         self.slowdown = self.slowdowns[len(self.jobs) % len(self.slowdowns)]
+        self.luck = self.lucks[len(self.jobs) % len(self.lucks)]
         self.jobs.append(job)
         config = job.get("speculative_config")
         if job.get("speculative_config_file"):
@@ -112,7 +115,7 @@ class FakeVllm:
                 if len(requests[i]["output_ids"]) >= spec["max_tokens"]:
                     requests[i]["output_ids"] = requests[i]["output_ids"][: spec["max_tokens"]]
                     live.remove(i)
-            ms = (self.base_ms + self.per_token_ms * running * (1 + k) + self.draft_ms_per_token * k) * (1 + self.jitter * rng.random()) * self.slowdown
+            ms = (self.base_ms + self.per_token_ms * running * (1 + k) + self.draft_ms_per_token * k) * (1 + self.jitter * rng.random()) * self.slowdown * self.luck
             steps.append({"ms": ms, "running": running, "decoding": decoding, "prefill": decoding < running,
                           "num_drafts": drafts, "num_draft_tokens": drafted_tokens, "num_accepted_tokens": accepted_total})
         for r in requests.values():

@@ -286,10 +286,9 @@ def test_overlapping_intervals_are_a_tie_and_the_shorter_draft_wins(profile, tmp
     for b in plan["buckets"][1:]:  # the smallest bucket carries the schedule's maximum
         B, D = b["batch"], b["draft_len"]
         _, best = space.bucket_best(B, "suffix", "none")
-        if best <= top:  # the shortest draft length whose interval overlaps the best one's, unless that tie costs too much
-            assert D == min(d for d in space.allowed("suffix", "free") if d == best or (
-                overlap(space.cost.predict(B, d, "suffix", "none").tokens_per_s, space.cost.predict(B, best, "suffix", "none").tokens_per_s)
-                and not space.costly_tie(B, d, best, "suffix", "none")))
+        if best <= top:  # the shortest draft length whose interval overlaps the best one's
+            assert D == min(d for d in space.allowed("suffix", "free") if d == best or
+                            overlap(space.cost.predict(B, d, "suffix", "none").tokens_per_s, space.cost.predict(B, best, "suffix", "none").tokens_per_s))
         tie = b["rationale"]["tie"]
         if tie:
             ties += 1
@@ -348,45 +347,14 @@ def test_a_difference_is_judged_on_its_own_paired_interval(profile, tmp_path):
     for b in plans["paired"]["buckets"][1:]:  # the smallest bucket carries the schedule's maximum
         B, D = b["batch"], b["draft_len"]
         _, best = space.bucket_best(B, "suffix", "none")
-        if best <= top:  # the shortest draft length whose ratio to the best holds 1, unless that tie costs too much
-            assert D == min(d for d in space.allowed("suffix", "free") if d == best or (
-                cost.ratio(B, d, best, "suffix").low <= 1 <= cost.ratio(B, d, best, "suffix").high and not space.costly_tie(B, d, best, "suffix", "none")))
+        if best <= top:  # the shortest draft length whose ratio to the best holds 1
+            assert D == min(d for d in space.allowed("suffix", "free") if d == best or cost.ratio(B, d, best, "suffix").low <= 1 <= cost.ratio(B, d, best, "suffix").high)
         tie = b["rationale"]["tie"]
         if tie:
             assert tie["rule"] == "paired" and tie["ratio"][0] <= 1 <= tie["ratio"][2]
             assert "(acceptance paired over the same prompts): inside the noise, the shorter draft is taken" in b["rationale"]["text"]
     longer = [(o["batch"], o["draft_len"], p["draft_len"]) for o, p in zip(plans["overlap"]["buckets"], plans["paired"]["buckets"])]
     assert all(p >= o for _, o, p in longer) and any(p > o for _, o, p in longer), longer
-
-
-def test_a_tie_gives_up_at_most_its_share(profile, tmp_path):
-    """A shorter draft inside the noise is not taken where it is predicted to give up more than `tie_max_loss` while the
-    longer draft's own worst case loses less: the plan keeps the longer one and says what the tie would have cost.
-    Without the cap (a share of 1) every such bucket goes back to the shorter draft."""
-    paired = version2(profile, tpf_rel=0.08, update_acceptance=per_prompt_counts(spread=1.6))
-    cost = CostModel(paired)
-    capped = Space(cost, SearchSettings(mechanisms=("suffix",)))
-    kept = [(B, d, D) for B in capped.buckets for D in capped.allowed("suffix", "free") for d in capped.allowed("suffix", "free")
-            if d < D and capped.noise_rule(B, d, D, "suffix", "none") and capped.costly_tie(B, d, D, "suffix", "none")]
-    assert kept, "the spread should give ties that cost more than 3%"
-    for B, d, D in kept:
-        loss, worst = capped.tie_cost(B, d, D, "suffix", "none")
-        r = cost.ratio(B, d, D, "suffix")
-        assert loss == pytest.approx(1 - r.value) and loss > 0.03 >= worst == pytest.approx(1 - 1 / r.high)
-        assert capped.tie_rule(B, d, D, "suffix", "none") is None
-    uncapped = Space(cost, SearchSettings(mechanisms=("suffix",), tie_max_loss=1.0))
-    assert all(uncapped.tie_rule(B, d, D, "suffix", "none") == "paired" for B, d, D in kept)
-
-    plans = {cap: search(paired, "h", SearchSettings(mechanisms=("suffix",), trials=40, out_dir=tmp_path / str(cap), tie_max_loss=cap))
-             for cap in (0.03, 1.0)}
-    assert plans[0.03]["study"]["tie_max_loss"] == 0.03
-    notes = [b for b in plans[0.03]["buckets"] if b["rationale"]["kept_over_tie"]]
-    assert notes and not any(b["rationale"]["kept_over_tie"] for b in plans[1.0]["buckets"])
-    for b in notes:
-        note = b["rationale"]["kept_over_tie"]
-        assert note["draft_len"] < b["draft_len"] and note["loss"] > 0.03 >= note["worst_case_loss"]
-        assert f"D={note['draft_len']} is inside the noise of D={b['draft_len']}" in b["rationale"]["text"]
-    assert all(c["draft_len"] >= u["draft_len"] for c, u in zip(plans[0.03]["buckets"], plans[1.0]["buckets"]))
 
 
 def test_per_prompt_counts_are_one_row_per_prompt():
@@ -415,7 +383,7 @@ def test_d_never_rises_with_batch(profile, tmp_path):
     that keep it; the plan's schedule stays non-increasing, is the best such schedule, and says where the rule decided."""
     import itertools
 
-    noisy = slower_to_verify_more(profile, 2, 1.6)
+    noisy = slower_to_verify_more(profile, 2, 1.3)
     space = Space(CostModel(noisy), SearchSettings(mechanisms=("ngram",)))
     allowed = space.allowed("ngram", "free")
     alone = [max(allowed, key=lambda d, B=B: (space.bucket_value(B, d, "ngram", "none"), -d)) for B in space.buckets]

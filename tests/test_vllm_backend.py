@@ -9,13 +9,15 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.cost_model import CostModel
 from specdec_tune.exporters.engine_validation import describe_row, engine_refusal, engine_throughput
+from specdec_tune.profiles.timing import Timing
 from specdec_tune.profiles.vllm_engine import VllmEngine
-from specdec_tune.profiles.vllm_profile import PASSES, TIMING_TOKENS, VllmProfiler, counters_of
+from specdec_tune.profiles.vllm_profile import PASSES, TIMING_TOKENS, VllmProfiler, between_engines_sd, counters_of, with_engines
 from specdec_tune.settings import MeasureSettings, ProfileSettings
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -208,6 +210,41 @@ def test_rounds_are_brought_to_the_reference_speed(drifting_profile, fake_profil
         assert r.raw_median_ms is not None
     assert any("brought to the reference speed" in n for n in profile.notes)
     assert fake_profile[0].engine["speed_probe"]["elasticity"] == 0.0  # a steady machine: nothing to fit, nothing moved
+
+
+LUCK = (1.0, 1.08, 0.93, 1.04, 0.96, 1.02, 0.94)  # each engine's own speed, which the probe does not see
+
+
+def test_engines_that_differ_beyond_their_steps_widen_every_round(fake_profile, tmp_path):
+    """Engines of one unit that differ by a few percent (their own luck, not the machine's speed): the profile estimates
+    that term from its passes, near the luck's own sd, and widens every round's interval by it; engines that differ by
+    their steps' jitter alone give a term near 0 and keep their intervals."""
+    steady = fake_profile[0]
+    lucky = _profile(tmp_path, FakeVllm(luck=LUCK, jitter=0.02), drafters=("ngram",), temperatures=(0.0,))
+    true_sd = float(np.std(np.log(LUCK), ddof=1))
+    assert lucky.engine["between_engines"]["sd"] == pytest.approx(true_sd, rel=0.6) and lucky.engine["between_engines"]["cells"] >= 8
+    assert steady.engine["between_engines"]["sd"] < 0.25 * true_sd
+    assert any("beyond their steps' own noise" in n for n in lucky.notes)
+
+    def half_width(r):  # on the log scale, the wider side
+        return max(np.log(r.median_ms / r.ci_low_ms), np.log(r.ci_high_ms / r.median_ms))
+
+    term = 1.96 * lucky.engine["between_engines"]["sd"] / np.sqrt(PASSES)
+    assert all(half_width(r) >= term * 0.999 for r in lucky.rounds if r.median_ms)
+    assert np.median([half_width(r) for r in lucky.rounds if r.median_ms]) > 1.5 * np.median([half_width(r) for r in steady.rounds if r.median_ms])
+
+
+def test_the_engine_term_adds_to_a_median_interval():
+    tm = Timing(100.0, 90.0, 110.0, 30, 98.0, 103.0)
+    wide = with_engines(tm, {"sd": 0.03}, 3)
+    extra = 1.96 * 0.03 / np.sqrt(3)
+    assert np.log(100 / wide.ci_low_ms) == pytest.approx(np.hypot(np.log(100 / 98), extra))
+    assert np.log(wide.ci_high_ms / 100) == pytest.approx(np.hypot(np.log(103 / 100), extra))
+    assert wide.median_ms == 100.0 and with_engines(tm, {"sd": None}, 3) == tm and with_engines(tm, {"sd": 0.0}, 3) == tm
+    two = [[50.0 + 0.1 * i for i in range(12)], [55.0 + 0.1 * i for i in range(12)]]  # two engines 10% apart, little noise in each
+    sd = between_engines_sd([(two[0] + two[1], [0] * 12 + [1] * 12)])["sd"]
+    assert sd == pytest.approx(np.log(55.55 / 50.55) / np.sqrt(2), rel=0.1)
+    assert between_engines_sd([(two[0], [0] * 12)])["sd"] is None  # one engine: nothing to compare
 
 
 def test_the_engine_check_scales_its_error_by_the_speed_probe(drifting_profile, tmp_path):
