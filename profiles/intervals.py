@@ -3,6 +3,8 @@
 - `median_interval`: a distribution-free confidence interval for the median of repeated timings.
 - `pooled_rel_sd` / `pooled_half_width`: the noise all cells share, for a cell with too few samples to say.
 - `design_effect`: how many samples count as one where they come in visits that share a level.
+- `between_group_sd` / `widened_by`: the spread between groups (engines) beyond their medians' own noise, and a
+  median's interval widened by such a term.
 - `monotone_fit`: the weighted least-squares fit of a timing table that never decreases along any axis
   (more tokens verified, a larger batch or a longer context never makes a step cheaper).
 - `moved_beyond_interval`: whether the fit pulled a cell outside the interval its own samples allow.
@@ -26,6 +28,7 @@ import numpy as np
 # that it moves the other cells by a negligible amount (its pull on a pooled block is at most this fraction
 # of its distance from the block's mean), large enough that every pooled block has a defined mean.
 _ZERO_WEIGHT_RELATIVE = 1e-12
+Z95 = 1.96  # a normal's 95% two-sided quantile
 
 
 def median_ranks(n: int, confidence: float = 0.95) -> tuple[int, int, float]:
@@ -119,10 +122,35 @@ def design_effect(cells: Iterable[Sequence[Sequence[float]]]) -> float:
     return 1.0 + (m - 1.0) * (s_b / (s_b + s_w) if s_b + s_w > 0 else 0.0)
 
 
+def between_group_sd(cells: Iterable[Sequence[Sequence[float]]], min_samples: int = 6) -> tuple[float | None, int]:
+    """(sd of ln(median) between the groups of one cell beyond their medians' own noise, cells used): the median-based
+    analogue of `design_effect`'s between-visit variance. For each cell with at least 2 groups of `min_samples` (enough
+    for a 95% interval of a median), the variance of the groups' log medians less the mean squared standard error of
+    those medians (each from its `median_interval`, half-width / 1.96 on the log scale); averaged over the cells,
+    floored at 0. None where no cell has two such groups."""
+    terms = []
+    for groups in cells:
+        runs = [sorted(g) for g in groups if len(g) >= min_samples]
+        if len(runs) < 2:
+            continue
+        logs = [math.log(statistics.median(r)) for r in runs]
+        se2 = [((math.log(hi) - math.log(lo)) / (2 * Z95)) ** 2 for lo, hi in map(median_interval, runs)]
+        terms.append(statistics.variance(logs) - statistics.fmean(se2))
+    return (math.sqrt(max(0.0, statistics.fmean(terms))) if terms else None), len(terms)
+
+
+def widened_by(low: float, median: float, high: float, sd: float, groups: int) -> tuple[float, float]:
+    """A median's 95% interval (low, high) with a between-group term of `sd` (log scale) over `groups` groups added:
+    each side's log distance from the median and 1.96·sd/√groups taken together as independent errors."""
+    extra = Z95 * sd / math.sqrt(max(groups, 1))
+    return (median * math.exp(-math.hypot(math.log(median / low), extra)),
+            median * math.exp(math.hypot(math.log(high / median), extra)))
+
+
 def pooled_half_width(n: float, rel_sd: float, median: float) -> float:
     """The 95% half-width of the median of n samples whose relative sd is `rel_sd`: the median's standard error is
     sqrt(pi / 2) sigma / sqrt(n) for a normal (1.2533 x that of the mean), so 1.96 x 1.2533 x rel_sd x median / sqrt(n)."""
-    return 1.96 * math.sqrt(math.pi / 2) * rel_sd * median / math.sqrt(n)
+    return Z95 * math.sqrt(math.pi / 2) * rel_sd * median / math.sqrt(n)
 
 
 def _pava(values: np.ndarray, weights: np.ndarray) -> np.ndarray:

@@ -61,9 +61,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import math
 import random
-import statistics
 import time
 import warnings
 from pathlib import Path
@@ -75,7 +73,7 @@ from specdec_tune.profiles import intervals, replay
 from specdec_tune.profiles.calibration import load_calibration
 from specdec_tune.profiles.drafters.base import describe_spec
 from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint, resolve_device
-from specdec_tune.profiles.intervals import median_interval, monotone_fit, moved_beyond_interval
+from specdec_tune.profiles.intervals import between_group_sd, monotone_fit, moved_beyond_interval, widened_by
 from specdec_tune.profiles.memory import memory_record
 from specdec_tune.profiles.vllm_engine import CPU_KV_CACHE_BYTES, speed_probe_spec
 from specdec_tune.profiles.models.loading import describe_model, model_folder, weights_hash
@@ -92,7 +90,6 @@ from specdec_tune.vllm_spelling import VLLM, speculative_config
 
 UNIT_TIMEOUT_S = 1800.0  # one engine: start-up, every timing run and the acceptance runs
 PASSES = 3  # engines per unit, interleaved with the other units' (module docstring)
-Z95 = 1.96  # a normal's 95% two-sided quantile
 TIMING_TOKENS = 32  # per request of a timing run, per pass: over the passes the batch stays full for tens of rounds
 EXTRA_ACCEPTANCE_S = 120.0  # engine seconds the second pass may spend on more acceptance prompts past the budget
 ACCEPTANCE_PROMPTS_PER_DOMAIN = 7  # at D_max: every MT-Bench category's profiling prompts, as many of the others
@@ -308,7 +305,8 @@ class VllmProfiler:
         logged_s = [u["engine_s"] for u in units.values()]  # a resumed profile's too, whichever run measured them
         phase_s["engine units"] = sum(logged_s) if None not in logged_s else time.monotonic() - t0
         speed = self._speed_probe(units)
-        rounds, moved = self._rounds(units, speed)
+        between = between_engines_sd([(at_reference(c, speed), c["step_pass"]) for u in units.values() if u["ok"] for c in u["cells"].values()])
+        rounds, moved = self._rounds(units, speed, between)
         greedy_ids = {i for u in units.values() for i in u["accept_ids"].get("0.0", [])}
         drafters = [{"name": m.name, "kind": m.kind, "options": m.options, "model": m.model, "quant_formats": ["none"],
                      "max_draft_len": m.max_draft_len if m.max_draft_len < self.s.max_draft_len else None} for m in self.mechanisms.values()]
@@ -322,9 +320,9 @@ class VllmProfiler:
             notes.append(f"engine rounds brought to the reference speed (the speed probe's median, {speed['median_ms']:.1f} ms): each pass's "
                          f"steps x (reference / the pass's probe)^{speed['elasticity']:.2f}, the elasticity fitted over every cell; "
                          "each round keeps its raw median beside (raw_median_ms)")
-        if self.between_engines["sd"] is not None:
-            notes.append(f"engines of one unit differed by {self.between_engines['sd']:.1%} (sd, at reference speed) beyond their steps' own "
-                         f"noise, over {self.between_engines['cells']} cells; each round's interval holds that term (engine.between_engines)")
+        if between["sd"] is not None:
+            notes.append(f"engines of one unit differed by {between['sd']:.1%} (sd at reference speed, estimated from the passes) beyond their "
+                         f"steps' own noise, over {between['cells']} cells; each round's interval holds that term (engine.between_engines)")
         if moved:
             notes.append(f"{len(moved)} engine round cells disagreed with their neighbours beyond their 95% interval; the monotone fit "
                          "moved them (source 'fitted'): " + ", ".join(moved[:6]))
@@ -342,7 +340,7 @@ class VllmProfiler:
             "phase_s": {k: round(v, 1) for k, v in phase_s.items()},
             "engine": {"name": "vllm", "version": self.engine.version, "python": self.engine.python, "options": self.engine_options,
                        "max_num_seqs": self.max_num_seqs, "max_model_len": self.max_model_len, "mechanisms": self.supported,
-                       "passes": PASSES, "speed_probe": speed, "between_engines": self.between_engines, "units": {f"{name}/{D}": {"ok": u["ok"], "init_s": u["init_s"], "error": u["error"]}
+                       "passes": PASSES, "speed_probe": speed, "between_engines": between, "units": {f"{name}/{D}": {"ok": u["ok"], "init_s": u["init_s"], "error": u["error"]}
                                                           for (name, D), u in units.items()}},
         })
         write_json(out, profile.model_dump(mode="json"))
@@ -370,23 +368,16 @@ class VllmProfiler:
         return memory_record(self.hf_config, self.dtype, drafters, self.device_fp, list(self.s.batch_buckets), self.s.max_draft_len, own,
                              kv_cache_bytes=CPU_KV_CACHE_BYTES if self.device.type == "cpu" else None)
 
-    def _rounds(self, units: dict, speed: dict | None) -> tuple[list[dict], list[str]]:
+    def _rounds(self, units: dict, speed: dict | None, between: dict) -> tuple[list[dict], list[str]]:
         """Round points per mechanism (plain as "none"): medians at the reference speed (`speed`, module docstring) with
-        intervals, fitted monotone."""
+        intervals holding the between-engine term (`between`), fitted monotone."""
         points, moved = [], []
-
-        def at_reference(cell: dict) -> list[float]:
-            if not speed:
-                return cell["step_ms"]
-            return [ms * (speed["median_ms"] / pr) ** speed["elasticity"] if pr else ms for ms, pr in zip(cell["step_ms"], cell["step_probe_ms"])]
 
         groups: dict[str, dict[int, dict]] = {}
         for (name, D), u in units.items():
             if u["ok"]:
                 groups.setdefault(name, {})[D] = u
         batches, ctxs = list(self.s.batch_buckets), list(self.s.ctx_buckets)
-        between = self.between_engines = between_engines_sd([(at_reference(c), c.get("step_pass") or [0] * len(c["step_ms"]))
-                                                             for u in units.values() if u["ok"] for c in u["cells"].values()])
         for name, by_len in groups.items():
             lens = sorted(by_len)
             grid = np.full((len(lens), len(batches), len(ctxs)), np.nan)
@@ -396,14 +387,14 @@ class VllmProfiler:
                 for bi, B in enumerate(batches):
                     for ci, ctx in enumerate(ctxs):
                         cell = by_len[D]["cells"].get(f"{B}/{ctx}")
-                        samples = at_reference(cell) if cell else None
+                        samples = at_reference(cell, speed) if cell else None
                         if samples:
-                            timings[(D, B, ctx)] = tm = with_engines(Timing.of(samples), between, len(set(cell.get("step_pass") or [0])))
+                            timings[(D, B, ctx)] = tm = with_engines(Timing.of(samples), between, len(set(cell["step_pass"])))
                             grid[di, bi, ci] = tm.median_ms
                             weight[di, bi, ci] = 1.0 / max((tm.ci_high_ms - tm.ci_low_ms) / 2, 0.005 * tm.median_ms) ** 2
             if not timings:
                 continue
-            slopes = {(B, ctx): drafting_slope([(at_reference(c), c.get("step_draft_tokens", [])) for u in by_len.values()
+            slopes = {(B, ctx): drafting_slope([(at_reference(c, speed), c.get("step_draft_tokens", [])) for u in by_len.values()
                                                 if (c := u["cells"].get(f"{B}/{ctx}"))]) for B in batches for ctx in ctxs}
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -493,35 +484,33 @@ def _bisect(units: dict, name: str, tolerance: float) -> list[int]:
     return out
 
 
+def at_reference(cell: dict, speed: dict | None) -> list[float]:
+    """A merged cell's steps brought to the profile's reference speed (module docstring, "Speed")."""
+    if not speed:
+        return cell["step_ms"]
+    return [ms * (speed["median_ms"] / pr) ** speed["elasticity"] if pr else ms for ms, pr in zip(cell["step_ms"], cell["step_probe_ms"])]
+
+
 def between_engines_sd(cells: list[tuple[list[float], list[int]]]) -> dict:
-    """The sd of log step time between the engines (passes) of one unit, beyond what their steps' own noise explains,
-    pooled over every cell timed by at least two engines (method of moments, module docstring: "Engines"): for each
-    such cell the variance of its passes' log medians less the mean squared standard error of those medians (each
-    from its 95% interval, half-width / 1.96 on the log scale), averaged over the cells, floored at 0."""
-    terms = []
+    """The sd of log step time between the engines (passes) of one unit beyond their steps' own noise, pooled over
+    every cell timed by at least two engines (intervals.between_group_sd; module docstring: "Engines"). `cells`: each
+    cell's steps (at reference speed) and the pass each came from."""
+    groups = []
     for samples, passes in cells:
         by_pass: dict[int, list[float]] = {}
         for ms, p in zip(samples, passes):
             by_pass.setdefault(p, []).append(ms)
-        runs = [sorted(v) for v in by_pass.values() if len(v) >= 6]  # enough steps for a 95% interval of the median
-        if len(runs) < 2:
-            continue
-        logs = [math.log(statistics.median(v)) for v in runs]
-        se2 = [((math.log(hi) - math.log(lo)) / (2 * Z95)) ** 2 for lo, hi in map(median_interval, runs)]
-        terms.append(statistics.variance(logs) - statistics.fmean(se2))
-    sd = math.sqrt(max(0.0, statistics.fmean(terms))) if terms else None
-    return {"sd": sd, "cells": len(terms), "what": "sd of ln(step ms) between the engines of one unit beyond their steps' noise, at "
-            "reference speed; each round's 95% interval is widened by 1.96·sd/√(its engines) on the log scale"}
+        groups.append(list(by_pass.values()))
+    sd, used = between_group_sd(groups)
+    return {"sd": sd, "cells": used, "what": "sd of ln(step ms) between the engines of one unit beyond their steps' noise, estimated "
+            "from the profile's passes at reference speed; each round's 95% interval is widened by 1.96·sd/√(its engines) on the log scale"}
 
 
 def with_engines(tm: Timing, between: dict, engines: int) -> Timing:
-    """A cell's pooled timing with the between-engine term added to its median's interval: each side's log distance
-    from the median and 1.96·sd/√engines taken together as independent errors."""
+    """A cell's pooled timing with the between-engine term (`between_engines_sd`) added to its median's interval."""
     if not between.get("sd"):
         return tm
-    extra = Z95 * between["sd"] / math.sqrt(max(engines, 1))
-    low = tm.median_ms * math.exp(-math.hypot(math.log(tm.median_ms / tm.ci_low_ms), extra))
-    high = tm.median_ms * math.exp(math.hypot(math.log(tm.ci_high_ms / tm.median_ms), extra))
+    low, high = widened_by(tm.ci_low_ms, tm.median_ms, tm.ci_high_ms, between["sd"], engines)
     return dataclasses.replace(tm, ci_low_ms=low, ci_high_ms=high)
 
 
