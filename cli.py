@@ -11,7 +11,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 # OpenMP threads that spin while they wait turn a second busy process into a 20x slower forward on a small CPU
 # (measured: a batch-4, 16-token verify step of the demo target took 8.1 s with one other busy process on 2 cores,
@@ -25,6 +25,9 @@ from rich.table import Table
 
 from specdec_tune import SpecdecError, __version__
 from specdec_tune.formats import get_format
+from specdec_tune.progress import LogLines, Progress
+if TYPE_CHECKING:
+    from specdec_tune.autotune.plan_schema import Figure, Plan
 from specdec_tune.settings import DEFAULT_GRID, DecodeSettings, ExportSettings, MeasureSettings, ProfileSettings, SearchSettings, TrainSettings
 
 # Each command imports its stage inside its own body: the stages import torch (seconds on a small CPU), which
@@ -188,8 +191,8 @@ def profile(
         acceptance_half_width=half_width, acceptance=acceptance, verify_visits=verify_visits,
         engine=engine, engine_options=_key_values(engine_option, "--engine-option"),
     )
-    with _progress(budget_minutes) as tick:
-        result = run_profile(settings, progress=tick, started=started)
+    with _progress(budget_minutes) as progress:
+        result = run_profile(settings, progress=progress, started=started)
     _print_profile_summary(result, out / "profile.json")
 
 
@@ -208,38 +211,38 @@ def _key_values(pairs: list[str], option: str) -> tuple[tuple[str, object], ...]
     return tuple(out)
 
 
+class _Bars(Progress):
+    """A terminal's progress: a bar per phase, notes printed above them."""
+
+    def __init__(self, bar) -> None:
+        self.bar, self.tasks = bar, {}
+
+    def tick(self, phase: str, done: int, total: int, unit: str = "") -> None:
+        if phase not in self.tasks:
+            self.tasks[phase] = self.bar.add_task(phase, total=total)
+        self.bar.update(self.tasks[phase], completed=done, total=total)
+
+    def note(self, line: str) -> None:
+        self.bar.console.print(line, markup=False)
+
+
 @contextlib.contextmanager
 def _progress(budget_minutes: float | None = None):
-    """A progress callback tick(phase, done, total): bars on a terminal; elsewhere (a CI log) one line per finished
-    phase with the elapsed time and what is left of the budget, so that a long run is never silent."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    """Where a long command reports (progress.Progress): bars on a terminal; elsewhere (a CI log) a line per unit of
+    work with the elapsed time, what is left of the budget and an estimate of what the phase still needs, so that a
+    long run is never silent."""
+    from rich.progress import BarColumn, Progress as Bars, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     if not console.is_terminal:
-        started, finished = time.monotonic(), set()
-
-        def line(phase: str, done: int, total: int) -> None:
-            if done >= total and phase not in finished:
-                finished.add(phase)
-                elapsed = time.monotonic() - started
-                left = f", {max(0.0, 60 * budget_minutes - elapsed) / 60:.1f} min of the budget left" if budget_minutes else ""
-                print(f"{phase}: done ({total} steps) at {elapsed / 60:.1f} min{left}", flush=True)
-
-        yield line
+        yield LogLines(sys.stdout, budget_minutes)
         return
     columns = (TextColumn("{task.description:<12}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=False) as bar:
-        tasks: dict[str, int] = {}
-
-        def tick(phase: str, done: int, total: int) -> None:
-            if phase not in tasks:
-                tasks[phase] = bar.add_task(phase, total=total)
-            bar.update(tasks[phase], completed=done, total=total)
-
-        yield tick
+    with Bars(*columns, console=console, transient=False) as bar:
+        yield _Bars(bar)
 
 
 def _print_profile_summary(result, path: Path) -> None:
-    from specdec_tune.profiles.profiler import summary
+    from specdec_tune.profiles.profile_summary import summary
 
     facts = summary(result)
     D_max = result.workload.max_draft_len
@@ -400,12 +403,12 @@ def search(
                   markup=False)
     for line in _plan_findings(plan):
         console.print(line, markup=False)
-    st = plan["study"]
-    line = f"study: {st['trials']} trials over a {st['space_size']}-point space"
-    if "gap_pct" in st:
-        line += f"; {st['gap_pct']:.2f}% below the exhaustive optimum"
-    if "study_found" in plan["pareto"]:
-        line += f"; Pareto front: {len(plan['pareto']['study'])} points found, {plan['pareto']['study_found']} of the {len(plan['pareto']['exact'])} exact"
+    st = plan.study
+    line = f"study: {st.trials} trials over a {st.space_size}-point space"
+    if st.gap_pct is not None:
+        line += f"; {st.gap_pct:.2f}% below the exhaustive optimum"
+    if plan.pareto.study is not None:
+        line += f"; Pareto front: {len(plan.pareto.study)} points found, {plan.pareto.study_found} of the {len(plan.pareto.exact)} exact"
     console.print(line, markup=False)
     console.print(f"wrote {out / 'plan.json'}", markup=False)
 
@@ -426,62 +429,68 @@ def _mix_option(text: str) -> tuple[tuple[str, float], ...]:
     return tuple(pairs)
 
 
-def _with_interval(figure: dict, fmt: str, unit: str = "") -> str:
+def _with_interval(figure: Figure, fmt: str, unit: str = "") -> str:
     """`1.30x [1.22–1.37]`, or `1.30x [-]` where the figure has no interval."""
-    value = f"{format(figure['value'], fmt)}{unit}"
-    if figure.get("low") is None or figure.get("high") is None:
+    value = f"{format(figure.value, fmt)}{unit}"
+    if figure.low is None or figure.high is None:
         return f"{value} [-]"
-    return f"{value} [{format(figure['low'], fmt)}–{format(figure['high'], fmt)}]"
+    return f"{value} [{format(figure.low, fmt)}–{format(figure.high, fmt)}]"
 
 
-def _print_plan_table(plan: dict) -> None:
-    """The plan per bucket, at the table's own width (a narrower terminal wraps lines, not cells)."""
-    from rich.measure import Measurement
-
-    engine = plan["device"].get("engine", "torch")
-    where = f"{plan['device']['name']} ({plan['device']['times']}{', measured in ' + engine if engine != 'torch' else ''})"
-    mix = f", mix {', '.join(f'{d} {w:.0%}' for d, w in plan['mix'].items())}" if plan.get("mix") else ""
-    table = Table(title=f"plan for {where}: {plan['mechanism']} (weights {plan['quant']}), max D {plan['max_draft_len']}, "
-                        f"max batch {plan['max_batch']}, tile policy {plan['tile']['policy']}{mix}")
+def plan_table(plan: Plan) -> Table:
+    """The plan per bucket, as `search` prints it."""
+    engine = plan.device.engine
+    where = f"{plan.device.name} ({plan.device.times}{', measured in ' + engine if engine != 'torch' else ''})"
+    mix = f", mix {', '.join(f'{d} {w:.0%}' for d, w in plan.mix.items())}" if plan.mix else ""
+    table = Table(title=f"plan for {where}: {plan.mechanism} (weights {plan.quant}), max D {plan.max_draft_len}, "
+                        f"max batch {plan.max_batch}, tile policy {plan.tile.policy}{mix}")
     for col in ("batch", "D", "speedup", "tok/s", "tok/s/user", "tok/fwd", "source", "why", "next D", "fits"):
         table.add_column(col, justify="right", no_wrap=True)
-    for b in plan["buckets"]:
-        pred, why = b["predicted"], b["rationale"]
-        nxt = why["next_best"]
-        table.add_row(str(b["batch"]), str(b["draft_len"]), _with_interval(pred["speedup"], ".2f", "x"), _with_interval(pred["tokens_per_s"], ".0f"),
-                      f"{pred['per_user_tokens_per_s']['value']:.1f}", f"{pred['tokens_per_forward']['value']:.3f}", pred["speedup"]["source"],
-                      f"g{why['guideline']}" if isinstance(why["guideline"], int) else why["guideline"],
+    for b in plan.buckets:
+        pred, why = b.predicted, b.rationale.model_extra or {}
+        nxt, guideline = why.get("next_best"), why.get("guideline")
+        table.add_row(str(b.batch), str(b.draft_len), _with_interval(pred.speedup, ".2f", "x"), _with_interval(pred.tokens_per_s, ".0f"),
+                      f"{pred.per_user_tokens_per_s.value:.1f}", f"{pred.tokens_per_forward.value:.3f}", pred.speedup.source,
+                      f"g{guideline}" if isinstance(guideline, int) else str(guideline),
                       f"{nxt['draft_len']} ({-nxt['loss_pct']:+.1f}%)" if nxt else "-",
-                      str(b["memory"]["max_concurrency"]) if b.get("memory") else "-")
+                      str(b.memory.max_concurrency) if b.memory else "-")
+    return table
+
+
+def _print_plan_table(plan: Plan) -> None:
+    """The plan table at its own width (a narrower terminal wraps lines, not cells)."""
+    from rich.measure import Measurement
+
+    table = plan_table(plan)
     width = Measurement.get(console, console.options.update_width(10_000), table).maximum
     Console(width=max(console.width, width)).print(table)
 
 
-def _plan_findings(plan: dict) -> list[str]:
+def _plan_findings(plan: Plan) -> list[str]:
     """One line per excluded bucket, per tie taken, per flagged bucket and per bucket the mix's domains disagree on."""
     from specdec_tune.autotune.plan import disagreement_line
 
-    lines = [f"not planned: {row['why']}" for row in plan.get("excluded_buckets", [])]
-    memory = plan.get("memory")
+    lines = [f"not planned: {row.why}" for row in plan.excluded_buckets]
+    memory = plan.memory
     if memory:
-        lines.append(f"memory (modeled from the configs): {memory['fraction']:g} of {memory['device_bytes'] / 1e9:.2f} GB ({memory['device_source']}"
-                     f"{', tensor parallel ' + str(memory['tensor_parallel']) if memory['tensor_parallel'] > 1 else ''}); target weights "
-                     f"{memory['target_weights_bytes'] / 1e9:.2f} GB, KV {memory['target_kv_bytes_per_token'] / 1e3:.1f} kB per token; "
-                     f"fits: the most requests at each bucket's D, ctx {memory['ctx']}")
-    for b in plan["buckets"]:
-        tie = b["rationale"].get("tie")
-        if tie:
-            lines.append(f"batch {b['batch']}: {tie['text']}")
-        lines += [f"flag: batch {b['batch']} {flag}" for flag in b.get("flags", [])]
-        moe = b["rationale"].get("moe")
+        lines.append(f"memory (modeled from the configs): {memory.fraction:g} of {memory.device_bytes / 1e9:.2f} GB ({memory.device_source}"
+                     f"{', tensor parallel ' + str(memory.tensor_parallel) if memory.tensor_parallel > 1 else ''}); target weights "
+                     f"{memory.target_weights_bytes / 1e9:.2f} GB, KV {memory.target_kv_bytes_per_token / 1e3:.1f} kB per token; "
+                     f"fits: the most requests at each bucket's D, ctx {memory.ctx}")
+    for b in plan.buckets:
+        why = b.rationale.model_extra or {}
+        if why.get("tie"):
+            lines.append(f"batch {b.batch}: {why['tie']['text']}")
+        lines += [f"flag: batch {b.batch} {flag}" for flag in b.flags]
+        moe = why.get("moe")
         if moe and moe["why_speculation_loses"]:
-            lines.append(f"batch {b['batch']}: {moe['text']}")
-    lines += [disagreement_line(row) for row in (plan.get("per_domain") or {}).get("disagreeing_buckets", [])]
-    untied = plan["study"].get("untied_schedule")
-    if untied and [D for _, D in untied] != [b["draft_len"] for b in plan["buckets"]]:
-        lines.append(f"without ties (every predicted difference deciding) {plan['mechanism']} would take D = "
+            lines.append(f"batch {b.batch}: {moe['text']}")
+    lines += [disagreement_line(row) for row in (plan.per_domain or {}).get("disagreeing_buckets", [])]
+    untied = plan.study.untied_schedule
+    if untied and [D for _, D in untied] != [d for _, d in plan.schedule]:
+        lines.append(f"without ties (every predicted difference deciding) {plan.mechanism} would take D = "
                      f"{', '.join(str(D) for _, D in untied)} at batch {', '.join(str(B) for B, _ in untied)}: "
-                     f"{plan['study']['untied_gain_pct']:+.1f}% predicted mean speedup, inside the noise")
+                     f"{plan.study.untied_gain_pct:+.1f}% predicted mean speedup, inside the noise")
     return lines
 
 
@@ -531,8 +540,8 @@ def export(
     """Write the deployment bundle: engine configs, manifest, report, validation (it must pass to be written)."""
     import dataclasses
 
-    from specdec_tune.exporters.bundle import export as run_export
-    from specdec_tune.exporters.validate import describe_repair
+    from specdec_tune.exporters.validation_text import describe_repair
+    from specdec_tune.pipeline.export import export as run_export
 
     if repair_rounds < 0:
         raise SpecdecError(f"--repair-rounds {repair_rounds} must not be negative", "pass --repair-rounds 0 to refuse without re-measuring")
@@ -577,10 +586,8 @@ def validate(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Check a bundle again: file hashes, engine configs, lossless gate, predicted vs measured throughput."""
-    from specdec_tune.exporters.bundle import validate_bundle
-    from specdec_tune.exporters.engine_validation import describe_row
-    from specdec_tune.exporters.report import lossless_text
-    from specdec_tune.exporters.validate import describe_throughput_row
+    from specdec_tune.exporters.validation_text import describe_row, describe_throughput_row, lossless_text
+    from specdec_tune.pipeline.bundle_checks import validate_bundle
 
     result = validate_bundle(bundle, None if configs_only else _measure_settings(lossless_prompts, new_tokens, tolerance))
     if as_json:
@@ -616,7 +623,8 @@ def check(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (for CI).")] = False,
 ) -> None:
     """Tell whether a bundle still matches the model, drafter, engine and GPU (exit 0 fresh, 3 stale)."""
-    from specdec_tune.exporters.bundle import STALE_EXIT_CODE, check_bundle
+    from specdec_tune.exporters.bundle import check_bundle
+    from specdec_tune.exporters.staleness import STALE_EXIT_CODE
 
     result = check_bundle(bundle, target=target, versions=_version_overrides(vllm_version, trtllm_version, sglang_version))
     if as_json:

@@ -13,7 +13,8 @@ from specdec_tune import SpecdecError
 from specdec_tune.formats import WEIGHT_FORMATS
 
 SPLITS = ("profile", "held_back", "all")  # of a calibration set
-ENGINES = ("torch", "vllm")  # profile's measurement backends (profiles/backends.py)
+OBJECTIVES = ("speedup", "throughput", "per-user", "pareto")  # search --objective (autotune/space.py)
+MEASUREMENT_BACKENDS = ("torch", "vllm")  # profile --engine: the registry in profiles/backends.py, named here torch-free
 # The default grid per device kind: (largest batch bucket, D_max). A 2-core CPU decodes the demo target at about
 # 15 tokens/s per row at batch 1 and saturates its compute by batch 8, where a GPU's verify step stays flat to
 # batch 64 and beyond; its profile must also fit in minutes. --batch and --max-draft-len override either.
@@ -83,8 +84,8 @@ class ProfileSettings:
             raise SpecdecError(f"--acceptance {self.acceptance!r} is not a method", "use replay (default) or loop")
         if not 0 <= self.acceptance_half_width < 1:
             raise SpecdecError(f"--half-width {self.acceptance_half_width:g} is not a fraction", "use e.g. 0.02 for ±2% (0: no prompts added)")
-        if self.engine not in ENGINES:
-            raise SpecdecError(f"--engine {self.engine!r} is not a measurement backend", f"use one of: {', '.join(ENGINES)}")
+        if self.engine not in MEASUREMENT_BACKENDS:
+            raise SpecdecError(f"--engine {self.engine!r} is not a measurement backend", f"use one of: {', '.join(MEASUREMENT_BACKENDS)}")
         if self.engine_options and self.engine == "torch":
             raise SpecdecError("--engine-option is passed to a serving engine; the torch backend takes none", "add --engine vllm, or drop it")
 

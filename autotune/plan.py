@@ -24,12 +24,23 @@ import datetime
 import math
 
 from specdec_tune import __version__
-from specdec_tune.autotune.cost_model import SOURCES, Figure, Prediction, weakest
-from specdec_tune.autotune.plan_schema import PLAN_SCHEMA_VERSION, PREDICTED_FIGURES, plan_record
+from specdec_tune.autotune.cost_model import SOURCES, CostModel, Figure, Prediction, weakest
+from specdec_tune.autotune.hardware import get_device_spec
+from specdec_tune.autotune.plan_schema import PLAN_SCHEMA_VERSION, PREDICTED_FIGURES, Plan, plan_record
+from specdec_tune.autotune.projection import project
 from specdec_tune.autotune.space import Candidate, Space
 from specdec_tune.profiles.schema import Profile
 from specdec_tune.records import sha256_json
 
+
+
+def cost_model_of(profile: Profile, plan: Plan) -> CostModel:
+    """The cost model a plan's figures came from (its device projection, mix, context and memory budget): for what the
+    plan did not choose (an engine's deviation, the KV capacity it should get)."""
+    settings = plan.search_settings
+    device = settings.device
+    return CostModel(project(profile, get_device_spec(device)) if device else profile, ctx=plan.ctx, mix=plan.mix,
+                     memory_fraction=settings.memory_fraction, tensor_parallel=settings.tensor_parallel or None)
 
 
 def figure_json(f: Figure | None) -> dict | None:
@@ -264,7 +275,7 @@ def front_coverage(space: Space, found: list[Candidate], exact: list[Candidate])
 
 
 def build_plan(profile: Profile, profile_hash: str, space: Space, c: Candidate, *, settings, storage: str, study_summary: dict,
-               study_front: list[Candidate] | None, domains: dict[str, Space] | None = None) -> dict:
+               study_front: list[Candidate] | None, domains: dict[str, Space] | None = None) -> Plan:
     served = space.served(c.max_batch)
     predictions = [space.cost.predict(B, D, c.mechanism, c.quant) for B, D in zip(served, c.schedule)]
     buckets = [{"batch": B, "draft_len": D, "predicted": _predicted(p), "rationale": rationale(space, c, B, D), "flags": fit_flags(space, B, D),
@@ -304,7 +315,7 @@ def build_plan(profile: Profile, profile_hash: str, space: Space, c: Candidate, 
         "study": {"storage": storage, "name": settings.study_name, "seed": settings.seed, "space_size": space.size(), **study_summary},
         "settings_hash": sha256_json(dataclasses.asdict(settings) | {"out_dir": None, "storage": None}),
         "search_settings": recorded_settings(settings),
-    }).to_json()
+    })
 
 
 def recorded_settings(settings) -> dict:

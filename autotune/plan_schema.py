@@ -16,22 +16,32 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.cost_model import Figure as CostFigure, Prediction
-from specdec_tune.profiles.schema import Source
+from specdec_tune.formats import WEIGHT_FORMATS
+from specdec_tune.profiles.schema import ModelRefRecord, Source
 from specdec_tune.records import read_json
+from specdec_tune.settings import MEASUREMENT_BACKENDS, OBJECTIVES
 
 PLAN_SCHEMA_VERSION = 2
 READABLE_PLAN_VERSIONS = (2,)
 
 
 class Record(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class Figure(Record):
-    value: float
+    """A predicted figure (tokens/s, ms, a speedup, tokens per forward: none is negative) with its source."""
+
+    value: float = Field(ge=0)
     source: Source
-    low: Optional[float] = None  # 95% interval, where the inputs have one
-    high: Optional[float] = None
+    low: Optional[float] = Field(default=None, ge=0)  # 95% interval, where the inputs have one
+    high: Optional[float] = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Figure:
+        if self.low is not None and self.high is not None and self.low > self.high:
+            raise ValueError("the interval's low end is above its high end")
+        return self
 
 
 # a bucket's predicted figures: each figure of the cost model's Prediction
@@ -44,25 +54,25 @@ Predicted = create_model("Predicted", __base__=Record, **{name: (Optional[Figure
 
 class Rationale(BaseModel):
     model_config = ConfigDict(frozen=True, extra="allow")  # the figures behind the decision, for people
-    text: str
+    text: str = Field(min_length=1)
 
 
 class BucketMemory(Record):
-    needed_bytes: float  # weights + KV + activations at this batch, the plan's context and D (autotune/memory.py)
-    weights_bytes: float
-    kv_bytes: float
-    activation_bytes: float
-    max_concurrency: int  # the largest batch that fits at this D
+    needed_bytes: float = Field(ge=0)  # weights + KV + activations at this batch, the plan's context and D (autotune/memory.py)
+    weights_bytes: float = Field(ge=0)
+    kv_bytes: float = Field(ge=0)
+    activation_bytes: float = Field(ge=0)
+    max_concurrency: int = Field(ge=0)  # the largest batch that fits at this D
 
 
 class PlanMemory(BaseModel):
     """plan.json's memory budget (autotune/memory.py `summary`): the fields export computes the engines' limits from are
     typed; the concurrency table, the formula and the sources are for people."""
 
-    model_config = ConfigDict(frozen=True, extra="allow")
+    model_config = ConfigDict(frozen=True, extra="allow", allow_inf_nan=False)
     fraction: float = Field(gt=0, le=1)
     device_bytes: float = Field(gt=0)
-    device_source: str
+    device_source: str = Field(min_length=1)
     tensor_parallel: int = Field(ge=1)
     ctx: int = Field(ge=1)
     kv_cache_pool_bytes: Optional[float] = Field(default=None, gt=0)
@@ -79,34 +89,39 @@ class Bucket(Record):
     memory: Optional[BucketMemory] = None
 
 
+HEX64 = r"^[0-9a-f]{64}$"
+Backend = Literal[MEASUREMENT_BACKENDS]  # type: ignore[valid-type]  # the profile's measurement backend
+Quant = Literal[WEIGHT_FORMATS]  # type: ignore[valid-type]
+
+
 class ProfileRef(Record):
-    fingerprint: str  # the profile's fingerprint: a plan from another profile is refused
-    sha256: str
+    fingerprint: str = Field(pattern=HEX64)  # the profile's fingerprint: a plan from another profile is refused
+    sha256: str = Field(min_length=1)  # the profile file's sha256: export refuses a plan whose profile file differs
     device: Optional[str]
-    target: dict
+    target: ModelRefRecord
 
 
 class DeviceTimes(Record):
     name: Optional[str]
-    engine: str = "torch"  # the engine the figures were measured in: the profile's backend (torch: this tool's own loop)
+    engine: Backend = "torch"  # the engine the figures were measured in: the profile's backend (torch: this tool's own loop)
     projected_from: Optional[str] = None
-    times: str  # the weakest source among the bucket predictions, or "modeled (hardware table)"
+    times: str = Field(min_length=1)  # the weakest source among the bucket predictions, or "modeled (hardware table)"
     sources: dict[str, int] = {}
 
 
 class ExcludedBucket(Record):
-    batch: int
+    batch: int = Field(ge=1)
     why: str
 
 
 class Objective(Record):
-    kind: str
-    min_user_tokens_per_s: Optional[float] = None
-    min_tokens_per_s: Optional[float] = None
+    kind: Literal[OBJECTIVES]  # type: ignore[valid-type]
+    min_user_tokens_per_s: Optional[float] = Field(default=None, ge=0)
+    min_tokens_per_s: Optional[float] = Field(default=None, ge=0)
 
 
 class Tile(Record):
-    policy: str
+    policy: str = Field(min_length=1)
     rows: int = Field(ge=1)
     group: int = Field(ge=1)
     policies_searched: list[str] = []
@@ -114,13 +129,13 @@ class Tile(Record):
 
 class SingleDraftLen(Record):
     draft_len: int = Field(ge=0)
-    mean_speedup: float
-    schedule_mean_speedup: float
+    mean_speedup: float = Field(ge=0)
+    schedule_mean_speedup: float = Field(ge=0)
 
 
 class Point(Record):
     mechanism: str
-    quant: str
+    quant: Quant
     max_batch: int = Field(ge=1)
     draft_len: int = Field(ge=0)
     tile_policy: str
@@ -132,8 +147,48 @@ class Pareto(Record):
     exact: list[Point]
     method: str
     study: Optional[list[Point]] = None
-    study_found: Optional[int] = None
+    study_found: Optional[int] = Field(default=None, ge=0)
     study_worst_gap_pct: Optional[float] = None
+
+
+class Study(Record):
+    """What the Optuna study did: where it lives, its size, and how close its plan came to the exhaustive optimum."""
+
+    storage: str
+    name: str
+    seed: int
+    space_size: int = Field(ge=1)
+    trials: int = Field(ge=0)
+    trial_budget: int = Field(ge=0)
+    exhaustive_value: float
+    strict_optimum_value: float
+    tie_tolerance: float = Field(ge=0, lt=1)
+    best_sampled_value: Optional[float] = None  # single objectives
+    best_value: Optional[float] = None
+    gap_pct: Optional[float] = None
+    gap_to_strict_optimum_pct: Optional[float] = None
+    untied_schedule: Optional[list[tuple[int, int]]] = None  # the speedup objective: every predicted difference deciding
+    untied_gain_pct: Optional[float] = None
+
+
+class RecordedSearchSettings(Record):
+    """The `SearchSettings` a plan was searched with (all but where the study and plan were written), so that a plan can
+    be searched again alike; each field checked as the CLI checks its option."""
+
+    objective: Literal[OBJECTIVES]  # type: ignore[valid-type]
+    trials: int = Field(ge=0)
+    seed: int
+    min_user_tokens_per_s: float = Field(ge=0)
+    min_tokens_per_s: float = Field(ge=0)
+    mechanisms: tuple[str, ...]
+    quant_formats: tuple[Quant, ...] = Field(min_length=1)
+    tile_rows: int = Field(ge=0)
+    tie_tolerance: float = Field(ge=0, lt=1)
+    study_name: str
+    device: Optional[str]
+    mix: tuple[tuple[str, float], ...]
+    memory_fraction: float = Field(gt=0, le=1)
+    tensor_parallel: int = Field(ge=0)
 
 
 class Plan(Record):
@@ -147,7 +202,7 @@ class Plan(Record):
     mix: Optional[dict[str, float]]
     objective: Objective
     mechanism: str = Field(min_length=1)
-    quant: str = Field(min_length=1)
+    quant: Quant
     max_draft_len: int = Field(ge=0)
     max_batch: int = Field(ge=1)
     ctx: int = Field(ge=1)
@@ -157,15 +212,34 @@ class Plan(Record):
     memory: Optional[PlanMemory] = None  # the memory budget, its sources and the concurrency that fits per mechanism and D
     single_draft_len: SingleDraftLen
     pareto: Pareto
-    study: dict
-    settings_hash: str
-    search_settings: dict
+    study: Study
+    settings_hash: str = Field(pattern=HEX64)
+    search_settings: RecordedSearchSettings
 
     @model_validator(mode="after")
-    def _memory_in_every_bucket(self) -> Plan:
+    def _consistent(self) -> Plan:
+        """What the plan's parts say of each other: the schedule's batches rise to the cap, its longest draft is
+        `max_draft_len`, a mix's shares are positive, and a memory budget has every bucket's figures."""
+        batches = [b.batch for b in self.buckets]
+        if batches != sorted(set(batches)) or batches[-1] != self.max_batch:
+            raise ValueError(f"the buckets' batches {batches} do not rise strictly to max_batch {self.max_batch}")
+        if max(b.draft_len for b in self.buckets) != self.max_draft_len:
+            raise ValueError(f"max_draft_len {self.max_draft_len} is not the schedule's longest draft")
+        if self.mix is not None and (not self.mix or any(not w > 0 for w in self.mix.values())):
+            raise ValueError("the mix needs at least one domain, each with a positive share")
         if self.memory is not None and any(b.memory is None for b in self.buckets):
             raise ValueError("the plan has a memory budget but a bucket without its memory figures")
         return self
+
+    @property
+    def schedule(self) -> list[tuple[int, int]]:
+        """(batch bucket, D) per bucket."""
+        return [(b.batch, b.draft_len) for b in self.buckets]
+
+    @property
+    def projected(self) -> bool:
+        """Whether the plan was made for another device than the profile's (every time modeled from the hardware table)."""
+        return bool(self.device.projected_from)
 
     def to_json(self) -> dict:
         """The JSON object plan.json holds (fields left unset, such as a missing per-domain split, stay out)."""

@@ -154,7 +154,7 @@ def project(profile: Profile, spec: DeviceSpec) -> Profile:
             host.append({"mechanism": mech, "batch": b, "draft_len": points[0].draft_len, "host_ms_per_round": per_row * b,
                          "round_ms": 0.0, "rounds": 0, "source": "modeled"})
     data = profile.model_dump(mode="json")
-    data.update(verify=verify, draft=draft, host=host, device={**spec.as_record(), "projected_from": profile.device.get("name")},
+    data.update(verify=verify, draft=draft, host=host, device={**spec.as_record(), "kind": "cuda", "projected_from": profile.device.get("name")},
                 memory=projected_memory(profile.memory, spec),
                 workload={**data["workload"], "batch_buckets": list(buckets)},
                 notes=[*profile.notes, f"projected onto {spec.name}: every time is modeled from the hardware table (acceptance measured on {profile.device.get('name')})",

@@ -22,8 +22,8 @@ import dataclasses
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.cost_model import CostModel, normalise_mix
 from specdec_tune.autotune.hardware import get_device_spec
-from specdec_tune.autotune.memory import DEFAULT_FRACTION
 from specdec_tune.autotune.plan import build_plan
+from specdec_tune.autotune.plan_schema import Plan
 from specdec_tune.autotune.projection import project
 from specdec_tune.autotune.space import Candidate, Space
 from specdec_tune.autotune.study import best_of, front_of, run_study, trials_for
@@ -65,19 +65,12 @@ def domain_spaces(profile: Profile, settings: SearchSettings, mix: dict[str, flo
     return spaces
 
 
-def plan_cost_model(profile: Profile, plan: dict) -> CostModel:
-    """The cost model a plan's figures came from (its device projection, mix and context): for what the plan did not choose."""
-    settings = plan["search_settings"]
-    device = settings.get("device")
-    return CostModel(project(profile, get_device_spec(device)) if device else profile, ctx=plan["ctx"], mix=plan.get("mix"),
-                     memory_fraction=settings.get("memory_fraction", DEFAULT_FRACTION), tensor_parallel=settings.get("tensor_parallel") or None)
-
-
 def memory_options(settings: SearchSettings) -> dict:
     return {"memory_fraction": settings.memory_fraction, "tensor_parallel": settings.tensor_parallel or None}
 
 
-def search(profile: Profile, profile_hash: str, settings: SearchSettings) -> dict:
+def search(profile: Profile, profile_hash: str, settings: SearchSettings) -> Plan:
+    """The plan for `profile` under `settings`, written to OUT/plan.json (the study beside it, resumable)."""
     if settings.min_tokens_per_s and settings.objective not in ("per-user", "pareto"):
         raise SpecdecError("--min-tps is a floor for the per-user and pareto objectives", "add --objective per-user, or drop --min-tps")
     if not settings.study_name:
@@ -119,5 +112,5 @@ def search(profile: Profile, profile_hash: str, settings: SearchSettings) -> dic
     recorded_storage = settings.storage or f"journal:{STUDY_FILE} (beside plan.json)"
     plan = build_plan(profile, profile_hash, space, chosen, settings=settings, storage=recorded_storage, study_summary=summary, study_front=front,
                       domains=domain_spaces(profile, settings, mix, chosen) if mix else None)
-    write_json(settings.out_dir / "plan.json", plan)
+    write_json(settings.out_dir / "plan.json", plan.to_json())
     return plan

@@ -45,8 +45,8 @@ import math
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.cost_model import CostModel, Prediction, overlap
 from specdec_tune.autotune.hardware import find_device_spec
+from specdec_tune.settings import OBJECTIVES
 
-OBJECTIVES = ("speedup", "throughput", "per-user", "pareto")
 TILE_POLICIES = ("free", "aligned")
 SLO_PENALTY = 10.0
 

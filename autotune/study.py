@@ -20,10 +20,16 @@ RDB_OPEN_ATTEMPTS = 5
 JOURNAL_LOCK_GRACE_S = 5
 
 
+IN_MEMORY = "memory"  # a study in this process only, not kept (a re-plan's, whose trials nothing resumes)
+
+
 def open_storage(url: str):
-    """An Optuna storage: `journal:PATH` is a JournalStorage file; anything else an RDB URL."""
+    """An Optuna storage: `journal:PATH` is a JournalStorage file, `memory` one in this process only; anything else an
+    RDB URL."""
     import optuna
 
+    if url == IN_MEMORY:
+        return optuna.storages.InMemoryStorage()
     if url.startswith("journal:"):
         from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from specdec_tune import SpecdecError
-from specdec_tune.exporters.validate import plan_drafter
+from specdec_tune.pipeline.lossless import profile_drafter
 from specdec_tune.profiles import intervals, replay
 from specdec_tune.profiles.calibration import CalibrationSet, load_calibration
 from specdec_tune.profiles.models.loading import load_model
@@ -110,7 +110,7 @@ def run(args) -> dict:
         trajectories = replay.trajectories(target.model, ids, wl.new_tokens, wl.acceptance_batch)
         out = {}
         for mechanism in dict.fromkeys(a.mechanism for a in records):
-            drafter = plan_drafter({"mechanism": mechanism, "quant": "none"}, profile, target)
+            drafter = profile_drafter(profile, mechanism, "none", target)
             d_max = next(a.max_draft_len for a in records if a.mechanism == mechanism)
             out[mechanism] = [replay.replay(t, replay.proposer(drafter, p, t, target.model, d_max), range(1, d_max + 1), wl.new_tokens,
                                             stop, d_max) for p, t in zip(ids, trajectories)]

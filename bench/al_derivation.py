@@ -17,7 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from specdec_tune.profiles.profiler import Profiler, ProfileSettings
+from specdec_tune.profiles.torch_profile import TorchProfiler
+from specdec_tune.settings import ProfileSettings
 from specdec_tune.profiles.specdec import SpecCounters
 from specdec_tune.profiles.store import MeasurementLog
 
@@ -29,7 +30,7 @@ def run(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         settings = ProfileSettings(drafters=tuple(args.drafter), prompts_per_domain=args.prompts_per_domain, new_tokens=args.new_tokens,
                                    max_draft_len=args.max_draft_len, dtype="float32", out_dir=Path(tmp), batch_buckets=(1,))
-        profiler = Profiler(settings)
+        profiler = TorchProfiler(settings)
         log = MeasurementLog(Path(tmp), "al-derivation")
         out = {}
         for name, drafter in profiler.drafters.items():

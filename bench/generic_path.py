@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from specdec_tune.profiles.models.loading import load_model
-from specdec_tune.profiles.profiler import VerifyStep
+from specdec_tune.profiles.verify_curve import VerifyStep
 from specdec_tune.profiles.timing import Timing
 
 from common import ROOT, run_and_write, write_table

@@ -44,7 +44,7 @@ def monotone_violations(profile) -> list[str]:
 def plan_of(path: Path) -> dict:
     profile = load_profile(path)
     with tempfile.TemporaryDirectory() as tmp:
-        plan = search(profile, sha256_file(path), SearchSettings(out_dir=Path(tmp)))
+        plan = search(profile, sha256_file(path), SearchSettings(out_dir=Path(tmp))).to_json()
     name = shown(path) if Path(path).resolve().is_relative_to(ROOT) else f"{Path(path).resolve().parent.name}/{Path(path).name}"
     return {"profile": name, "created_at": profile.created_at, "prompts": sum(profile.workload.prompts_by_domain.values()),
             "verify_monotone_violations": monotone_violations(profile), "mechanism": plan["mechanism"], "quant": plan["quant"],

@@ -1,7 +1,7 @@
 """Acceptance on the held-back prompts as the engine benches decode them (cut to the context bucket) and whole.
 
 The engine check (`export`) and `bench/decision_quality.py` time their buckets at one context: every held-back prompt
-long enough is cut to its last ctx - N/2 tokens (`exporters/validate.cut_to_context`). The profile measures acceptance
+long enough is cut to its last ctx - N/2 tokens (`profiles/prompts.cut_to_context`). The profile measures acceptance
 on whole prompts. A lookup drafter copies from its prompt, so a cut that drops the text a prompt asks about changes
 what it accepts. This script replays the target's greedy trajectory on the same prompts both ways (`profiles/replay.py`,
 which equals vLLM's counters: `bench/vllm_agreement.py`) and gives tokens per forward per prompt and pooled.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from common import ROOT, run_and_write, write_table
 
-from specdec_tune.exporters.validate import cut_to_context, prompts_by_domain
+from specdec_tune.profiles.prompts import cut_to_context, prompts_by_domain
 from specdec_tune.profiles import replay
 from specdec_tune.profiles.drafters import create
 from specdec_tune.profiles.models.loading import load_model

@@ -92,7 +92,8 @@ def fresh_heads(folder: Path) -> list[Path]:
     """An untrained head of each mechanism for the demo target, written by the trainer's writer."""
     from specdec_tune.profiles.drafters.checkpoints import save_head
     from specdec_tune.profiles.drafters.heads import HEAD_KINDS
-    from specdec_tune.profiles.models.loading import architectures, load_model, model_folder
+    from specdec_tune.profiles.models.folders import architectures, model_folder
+    from specdec_tune.profiles.models.loading import load_model
 
     target = load_model(None, dtype="float32")
     _, verifier, config, _ = model_folder(None)
@@ -102,7 +103,7 @@ def fresh_heads(folder: Path) -> list[Path]:
 
 
 def cached_heads() -> list[Path]:
-    from specdec_tune.profiles.models.loading import cache_root
+    from specdec_tune.profiles.models.folders import cache_root
 
     return sorted(p for p in (cache_root() / "heads").glob("*") if (p / "config.json").is_file() and ".tmp" not in p.name)
 

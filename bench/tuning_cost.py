@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 from specdec_tune.autotune.search import SearchSettings, search
-from specdec_tune.profiles.profiler import Profiler, ProfileSettings
+from specdec_tune.profiles.torch_profile import TorchProfiler
+from specdec_tune.settings import ProfileSettings
 from specdec_tune.records import sha256_file
 
 from common import FORWARDS_COUNTED, ROOT, counted, run_and_write
@@ -64,7 +65,7 @@ def run(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.keep or Path(tmp)
         settings = ProfileSettings(out_dir=folder / "profile", force=True, **args.profile_overrides)
-        profile, counter, profile_s = counted(lambda: Profiler(settings).run())
+        profile, counter, profile_s = counted(lambda: TorchProfiler(settings).run())
         t0 = time.perf_counter()
         search(profile, sha256_file(folder / "profile" / "profile.json"), SearchSettings(seed=0, out_dir=folder))
         search_s = time.perf_counter() - t0

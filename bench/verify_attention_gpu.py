@@ -170,7 +170,7 @@ def aot_round_trip(models: dict, ctx: int, device) -> dict:
 
     from specdec_tune.kernels import acceptance, aot
     from specdec_tune.kernels import verify_attention as va
-    from specdec_tune.kernels.autotune import ModelShapes
+    from specdec_tune.kernels.tuning import ModelShapes
     from specdec_tune.profiles.specdec import verify_greedy
 
     model = next(iter(models))

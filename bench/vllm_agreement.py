@@ -26,7 +26,8 @@ from common import ROOT, run_and_write, write_table
 from specdec_tune.profiles import replay
 from specdec_tune.profiles.calibration import select_prompts
 from specdec_tune.profiles.drafters import create
-from specdec_tune.profiles.models.loading import load_model, model_folder
+from specdec_tune.profiles.models.folders import model_folder
+from specdec_tune.profiles.models.loading import load_model
 from specdec_tune.profiles.models.views import engine_model_view, write_cut_draft
 from specdec_tune.profiles.prompts import encode_prompts
 from specdec_tune.profiles.specdec import SpecCounters

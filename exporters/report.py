@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specdec_tune.autotune.plan_schema import Plan
 from specdec_tune.exporters.memory_limits import limits_lines
-from specdec_tune.exporters.engine_validation import PROMPT_WAYS, describe_kv, describe_row
 from specdec_tune.exporters.safety import safety_lines
-from specdec_tune.exporters.validate import describe_repair, describe_throughput_row
+from specdec_tune.exporters.validation_text import PROMPT_WAYS, describe_kv, describe_repair, describe_row, describe_throughput_row, lossless_text
+from specdec_tune.profiles.schema import Profile
 
 PLOTS = ("verify_curve.png", "acceptance_by_domain.png", "speedup_by_bucket.png", "pareto_front.png")
 
@@ -29,18 +30,18 @@ def _save(plt, fig, path: Path) -> None:
     plt.close(fig)
 
 
-def plot_verify(profile, plan: dict, path: Path) -> None:
+def plot_verify(profile: Profile, plan: Plan, path: Path) -> None:
     plt, fig, ax = _figure()
     ctx = profile.workload.ctx_buckets[0]
     for B in profile.workload.batch_buckets:
         if profile.rounds:  # engine rounds of the plan's mechanism (D = 0: the engine's step without speculation)
             pts = sorted((1 + r.draft_len, r.median_ms, r.source) for r in profile.rounds if r.batch == B and r.ctx == ctx and r.median_ms
-                         and r.mechanism in (plan["mechanism"], "none"))
+                         and r.mechanism in (plan.mechanism, "none"))
         else:
             pts = sorted((p.tokens, p.median_ms, p.source) for p in profile.verify if p.batch == B and p.ctx == ctx and p.median_ms)
         if pts:
             ax.plot([t for t, _, _ in pts], [m for _, m, _ in pts], marker="o", ms=3, label=f"B={B}")
-    tile, group = plan["tile"]["rows"], plan["tile"]["group"]
+    tile, group = plan.tile.rows, plan.tile.group
     if tile > 1:
         for k in range(1, 64):
             t = k * tile / group
@@ -49,69 +50,57 @@ def plot_verify(profile, plan: dict, path: Path) -> None:
             ax.axvline(t, color="grey", ls=":", lw=0.8)
         ax.set_title(f"T_verif(B, 1+D), ctx {ctx}; dotted: G·(1+D) at multiples of the {tile}-row tile")
     else:
-        ax.set_title(f"T_verif(B, 1+D), ctx {ctx} (no attention tile on {plan['device']['name']})", fontsize=9)
+        ax.set_title(f"T_verif(B, 1+D), ctx {ctx} (no attention tile on {plan.device.name})", fontsize=9)
     if profile.rounds:
-        ax.set_title(f"{profile.backend} round T_round(B, D) of {plan['mechanism']}, ctx {ctx}: draft + verify + host", fontsize=9)
+        ax.set_title(f"{profile.backend} round T_round(B, D) of {plan.mechanism}, ctx {ctx}: draft + verify + host", fontsize=9)
     ax.set_xlabel("tokens verified per sequence (1+D)")
-    ax.set_ylabel(f"ms ({plan['device']['times']})")
+    ax.set_ylabel(f"ms ({plan.device.times})")
     ax.legend(fontsize=7)
     _save(plt, fig, path)
 
 
-def plot_acceptance(profile, plan: dict, path: Path) -> None:
+def plot_acceptance(profile: Profile, plan: Plan, path: Path) -> None:
     plt, fig, ax = _figure()
     for a in profile.acceptance:
-        if a.mechanism == plan["mechanism"] and a.quant == plan["quant"] and a.temperature == 0.0:
+        if a.mechanism == plan.mechanism and a.quant == plan.quant and a.temperature == 0.0:
             ax.plot(range(len(a.tokens_per_forward)), a.tokens_per_forward, lw=2.0 if a.domain == "all" else 0.8,
                     label=a.domain, color="black" if a.domain == "all" else None)
     ax.set_xlabel("draft length D")
     ax.set_ylabel("tokens per target forward (AL)")
-    ax.set_title(f"{plan['mechanism']}: AL(D) per domain, greedy (measured at D_max, derived below)", fontsize=9)
+    ax.set_title(f"{plan.mechanism}: AL(D) per domain, greedy (measured at D_max, derived below)", fontsize=9)
     ax.legend(fontsize=6, ncol=2)
     _save(plt, fig, path)
 
 
-def plot_speedup(plan: dict, path: Path) -> None:
+def plot_speedup(plan: Plan, path: Path) -> None:
     plt, fig, ax = _figure()
-    xs = list(range(len(plan["buckets"])))
-    ys = [b["predicted"]["speedup"]["value"] for b in plan["buckets"]]
-    ax.bar(xs, ys, color=["tab:blue" if b["draft_len"] else "tab:grey" for b in plan["buckets"]])
-    for x, b in zip(xs, plan["buckets"]):
-        ax.text(x, b["predicted"]["speedup"]["value"], f"D={b['draft_len']}\n{b['predicted']['speedup']['source']}", ha="center", va="bottom", fontsize=7)
+    xs = list(range(len(plan.buckets)))
+    ys = [b.predicted.speedup.value for b in plan.buckets]
+    ax.bar(xs, ys, color=["tab:blue" if b.draft_len else "tab:grey" for b in plan.buckets])
+    for x, b in zip(xs, plan.buckets):
+        ax.text(x, b.predicted.speedup.value, f"D={b.draft_len}\n{b.predicted.speedup.source}", ha="center", va="bottom", fontsize=7)
     ax.axhline(1.0, color="black", lw=0.8)
-    ax.set_xticks(xs, [str(b["batch"]) for b in plan["buckets"]])
+    ax.set_xticks(xs, [str(b.batch) for b in plan.buckets])
     ax.set_xlabel("batch size")
     ax.set_ylabel("predicted speedup over no speculation")
-    ax.set_title(f"{plan['mechanism']}: predicted speedup per batch bucket", fontsize=9)
+    ax.set_title(f"{plan.mechanism}: predicted speedup per batch bucket", fontsize=9)
     _save(plt, fig, path)
 
 
-def plot_pareto(plan: dict, path: Path) -> None:
+def plot_pareto(plan: Plan, path: Path) -> None:
     plt, fig, ax = _figure()
-    front = plan["pareto"]["exact"]
-    ax.plot([p["tokens_per_s"]["value"] for p in front], [p["per_user_tokens_per_s"]["value"] for p in front], marker="o", label="exact front")
+    front = plan.pareto.exact
+    ax.plot([p.tokens_per_s.value for p in front], [p.per_user_tokens_per_s.value for p in front], marker="o", label="exact front")
     for p in front:
-        ax.annotate(f"B={p['max_batch']} D={p['draft_len']}", (p["tokens_per_s"]["value"], p["per_user_tokens_per_s"]["value"]), fontsize=6)
-    if "study" in plan["pareto"]:
-        st = plan["pareto"]["study"]
-        ax.scatter([p["tokens_per_s"]["value"] for p in st], [p["per_user_tokens_per_s"]["value"] for p in st], marker="x", label="NSGA-II front")
+        ax.annotate(f"B={p.max_batch} D={p.draft_len}", (p.tokens_per_s.value, p.per_user_tokens_per_s.value), fontsize=6)
+    if plan.pareto.study is not None:
+        st = plan.pareto.study
+        ax.scatter([p.tokens_per_s.value for p in st], [p.per_user_tokens_per_s.value for p in st], marker="x", label="NSGA-II front")
     ax.set_xlabel("tokens/s per device (predicted)")
     ax.set_ylabel("tokens/s per user (predicted)")
     ax.set_title("throughput vs per-user rate", fontsize=9)
     ax.legend(fontsize=7)
     _save(plt, fig, path)
-
-
-def lossless_text(gate: dict | None) -> str:
-    """The lossless gate's outcome in words: passed, FAILED, not applicable (a plan that never speculates has
-    nothing to compare), or skipped."""
-    if not gate:
-        return "not run"
-    if "skipped" in gate:
-        return f"skipped ({gate['skipped']})"
-    if gate.get("applicable") is False:
-        return f"not applicable ({gate.get('note', 'the plan never speculates')})"
-    return "passed" if gate["passed"] else "FAILED"
 
 
 def repairs_text(repairs: list[dict]) -> list[str]:
@@ -126,23 +115,23 @@ def repairs_text(repairs: list[dict]) -> list[str]:
     return lines
 
 
-def write_report(folder: Path, plan: dict, profile, engines: dict, validation: dict) -> None:
+def write_report(folder: Path, plan: Plan, profile: Profile, engines: dict, validation: dict) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     plot_verify(profile, plan, folder / PLOTS[0])
     plot_acceptance(profile, plan, folder / PLOTS[1])
     plot_speedup(plan, folder / PLOTS[2])
     plot_pareto(plan, folder / PLOTS[3])
-    lines = [f"# Speculative decoding plan: {plan['mechanism']} (weights {plan['quant']})", "",
-             f"Target `{plan['profile']['target'].get('path')}` on {plan['device']['name']} (times {plan['device']['times']}); "
-             f"objective {plan['objective']['kind']}; max batch {plan['max_batch']}; tile policy {plan['tile']['policy']}.", "",
+    lines = [f"# Speculative decoding plan: {plan.mechanism} (weights {plan.quant})", "",
+             f"Target `{plan.profile.target.path}` on {plan.device.name} (times {plan.device.times}); "
+             f"objective {plan.objective.kind}; max batch {plan.max_batch}; tile policy {plan.tile.policy}.", "",
              "| batch | D | predicted speedup | tokens/s | tokens/s/user | source | why |", "|---|---|---|---|---|---|---|"]
-    for b in plan["buckets"]:
-        p = b["predicted"]
-        lines.append(f"| {b['batch']} | {b['draft_len']} | {p['speedup']['value']:.2f}x | {p['tokens_per_s']['value']:.0f} | "
-                     f"{p['per_user_tokens_per_s']['value']:.1f} | {p['speedup']['source']} | {b['rationale']['text']} |")
-    single = plan["single_draft_len"]
-    lines += ["", f"One D for every bucket would be D = {single['draft_len']}: mean predicted speedup {single['mean_speedup']:.3f}x "
-              f"against {single['schedule_mean_speedup']:.3f}x for the schedule.", "", "## Engines", ""]
+    for b in plan.buckets:
+        p = b.predicted
+        lines.append(f"| {b.batch} | {b.draft_len} | {p.speedup.value:.2f}x | {p.tokens_per_s.value:.0f} | "
+                     f"{p.per_user_tokens_per_s.value:.1f} | {p.speedup.source} | {b.rationale.text} |")
+    single = plan.single_draft_len
+    lines += ["", f"One D for every bucket would be D = {single.draft_len}: mean predicted speedup {single.mean_speedup:.3f}x "
+              f"against {single.schedule_mean_speedup:.3f}x for the schedule.", "", "## Engines", ""]
     for name, e in engines.items():
         lines.append(f"- **{name}** (version {e['version']}): " + "; ".join(e["decisions"]))
     lines += ["", "## Validation", ""]
@@ -174,8 +163,8 @@ def write_report(folder: Path, plan: dict, profile, engines: dict, validation: d
     (folder / "report.md").write_text("\n".join(lines))
 
 
-def _figures_from(plan: dict, engines: dict) -> str:
-    engine = plan["device"].get("engine", "torch")
+def _figures_from(plan: Plan, engines: dict) -> str:
+    engine = plan.device.engine
     if engine == "torch":
         return ("The figures come from this tool's own loop (`--engine torch`), not from a serving engine: every engine's files "
                 "carry the same schedule, none of them was measured.")
@@ -184,11 +173,11 @@ def _figures_from(plan: dict, engines: dict) -> str:
             f"measured for and `validation.json` checked in {engine}; the other engines' files carry the same schedule, not measured there.")
 
 
-def bundle_readme(plan: dict, engines: dict, safety: dict) -> str:
+def bundle_readme(plan: Plan, engines: dict, safety: dict) -> str:
     """The bundle's README: how each engine takes its files, and what it could not express."""
-    schedule = ", ".join(f"B≤{b['batch']}: D={b['draft_len']}" for b in plan["buckets"])
-    out = [f"# Deployment bundle: {plan['mechanism']} speculative decoding", "",
-           f"Schedule ({plan['device']['name']}, times {plan['device']['times']}): {schedule}; max batch {plan['max_batch']}.", "",
+    schedule = ", ".join(f"B≤{b}: D={d}" for b, d in plan.schedule)
+    out = [f"# Deployment bundle: {plan.mechanism} speculative decoding", "",
+           f"Schedule ({plan.device.name}, times {plan.device.times}): {schedule}; max batch {plan.max_batch}.", "",
            _figures_from(plan, engines), "", *limits_lines(plan),
            "- `vllm/`: `sh vllm/serve.sh`, or `LLM(..., speculative_config=json.load(open('vllm/speculative_config.json')))`.",
            "- `trtllm/`: `trtllm-serve <model> --config trtllm/config.yaml`.",

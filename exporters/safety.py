@@ -54,14 +54,14 @@ def kv_bytes_per_token(config: dict, dtype_bytes: int) -> int:
     return 2 * config["num_hidden_layers"] * kv_heads * head_dim * dtype_bytes
 
 
-def top_band_cost(ctx: ExportContext, target_config: dict, dtype_bytes: int, bundle: Path | None = None) -> dict | None:
+def top_band_cost(ctx: ExportContext, dtype_bytes: int, bundle: Path | None = None) -> dict | None:
     """What the top K = 0 band still costs in a speculative deployment, and that a plain server predicts the same there
     (a drafter folder named relative to the bundle is looked up in `bundle`)."""
     top_lo, top_hi, top_k = bands(ctx.schedule)[-1]
     if top_k != 0 or not ctx.speculates:
         return None
     slots = ctx.spelling.vllm.lookahead(ctx.max_draft_len)
-    lookahead_bytes = slots * kv_bytes_per_token(target_config, dtype_bytes) * top_hi
+    lookahead_bytes = slots * kv_bytes_per_token(ctx.target_config, dtype_bytes) * top_hi
     folder = Path(ctx.drafter_model) if ctx.drafter_model else None
     if folder is not None and not folder.is_absolute() and bundle is not None:
         folder = bundle / folder

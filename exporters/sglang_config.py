@@ -18,9 +18,8 @@ from __future__ import annotations
 import json
 import shlex
 
-from specdec_tune.exporters.engine_checks import check_sglang
+from specdec_tune.exporters.native_checks import check_sglang
 from specdec_tune.exporters.engines import Engine, EngineFiles, ExportContext, deviation, deviation_text, register
-from specdec_tune.exporters.memory_limits import engine_memory
 from specdec_tune.exporters.schedule import to_sglang
 from specdec_tune.exporters.versions import gate
 
@@ -42,7 +41,7 @@ def _flags(ctx: ExportContext, k: int) -> list[str]:
 
 
 def _launch(ctx: ExportContext, extra: list[str]) -> list[str]:
-    memory = engine_memory(ctx.plan)
+    memory = ctx.memory
     fraction = ["--mem-fraction-static", f"{memory['mem_fraction_static']:g}"] if memory else []
     return ["python", "-m", "sglang.launch_server", "--model-path", ctx.target_model, *fraction, *extra]
 
@@ -71,7 +70,7 @@ def render(ctx: ExportContext) -> EngineFiles:
             deviation_record = deviation(ctx, runs, f"{s.algorithm} drafts the checkpoint's whole block ({block} drafts) where it speculates")
             decisions.append(deviation_text(deviation_record))
     bands = to_sglang(runs)
-    memory = engine_memory(ctx.plan)
+    memory = ctx.memory
     if memory:
         decisions.append(f"--mem-fraction-static {memory['mem_fraction_static']:g} (weights and the KV pool: the plan's {memory['gpu_memory_utilization']:g} "
                          "of the device less its activations) and --max-running-requests at each band's top, which fits at its D")

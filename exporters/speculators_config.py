@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from specdec_tune.exporters.engine_checks import check_speculators
+from specdec_tune.exporters.native_checks import check_speculators
 from specdec_tune.exporters.engines import Engine, EngineFiles, ExportContext, register
 from specdec_tune.exporters.mechanisms import MECHANISMS
 from specdec_tune.profiles.drafters.speculators_layout import config_json

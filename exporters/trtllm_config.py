@@ -5,7 +5,6 @@ from __future__ import annotations
 import yaml
 
 from specdec_tune.exporters.engines import Engine, EngineFiles, ExportContext, deviation, deviation_text, register
-from specdec_tune.exporters.memory_limits import engine_memory
 from specdec_tune.exporters.schedule import bands, to_trtllm, to_trtllm_lower
 from specdec_tune.exporters.versions import gate, rules_line
 
@@ -27,7 +26,7 @@ def render(ctx: ExportContext) -> EngineFiles:
     line = rules_line("trtllm", version).name
     decisions, gates = [], []
     config: dict = {"max_batch_size": ctx.max_batch}
-    memory = engine_memory(ctx.plan)
+    memory = ctx.memory
     if memory:
         config["kv_cache_config"] = {"free_gpu_memory_fraction": memory["free_gpu_memory_fraction"]}
         decisions.append(f"kv_cache_config.free_gpu_memory_fraction {memory['free_gpu_memory_fraction']:g}: the plan's {memory['gpu_memory_utilization']:g} "
@@ -49,7 +48,7 @@ def render(ctx: ExportContext) -> EngineFiles:
         static = ctx.spelling.drafts_per_block(ctx.head)
         why = f"{spelled[0]} drafts its checkpoint's block at every batch size (max_draft_len must equal block_size {static})"
     elif per_batch and line not in t.honours_schedule:
-        static = ctx.plan["single_draft_len"]["draft_len"]
+        static = ctx.single_draft_len
         why = f"{spelled[0]} keeps one draft length in TensorRT-LLM {version}: static D = {static}, the plan's best single D"
     graph_sizes = sorted({b for b, _ in ctx.schedule if b <= ctx.max_batch})
     deviation_record = None

@@ -6,8 +6,7 @@ import json
 import shlex
 
 from specdec_tune.exporters.engines import Engine, EngineFiles, ExportContext, deviation, deviation_text, register
-from specdec_tune.exporters.engine_checks import check_vllm
-from specdec_tune.exporters.memory_limits import engine_memory
+from specdec_tune.exporters.native_checks import check_vllm
 from specdec_tune.exporters.schedule import to_vllm
 from specdec_tune.exporters.versions import gate
 
@@ -27,7 +26,7 @@ def render(ctx: ExportContext) -> EngineFiles:
     version = ctx.versions["vllm"]
     decisions, gates = [], []
     serve = ["vllm", "serve", ctx.target_model, "--max-num-seqs", str(ctx.max_batch)]
-    memory = engine_memory(ctx.plan)
+    memory = ctx.memory
     if memory:
         serve += ["--gpu-memory-utilization", f"{memory['gpu_memory_utilization']:g}"]
         if memory["kv_cache_pool_bytes"]:  # vLLM on a CPU: the KV cache is the pool the plan was sized for
@@ -59,7 +58,7 @@ def render(ctx: ExportContext) -> EngineFiles:
         config["num_speculative_tokens_per_batch_size"] = ranges
         decisions.append(f"per-batch K as ranges {ranges}; num_speculative_tokens {ctx.max_draft_len} is the maximum")
     elif len(ranges) > 1:
-        single = max(ctx.plan["single_draft_len"]["draft_len"], 1)
+        single = max(ctx.single_draft_len, 1)
         config["num_speculative_tokens"] = single
         record = deviation(ctx, [(b, single) for b, _ in ctx.schedule],
                            f"vLLM {version} has no per-batch table (since {g['since']}): static K = {single}, the plan's best single D")

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from specdec_tune import SpecdecError
-from specdec_tune.kernels.autotune import KernelTable, ModelShapes, ServedShapes, call_shapes, source_hashes, tune_kernels
+from specdec_tune.kernels.tuning import KernelTable, ModelShapes, ServedShapes, call_shapes, source_hashes, tune_kernels
 from specdec_tune.kernels.buckets import next_pow2
 from specdec_tune.records import read_json, sha256_file, write_json
 

@@ -209,3 +209,27 @@ def resolve_device(name: str) -> torch.device:
             "pick an index below the device count, or check CUDA_VISIBLE_DEVICES",
         )
     return torch.device(text)
+
+
+# ---------------------------------------------------------------- the dtype the device computes natively
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    """'auto' is bf16 where the device computes it natively (CUDA, AVX-512-BF16/AMX CPUs), else fp32."""
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16
+        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+    if name not in table:
+        raise SpecdecError(f"unknown dtype {name!r}", "use auto, float32, bfloat16 or float16")
+    return table[name]
+
+
+def cpu_has_native_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags

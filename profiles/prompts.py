@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specdec_tune import SpecdecError
-from specdec_tune.profiles.calibration import CalibrationSet
+from specdec_tune.profiles.calibration import CalibrationSet, select_prompts
 
 
 def encode_fitting(tokenizer, prompts: CalibrationSet, *, context_tokens: int, max_new_tokens: int, max_draft_tokens: int) -> dict[str, list[int]]:
@@ -44,3 +44,21 @@ def encode_prompts(tokenizer, prompts: CalibrationSet, *, chat: bool = True, con
             )
         out.append(ids)
     return out
+
+
+def prompts_by_domain(tokenizer, context_tokens: int, n: int, new_tokens: int, max_draft: int, split: str) -> list[tuple[list[int], str]]:
+    """(token ids, domain) of the first n prompts of the default calibration set's split."""
+    chosen = select_prompts("default", split, n)
+    ids = encode_prompts(tokenizer, chosen, context_tokens=context_tokens, max_new_tokens=new_tokens, max_draft_tokens=max_draft)
+    return list(zip(ids, [p.domain for p in chosen.prompts]))
+
+
+def cut_to_context(prompts: list[tuple[list[int], str]], ctx: int, new_tokens: int, whole: bool = False) -> list[tuple[list[int], str]]:
+    """The prompts of a decode at context `ctx`: each long enough cut to its last ctx − new_tokens/2 tokens, or (`whole`)
+    only those between half that length and all of it, as they are. A cut drops text a lookup drafter would copy from
+    (the document an extraction prompt asks about), while the profile measures acceptance on whole prompts; whole
+    prompts keep that, at a KV cache a little shorter than `ctx`."""
+    length = max(1, ctx - new_tokens // 2)
+    if whole:
+        return [(ids, domain) for ids, domain in prompts if length // 2 <= len(ids) <= length]
+    return [(ids[-length:], domain) for ids, domain in prompts if len(ids) >= length]

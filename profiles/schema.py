@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from specdec_tune import SpecdecError
 from specdec_tune.records import read_json
+from specdec_tune.settings import MEASUREMENT_BACKENDS
 
 SCHEMA_VERSION = 3
 # version 1: no intervals, no monotone fit (its figures load as they were recorded); version 2: no engine rounds
@@ -22,7 +23,110 @@ Source = Literal["measured", "interpolated", "modeled", "emulated", "fitted", "i
 
 
 class Record(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+class Described(BaseModel):
+    """A record whose typed fields later stages read; further fields are kept for people (and future readers)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", allow_inf_nan=False)
+
+
+# ---------------------------------------------------------------------------- what was measured on what
+
+
+class ModelRefRecord(Record):
+    """profile.json's `target` (profiles/models/folders.ModelRef): what identifies the model; any change makes it stale."""
+
+    path: str = Field(min_length=1)
+    format: Literal["hf", "gguf"]
+    arch: str = Field(min_length=1)
+    dtype: Literal["float32", "bfloat16", "float16"]
+    config_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+    weights_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+    num_layers: int = Field(ge=1)
+
+
+class DeviceRecord(Described):
+    """profile.json's `device` (profiles/fingerprint.py): what sets the device's speed; a serving engine's version where
+    the profile was measured in one (`engine`)."""
+
+    kind: Literal["cpu", "cuda"]
+    name: Optional[str] = None
+    dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None
+    threads: Optional[int] = Field(default=None, ge=1)
+    memory_bytes: Optional[int] = Field(default=None, ge=1)
+    capability: Optional[list[int]] = None
+    engine: Optional[str] = None
+    projected_from: Optional[str] = None  # a profile projected onto a hardware-table device (autotune/projection.py)
+
+
+class SpeedProbe(Described):
+    """The serving engine's speed probe: the profile's reference speed and how a step's time follows it."""
+
+    median_ms: float = Field(gt=0)
+    elasticity: float = Field(ge=0, le=1)
+    spec: dict
+
+
+class BetweenEngines(Described):
+    sd: Optional[float] = Field(default=None, ge=0)  # of ln(step ms) between engines of one unit, beyond their steps' noise
+
+
+class EngineRecord(Described):
+    """profile.json's `engine`: the serving engine the profile was measured in (empty for the torch backend)."""
+
+    name: str = Field(min_length=1)
+    version: str = Field(min_length=1)
+    options: dict = {}
+    max_model_len: Optional[int] = Field(default=None, ge=1)
+    max_num_seqs: Optional[int] = Field(default=None, ge=1)
+    mechanisms: dict[str, dict] = {}
+    speed_probe: Optional[SpeedProbe] = None
+    between_engines: Optional[BetweenEngines] = None
+
+
+class ModelMemory(Described):
+    """The memory one model holds (profiles/memory.py): parameters, weights per format, KV bytes per token."""
+
+    params: int = Field(ge=0)
+    dense_params: int = Field(ge=0)
+    linear_params: int = Field(ge=0)
+    kv_bytes_per_token: float = Field(ge=0)
+    weights_bytes: dict[str, float]
+    source: str
+
+    @field_validator("weights_bytes")
+    @classmethod
+    def _non_negative(cls, value: dict[str, float]) -> dict[str, float]:
+        if "none" not in value or any(v < 0 for v in value.values()):
+            raise ValueError("weights_bytes needs a non-negative figure per format, \"none\" among them")
+        return value
+
+
+class ActivationPoint(Record):
+    batch: int = Field(ge=1)
+    tokens: int = Field(ge=1)
+    bytes: float = Field(ge=0)
+    source: Source
+
+
+class DeviceMemory(Described):
+    usable_bytes: float = Field(gt=0)
+    kv_cache_bytes: Optional[float] = Field(default=None, gt=0)  # a serving engine's own KV pool (vLLM on a CPU)
+    source: str
+
+
+class MemoryRecord(Described):
+    """profile.json's `memory` (profiles/memory.py): what the deployment holds in device memory."""
+
+    dtype: Literal["float32", "bfloat16", "float16"]
+    dtype_bytes: int = Field(ge=1)
+    target: ModelMemory
+    drafters: dict[str, ModelMemory]
+    activation: list[ActivationPoint]
+    activation_bytes_per_row: float = Field(ge=0)
+    device: DeviceMemory
 
 
 class Timed(Record):
@@ -210,10 +314,10 @@ class Profile(Record):
     schema_version: int
     tool_version: str
     created_at: str  # the one timestamp; everything else is deterministic given the measurements
-    fingerprint: str  # hash of what makes this profile reusable: device factors, models, drafters, workload
-    backend: str
-    device: dict
-    target: dict  # ModelRef
+    fingerprint: str = Field(pattern=r"^[0-9a-f]{64}$")  # hash of what makes this profile reusable: device, models, drafters, workload
+    backend: Literal[MEASUREMENT_BACKENDS]  # type: ignore[valid-type]  # profiles/backends.py
+    device: dict  # DeviceRecord
+    target: dict  # ModelRefRecord
     timing_shapes: str  # which model shapes the timings came from
     drafters: list[DrafterInfo]
     workload: Workload
@@ -234,10 +338,37 @@ class Profile(Record):
     # (the cause of its verify curve's shape); empty for a dense target
     moe: dict = {}
 
+    # the free-form parts are checked against their records at load and kept as the JSON objects they are
     @field_validator("moe")
     @classmethod
     def _experts_record(cls, value: dict) -> dict:
         return ExpertsRecord.model_validate(value).model_dump() if value else value
+
+    @field_validator("device")
+    @classmethod
+    def _device_record(cls, value: dict) -> dict:
+        DeviceRecord.model_validate(value)
+        return value
+
+    @field_validator("target")
+    @classmethod
+    def _target_record(cls, value: dict) -> dict:
+        ModelRefRecord.model_validate(value)
+        return value
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_record(cls, value: dict) -> dict:
+        if value:
+            EngineRecord.model_validate(value)
+        return value
+
+    @field_validator("memory")
+    @classmethod
+    def _memory_record(cls, value: dict) -> dict:
+        if value:
+            MemoryRecord.model_validate(value)
+        return value
 
 
 def load_profile(path: Path) -> Profile:

@@ -52,12 +52,14 @@ import torch.nn.functional as F
 
 from specdec_tune import SpecdecError
 from specdec_tune.profiles.calibration import load_calibration, select_prompts
-from specdec_tune.profiles.drafters.base import _REGISTRY
+from specdec_tune.profiles.drafters.base import registry
 from specdec_tune.profiles.drafters.checkpoints import register_demo_head, save_head
 from specdec_tune.profiles.drafters.dflash import DFlashHead, default_mask_token
 from specdec_tune.profiles.drafters.heads import HEAD_KINDS, DraftHead, DraftVocabulary, default_aux_layers, head_kind
 from specdec_tune.profiles.models.llama import gqa_attention
-from specdec_tune.profiles.models.loading import LoadedModel, architectures, cache_root, cpu_has_native_bf16, load_model, model_folder
+from specdec_tune.profiles.models.folders import architectures, cache_root, model_folder
+from specdec_tune.profiles.fingerprint import cpu_has_native_bf16
+from specdec_tune.profiles.models.loading import LoadedModel, load_model
 from specdec_tune.profiles.package_text import package_text
 from specdec_tune.profiles.prompts import encode_prompts
 from specdec_tune.profiles.specdec import SpecCounters, generate
@@ -333,7 +335,7 @@ def measure_al(target: LoadedModel, head: DraftHead, mechanism: str, settings: T
     asked, the same per domain."""
     shared = {id(target.model.embed_tokens): target.model.embed_tokens, id(target.model.lm_head): target.model.lm_head}
     snapshot = copy.deepcopy(head, memo=shared).to(target.model.dtype)
-    drafter = _REGISTRY[mechanism].from_head(snapshot)  # type: ignore[attr-defined]
+    drafter = registry()[mechanism].from_head(snapshot)  # type: ignore[attr-defined]
     D = head_kind(mechanism).eval_draft_len
     prompts = select_prompts("mtbench", "held_back", settings.eval_prompts)
     ids = encode_prompts(target.tokenizer, prompts, context_tokens=target.model.config.max_position_embeddings,

@@ -60,7 +60,6 @@ out of memory part-way records its remaining cells infeasible with the engine's 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import random
 import time
 import warnings
@@ -70,21 +69,23 @@ import numpy as np
 
 from specdec_tune import SpecdecError, __version__
 from specdec_tune.profiles import intervals, replay
-from specdec_tune.profiles.calibration import load_calibration
 from specdec_tune.profiles.drafters.base import describe_spec
-from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint, resolve_device
+from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint
 from specdec_tune.profiles.intervals import between_group_sd, monotone_fit, moved_beyond_interval, widened_by
 from specdec_tune.profiles.memory import memory_record
 from specdec_tune.profiles.vllm_engine import CPU_KV_CACHE_BYTES, speed_probe_spec
-from specdec_tune.profiles.models.loading import describe_model, model_folder, weights_hash
+from specdec_tune.profiles.models.folders import model_folder, weights_hash
+from specdec_tune.profiles.models.loading import describe_model
 from specdec_tune.profiles.models.views import engine_model_view, write_cut_draft
-from specdec_tune.profiles.profiler import BOOTSTRAP_RESAMPLES, Budget, acceptance_records, parse_drafter_spec, workload_record
+from specdec_tune.profiles.acceptance_records import BOOTSTRAP_RESAMPLES, acceptance_records
+from specdec_tune.profiles.profile_run import Budget, ProfileRun, drafter_specs, workload_record
 from specdec_tune.profiles.prompts import encode_fitting
-from specdec_tune.profiles.schema import SCHEMA_VERSION, Profile, finished_profile
+from specdec_tune.profiles.schema import SCHEMA_VERSION
 from specdec_tune.profiles.specdec import SpecCounters
 from specdec_tune.profiles.store import MeasurementLog
 from specdec_tune.profiles.timing import Timing
-from specdec_tune.records import sha256_json, write_json
+from specdec_tune.records import sha256_json
+from specdec_tune.progress import Progress
 from specdec_tune.settings import ProfileSettings
 from specdec_tune.vllm_spelling import VLLM, speculative_config
 
@@ -106,24 +107,22 @@ class Mechanism:
     model: dict | None  # a draft model's reference: layers cut from the target, or its own checkpoint's hash
 
 
-class VllmProfiler:
-    def __init__(self, settings: ProfileSettings, progress=None, started: float | None = None, engine=None) -> None:
+class VllmProfiler(ProfileRun):
+    """The units of the module docstring, each in engines of their own."""
+
+    backend = "vllm"
+
+    def __init__(self, settings: ProfileSettings, progress: Progress | None = None, started: float | None = None, engine=None) -> None:
         from specdec_tune.profiles.vllm_engine import VllmEngine
 
-        self.started = time.monotonic() if started is None else started
-        settings.validate()
-        self.device = resolve_device(settings.device)
-        self.s = settings = settings.for_device(self.device.type)
-        self.progress = progress
+        super().__init__(settings, progress, started)
+        settings = self.s
         self.engine = engine or VllmEngine.locate()
         self.target_ref, tokenizer, self.hf_config = describe_model(settings.target, settings.dtype, self.device, settings.trust_remote_code)
         if tokenizer is None:
             raise SpecdecError(f"{settings.target} has no tokenizer files", "give a model folder with its tokenizer")
         self.mechanisms: dict[str, Mechanism] = {}
-        for spec in settings.drafters:
-            name, options = parse_drafter_spec(spec)
-            if name in self.mechanisms:
-                raise SpecdecError(f"drafter {name!r} is given twice", "profile each mechanism once")
+        for name, options in drafter_specs(settings.drafters):
             if name not in VLLM:
                 raise SpecdecError(f"vLLM has no method for drafter {name!r}", f"profile one of {', '.join(VLLM)} with --engine vllm")
             described = describe_spec(name, options)
@@ -135,8 +134,6 @@ class VllmProfiler:
                 model = {"layers": described["options"].get("layers") or max(1, self.target_ref.num_layers // 3), "shares_target_weights": True}
             self.mechanisms[name] = Mechanism(name, described["kind"], described["options"],
                                               settings.max_draft_len if limit is None else min(settings.max_draft_len, limit), model)
-        self.calibration = load_calibration(settings.prompts)
-        self.pool, _ = self.calibration.split()
         context = int(self.hf_config.get("max_position_embeddings") or 2048)
         self.encoded = encode_fitting(tokenizer, self.pool, context_tokens=context, max_new_tokens=settings.new_tokens,
                                       max_draft_tokens=settings.max_draft_len)
@@ -181,7 +178,7 @@ class VllmProfiler:
         return rows
 
     def _workload(self) -> dict:
-        return workload_record(self.s, self.calibration, self.pool, self.pool.domains(), self.max_num_seqs, self.s.acceptance_half_width)
+        return workload_record(self.s, self.calibration, self.pool, self.pool.domains(), self.max_num_seqs)
 
     def _model_dir(self, work: Path) -> tuple[Path, dict[str, Path]]:
         """The target as vLLM loads it, and each draft model cut from it, in the dtype the engine runs."""
@@ -241,8 +238,10 @@ class VllmProfiler:
 
     def _units(self, log: MeasurementLog, keys: list[tuple[str, int]], budget: Budget, work: list, required: bool) -> dict[tuple[str, int], dict]:
         """Each unit of `keys` measured by PASSES engines, the units interleaved (module docstring), each pass's summary
-        logged; a unit the engine refused in its first pass is not started again. `required`: whatever the budget."""
+        logged; a unit the engine refused in its first pass is not started again. `required`: whatever the budget (what
+        that will cost is said once the first engine has run, where it is more than the budget has left)."""
         passes: dict[tuple[str, int], list[dict]] = {k: [] for k in keys}
+        total = PASSES * len(keys)
         for p in range(PASSES):
             order = list(keys)
             if p:
@@ -254,8 +253,22 @@ class VllmProfiler:
                 if not (required or budget.allows(f"engine unit {key[0]} D={key[1]} pass {p + 1}")):
                     continue
                 done.append(self._unit(log, *key, p, done[0] if done else None, budget, work))
-                self._tick("engine units", sum(map(len, passes.values())), PASSES * len(keys))
+                finished = sum(map(len, passes.values()))
+                self._tick("engine units", finished, total, f"{key[0]} D={key[1]} pass {p + 1}: {done[-1]['engine_s'] or 0:.0f} s")
+                if required and finished == 1:
+                    self._say_required_cost(done[-1]["engine_s"], total - 1, budget)
         return {k: merged(v) for k, v in passes.items() if v}
+
+    def _say_required_cost(self, engine_s: float | None, engines_left: int, budget: Budget) -> None:
+        """The required units run whatever the budget: where they will run past it, say so before they do."""
+        if not engine_s:
+            return
+        needed_s = engine_s * engines_left
+        if needed_s > budget.left_s():
+            self.progress.note(f"the required engine units (plain decoding and every mechanism at D = 1 and its longest draft, "
+                               f"{PASSES} engines each) need {engines_left} more engines, about {needed_s / 60:.1f} min at "
+                               f"{engine_s:.0f} s an engine: past the {self.s.budget_minutes:g}-minute budget "
+                               f"({budget.left_s() / 60:.1f} min left); they run to the end, the optional units are skipped")
 
     def _unit(self, log: MeasurementLog, mechanism: str, draft_len: int, pass_index: int, first: dict | None, budget: Budget, work: list) -> dict:
         """One engine run, summarised and logged (what the profile needs of it, not the raw steps)."""
@@ -270,25 +283,17 @@ class VllmProfiler:
 
         return log.measure(f"vllm/{mechanism}/{draft_len}/{pass_index}", measure)
 
-    def _tick(self, phase: str, done: int, total: int) -> None:
-        if self.progress:
-            self.progress(phase, done, total)
-
     # ------------------------------------------------------------------ the run
 
-    def run(self) -> Profile:
-        out = self.s.out_dir / "profile.json"
-        old = None if self.s.force else finished_profile(out, self.fingerprint)
-        if old is not None:
-            return old
-        log = MeasurementLog(self.s.out_dir, self.fingerprint)
-        budget = Budget(self.s.budget_minutes, self.started)
+    def _measure_units(self, log: MeasurementLog, budget: Budget) -> tuple[dict[tuple[str, int], dict], float]:
+        """Every unit: the required ones, then the bisection's while the budget lasts (module docstring). Returns the
+        units and their engine seconds (a resumed profile's too, whichever run measured them)."""
         work: list = []
-        units: dict[tuple[str, int], dict] = {}
-        phase_s = {"load": time.monotonic() - self.started}
         t0 = time.monotonic()
         runnable = [m for m in self.mechanisms.values() if m.name not in self.supported]
         first = [("none", 0)] + [(m.name, m.max_draft_len) for m in runnable] + [(m.name, 1) for m in runnable if m.max_draft_len > 1]
+        self.progress.note(f"engine units: {len(first)} required (plain, and each mechanism at its longest draft and at D = 1), "
+                           f"{PASSES} engines each; more where the curve in D bends, while the budget lasts")
         units = self._units(log, first, budget, work, required=True)  # what a plan cannot do without: both ends of every curve
         if not units[("none", 0)]["ok"]:
             raise SpecdecError(f"vLLM {self.engine.version} did not run the target: {units[('none', 0)]['error']}",
@@ -302,8 +307,12 @@ class VllmProfiler:
             units |= self._units(log, todo, budget, work, required=False)
             todo = [(m.name, mid) for m in running for mid in _bisect(units, m.name, self.s.interp_tolerance)]
         self._tick("engine units", len(units), len(units))
-        logged_s = [u["engine_s"] for u in units.values()]  # a resumed profile's too, whichever run measured them
-        phase_s["engine units"] = sum(logged_s) if None not in logged_s else time.monotonic() - t0
+        logged_s = [u["engine_s"] for u in units.values()]
+        return units, (sum(logged_s) if None not in logged_s else time.monotonic() - t0)
+
+    def measure(self, log: MeasurementLog, budget: Budget) -> dict:
+        load_s = time.monotonic() - self.started
+        units, engine_s = self._measure_units(log, budget)
         speed = self._speed_probe(units)
         between = between_engines_sd([(at_reference(c, speed), c["step_pass"]) for u in units.values() if u["ok"] for c in u["cells"].values()])
         rounds, moved = self._rounds(units, speed, between)
@@ -311,6 +320,22 @@ class VllmProfiler:
         drafters = [{"name": m.name, "kind": m.kind, "options": m.options, "model": m.model, "quant_formats": ["none"],
                      "max_draft_len": m.max_draft_len if m.max_draft_len < self.s.max_draft_len else None} for m in self.mechanisms.values()]
         acceptance, checks_notes = self._acceptance(units)
+        return {
+            "target": dataclasses.asdict(self.target_ref),
+            "timing_shapes": f"{self.target_ref.path} in vLLM {self.engine.version} ({self.target_ref.arch}, {self.target_ref.num_layers} layers, "
+                             f"{self.dtype}; real weights)",
+            "drafters": drafters,
+            "workload": self._workload() | {"prompts_by_domain": {d: sum(self.prompt_domain[i] == d for i in greedy_ids) for d in self.pool.domains()}},
+            "verify": [], "draft": [], "host": [], "micro": [], "acceptance": acceptance, "rounds": rounds,
+            "notes": self._notes(units, budget, checks_notes, speed, between, moved), "memory": self._memory(drafters),
+            "phase_s": {"load": round(load_s, 1), "engine units": round(engine_s, 1)},
+            "engine": {"name": "vllm", "version": self.engine.version, "python": self.engine.python, "options": self.engine_options,
+                       "max_num_seqs": self.max_num_seqs, "max_model_len": self.max_model_len, "mechanisms": self.supported,
+                       "passes": PASSES, "speed_probe": speed, "between_engines": between,
+                       "units": {f"{name}/{D}": {"ok": u["ok"], "init_s": u["init_s"], "error": u["error"]} for (name, D), u in units.items()}},
+        }
+
+    def _notes(self, units: dict, budget: Budget, checks_notes: list[str], speed: dict | None, between: dict, moved: list[str]) -> list[str]:
         notes = [f"measured in vLLM {self.engine.version}: every time is an engine step as vLLM runs it (draft, verify and host together); "
                  "acceptance from vLLM's own per-request counters"]
         notes += [f"vLLM does not run {name} here: {v['reason']}" for name, v in self.supported.items() if not v["runs"]]
@@ -327,24 +352,7 @@ class VllmProfiler:
             notes.append(f"{len(moved)} engine round cells disagreed with their neighbours beyond their 95% interval; the monotone fit "
                          "moved them (source 'fitted'): " + ", ".join(moved[:6]))
         failed = [f"{name} D={D}: {u['error']}" for (name, D), u in units.items() if u["ok"] and u.get("failed_cells")]
-        notes += [f"engine run failed part-way, its remaining cells infeasible: {f}" for f in failed]
-        profile = Profile.model_validate({
-            "schema_version": SCHEMA_VERSION, "tool_version": __version__,
-            "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "fingerprint": self.fingerprint, "backend": "vllm", "device": self.device_fp, "target": dataclasses.asdict(self.target_ref),
-            "timing_shapes": f"{self.target_ref.path} in vLLM {self.engine.version} ({self.target_ref.arch}, {self.target_ref.num_layers} layers, "
-                             f"{self.dtype}; real weights)",
-            "drafters": drafters,
-            "workload": self._workload() | {"prompts_by_domain": {d: sum(self.prompt_domain[i] == d for i in greedy_ids) for d in self.pool.domains()}},
-            "verify": [], "draft": [], "host": [], "micro": [], "acceptance": acceptance, "rounds": rounds, "notes": notes, "memory": self._memory(drafters),
-            "phase_s": {k: round(v, 1) for k, v in phase_s.items()},
-            "engine": {"name": "vllm", "version": self.engine.version, "python": self.engine.python, "options": self.engine_options,
-                       "max_num_seqs": self.max_num_seqs, "max_model_len": self.max_model_len, "mechanisms": self.supported,
-                       "passes": PASSES, "speed_probe": speed, "between_engines": between, "units": {f"{name}/{D}": {"ok": u["ok"], "init_s": u["init_s"], "error": u["error"]}
-                                                          for (name, D), u in units.items()}},
-        })
-        write_json(out, profile.model_dump(mode="json"))
-        return profile
+        return notes + [f"engine run failed part-way, its remaining cells infeasible: {f}" for f in failed]
 
     # ------------------------------------------------------------------ records
 

@@ -110,9 +110,46 @@ def tiny_hf_dir(hf_variant_dir) -> Path:
     return hf_variant_dir("llama")
 
 
+def build_plan(buckets: list[dict], *, mechanism: str = "ngram", quant: str = "none", ctx: int = 128, **fields):
+    """A valid `Plan` record around `buckets` ({"batch", "draft_len", and optionally "tokens_per_s": a figure dict}): every
+    other figure and field a plausible placeholder, for the checks that read a plan's schedule and predictions."""
+    from specdec_tune.autotune.plan_schema import PREDICTED_FIGURES, Plan
+
+    one = {"value": 1.0, "source": "modeled"}
+
+    def bucket(b: dict) -> dict:
+        predicted = {name: one for name in PREDICTED_FIGURES} | {"tokens_per_s": b.get("tokens_per_s", one)}
+        return {"batch": b["batch"], "draft_len": b["draft_len"], "predicted": predicted, "rationale": {"text": "test"}}
+
+    digest = "0" * 64
+    schedule = [bucket(b) for b in buckets]
+    record = {
+        "schema_version": 2, "tool_version": "test", "created_at": "", "notes": [], "excluded_buckets": [], "mix": None,
+        "profile": {"fingerprint": digest, "sha256": digest, "device": "cpu", "target": {
+            "path": "x", "format": "hf", "arch": "llama", "dtype": "float32", "config_hash": digest, "weights_hash": digest, "num_layers": 1}},
+        "device": {"name": "cpu", "times": "modeled"}, "objective": {"kind": "speedup"}, "mechanism": mechanism, "quant": quant,
+        "max_draft_len": max(b["draft_len"] for b in buckets), "max_batch": buckets[-1]["batch"], "ctx": ctx,
+        "tile": {"policy": "free", "rows": 1, "group": 1}, "buckets": schedule,
+        "single_draft_len": {"draft_len": 0, "mean_speedup": 1.0, "schedule_mean_speedup": 1.0}, "pareto": {"exact": [], "method": "test"},
+        "study": {"storage": "memory", "name": "test", "seed": 0, "space_size": 1, "trials": 0, "trial_budget": 0, "exhaustive_value": 1.0,
+                  "strict_optimum_value": 1.0, "tie_tolerance": 0.02},
+        "settings_hash": digest,
+        "search_settings": {"objective": "speedup", "trials": 0, "seed": 0, "min_user_tokens_per_s": 0.0, "min_tokens_per_s": 0.0,
+                            "mechanisms": [], "quant_formats": ["none"], "tile_rows": 0, "tie_tolerance": 0.02, "study_name": "test",
+                            "device": None, "mix": [], "memory_fraction": 0.9, "tensor_parallel": 0},
+    }
+    return Plan.model_validate(record | fields)
+
+
+@pytest.fixture
+def make_plan():
+    """build_plan(buckets, **fields) -> a Plan record (see build_plan)."""
+    return build_plan
+
+
 @pytest.fixture
 def fixed_speed():
-    """A stand-in for exporters.validate.DeviceSpeed that reports one speed ratio and probes nothing."""
+    """A stand-in for pipeline.throughput_check.DeviceSpeed that reports one speed ratio and probes nothing."""
 
     def make(ratio: float):
         class Fixed:

@@ -272,7 +272,8 @@ def test_tuning_cost_reads_an_oracle_result_from_before_every_mechanism_was_swep
 
 def _tiny_target(layers: int = 6):
     from specdec_tune.profiles.models.llama import CausalLM, ModelConfig, init_random
-    from specdec_tune.profiles.models.loading import LoadedModel, ModelRef
+    from specdec_tune.profiles.models.folders import ModelRef
+    from specdec_tune.profiles.models.loading import LoadedModel
 
     c = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=layers, num_heads=4, num_kv_heads=2,
                     head_dim=8, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=512, tie_word_embeddings=False)
@@ -369,7 +370,7 @@ def test_prompt_cut_replays_the_same_prompts_cut_and_whole(tmp_path):
 
 
 def test_the_benches_prompts_cut_to_the_context_or_whole_where_they_fit():
-    from specdec_tune.exporters.validate import cut_to_context
+    from specdec_tune.profiles.prompts import cut_to_context
 
     prompts = [(list(range(n)), f"d{n}") for n in (10, 40, 60, 100, 200)]
     cut = cut_to_context(prompts, ctx=64, new_tokens=16)  # 56 tokens each: the long ones' last 56

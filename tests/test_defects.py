@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
-import math
 import re
-from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ import pytest
 from specdec_tune import SpecdecError
 from specdec_tune.cli import main
 from specdec_tune.profiles.schema import Profile, load_profile
+from specdec_tune.progress import Progress
 from specdec_tune.records import sha256_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,7 +29,7 @@ def _refuse_loading(monkeypatch) -> None:
     def load_model(*args, **kwargs):
         raise AssertionError(f"a model was loaded: {args} {kwargs}")
 
-    for where in ("profiles.decode_run", "profiles.models.loading", "exporters.validate", "exporters.artifacts"):
+    for where in ("profiles.decode_run", "profiles.models.loading", "pipeline.lossless", "pipeline.throughput_check", "pipeline.export"):
         monkeypatch.setattr(f"specdec_tune.{where}.load_model", load_model)
 
 
@@ -79,11 +78,11 @@ def never_speculates(tmp_path_factory) -> tuple[Path, Path]:
     return plan, profile
 
 
-def test_lossless_gate_is_not_applicable_when_the_plan_never_speculates(monkeypatch):
-    from specdec_tune.exporters.validate import MeasureSettings, lossless_gate
+def test_lossless_gate_is_not_applicable_when_the_plan_never_speculates(monkeypatch, make_plan):
+    from specdec_tune.pipeline.lossless import MeasureSettings, lossless_gate
 
     _refuse_loading(monkeypatch)
-    plan = {"mechanism": "ngram", "quant": "none", "buckets": [{"batch": 1, "draft_len": 0}, {"batch": 4, "draft_len": 0}]}
+    plan = make_plan([{"batch": 1, "draft_len": 0}, {"batch": 4, "draft_len": 0}])
     gate = lossless_gate(plan, None, MeasureSettings())
     assert gate["applicable"] is False and gate["passed"] is None
     assert gate["note"] == "the plan never speculates"
@@ -91,11 +90,12 @@ def test_lossless_gate_is_not_applicable_when_the_plan_never_speculates(monkeypa
 
 def test_a_plan_that_never_speculates_exports_with_the_gate_not_applicable(never_speculates, tmp_path, monkeypatch, capsys):
     from specdec_tune.exporters import bundle as bundle_module
+    from specdec_tune.pipeline import export as export_module
 
     plan, profile = never_speculates
     _refuse_loading(monkeypatch)
     monkeypatch.setattr(bundle_module, "ship_kernels", lambda *a: {"skipped": "kernels are not what this test checks"})
-    monkeypatch.setattr(bundle_module, "throughput_check", lambda *a, **k: {"checked": False, "why": "not measured in this test"})
+    monkeypatch.setattr(export_module, "throughput_check", lambda *a, **k: {"checked": False, "why": "not measured in this test"})
     out = tmp_path / "bundle"
     assert main(["export", "--plan", str(plan), "--profile", str(profile), "--out", str(out), "--no-onnx"]) == 0
     printed = capsys.readouterr().out
@@ -148,7 +148,8 @@ def tiny_target(vocab: int = 1024, layers: int = 4):
     import torch
 
     from specdec_tune.profiles.models.llama import CausalLM, ModelConfig, init_random
-    from specdec_tune.profiles.models.loading import LoadedModel, ModelRef
+    from specdec_tune.profiles.models.folders import ModelRef
+    from specdec_tune.profiles.models.loading import LoadedModel
 
     c = ModelConfig(model_type="llama", vocab_size=vocab, hidden_size=32, intermediate_size=64, num_layers=layers, num_heads=4,
                     num_kv_heads=2, head_dim=8, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=512,
@@ -159,16 +160,17 @@ def tiny_target(vocab: int = 1024, layers: int = 4):
 
 
 def tiny_profiler(target, drafters: dict, quant_formats=("fp8", "nvfp4")):
-    """A Profiler over `target` and `drafters` without loading anything (the phases under test only)."""
+    """A TorchProfiler over `target` and `drafters` without loading anything (the phases under test only)."""
     import types
 
     import torch
 
-    from specdec_tune.profiles.profiler import Profiler, ProfileSettings
+    from specdec_tune.profiles.torch_profile import TorchProfiler
+    from specdec_tune.settings import ProfileSettings
 
-    profiler = Profiler.__new__(Profiler)
+    profiler = TorchProfiler.__new__(TorchProfiler)
     profiler.s = ProfileSettings(max_draft_len=3, batch_buckets=(1, 2), ctx_buckets=(16,), quant_formats=quant_formats)
-    profiler.model, profiler.device, profiler.progress = target.model, torch.device("cpu"), None
+    profiler.model, profiler.device, profiler.progress = target.model, torch.device("cpu"), Progress()
     profiler.prompt_ids = [[1, 2, 3, 4, 5, 6, 7, 8]]
     profiler.drafters = drafters
     profiler.guard = types.SimpleNamespace(run=lambda measure: (measure(), 1.0, 1.0))
@@ -178,7 +180,7 @@ def tiny_profiler(target, drafters: dict, quant_formats=("fp8", "nvfp4")):
 def test_a_fresh_profile_times_no_quantized_drafter(tmp_path):
     """Draft time is measured for the drafters as they are (full precision); a weight format only changes acceptance."""
     from specdec_tune.profiles.drafters import create
-    from specdec_tune.profiles.profiler import Budget
+    from specdec_tune.profiles.profile_run import Budget
     from specdec_tune.profiles.schema import DraftPoint
     from specdec_tune.profiles.store import MeasurementLog
 
@@ -281,89 +283,6 @@ def test_readme_property_case_count_is_the_tests_own():
         TESTS / "test_export.py", "test_engine_schedules_give_the_same_draft_length_at_every_batch_size")
     assert sorted(parts) == sorted(counted)
     assert int(cases.strip().replace(",", "")) == sum(counted) == sum(parts)
-
-
-def _shown(text: str) -> tuple[float, float]:
-    """A figure as printed and half a unit of its last digit."""
-    decimals = len(text.partition(".")[2])
-    return float(text), 0.5 * 10.0**-decimals + 1e-12
-
-
-def _agrees(text: str, value: float) -> bool:
-    shown, half = _shown(text)
-    return abs(shown - value) <= half
-
-
-def test_readme_draft_time_table_is_the_profiles():
-    profile = json.loads((REPO / "bench" / "results" / "profile_learned_heads.json").read_text())
-    point = {(p["mechanism"], p["batch"], p["draft_len"]): p for p in profile["draft"] if p["quant"] == "none"}
-    lines = README.splitlines()
-    header = lines.index("| batch | DFlash | DSpark | EAGLE-3 | MTP |")
-    mechanisms = ("dflash", "dspark", "eagle3", "mtp")
-    rows = 0
-    for line in lines[header + 2 :]:
-        if not line.startswith("|"):
-            break
-        batch, *cells = [c.strip() for c in line.strip("|").split("|")]
-        for mechanism, cell in zip(mechanisms, cells):
-            m = re.fullmatch(r"([\d.]+)(ⁱ?) / ([\d.]+)(ⁱ?) ms \(([\d.]+)x\)", cell)
-            assert m, cell
-            long, short = point[(mechanism, int(batch), 7)], point[(mechanism, int(batch), 1)]
-            assert _agrees(m[1], long["median_ms"]) and _agrees(m[3], short["median_ms"]), (batch, mechanism, cell)
-            assert _agrees(m[5], long["median_ms"] / short["median_ms"]), (batch, mechanism, cell)
-            assert (m[2] == "ⁱ") == (long["source"] == "interpolated") and (m[4] == "ⁱ") == (short["source"] == "interpolated")
-        rows += 1
-    assert rows == len(profile["workload"]["batch_buckets"])
-
-
-def _drafts_reached(curve_point: dict, settings: dict) -> tuple[list[int], list[int | None], list[int]]:
-    """(accepted, reached, at most) per position, in drafts, from the recorded rates.
-
-    per_position_acceptance[k] = accepted_k / drafts and conditional_acceptance[k] = accepted_k / reached_k are ratios of
-    whole numbers of drafts. Drafts is the multiple of the rates' common denominator that fits the run (each draft is in
-    a round that emits a token: drafts <= prompts x new tokens); where one multiple fits, every count follows. A
-    position with no acceptance gives only a bound: reached_k <= accepted_{k-1}."""
-    per_pos, conditional = curve_point["per_position_acceptance"], curve_point["conditional_acceptance"]
-    base = math.lcm(*(Fraction(x).limit_denominator(10**6).denominator for x in per_pos if x))
-    most = curve_point["prompts"] * settings["eval_new_tokens"]
-    assert base <= most < 2 * base  # one multiple fits: the counts are determined
-    accepted = [round(x * base) for x in per_pos]
-    assert all(abs(x * base - n) < 1e-6 for x, n in zip(per_pos, accepted))
-    reached: list[int | None] = [base]
-    for k in range(1, len(per_pos)):
-        a = conditional[k]
-        reached.append(None if not a else round(accepted[k] / a))
-        assert not a or abs(accepted[k] / a - reached[k]) < 1e-6
-    return accepted, reached, [base, *accepted[:-1]]
-
-
-def _wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    p, d = k / n, 1 + z * z / n
-    mid, half = (p + z * z / (2 * n)) / d, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return mid - half, mid + half
-
-
-def test_readme_markov_claim_gives_the_drafts_behind_each_rate():
-    record = json.loads((REPO / "bench" / "results" / "learned_heads.json").read_text())
-    text = " ".join(README.split())
-    sentence = next(s for s in re.split(r"(?<=\.) ", text) if "positions 2-4" in s)
-    seen = {}
-    for name, key in (("DSpark", "dspark"), ("DFlash", "dflash")):
-        head = record["heads"][key]
-        accepted, reached, at_most = _drafts_reached(head["learning_curve"][-1], head["settings"])
-        rates = head["learning_curve"][-1]["conditional_acceptance"]
-        part = re.search(rf"{name} ((?:[\d.]+ \(\d+ of (?:at most )?\d+[^)]*\)(?:, )?)+)", sentence)
-        assert part, (name, sentence)
-        shown = re.findall(r"([\d.]+) \((\d+) of (at most )?(\d+)", part[1])
-        assert len(shown) == 3, shown  # positions 2, 3, 4
-        for k, (rate, n_accepted, bound, n_reached) in zip((1, 2, 3), shown):
-            assert _agrees(rate, rates[k]) and int(n_accepted) == accepted[k], (name, k + 1)
-            assert int(n_reached) == (at_most[k] if bound else reached[k]), (name, k + 1)
-            assert bool(bound) == (reached[k] is None)
-        seen[key] = (accepted[1], reached[1])
-    if "intervals overlap" in text:  # the claim beside the counts: position 2's 95% (Wilson) intervals
-        (lo_a, hi_a), (lo_b, hi_b) = _wilson(*seen["dspark"]), _wilson(*seen["dflash"])
-        assert lo_a <= hi_b and lo_b <= hi_a
 
 
 # ---------------------------------------------------------------------------- the demo marker

@@ -11,7 +11,7 @@ import pytest
 
 from specdec_tune.profiles import drift
 from specdec_tune.profiles.intervals import design_effect, pooled_rel_sd
-from specdec_tune.profiles.profiler import Noise, _cell_interval, fit_verify_visits
+from specdec_tune.profiles.verify_curve import Noise, _cell_interval, fit_verify_visits
 
 CELLS = [(B, 128, t) for B in (1, 2, 4, 8) for t in range(1, 5)]
 DECISION = [(1, 128, 1), (1, 128, 3), (4, 128, 1), (4, 128, 2)]

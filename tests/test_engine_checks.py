@@ -1,4 +1,4 @@
-"""The engines' own code as the check of a bundle's files (exporters/engine_checks.py): what runs where, what is
+"""The engines' own code as the check of a bundle's files (exporters/native_checks.py): what runs where, what is
 compared, and the checks themselves where the engines' virtualenvs are named (skipped otherwise)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from specdec_tune.exporters.engine_checks import EngineMissing, Facts, interpreter, uncovered_decode_shapes
-from specdec_tune.exporters.engines import load_engines
-from specdec_tune.exporters.validate import check_document
+from specdec_tune.exporters.native_checks import EngineMissing, Facts, interpreter, uncovered_decode_shapes
+from specdec_tune.exporters.engines import serving_engines
+from specdec_tune.exporters.config_checks import check_document
 from specdec_tune.profiles.models.views import engine_model_view
 
 VLLM_PYTHON = os.environ.get("SPECDEC_TUNE_VLLM_PYTHON")
@@ -37,7 +37,7 @@ def test_a_missing_engine_is_said_and_the_schema_and_rules_still_run(monkeypatch
         pytest.skip("speculators imports in this interpreter")
     with pytest.raises(EngineMissing, match="SPECDEC_TUNE_SPECULATORS_PYTHON"):
         interpreter("speculators", "SPECDEC_TUNE_SPECULATORS_PYTHON")
-    engine = load_engines()["speculators"]
+    engine = serving_engines()["speculators"]
     config = {"speculators_model_type": "eagle3", "speculators_config": {"default_proposal_method": "greedy", "proposal_methods": [
         {"proposal_type": "greedy", "speculative_tokens": 3}], "verifier": {"name_or_path": "x", "architectures": ["LlamaForCausalLM"]}}}
     (tmp_path / "config.json").write_text(json.dumps(config))
@@ -66,10 +66,10 @@ def test_the_vllm_view_of_a_converted_gguf_names_its_class_and_drops_the_gguf_qu
 def test_vllm_builds_the_written_file_and_its_lookup_runs_the_schedule(tmp_path):
     """vLLM's own EngineArgs on the written speculative_config.json; its dense lookup gives the plan's K per batch, and
     a file that disagrees with what the bundle means to run is caught."""
-    from specdec_tune.profiles.models.loading import model_folder
+    from specdec_tune.profiles.models.folders import model_folder
 
     target = Path(model_folder(None)[1])
-    engine = load_engines()["vllm"]
+    engine = serving_engines()["vllm"]
     config = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 5,
               "num_speculative_tokens_per_batch_size": [[1, 2, 3], [3, 8, 1], [9, 16, 0]]}
     (tmp_path / "speculative_config.json").write_text(json.dumps(config))

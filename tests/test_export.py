@@ -18,12 +18,14 @@ from specdec_tune import SpecdecError, __version__
 from specdec_tune.cli import main
 from specdec_tune.autotune.search import SearchSettings, search
 from specdec_tune.exporters import schedule as sched
-from specdec_tune.exporters.bundle import STALE_EXIT_CODE, ExportSettings, export, head_config_fields, read_manifest
-from specdec_tune.exporters.engines import ExportContext, load_engines
+from specdec_tune.exporters.bundle import head_config_fields, read_manifest
+from specdec_tune.exporters.staleness import STALE_EXIT_CODE
+from specdec_tune.pipeline.export import ExportSettings, export
+from specdec_tune.exporters.engines import ExportContext, serving_engines
 from specdec_tune.exporters.safety import noisy_thresholds, top_band_cost
-from specdec_tune.exporters.validate import check_document
+from specdec_tune.exporters.config_checks import check_document
 from specdec_tune.exporters.versions import DEFAULT_VERSIONS, rules_line
-from specdec_tune.profiles.models.loading import architectures
+from specdec_tune.profiles.models.folders import architectures
 from specdec_tune.profiles.drafters.speculators_layout import head_fields
 from specdec_tune.profiles.schema import load_profile
 from specdec_tune.records import sha256_file, write_json
@@ -84,8 +86,7 @@ def _predict(batch: int, draft_len: int) -> dict:
 def _context(mechanism: str, schedule, versions=None, quant="none") -> ExportContext:
     options = {"ngram": {"prompt_lookup_min": 2, "prompt_lookup_max": 5}, "suffix": {"max_tree_depth": 24}}.get(mechanism, {})
     learned = mechanism not in ("ngram", "suffix")
-    plan = {"single_draft_len": {"draft_len": 2}, "profile": {"target": {"arch": "llama"}}}
-    return ExportContext(plan=plan, mechanism=mechanism, quant=quant, schedule=list(schedule), max_batch=schedule[-1][0],
+    return ExportContext(single_draft_len=2, mechanism=mechanism, quant=quant, schedule=list(schedule), max_batch=schedule[-1][0],
                          drafter={"name": mechanism, "options": options}, target_model="HuggingFaceTB/SmolLM2-135M-Instruct",
                          drafter_model="/models/draft" if learned else None, versions=dict(DEFAULT_VERSIONS, **(versions or {})),
                          head=HEADS.get(mechanism, {}), target_architectures=("LlamaForCausalLM",), predict=_predict)
@@ -99,7 +100,7 @@ def test_speculators_config_takes_the_heads_own_fields(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(own))
     ctx = dataclasses.replace(_context("eagle3", [(1, 3)]), drafter={"name": "eagle3", "options": {"model": str(tmp_path), "random": False}})
     ctx = dataclasses.replace(ctx, head=head_fields(ctx.drafter["options"]))
-    config = load_engines()["speculators"].render(ctx).document
+    config = serving_engines()["speculators"].render(ctx).document
     assert config["draft_vocab_size"] == 8192 and config["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]
     assert config["transformer_layer_config"] == {"hidden_size": 576} and "auto_map" not in config
 
@@ -107,7 +108,7 @@ def test_speculators_config_takes_the_heads_own_fields(tmp_path):
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 @pytest.mark.parametrize("schedule", [[(1, 4), (4, 2), (16, 1), (64, 0)], [(1, 3), (8, 3)], [(1, 0), (8, 0)]])
 def test_every_engine_config_validates_for_every_mechanism(mechanism, schedule):
-    for name, engine in load_engines().items():
+    for name, engine in serving_engines().items():
         ctx = _context(mechanism, schedule)
         files = engine.render(ctx)
         result = check_document(engine, files.document, ctx.versions[name])
@@ -130,7 +131,7 @@ def test_every_engine_config_validates_for_every_mechanism(mechanism, schedule):
 
 
 def test_checks_catch_broken_configs():
-    engines = load_engines()
+    engines = serving_engines()
     bad_vllm = {"method": "ngram", "num_speculative_tokens": 2, "num_speculative_tokens_per_batch_size": [[2, 4, 3]]}
     errors = check_document(engines["vllm"], bad_vllm, "0.32.0")["errors"]
     assert any("start at 1" in e for e in errors) and any("exceeds num_speculative_tokens" in e for e in errors)
@@ -146,7 +147,7 @@ def test_checks_catch_broken_configs():
 
 def test_engine_versions_decide_what_is_emitted():
     ctx = _context("ngram", [(1, 3), (4, 1), (16, 0)], versions={"vllm": "0.31.0"})
-    vllm = load_engines()["vllm"].render(ctx)
+    vllm = serving_engines()["vllm"].render(ctx)
     assert "num_speculative_tokens_per_batch_size" not in vllm.document and vllm.document["num_speculative_tokens"] == 2
     assert any("no per-batch table" in d for d in vllm.decisions)
 
@@ -177,7 +178,7 @@ def test_sglang_runs_the_per_batch_schedule_from_an_adaptive_config_file():
     """--speculative-adaptive-config takes a path to a JSON file keyed by batch size; one candidate per key makes it the
     plan's per-batch table, at every batch size once SGLang has padded it to a CUDA-graph size."""
     schedule = [(1, 7), (2, 7), (8, 3), (32, 1), (64, 0)]
-    files = load_engines()["sglang"].render(_context("eagle3", schedule))
+    files = serving_engines()["sglang"].render(_context("eagle3", schedule))
     argv = files.document["adaptive"]["argv"]
     path = argv[argv.index("--speculative-adaptive-config") + 1]
     assert path == "adaptive.json" and path in files.files and not path.lstrip().startswith("{")
@@ -187,7 +188,7 @@ def test_sglang_runs_the_per_batch_schedule_from_an_adaptive_config_file():
     for batch in range(1, 65):
         assert _sglang_router_steps(table, graphs, batch) == [next(d for b, d in schedule if b >= batch)], batch
     assert '"$here/adaptive.json"' in files.files["launch.sh"] and "exec python -m sglang.launch_server" in files.files["launch.sh"]
-    ngram = load_engines()["sglang"].render(_context("ngram", schedule))
+    ngram = serving_engines()["sglang"].render(_context("ngram", schedule))
     assert "adaptive" not in ngram.document and len(ngram.document["bands"]) == 4
 
 
@@ -195,7 +196,7 @@ def test_fixed_block_drafters_export_the_checkpoints_block():
     """DSpark: TensorRT-LLM needs max_draft_len = block_size and keeps it at every batch size; SGLang's DSPARK takes
     num_draft_tokens = block + 1 and DFLASH one step of the block: a band speculates at the block's D or not at all."""
     schedule = [(1, 4), (4, 2), (16, 0)]
-    engines = load_engines()
+    engines = serving_engines()
     trt = engines["trtllm"].render(_context("dspark", schedule, versions={"trtllm": "1.3.0rc29"}))
     spec = trt.document["speculative_config"]
     assert spec["max_draft_len"] == spec["block_size"] == 8 and "draft_len_schedule" not in spec
@@ -215,7 +216,7 @@ def test_tensorrt_modes_that_cannot_follow_a_schedule_get_the_static_config_they
     """1.3rc: the NGram two-model path ignores draft_len_schedule (no support_dynamic_draft_len): one D, the plan's best
     single one, with its predicted cost. 1.2: keys are lower bounds and only modes with a drafter object follow them."""
     schedule = [(1, 4), (4, 2), (16, 1), (64, 0)]
-    engines = load_engines()
+    engines = serving_engines()
     new = engines["trtllm"].render(_context("ngram", schedule, versions={"trtllm": "1.3.0rc29"}))
     assert "draft_len_schedule" not in new.document["speculative_config"] and new.document["speculative_config"]["max_draft_len"] == 2
     assert [r["draft_len"] for r in new.deviation["buckets"]] == [2, 2, 2, 2] and "change_pct" in new.deviation["buckets"][0]
@@ -236,12 +237,12 @@ def test_speculators_config_carries_the_heads_layer_and_the_targets_own_architec
     assert architectures({"model_type": "qwen3_moe"}, "x") == ["Qwen3MoeForCausalLM"]
     assert architectures({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral"}, "x") == ["MixtralForCausalLM"]
     ctx = dataclasses.replace(_context("dflash", [(1, 3)]), target_architectures=("Qwen3MoeForCausalLM",))
-    config = load_engines()["speculators"].render(ctx).document
+    config = serving_engines()["speculators"].render(ctx).document
     assert config["speculators_config"]["verifier"]["architectures"] == ["Qwen3MoeForCausalLM"]
     assert config["transformer_layer_config"] == LAYER and config["mask_token_id"] == 49151
     assert config["aux_hidden_state_layer_ids"] == [2, 15, 27]
     emptied = dict(config, transformer_layer_config={})
-    assert any("transformer_layer_config" in e for e in check_document(load_engines()["speculators"], emptied, "0.9.0")["errors"])
+    assert any("transformer_layer_config" in e for e in check_document(serving_engines()["speculators"], emptied, "0.9.0")["errors"])
 
 
 @pytest.mark.parametrize(("mechanism", "missing", "engine"), [("dflash", "mask_token_id", "vLLM"), ("dspark", "aux_hidden_state_layer_ids", "vLLM"),
@@ -268,14 +269,14 @@ def test_a_top_band_without_speculation_says_what_it_still_costs(tmp_path):
     token, so 3 x 23,040 x 32 = 2,211,840 bytes of lookahead; DFlash reserves K + 1 slots, n-gram none."""
     config = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
     (tmp_path / "model.safetensors").write_bytes(b"0" * 4096)
-    ctx = dataclasses.replace(_context("eagle3", [(1, 3), (8, 1), (32, 0)]), drafter_model=str(tmp_path))
-    cost = top_band_cost(ctx, config, dtype_bytes=2)
+    ctx = dataclasses.replace(_context("eagle3", [(1, 3), (8, 1), (32, 0)]), drafter_model=str(tmp_path), target_config=config)
+    cost = top_band_cost(ctx, dtype_bytes=2)
     assert cost["band"] == [9, 32] and cost["lookahead_slots_per_request"] == 3 and cost["lookahead_kv_bytes"] == 2_211_840
     assert cost["drafter_weight_bytes"] == 4096 and set(cost["plain_tokens_per_s"]) == {"32"} and cost["source"] == "modeled"
-    assert top_band_cost(_context("dflash", [(1, 3), (32, 0)]), config, 2)["lookahead_slots_per_request"] == 4
-    free = top_band_cost(_context("ngram", [(1, 3), (32, 0)]), config, 2)
+    assert top_band_cost(dataclasses.replace(_context("dflash", [(1, 3), (32, 0)]), target_config=config), 2)["lookahead_slots_per_request"] == 4
+    free = top_band_cost(dataclasses.replace(_context("ngram", [(1, 3), (32, 0)]), target_config=config), 2)
     assert free["lookahead_kv_bytes"] == 0 and "costs there what a plain one does" in free["text"]
-    assert top_band_cost(_context("eagle3", [(1, 3), (32, 1)]), config, 2) is None
+    assert top_band_cost(dataclasses.replace(_context("eagle3", [(1, 3), (32, 1)]), target_config=config), 2) is None
 
 
 @pytest.mark.demo
@@ -419,14 +420,14 @@ def test_check_is_fresh_then_names_each_changed_factor(bundle, capsys):
 
 
 @pytest.mark.demo
-def test_lossless_gate_fails_on_a_drafter_that_corrupts_the_target(monkeypatch):
+def test_lossless_gate_fails_on_a_drafter_that_corrupts_the_target(monkeypatch, make_plan):
     """A drafter sharing the target's weights that edits them in place (the bug a careless in-place
     quantization makes): speculative output then differs from plain output, and the gate says so."""
     import types
 
     import torch
 
-    from specdec_tune.exporters.validate import MeasureSettings, lossless_gate
+    from specdec_tune.pipeline.lossless import MeasureSettings, lossless_gate
     from specdec_tune.profiles.drafters import base
     from specdec_tune.profiles.drafters.ngram import NgramDrafter
 
@@ -443,10 +444,10 @@ def test_lossless_gate_fails_on_a_drafter_that_corrupts_the_target(monkeypatch):
     monkeypatch.setitem(base._REGISTRY, "lossy", CorruptingDrafter)
     profile = types.SimpleNamespace(target={"path": "smollm2-135m"},
                                     drafters=[types.SimpleNamespace(name="lossy", options={"prompt_lookup_min": 1, "prompt_lookup_max": 3})])
-    plan = {"mechanism": "lossy", "quant": "none", "buckets": [{"batch": 1, "draft_len": 3}]}
+    plan = make_plan([{"batch": 1, "draft_len": 3}], mechanism="lossy")
     gate = lossless_gate(plan, profile, MeasureSettings(prompts=2, new_tokens=16))
     assert not gate["passed"] and gate["runs"][0]["identical"] < gate["runs"][0]["prompts"]
-    honest = {"mechanism": "ngram", "quant": "none", "buckets": [{"batch": 1, "draft_len": 3}]}
+    honest = make_plan([{"batch": 1, "draft_len": 3}], mechanism="ngram")
     profile.drafters = [types.SimpleNamespace(name="ngram", options={"prompt_lookup_min": 1, "prompt_lookup_max": 3})]
     assert lossless_gate(honest, profile, MeasureSettings(prompts=2, new_tokens=16))["passed"]
 
@@ -461,12 +462,12 @@ def test_check_names_a_changed_drafter_checkpoint(bundle, tiny_hf_dir, capsys):
     assert "drafter_weights" in changed
 
 
-def test_throughput_gate_scales_by_device_speed_and_names_the_bucket(monkeypatch, fixed_speed):
+def test_throughput_gate_scales_by_device_speed_and_names_the_bucket(monkeypatch, fixed_speed, make_plan):
     """The gate compares each bucket's measurement with the prediction at the device's current speed: a
     uniformly slower machine passes with its drift reported; a wrong prediction fails at its bucket."""
     import types
 
-    from specdec_tune.exporters import validate
+    from specdec_tune.pipeline import throughput_check as validate
 
     measured = {(1, 3): 100.0, (4, 0): 300.0}
     monkeypatch.setattr(validate, "measure_decode", lambda t, d, ids, D, *a, batch_size, **k: {"tokens_per_s": measured[(batch_size, D)]})
@@ -478,8 +479,8 @@ def test_throughput_gate_scales_by_device_speed_and_names_the_bucket(monkeypatch
 
     def plan(tps_1, tps_4):
         def bucket(B, D, tps):
-            return {"batch": B, "draft_len": D, "predicted": {"tokens_per_s": {"value": tps, "source": "measured"}}}
-        return {"device": {}, "ctx": 128, "max_draft_len": 3, "buckets": [bucket(1, 3, tps_1), bucket(4, 0, tps_4)]}
+            return {"batch": B, "draft_len": D, "tokens_per_s": {"value": tps, "source": "measured"}}
+        return make_plan([bucket(1, 3, tps_1), bucket(4, 0, tps_4)])
 
     ok = validate.throughput_check(plan(125.0, 375.0), profile, validate.MeasureSettings())
     assert ok["passed"] and [round(b["error_pct"], 6) for b in ok["buckets"]] == [0, 0]
@@ -489,12 +490,14 @@ def test_throughput_gate_scales_by_device_speed_and_names_the_bucket(monkeypatch
     assert not bad["passed"] and bad["worst"]["batch"] == 4 and bad["worst"]["error_pct"] == pytest.approx(100 * (400 - 300) / 300)
 
 
-def test_throughput_gate_passes_a_difference_inside_the_noise_and_refuses_one_outside(monkeypatch, fixed_speed):
+def test_throughput_gate_passes_a_difference_inside_the_noise_and_refuses_one_outside(monkeypatch, fixed_speed, make_plan):
     """20% off with the prediction's interval overlapping the repeats' spread passes (inside the noise, said so);
     20% off with both intervals apart fails at its bucket."""
     import types
 
-    from specdec_tune.exporters import validate
+    from specdec_tune.exporters.validation_text import describe_throughput_row
+    from specdec_tune.pipeline import throughput_check as validate
+    from specdec_tune.pipeline.repair import failing_rows
 
     spread = {1: [90.0, 110.0], 4: [290.0, 310.0]}
     monkeypatch.setattr(validate, "measure_decode", lambda t, d, ids, D, *a, batch_size, **k: {
@@ -506,23 +509,22 @@ def test_throughput_gate_passes_a_difference_inside_the_noise_and_refuses_one_ou
     profile = types.SimpleNamespace(target={"path": "x"}, device={"dtype": "float32"})
 
     def plan(low_4):
-        return {"device": {}, "ctx": 128, "max_draft_len": 3, "buckets": [
-            {"batch": 1, "draft_len": 3, "predicted": {"tokens_per_s": {"value": 100.0, "source": "modeled", "low": 95.0, "high": 105.0}}},
-            {"batch": 4, "draft_len": 0, "predicted": {"tokens_per_s": {"value": 360.0, "source": "modeled", "low": low_4, "high": 380.0}}}]}
+        return make_plan([{"batch": 1, "draft_len": 3, "tokens_per_s": {"value": 100.0, "source": "modeled", "low": 95.0, "high": 105.0}},
+                          {"batch": 4, "draft_len": 0, "tokens_per_s": {"value": 360.0, "source": "modeled", "low": low_4, "high": 380.0}}])
 
     noisy = validate.throughput_check(plan(305.0), profile, validate.MeasureSettings())
     assert noisy["passed"] and noisy["buckets"][1]["inside_noise"] and noisy["buckets"][1]["error_pct"] == pytest.approx(20)
-    assert "inside the noise" in validate.describe_throughput_row(noisy["buckets"][1]) and validate.failing_rows(noisy) == []
+    assert "inside the noise" in describe_throughput_row(noisy["buckets"][1]) and failing_rows(noisy) == []
     apart = validate.throughput_check(plan(340.0), profile, validate.MeasureSettings())
-    assert not apart["passed"] and [r["batch"] for r in validate.failing_rows(apart)] == [4]
+    assert not apart["passed"] and [r["batch"] for r in failing_rows(apart)] == [4]
 
 
 def test_device_speed_probes_each_batch_at_its_own_profiled_step(tiny_hf_dir):
     import types
 
-    from specdec_tune.exporters.validate import DeviceSpeed
+    from specdec_tune.pipeline.throughput_check import DeviceSpeed
     from specdec_tune.profiles.models.loading import load_model
-    from specdec_tune.profiles.profiler import time_verify_step
+    from specdec_tune.profiles.verify_curve import time_verify_step
 
     target = load_model(str(tiny_hf_dir), dtype="float32")
     now = {B: time_verify_step(target.model, B, 32, 1)["median_ms"] for B in (1, 4)}
@@ -549,7 +551,7 @@ def test_device_speed_pairs_each_timed_run_with_the_probes_on_either_side():
     """measure_decode calls `between` before its first run and after each; each run's ratio is the mean of its two probes."""
     import types
 
-    from specdec_tune.exporters.validate import DeviceSpeed
+    from specdec_tune.pipeline.throughput_check import DeviceSpeed
 
     profile = types.SimpleNamespace(verify=[types.SimpleNamespace(batch=1, tokens=1, ctx=32, median_ms=10.0, source="fitted")])
     speed = DeviceSpeed(None, profile, 32)
@@ -566,13 +568,13 @@ def test_device_speed_pairs_each_timed_run_with_the_probes_on_either_side():
     assert speed.measure(lambda between: "no probes of its own") == ("no probes of its own", [2.0])  # probed around it instead
 
 
-def test_a_bucket_is_judged_on_its_runs_each_at_the_speed_probed_beside_it():
+def test_a_bucket_is_judged_on_its_runs_each_at_the_speed_probed_beside_it(make_plan):
     """Runs of 100, 50, 50 tokens/s, with the probes beside them reading the device at profile speed for the first and
     half as fast for the next two, are 100 tokens/s at profile speed: a prediction of 100 is right. Runs that all fell
     in a slow spell which the probes before the first and after the last missed (one ratio, 1.0) fail it."""
-    from specdec_tune.exporters.validate import bucket_row
+    from specdec_tune.pipeline.throughput_check import bucket_row
 
-    bucket = {"batch": 1, "draft_len": 2, "predicted": {"tokens_per_s": {"value": 100.0, "source": "modeled", "low": 99.0, "high": 101.0}}}
+    [bucket] = make_plan([{"batch": 1, "draft_len": 2, "tokens_per_s": {"value": 100.0, "source": "modeled", "low": 99.0, "high": 101.0}}]).buckets
     runs = {"tokens_per_s": 50.0, "tokens_per_s_range": [50.0, 100.0], "tokens_per_s_runs": [100.0, 50.0, 50.0]}
     row = bucket_row(bucket, runs, [1.0, 2.0, 2.0], tolerance_pct=15)
     assert row["within"] and row["error_pct"] == pytest.approx(0) and row["device_speed_ratio"] == pytest.approx(2.0)
@@ -583,13 +585,13 @@ def test_a_bucket_is_judged_on_its_runs_each_at_the_speed_probed_beside_it():
     assert not missed["within"] and missed["error_pct"] == pytest.approx(100)
 
 
-def test_throughput_is_not_checked_against_a_profile_from_another_device():
+def test_throughput_is_not_checked_against_a_profile_from_another_device(make_plan):
     import types
 
-    from specdec_tune.exporters.validate import MeasureSettings, throughput_check
+    from specdec_tune.pipeline.throughput_check import MeasureSettings, throughput_check
 
     profile = types.SimpleNamespace(target={"path": "x"}, device={"kind": "cpu", "name": "Another CPU 9000", "dtype": "float32"})
-    result = throughput_check({"device": {}, "ctx": 128, "max_draft_len": 3, "buckets": []}, profile, MeasureSettings())
+    result = throughput_check(make_plan([{"batch": 1, "draft_len": 3}]), profile, MeasureSettings())
     assert result["checked"] is False and "'Another CPU 9000' there" in result["why"]
 
 

@@ -17,10 +17,14 @@ import pytest
 from specdec_tune import SpecdecError
 from specdec_tune.cli import main
 from specdec_tune.autotune.cost_model import CostModel
+from specdec_tune.autotune.plan_schema import Plan, load_plan
 from specdec_tune.autotune.search import SearchSettings, search
-from specdec_tune.exporters import bundle as bundle_module, validate
-from specdec_tune.exporters.bundle import ExportSettings, export, read_manifest, search_settings_of
-from specdec_tune.exporters.validate import MeasureSettings, prediction_cells
+from specdec_tune.exporters import bundle as bundle_module
+from specdec_tune.exporters.bundle import read_manifest
+from specdec_tune.pipeline import lossless, throughput_check as validate
+from specdec_tune.pipeline.export import export
+from specdec_tune.pipeline.repair import prediction_cells, search_settings_of
+from specdec_tune.settings import ExportSettings, MeasureSettings
 from specdec_tune.profiles.schema import load_profile
 from specdec_tune.records import sha256_file, write_json
 
@@ -82,19 +86,19 @@ def simulated_device(monkeypatch, fixed_speed, true_speed):
     monkeypatch.setattr(validate, "DeviceSpeed", fixed_speed(1.0))
     monkeypatch.setattr(validate, "_another_device", lambda profiled: "")
     monkeypatch.setattr(validate, "load_model", lambda *a, **k: None)
-    monkeypatch.setattr(validate, "plan_drafter", lambda plan, profile, target: (plan["mechanism"], plan["quant"]))
+    monkeypatch.setattr(validate, "plan_drafter", lambda plan, profile, target: (plan.mechanism, plan.quant))
     monkeypatch.setattr(validate, "context_prompts", lambda *a: [[1, 2, 3]])
     monkeypatch.setattr(validate, "measure_decode",
                         lambda target, drafter, ids, D, *a, batch_size, **k: {"tokens_per_s": tokens_per_s(batch_size, D, *drafter)})
-    monkeypatch.setattr(bundle_module, "lossless_gate", lambda plan, profile, s: {
+    monkeypatch.setattr(lossless, "lossless_gate", lambda plan, profile, s: {
         "applicable": True, "passed": True, "dtype": "float32", "split": "held_back",
-        "runs": [{"draft_len": D, "prompts": 2, "identical": 2} for D in sorted({b["draft_len"] for b in plan["buckets"] if b["draft_len"]})]})
+        "runs": [{"draft_len": D, "prompts": 2, "identical": 2} for D in sorted({d for _, d in plan.schedule if d})]})
     monkeypatch.setattr(bundle_module, "ship_kernels", lambda *a: {"skipped": "kernels are not what this test checks"})
 
 
 @pytest.fixture
 def remeasured(monkeypatch, true_speed):
-    """A stand-in for profiles.profiler.remeasure: remeasured(lowers=True) makes each named cell take its true time
+    """A stand-in for profiles.verify_curve.remeasure: remeasured(lowers=True) makes each named cell take its true time
     (the slow spell is gone); lowers=False finds each cell as slow as before. Returns the list of calls it got."""
     true_cells, _ = true_speed
 
@@ -115,7 +119,7 @@ def remeasured(monkeypatch, true_speed):
             write_json(profile_path, data)
             return load_profile(profile_path), changes
 
-        monkeypatch.setattr("specdec_tune.profiles.profiler.remeasure", remeasure)
+        monkeypatch.setattr("specdec_tune.pipeline.repair.remeasure", remeasure)
         return calls
 
     return install
@@ -133,20 +137,22 @@ def checked_rows(tmp_path: Path) -> list[dict]:
     return json.loads((tmp_path / "bundle" / "validation.json").read_text())["throughput"]["buckets"]
 
 
-def test_the_plan_records_enough_to_search_it_again(inputs):
-    plan_path, profile_path = inputs
-    plan, profile = json.loads(plan_path.read_text()), load_profile(profile_path)
-    settings = search_settings_of(plan, profile)
-    assert settings is not None and settings.mechanisms == ("ngram",) and settings.trials == 10 and settings.seed == 0
-    assert search_settings_of({k: v for k, v in plan.items() if k != "search_settings"}, profile) is None  # an older plan
+def test_the_plan_records_enough_to_search_it_again(inputs, tmp_path):
+    plan_path, _ = inputs
+    settings = search_settings_of(load_plan(plan_path))
+    assert settings.mechanisms == ("ngram",) and settings.trials == 10 and settings.seed == 0
+    older = tmp_path / "older.json"
+    older.write_text(json.dumps({k: v for k, v in json.loads(plan_path.read_text()).items() if k != "search_settings"}))
+    with pytest.raises(SpecdecError, match="search_settings"):  # a plan that does not record them is refused at load
+        load_plan(older)
 
 
 def test_the_cells_behind_a_prediction_are_every_round_width_it_weighed(inputs):
     plan_path, profile_path = inputs
-    plan, profile = json.loads(plan_path.read_text()), load_profile(profile_path)
-    bucket = plan["buckets"][0]
-    cells = prediction_cells(plan, profile, bucket["batch"], bucket["draft_len"])
-    assert cells == [(bucket["batch"], t, CTX) for t in range(1, bucket["draft_len"] + 2)]  # n-gram rounds propose 0..D tokens
+    plan, profile = load_plan(plan_path), load_profile(profile_path)
+    bucket = plan.buckets[0]
+    cells = prediction_cells(plan, profile, bucket.batch, bucket.draft_len)
+    assert cells == [(bucket.batch, t, CTX) for t in range(1, bucket.draft_len + 2)]  # n-gram rounds propose 0..D tokens
     assert prediction_cells(plan, profile, 16, 0) == [(16, 1, CTX)]
 
 
@@ -218,16 +224,17 @@ def test_no_repair_without_a_check_of_this_device(case, inputs, simulated_device
     calls = remeasured(lowers=True)
     out = tmp_path / "bundle"
     if case == "check that did not run":
-        monkeypatch.setattr(bundle_module, "throughput_check", lambda *a, **k: {"checked": False, "why": "no prompt reaches the context"})
+        monkeypatch.setattr("specdec_tune.pipeline.export.throughput_check", lambda *a, **k: {"checked": False, "why": "no prompt reaches the context"})
         manifest = export(ExportSettings(plan=plan_path, profile=profile_path, out=out, onnx_drafter=False))
         assert manifest["validation"]["repairs"] == [] and "repairs" not in json.loads((out / "validation.json").read_text())
     else:
         search(load_profile(profile_path), sha256_file(profile_path), dataclasses.replace(SETTINGS, device="h200", out_dir=tmp_path))
         plan = json.loads(plan_path.read_text())
         assert plan["device"]["projected_from"]
-        failed = validate.throughput_check(dict(plan, device={}), load_profile(profile_path), MeasureSettings())
+        here = Plan.model_validate(dict(plan, device={"name": "this device", "times": "measured"}))
+        failed = validate.throughput_check(here, load_profile(profile_path), MeasureSettings())
         assert not failed["passed"]  # what this device measures disagrees with the plan at its first bucket
-        monkeypatch.setattr(bundle_module, "throughput_check", lambda *a, **k: failed)
+        monkeypatch.setattr("specdec_tune.pipeline.export.throughput_check", lambda *a, **k: failed)
         with pytest.raises(SpecdecError, match=r"not repaired: the plan is for .* \(modeled\)") as refused:
             export(ExportSettings(plan=plan_path, profile=profile_path, out=out, onnx_drafter=False))
         assert f"batch {failed['worst']['batch']}" in str(refused.value) and not out.exists()

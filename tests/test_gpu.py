@@ -37,11 +37,12 @@ def test_forward_on_cuda_matches_cpu():
 
 @pytest.mark.demo
 def test_small_profile_on_cuda(tmp_path):
-    from specdec_tune.profiles.profiler import ProfileSettings, Profiler
+    from specdec_tune.profiles.torch_profile import TorchProfiler
+    from specdec_tune.settings import ProfileSettings
 
     settings = ProfileSettings(device="cuda", batch_buckets=(1, 4), ctx_buckets=(64,), max_draft_len=3, prompts_per_domain=1,
                                new_tokens=8, temperatures=(0.0,), drafters=("ngram",), quant_formats=(), out_dir=tmp_path)
-    profile = Profiler(settings).run()
+    profile = TorchProfiler(settings).run()
     assert profile.device["kind"] == "cuda" and profile.device["capability"]
     assert all(p.median_ms and p.median_ms > 0 for p in profile.verify if p.source == "measured")
     measured = {(a["batch"], a["tokens"]): a["bytes"] for a in profile.memory["activation"] if a["source"] == "measured"}

@@ -27,7 +27,7 @@ if type(triton.language.standard.cdiv).__name__ != "InterpretedFunction":  # tri
 from scipy.stats import chisquare
 
 from specdec_tune import SpecdecError
-from specdec_tune.kernels import acceptance, aot, autotune, sampling
+from specdec_tune.kernels import acceptance, aot, sampling, tuning
 from specdec_tune.kernels import verify_attention as va
 from specdec_tune.profiles.models.llama import gqa_attention
 from specdec_tune.profiles.specdec import verify_greedy, verify_sampled
@@ -283,48 +283,49 @@ def test_acceptance_rejects_bad_input():
 # ------------------------------------------------------------------------------- tile rules and table
 
 
-DEMO_PLAN = {"ctx": 512, "tile": {"rows": 128, "group": 3}, "max_draft_len": 3, "mechanism": "draft_model", "quant": "none",
-             "buckets": [{"batch": 1, "draft_len": 3}, {"batch": 4, "draft_len": 1}, {"batch": 16, "draft_len": 0}]}
-DEMO_SERVED = autotune.ServedShapes(((1, 3), (4, 1), (16, 0)), ctx=512, tile_rows=128)
-DEMO_SHAPES = autotune.ModelShapes(num_heads=9, num_kv_heads=3, head_dim=64, vocab_size=49152)
+DEMO_SCHEDULE = [{"batch": 1, "draft_len": 3}, {"batch": 4, "draft_len": 1}, {"batch": 16, "draft_len": 0}]
+DEMO_SERVED = tuning.ServedShapes(((1, 3), (4, 1), (16, 0)), ctx=512, tile_rows=128)
+DEMO_SHAPES = tuning.ModelShapes(num_heads=9, num_kv_heads=3, head_dim=64, vocab_size=49152)
 
 
 def test_buckets_step_at_tile_multiples():
-    assert [autotune.rows_bucket(r) for r in (3, 12, 16, 17, 128, 129, 256, 257)] == [4, 16, 16, 32, 128, 256, 256, 384]
-    assert autotune.rows_bucket(100, tile_rows=64) == 128 and autotune.kv_bucket(516) == 1024 and autotune.vocab_bucket(49152) == 65536
+    assert [tuning.rows_bucket(r) for r in (3, 12, 16, 17, 128, 129, 256, 257)] == [4, 16, 16, 32, 128, 256, 256, 384]
+    assert tuning.rows_bucket(100, tile_rows=64) == 128 and tuning.kv_bucket(516) == 1024 and tuning.vocab_bucket(49152) == 65536
     rule = [va.tile_rule(va.key_for(3, 1 + D, 64, 4096))["BLOCK_M"] for D in (0, 3, 7, 42, 60)]
     assert rule == [16, 16, 32, 128, 128]  # G·(1+D) = 3, 12, 24, 129, 183: one 128-row tile holds D up to 128/G - 1 = 41
 
 
-def test_model_shapes_from_a_target_folder(tiny_hf_dir):
+def test_model_shapes_from_a_target_folder(tiny_hf_dir, make_plan):
     from specdec_tune.exporters.artifacts import served_shapes, target_shapes
 
-    assert target_shapes(str(tiny_hf_dir)) == autotune.ModelShapes(4, 2, 8, 64)
-    assert served_shapes(DEMO_PLAN) == DEMO_SERVED
-    assert served_shapes(DEMO_PLAN | {"tile": {"rows": 1}}).tile_rows == autotune.DEFAULT_TILE_ROWS  # a CPU plan: the NVIDIA tile
+    assert target_shapes(str(tiny_hf_dir)) == tuning.ModelShapes(4, 2, 8, 64)
+    plan = make_plan(DEMO_SCHEDULE, ctx=512, mechanism="draft_model", tile={"policy": "aligned", "rows": 128, "group": 3})
+    assert served_shapes(plan) == DEMO_SERVED
+    cpu = make_plan(DEMO_SCHEDULE, ctx=512, mechanism="draft_model")
+    assert served_shapes(cpu).tile_rows == tuning.DEFAULT_TILE_ROWS  # a CPU plan: the NVIDIA tile
     with pytest.raises(SpecdecError, match="multiple of KV heads"):
-        autotune.call_shapes(DEMO_SERVED, autotune.ModelShapes(9, 4, 64, 100))
+        tuning.call_shapes(DEMO_SERVED, tuning.ModelShapes(9, 4, 64, 100))
 
 
 def test_call_shapes_and_modeled_table(tmp_path):
-    calls = autotune.call_shapes(DEMO_SERVED, DEMO_SHAPES)
+    calls = tuning.call_shapes(DEMO_SERVED, DEMO_SHAPES)
     attention = [c for c in calls if c["kernel"] == "verify_attention"]
     assert [c["key"]["rows_bucket"] for c in attention] == [16, 8, 4] and {c["key"]["kv_bucket"] for c in attention} == {1024}
     assert sum(c["kernel"] == "greedy_accept" for c in calls) == 2  # buckets with D > 0
-    table = autotune.tune_kernels(calls)  # no GPU: tile rules, recorded as modeled
+    table = tuning.tune_kernels(calls)  # no GPU: tile rules, recorded as modeled
     assert {e.source for e in table.entries} == {"modeled"} and len(table.entries) == 5
     table.write(tmp_path / "t.json")
-    again = autotune.KernelTable.read(tmp_path / "t.json")
-    assert again == table and autotune.stale_factors(again) == []
+    again = tuning.KernelTable.read(tmp_path / "t.json")
+    assert again == table and tuning.stale_factors(again) == []
     key = attention[0]["key"]
     assert again.config_for("verify_attention", key) == va.tile_rule(key)
-    moved = autotune.KernelTable.from_json(table.to_json() | {"factors": table.factors | {"triton_version": "0.0"}})
-    assert autotune.stale_factors(moved) == [f"triton_version: 0.0 -> {table.factors['triton_version']}"]
+    moved = tuning.KernelTable.from_json(table.to_json() | {"factors": table.factors | {"triton_version": "0.0"}})
+    assert tuning.stale_factors(moved) == [f"triton_version: 0.0 -> {table.factors['triton_version']}"]
 
 
 def test_tuning_times_candidates_and_keeps_the_fastest(monkeypatch):
     """The timed path without a GPU: a fake bench that prefers one config, and one candidate that fails (scores inf)."""
-    calls = [c for c in autotune.call_shapes(DEMO_SERVED, DEMO_SHAPES) if c["kernel"] == "verify_attention"][:1]
+    calls = [c for c in tuning.call_shapes(DEMO_SERVED, DEMO_SHAPES) if c["kernel"] == "verify_attention"][:1]
     candidates = va.prune(va.CONFIGS, calls[0]["key"])
     favourite = candidates[-1]
 
@@ -339,8 +340,8 @@ def test_tuning_times_candidates_and_keeps_the_fastest(monkeypatch):
         type = "cuda"
 
     monkeypatch.setattr(torch.cuda, "device", lambda d: __import__("contextlib").nullcontext())
-    monkeypatch.setattr(autotune, "current_factors", lambda device=None: {"device": "fake"})
-    table = autotune.tune_kernels(calls, device=Cuda())
+    monkeypatch.setattr(tuning, "current_factors", lambda device=None: {"device": "fake"})
+    table = tuning.tune_kernels(calls, device=Cuda())
     (entry,) = table.entries
     assert entry.source == "measured" and entry.config == favourite and entry.median_ms == 1.0
     assert [t["median_ms"] for t in entry.timings].count(None) == 1

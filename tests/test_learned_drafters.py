@@ -20,7 +20,8 @@ from specdec_tune.profiles.drafters.eagle3 import Eagle3Drafter, new_eagle3_head
 from specdec_tune.profiles.drafters.heads import HeadDrafter
 from specdec_tune.profiles.drafters.mtp import MtpDrafter, new_mtp_head
 from specdec_tune.profiles.models.llama import CausalLM, ModelConfig, init_random
-from specdec_tune.profiles.models.loading import LoadedModel, ModelRef
+from specdec_tune.profiles.models.folders import ModelRef
+from specdec_tune.profiles.models.loading import LoadedModel
 from specdec_tune.profiles.specdec import generate
 from specdec_tune.profiles.train_drafter import TeacherData, TrainSettings, ttt_loss, ttt_mask
 
@@ -397,10 +398,11 @@ def test_a_mismatched_dspark_head_is_refused(tmp_path, target, edit, match):
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_head_drafters_profile_like_the_others(mechanism):
-    from specdec_tune.profiles.profiler import Profiler, ProfileSettings
+    from specdec_tune.profiles.torch_profile import TorchProfiler
+    from specdec_tune.settings import ProfileSettings
 
     target = tiny_model(vocab=1024)  # the draft-cost cell appends token ids below 1000
-    profiler = Profiler.__new__(Profiler)
+    profiler = TorchProfiler.__new__(TorchProfiler)
     profiler.s = ProfileSettings(max_draft_len=4, drafters=(mechanism,), quant_formats=("fp8",))
     profiler.model, profiler.device = target, torch.device("cpu")
     profiler.prompt_ids = [[1, 2, 3, 4, 5, 6, 7, 8]]

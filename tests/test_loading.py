@@ -12,13 +12,9 @@ import torch
 
 from specdec_tune import SpecdecError
 from specdec_tune.profiles.drafters import create
-from specdec_tune.profiles.models.loading import (
-    cache_root,
-    cpu_has_native_bf16,
-    default_target_path,
-    file_digest,
-    load_model,
-)
+from specdec_tune.profiles.models.folders import cache_root, default_target_path, file_digest
+from specdec_tune.profiles.fingerprint import cpu_has_native_bf16
+from specdec_tune.profiles.models.loading import load_model
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,7 @@ from specdec_tune.autotune.memory import MemoryModel
 from specdec_tune.autotune.projection import projected_memory
 from specdec_tune.autotune.search import search
 from specdec_tune.profiles.memory import memory_record
-from specdec_tune.profiles.models.loading import model_folder
+from specdec_tune.profiles.models.folders import model_folder
 from specdec_tune.profiles.schema import Profile, load_profile
 from specdec_tune.records import sha256_file
 from specdec_tune.settings import ExportSettings, SearchSettings
@@ -91,13 +91,13 @@ def _without_top_bucket(profile: Profile, top: int) -> Profile:
 
 def test_a_top_bucket_that_fits_only_without_speculation_is_planned_without_it(tmp_path):
     profile = _without_top_bucket(load_profile(PROFILE_PATH), 16)
-    free = search(profile, "0" * 64, SearchSettings(out_dir=tmp_path / "free", trials=60))
+    free = search(profile, "0" * 64, SearchSettings(out_dir=tmp_path / "free", trials=60)).to_json()
     top = free["buckets"][-1]
     assert top["draft_len"] > 0 and free["memory"]["fraction"] == 0.9  # precondition: speculation pays at the top bucket
     model = MemoryModel(profile.memory)
     plain = model.need(top["batch"], free["ctx"], 0).total_bytes
     fraction = (plain + 1) / model.device_bytes  # room for the top bucket's plain step and not one slot more
-    tight = search(profile, "0" * 64, SearchSettings(out_dir=tmp_path / "tight", trials=60, mechanisms=(free["mechanism"],), memory_fraction=fraction))
+    tight = search(profile, "0" * 64, SearchSettings(out_dir=tmp_path / "tight", trials=60, mechanisms=(free["mechanism"],), memory_fraction=fraction)).to_json()
     last = tight["buckets"][-1]
     assert last["batch"] == top["batch"] and last["draft_len"] == 0 and last["rationale"]["guideline"] == "memory"
     assert "does not fit in memory" in last["rationale"]["text"] and "available" in last["rationale"]["text"]
@@ -110,7 +110,7 @@ def test_a_bucket_that_does_not_fit_at_all_is_named_with_its_bytes(tmp_path):
     profile = load_profile(PROFILE_PATH)
     model = MemoryModel(profile.memory)
     fraction = (model.need(8, 128, 0).total_bytes + 1) / model.device_bytes
-    plan = search(profile, "0" * 64, SearchSettings(out_dir=tmp_path, trials=40, memory_fraction=fraction))
+    plan = search(profile, "0" * 64, SearchSettings(out_dir=tmp_path, trials=40, memory_fraction=fraction)).to_json()
     assert [b["batch"] for b in plan["buckets"]][-1] == 8
     why = next(e["why"] for e in plan["excluded_buckets"] if e["batch"] == 16)
     assert "batch 16 at ctx 128 does not fit even without speculation" in why and " GB" in why and "available" in why
@@ -128,7 +128,7 @@ def test_a_memory_fraction_outside_the_unit_interval_is_one_line(fraction, tmp_p
 
 
 def test_a_device_projection_plans_into_the_tables_memory(tmp_path):
-    plan = search(load_profile(PROFILE_PATH), "0" * 64, SearchSettings(out_dir=tmp_path, trials=40, device="h200"))
+    plan = search(load_profile(PROFILE_PATH), "0" * 64, SearchSettings(out_dir=tmp_path, trials=40, device="h200")).to_json()
     assert plan["memory"]["device_bytes"] == get_device_spec("h200").memory_bytes
     assert plan["memory"]["device_source"] == f"the hardware table: {get_device_spec('h200').name}"
     record = projected_memory(load_profile(PROFILE_PATH).memory, get_device_spec("h200"))
@@ -137,7 +137,7 @@ def test_a_device_projection_plans_into_the_tables_memory(tmp_path):
 
 
 def test_the_bundle_carries_the_budget_in_every_engines_spelling(tmp_path):
-    from specdec_tune.exporters.bundle import export
+    from specdec_tune.pipeline.export import export
 
     search(load_profile(PROFILE_PATH), sha256_file(PROFILE_PATH), SearchSettings(out_dir=tmp_path, trials=40))
     out = tmp_path / "bundle"

@@ -16,7 +16,8 @@ from specdec_tune import SpecdecError
 from specdec_tune.exporters import onnx_export
 from specdec_tune.profiles.drafters.draft_model import DraftModelDrafter
 from specdec_tune.profiles.models.llama import CausalLM, ModelConfig, init_random
-from specdec_tune.profiles.models.loading import LoadedModel, ModelRef
+from specdec_tune.profiles.models.folders import ModelRef
+from specdec_tune.profiles.models.loading import LoadedModel
 
 
 def tiny_target(seed: int = 0, **switches) -> CausalLM:

@@ -18,9 +18,12 @@ import pytest
 
 from specdec_tune import SpecdecError
 from specdec_tune.profiles import intervals
-from specdec_tune.profiles.profiler import ProfileSettings, Profiler, adaptive_sample, fill_curve
+from specdec_tune.profiles.torch_profile import TorchProfiler
+from specdec_tune.settings import ProfileSettings
+from specdec_tune.profiles.verify_curve import adaptive_sample, fill_curve
 from specdec_tune.profiles.schema import SCHEMA_VERSION, load_profile
 from specdec_tune.profiles.store import MeasurementLog
+from specdec_tune.progress import Progress
 
 # ---------------------------------------------------------------------------- adaptive sampling
 
@@ -64,7 +67,7 @@ def test_adaptive_sampling_stops_at_infeasible_points():
 def test_the_fit_keeps_the_curve_monotone_and_flags_a_cell_that_disagrees_with_its_neighbours():
     """A slow spell on one cell (ctx 128, batch 1, 1+D = 13: 190 ms among 50 ms neighbours) and a batch-8 cell faster at
     1+D = 2 than at 1 are fitted away; the spike is flagged `fitted` with its raw value kept, honest cells stay measured."""
-    from specdec_tune.profiles.profiler import fit_verify
+    from specdec_tune.profiles.verify_curve import fit_verify
 
     rng = random.Random(0)
     samples = {}
@@ -96,7 +99,7 @@ def test_a_cell_of_three_samples_does_not_outweigh_a_well_measured_neighbour():
     fp32 profile on a noisy machine: 141.7 -> 113.1 ms). Its interval is widened to the noise all cells share at 3
     samples, so the fit moves the thin cell, and the well-measured ones keep their medians."""
     from specdec_tune.profiles.intervals import pooled_rel_sd
-    from specdec_tune.profiles.profiler import fit_verify
+    from specdec_tune.profiles.verify_curve import fit_verify
 
     rng = random.Random(1)
     samples = {(2, 128, 1): [140 * math.exp(rng.gauss(0, 0.1)) for _ in range(72)],
@@ -183,7 +186,7 @@ SMALL_CLI = ["--batch", "1,2", "--ctx", "32", "--max-draft-len", "3", "--prompts
 @pytest.mark.demo
 def test_profile_end_to_end_and_reuse(tmp_path):
     settings = ProfileSettings(**SMALL, drafters=("ngram", "draft_model:layers=1"), quant_formats=("fp8",), out_dir=tmp_path)
-    first = Profiler(settings).run()
+    first = TorchProfiler(settings).run()
     loaded = load_profile(tmp_path / "profile.json")
     assert loaded == first
     # every batch x 1+D x ctx point is present, measured or interpolated, with its source
@@ -222,11 +225,11 @@ def test_profile_end_to_end_and_reuse(tmp_path):
 
     # a second run with the same fingerprint reuses the file: nothing measured again
     log_lines = sum(1 for _ in next(tmp_path.glob("measurements-*.jsonl")).open())
-    again = Profiler(settings).run()
+    again = TorchProfiler(settings).run()
     assert again.created_at == first.created_at
     assert sum(1 for _ in next(tmp_path.glob("measurements-*.jsonl")).open()) == log_lines
     # other settings, other fingerprint
-    assert Profiler(ProfileSettings(**{**SMALL, "new_tokens": 9}, drafters=("ngram",), out_dir=tmp_path)).fingerprint != first.fingerprint
+    assert TorchProfiler(ProfileSettings(**{**SMALL, "new_tokens": 9}, drafters=("ngram",), out_dir=tmp_path)).fingerprint != first.fingerprint
 
 
 def _cli(out: Path) -> list[str]:
@@ -307,13 +310,11 @@ def test_out_of_memory_is_recorded_as_infeasible(tmp_path):
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
             return model(tokens, cache, start, logits)
 
-    from specdec_tune.profiles.profiler import VerifySampler, fit_verify
+    from specdec_tune.profiles.verify_curve import VerifySampler, fit_verify
     from specdec_tune.profiles.store import MeasurementLog
 
-    profiler = Profiler.__new__(Profiler)
-    profiler.model, profiler.device = Oom(), torch.device("cpu")
-    profiler.s = ProfileSettings(max_draft_len=7, batch_buckets=(2,), ctx_buckets=(16,))
-    sampler = VerifySampler(profiler, MeasurementLog(tmp_path, "0" * 64), seeds=[1, 2, 4, 8], t_max=8)
+    settings = ProfileSettings(max_draft_len=7, batch_buckets=(2,), ctx_buckets=(16,))
+    sampler = VerifySampler(Oom(), settings, torch.device("cpu"), MeasurementLog(tmp_path, "0" * 64), seeds=[1, 2, 4, 8], t_max=8)
     sampler.run(deadline=time.monotonic() + 5)
     assert sampler.infeasible == {(2, 16): 3}  # the smallest 1+D that ran out of memory (bisection reaches it)
     points, _ = fit_verify(sampler.samples, sampler.infeasible, [2], [16], 8, sampler.visits)
@@ -341,7 +342,7 @@ def test_speed_guard_repeats_a_measurement_a_passing_load_spoiled():
 def test_remeasure_appends_visits_refits_and_rewrites_the_profile(tmp_path, tiny_hf_dir):
     """A cell measured again gets new visits in the log (the old ones kept), the curve is fitted again with them
     pooled, and profile.json is rewritten as a valid, monotone profile."""
-    from specdec_tune.profiles.profiler import remeasure
+    from specdec_tune.profiles.verify_curve import remeasure
 
     demo = json.loads((Path(__file__).parent / "data" / "demo_profile.json").read_text())
     demo |= {"schema_version": SCHEMA_VERSION, "fingerprint": "e" * 64, "target": {**demo["target"], "path": str(tiny_hf_dir)},
@@ -364,14 +365,15 @@ def test_remeasure_appends_visits_refits_and_rewrites_the_profile(tmp_path, tiny
 def test_refinement_visits_the_decision_cells_until_each_is_tight(tmp_path):
     """More visits go to the decision cells alone: a noisy one until its interval is tight (or the visits cap), a
     cell between measured 1+D gets its first samples, an out-of-memory one none, and the other cells are left."""
-    from specdec_tune.profiles import profiler as pr
+    from specdec_tune.profiles import verify_curve as pr
 
     rng = random.Random(0)
     noise = {(1, 128, 2): 0.2, (1, 128, 3): 0.0, (1, 128, 5): 0.0}  # relative spread of a cell's samples
 
-    profiler = Profiler.__new__(Profiler)
-    profiler.s = ProfileSettings(max_draft_len=7, batch_buckets=(1,), ctx_buckets=(128,))
-    sampler = pr.VerifySampler(profiler, MeasurementLog(tmp_path, "0" * 64), seeds=[1, 8], t_max=8)
+    import torch
+
+    settings = ProfileSettings(max_draft_len=7, batch_buckets=(1,), ctx_buckets=(128,))
+    sampler = pr.VerifySampler(None, settings, torch.device("cpu"), MeasurementLog(tmp_path, "0" * 64), seeds=[1, 8], t_max=8)
     visited = []
 
     def visit(B, ctx, t):
@@ -389,9 +391,9 @@ def test_refinement_visits_the_decision_cells_until_each_is_tight(tmp_path):
 
 
 def test_decision_cells_are_the_best_draft_lengths_by_the_speedup_bound():
-    from specdec_tune.profiles.profiler import REFINE_CANDIDATES
+    from specdec_tune.profiles.verify_curve import REFINE_CANDIDATES
 
-    profiler = Profiler.__new__(Profiler)
+    profiler = TorchProfiler.__new__(TorchProfiler)
     profiler.s = ProfileSettings(max_draft_len=7, batch_buckets=(1, 4), ctx_buckets=(128, 512))
     profiler._speedup_bounds = lambda verify: {("ngram", 1): {1: 1.2, 2: 1.3, 3: 1.25, 4: 1.1},
                                                ("ngram", 4): {1: 1.05, 2: 0.9, 3: 0.8, 4: 0.7}, ("suffix", 4): {5: 1.01}}
@@ -400,18 +402,26 @@ def test_decision_cells_are_the_best_draft_lengths_by_the_speedup_bound():
                                            (4, 128, 1), (4, 128, 2), (4, 128, 3), (4, 128, 4), (4, 128, 6)]
 
 
-def test_progress_prints_one_line_per_finished_phase_where_output_is_not_a_terminal(capsys):
-    """In a CI log the bars print nothing until the end: there, each finished phase is one line with the times."""
-    from specdec_tune import cli
+def test_progress_prints_a_line_per_unit_of_work_where_output_is_not_a_terminal(capsys, monkeypatch):
+    """In a CI log the bars print nothing until the end: there, each unit of work is a line with the unit, the elapsed
+    time, the budget left and an estimate of what the phase still needs (at most one a phase per 10 s, but the phase's
+    last), and a phase that finishes twice is one line."""
+    from specdec_tune import cli, progress
 
+    now = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
     assert not cli.console.is_terminal  # pytest captures the output
-    with cli._progress(15.0) as tick:
-        tick("verify", 0, 3)
-        tick("verify", 3, 3)
-        tick("verify", 3, 3)  # the same phase finishing twice is one line
-        tick("draft", 1, 2)
+    with cli._progress(15.0) as report:
+        for done, unit in ((0, ""), (1, "ngram D=7 pass 1: 40 s"), (2, "ngram D=1 pass 1"), (3, "plain pass 2"), (4, ""), (4, "")):
+            report.tick("engine units", done, 4, unit)  # the second is 6 s after the first; the third is within 10 s of it
+            now[0] += 6.0  # the last finishes the phase a second time: no line
+        report.note("the required units run past the budget")
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("verify: done (3 steps) at 0.0 min") and "min of the budget left" in lines[0]
+    assert len(lines) == 4, lines
+    assert "engine units 1/4 (ngram D=7 pass 1: 40 s): " in lines[0] and "min of the budget left" in lines[0]
+    assert "about 0.3 min to go in this phase" in lines[0]  # 6 s a unit, 3 units left
+    assert "engine units 3/4 (plain pass 2)" in lines[1] and "engine units: done (4 units)" in lines[2]
+    assert lines[3].endswith("the required units run past the budget") and all(line.startswith("[") for line in lines)
 
 
 def test_time_call_stops_repeating_a_long_call_after_three():
@@ -430,13 +440,13 @@ def test_growth_adds_only_the_prompts_that_fit_the_budget_widest_domain_first(mo
     import time
 
     from specdec_tune.profiles.calibration import CalibrationPrompt, CalibrationSet
-    from specdec_tune.profiles.profiler import Budget, Profiler
+    from specdec_tune.profiles.profile_run import Budget
 
-    monkeypatch.setattr("specdec_tune.profiles.profiler.FINISH_RESERVE_S", 0.0)  # a budget of seconds
+    monkeypatch.setattr("specdec_tune.profiles.torch_acceptance.FINISH_RESERVE_S", 0.0)  # a budget of seconds
 
     pool = CalibrationSet("t", tuple(CalibrationPrompt(f"{d}/{i}", d, "x") for d in ("chat", "code", "math") for i in range(10)))
-    prof = Profiler.__new__(Profiler)
-    prof.s, prof.pool, prof.progress = ProfileSettings(acceptance_half_width=0.02), pool, None
+    prof = TorchProfiler.__new__(TorchProfiler)
+    prof.s, prof.pool, prof.progress = ProfileSettings(acceptance_half_width=0.02), pool, Progress()
     prof.used, prof.encoded = [], {p.id: [1] for p in pool}
     prof._relevant_draft_lens = lambda verify: {1}
     widths = {"chat": 0.10, "code": 0.30, "math": 0.01}  # math is already tight
@@ -462,14 +472,13 @@ def test_growth_adds_only_the_prompts_that_fit_the_budget_widest_domain_first(mo
 
 
 def _growth_profiler(counts: tuple[tuple[str, int], ...], widths: dict[str, float], replay_prompts):
-    """A Profiler with only what growth reads: a pool of `counts` prompts per domain, fixed interval `widths`, one
+    """A TorchProfiler with only what growth reads: a pool of `counts` prompts per domain, fixed interval `widths`, one
     replayed unit, and `replay_prompts(prof, prompts)` standing in for the replay."""
     from specdec_tune.profiles.calibration import CalibrationPrompt, CalibrationSet
-    from specdec_tune.profiles.profiler import Profiler
-
+    
     pool = CalibrationSet("t", tuple(CalibrationPrompt(f"{d}/{i}", d, "x") for d, n in counts for i in range(n)))
-    prof = Profiler.__new__(Profiler)
-    prof.s, prof.pool, prof.progress = ProfileSettings(acceptance_half_width=0.02), pool, None
+    prof = TorchProfiler.__new__(TorchProfiler)
+    prof.s, prof.pool, prof.progress = ProfileSettings(acceptance_half_width=0.02), pool, Progress()
     prof.used, prof.encoded, prof.replay_units = [], {p.id: [1] for p in pool}, [("ngram", "none")]
     prof._relevant_draft_lens = lambda verify: {1}
     prof._half_widths = lambda relevant: widths
@@ -480,7 +489,8 @@ def _growth_profiler(counts: tuple[tuple[str, int], ...], widths: dict[str, floa
 def test_growth_rounds_stay_large_when_one_domain_is_left():
     """A round's trajectories decode together: once the other domains are tight or used up, the last wide domain
     gets the whole round (GROWTH_ROUND_PROMPTS), not a few prompts a round decoded at a small batch."""
-    from specdec_tune.profiles.profiler import GROWTH_ROUND_PROMPTS, Budget
+    from specdec_tune.profiles.profile_run import Budget
+    from specdec_tune.profiles.torch_acceptance import GROWTH_ROUND_PROMPTS
 
     rounds = []
 
@@ -498,9 +508,9 @@ def test_growth_rounds_stay_large_when_one_domain_is_left():
 def test_growth_says_which_domain_ran_out_of_prompts_and_which_out_of_time(monkeypatch):
     import time
 
-    from specdec_tune.profiles.profiler import Budget
+    from specdec_tune.profiles.profile_run import Budget
 
-    monkeypatch.setattr("specdec_tune.profiles.profiler.FINISH_RESERVE_S", 0.0)  # a budget of seconds
+    monkeypatch.setattr("specdec_tune.profiles.torch_acceptance.FINISH_RESERVE_S", 0.0)  # a budget of seconds
 
     def replay_prompts(prof, prompts):
         prof.used += prompts

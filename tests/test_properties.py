@@ -14,7 +14,11 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.search import SearchSettings, search
-from specdec_tune.exporters.bundle import ExportSettings, export, read_manifest, read_plan, validate_bundle
+from specdec_tune.autotune.plan_schema import load_plan
+from specdec_tune.exporters.bundle import read_manifest
+from specdec_tune.pipeline.bundle_checks import validate_bundle
+from specdec_tune.pipeline.export import export
+from specdec_tune.settings import ExportSettings
 from specdec_tune.profiles.calibration import load_calibration
 from specdec_tune.profiles.models.llama import ModelConfig
 from specdec_tune.profiles.schema import load_profile
@@ -95,12 +99,12 @@ def test_any_mutated_profile_loads_or_is_refused(tmp_path, doc):
 @settings(max_examples=40, **FIXTURES)
 @given(data=st.data())
 def test_any_mutated_plan_is_refused_or_exports(demo, tmp_path, data):
-    """read_plan's schema check is what export relies on: a plan it accepts exports without a crash."""
+    """load_plan's schema check is what export relies on: a plan it accepts exports without a crash."""
     plan = json.loads((demo / "plan" / "plan.json").read_text())
     doc = data.draw(mutations(plan, [p for p in _paths(plan) if p and p[0] != "profile"]))
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(doc))
-    if _loads_or_refuses(read_plan, path) is not None:
+    if _loads_or_refuses(load_plan, path) is not None:
         out = tmp_path / "bundle"
         _loads_or_refuses(export, ExportSettings(plan=path, profile=PROFILE, out=out, skip_measure=True))
 

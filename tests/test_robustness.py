@@ -14,7 +14,8 @@ import pytest
 
 from specdec_tune.cli import main
 from specdec_tune.autotune.search import SearchSettings, search
-from specdec_tune.exporters.bundle import ExportSettings, export
+from specdec_tune.pipeline.export import export
+from specdec_tune.settings import ExportSettings
 from specdec_tune.profiles.schema import load_profile
 from specdec_tune.records import sha256_file
 
@@ -287,12 +288,13 @@ def test_same_profile_and_seed_give_byte_identical_plan_and_bundle(tmp_path):
     assert {k for k in bundles["a1"] if bundles["a1"][k] != bundles["b"][k]} == {"inputs/plan.json", "manifest.json"}
 
 
-def test_an_out_of_memory_bucket_is_recorded_as_infeasible(monkeypatch, fixed_speed):
+def test_an_out_of_memory_bucket_is_recorded_as_infeasible(monkeypatch, fixed_speed, make_plan):
     import types
 
     import torch
 
-    from specdec_tune.exporters import validate
+    from specdec_tune.exporters.validation_text import describe_throughput_row
+    from specdec_tune.pipeline import throughput_check as validate
 
     def decode(t, d, ids, D, *a, batch_size, **k):
         if batch_size >= 16:
@@ -304,12 +306,12 @@ def test_an_out_of_memory_bucket_is_recorded_as_infeasible(monkeypatch, fixed_sp
     monkeypatch.setattr(validate, "plan_drafter", lambda *a: None)
     monkeypatch.setattr(validate, "load_model", lambda *a, **k: None)
     monkeypatch.setattr(validate, "context_prompts", lambda *a: [[1, 2, 3]])
-    bucket = lambda B: {"batch": B, "draft_len": 0, "predicted": {"tokens_per_s": {"value": 100.0 * B, "source": "measured"}}}  # noqa: E731
-    plan = {"device": {}, "ctx": 128, "max_draft_len": 3, "buckets": [bucket(1), bucket(16)]}
+    bucket = lambda B: {"batch": B, "draft_len": 0, "tokens_per_s": {"value": 100.0 * B, "source": "measured"}}  # noqa: E731
+    plan = make_plan([bucket(1), bucket(16)])
     result = validate.throughput_check(plan, types.SimpleNamespace(target={"path": "x"}, device={}), validate.MeasureSettings())
     assert result["passed"] and result["infeasible_batches"] == [16]
     assert result["buckets"][1] == {"batch": 16, "draft_len": 0, "infeasible": "out of memory on this device now"}
-    assert "infeasible" in validate.describe_throughput_row(result["buckets"][1])
+    assert "infeasible" in describe_throughput_row(result["buckets"][1])
 
 
 # ---------------------------------------------------------------------------- bundles crafted to run code

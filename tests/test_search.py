@@ -26,7 +26,7 @@ def profile():
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_study_reaches_the_exhaustive_optimum_on_a_sliver_of_the_space(profile, tmp_path, seed):
-    plan = search(profile, "h", SearchSettings(trials=300, seed=seed, out_dir=tmp_path))
+    plan = search(profile, "h", SearchSettings(trials=300, seed=seed, out_dir=tmp_path)).to_json()
     study = plan["study"]
     assert study["gap_pct"] <= 1.0
     # the sampler alone, before the per-bucket polish, is within 1% too
@@ -53,12 +53,12 @@ def test_exhaustive_is_exact_on_a_small_space(profile):
 
 
 def test_same_profile_and_seed_give_the_same_plan(profile, tmp_path):
-    a = search(profile, "h", SearchSettings(trials=60, seed=3, out_dir=tmp_path / "a"))
-    b = search(profile, "h", SearchSettings(trials=60, seed=3, out_dir=tmp_path / "b"))
+    a = search(profile, "h", SearchSettings(trials=60, seed=3, out_dir=tmp_path / "a")).to_json()
+    b = search(profile, "h", SearchSettings(trials=60, seed=3, out_dir=tmp_path / "b")).to_json()
     strip = lambda p: {k: v for k, v in p.items() if k not in ("created_at", "study")}  # noqa: E731
     assert strip(a) == strip(b)
     # rerunning into the same folder reuses the finished study: no new trials, same plan
-    again = search(profile, "h", SearchSettings(trials=60, seed=3, out_dir=tmp_path / "a"))
+    again = search(profile, "h", SearchSettings(trials=60, seed=3, out_dir=tmp_path / "a")).to_json()
     assert again["study"]["trials"] == 60 and strip(again) == strip(a)
 
 
@@ -134,7 +134,7 @@ def test_two_workers_fill_one_postgresql_study(postgres_url):
 
 
 def test_search_runs_on_a_postgresql_storage(profile, tmp_path, postgres_url):
-    plan = search(profile, "h", SearchSettings(trials=60, seed=0, out_dir=tmp_path, storage=postgres_url))
+    plan = search(profile, "h", SearchSettings(trials=60, seed=0, out_dir=tmp_path, storage=postgres_url)).to_json()
     assert plan["study"]["storage"].startswith("postgresql") and plan["study"]["trials"] == 60
     assert not (tmp_path / "study.journal").exists()
 
@@ -149,7 +149,7 @@ def test_unreachable_storage_is_one_line(capsys, tmp_path):
 @pytest.mark.parametrize("objective", ["throughput", "per-user"])
 def test_cap_objectives_reach_the_exhaustive_optimum(profile, tmp_path, objective):
     floors = {"throughput": dict(min_user_tokens_per_s=50.0), "per-user": dict(min_tokens_per_s=300.0)}[objective]
-    plan = search(profile, "h", SearchSettings(objective=objective, seed=0, out_dir=tmp_path, **floors))
+    plan = search(profile, "h", SearchSettings(objective=objective, seed=0, out_dir=tmp_path, **floors)).to_json()
     assert plan["study"]["gap_pct"] <= 1.0 and plan["study"]["trials"] <= 0.5 * plan["study"]["space_size"]
     at_cap = plan["buckets"][-1]
     assert at_cap["batch"] == plan["max_batch"] and [b["batch"] for b in plan["buckets"]] == [1, 2, 4, 8, 16][:len(plan["buckets"])]
@@ -167,7 +167,7 @@ def test_cap_objectives_reach_the_exhaustive_optimum(profile, tmp_path, objectiv
 
 
 def test_pareto_front_is_exact_and_the_study_covers_it(profile, tmp_path):
-    plan = search(profile, "h", SearchSettings(objective="pareto", seed=1, out_dir=tmp_path))
+    plan = search(profile, "h", SearchSettings(objective="pareto", seed=1, out_dir=tmp_path)).to_json()
     exact = [(p["tokens_per_s"]["value"], p["per_user_tokens_per_s"]["value"]) for p in plan["pareto"]["exact"]]
     # brute force: every operating point is on the front or dominated by a point of it
     cost = CostModel(profile)
@@ -191,7 +191,7 @@ def test_tile_policy_is_searched_where_the_tile_makes_a_difference(profile, tmp_
     tiled = Space(cost, SearchSettings(tile_rows=16))
     assert tiled.allowed("ngram", "aligned") == [0, 15] and tiled.policies == ["free", "aligned"]  # 3 x 16 rows = 3 tiles
     assert tiled.tiles(15) == {"query_rows_per_kv_head": 48, "tiles": 3, "fill": 1.0}
-    plan = search(profile, "h", SearchSettings(tile_rows=16, seed=0, out_dir=tmp_path))
+    plan = search(profile, "h", SearchSettings(tile_rows=16, seed=0, out_dir=tmp_path)).to_json()
     assert plan["tile"]["policies_searched"] == ["free", "aligned"] and plan["tile"]["rows"] == 16
     allowed = {"free": set(range(16)), "aligned": {0, 15}}[plan["tile"]["policy"]]
     assert {b["draft_len"] for b in plan["buckets"]} <= allowed
@@ -203,7 +203,7 @@ def test_mtp_draft_length_is_a_multiple_of_its_layers(profile, tmp_path):
     mtp_like = profile.model_copy(update={"drafters": drafters})
     space = Space(CostModel(mtp_like), SearchSettings(mechanisms=("suffix",)))
     assert space.allowed("suffix", "free") == [0, 3, 6, 9, 12, 15]
-    plan = search(mtp_like, "h", SearchSettings(mechanisms=("suffix",), seed=0, trials=200, out_dir=tmp_path))
+    plan = search(mtp_like, "h", SearchSettings(mechanisms=("suffix",), seed=0, trials=200, out_dir=tmp_path)).to_json()
     assert all(b["draft_len"] % 3 == 0 for b in plan["buckets"]) and max(b["draft_len"] for b in plan["buckets"]) > 0
 
 
@@ -218,17 +218,17 @@ def test_a_block_drafter_is_searched_within_its_block(profile, tmp_path):
     cost = CostModel(blocked)
     assert cost.draft_len_limit("suffix") == 2 and cost.draft_len_limit("ngram") == 15
     assert Space(cost, SearchSettings(mechanisms=("suffix",))).allowed("suffix", "free") == [0, 1, 2]
-    plan = search(blocked, "h", SearchSettings(mechanisms=("suffix",), seed=0, trials=200, out_dir=tmp_path))
+    plan = search(blocked, "h", SearchSettings(mechanisms=("suffix",), seed=0, trials=200, out_dir=tmp_path)).to_json()
     assert max(b["draft_len"] for b in plan["buckets"]) <= 2 < plan_max(profile, tmp_path)
 
 
 def plan_max(profile, tmp_path) -> int:
-    full = search(profile, "h", SearchSettings(mechanisms=("suffix",), seed=0, trials=200, out_dir=tmp_path / "full"))
+    full = search(profile, "h", SearchSettings(mechanisms=("suffix",), seed=0, trials=200, out_dir=tmp_path / "full")).to_json()
     return max(b["draft_len"] for b in full["buckets"])
 
 
 def test_rationale_names_a_guideline_and_the_runner_up(profile, tmp_path):
-    plan = search(profile, "h", SearchSettings(seed=0, trials=100, out_dir=tmp_path))
+    plan = search(profile, "h", SearchSettings(seed=0, trials=100, out_dir=tmp_path)).to_json()
     for b in plan["buckets"]:
         why = b["rationale"]
         assert why["guideline"] in (1, 2, 3, 4, 5, "schedule", "memory") and why["text"]
@@ -265,8 +265,8 @@ def test_missing_or_foreign_profile(capsys, tmp_path):
 
 
 def test_h200_plan_differs_and_says_modeled(profile, tmp_path):
-    cpu = search(profile, "h", SearchSettings(seed=0, trials=120, out_dir=tmp_path / "cpu"))
-    h200 = search(profile, "h", SearchSettings(seed=0, trials=120, out_dir=tmp_path / "h200", device="h200"))
+    cpu = search(profile, "h", SearchSettings(seed=0, trials=120, out_dir=tmp_path / "cpu")).to_json()
+    h200 = search(profile, "h", SearchSettings(seed=0, trials=120, out_dir=tmp_path / "h200", device="h200")).to_json()
     # the CPU plan's speculating buckets use AL derived below D_max: the weakest of its predictions is modeled
     assert h200["device"]["times"] == "modeled (hardware table)" and cpu["device"]["times"] == "modeled"
     assert all(b["predicted"]["verify_ms"]["source"] == "modeled" for b in h200["buckets"])
@@ -294,7 +294,7 @@ def test_plan_json_is_the_plan_record_and_its_generated_schema_holds_it(profile,
 
     from specdec_tune.autotune.plan_schema import load_plan, plan_json_schema
 
-    plan = search(profile, "h", SearchSettings(trials=60, objective=objective, out_dir=tmp_path))
+    plan = search(profile, "h", SearchSettings(trials=60, objective=objective, out_dir=tmp_path)).to_json()
     written = json.loads((tmp_path / "plan.json").read_text())
     assert written == plan and load_plan(tmp_path / "plan.json").to_json() == written  # the record round-trips the file
     jsonschema.Draft202012Validator(plan_json_schema()).validate(written)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from specdec_tune import SpecdecError
+from specdec_tune.autotune.plan_schema import Plan
 from specdec_tune.cli import _plan_findings, _print_plan_table, main
 from specdec_tune.autotune.cost_model import SOURCES, CostModel, Figure, overlap, weakest
 from specdec_tune.autotune.search import SearchSettings, search
@@ -182,27 +183,27 @@ def strong_fp8_drafter(profile: Profile) -> Profile:
 
 def test_plan_and_table_print_emulated_and_fitted(profile, tmp_path, capsys):
     plan = search(strong_fp8_drafter(profile), "h", SearchSettings(mechanisms=("draft_model",), quant_formats=("fp8",), trials=40,
-                                                                    out_dir=tmp_path / "fp8"))
+                                                                    out_dir=tmp_path / "fp8")).to_json()
     speculating = [b for b in plan["buckets"] if b["draft_len"]]
     assert speculating and {b["predicted"]["tokens_per_forward"]["source"] for b in speculating} == {"emulated"}
     assert {b["predicted"]["speedup"]["source"] for b in speculating} == {"emulated"}
-    _print_plan_table(plan)
+    _print_plan_table(Plan.model_validate(plan))
     assert "emulated" in capsys.readouterr().out
     moved = version2(profile, fitted={(16, 1, 128): (26.0, 29.52)})
-    plan = search(moved, "h", SearchSettings(mechanisms=("suffix",), trials=40, out_dir=tmp_path / "fitted"))
+    plan = search(moved, "h", SearchSettings(mechanisms=("suffix",), trials=40, out_dir=tmp_path / "fitted")).to_json()
     last = plan["buckets"][-1]
     assert (last["batch"], last["draft_len"], last["predicted"]["speedup"]["source"]) == (16, 0, "fitted")
-    _print_plan_table(plan)
+    _print_plan_table(Plan.model_validate(plan))
     assert re.search(r"│\s+16 │ 0 │.*fitted", capsys.readouterr().out)
 
 
 def test_device_times_tell_the_weakest_source_of_the_predictions(profile, tmp_path):
-    plan = search(profile, "h", SearchSettings(trials=40, out_dir=tmp_path / "cpu"))
+    plan = search(profile, "h", SearchSettings(trials=40, out_dir=tmp_path / "cpu")).to_json()
     sources = [b["predicted"]["speedup"]["source"] for b in plan["buckets"]]
     assert plan["device"]["times"] == weakest(*sources) == "modeled"  # D > 0 below D_max: derived from the D_max run
     assert plan["device"]["sources"] == {s: sources.count(s) for s in SOURCES if s in sources}
     assert plan["device"]["projected_from"] is None
-    h200 = search(profile, "h", SearchSettings(trials=40, out_dir=tmp_path / "h200", device="h200"))
+    h200 = search(profile, "h", SearchSettings(trials=40, out_dir=tmp_path / "h200", device="h200")).to_json()
     assert h200["device"]["times"] == "modeled (hardware table)" and h200["device"]["projected_from"] == profile.device["name"]
 
 
@@ -226,7 +227,7 @@ def test_a_bucket_out_of_memory_is_not_planned(profile, tmp_path):
     oom = version2(profile, infeasible=tuple((16, t, ctx) for t in range(1, 17) for ctx in (128, 512)))
     space = Space(CostModel(oom), SearchSettings())
     assert space.buckets == [1, 2, 4, 8] and "ran out of memory" in space.excluded[16]
-    plan = search(oom, "h", SearchSettings(trials=40, out_dir=tmp_path))
+    plan = search(oom, "h", SearchSettings(trials=40, out_dir=tmp_path)).to_json()
     assert [b["batch"] for b in plan["buckets"]] == [1, 2, 4, 8] and plan["max_batch"] == 8
     assert any("[16] are not planned" in n and "ran out of memory" in n for n in plan["notes"])
     assert plan["excluded_buckets"] == [{"batch": 16, "why": space.excluded[16]}]
@@ -243,7 +244,7 @@ def test_a_draft_that_does_not_fit_is_never_taken(profile, tmp_path):
     assert space.cost.predict(8, 5, "ngram", "none").verify_ms.source == "infeasible"
     best = space.fill("ngram", "none", "free", 16)
     assert best.schedule[space.buckets.index(8)] <= 1
-    plan = search(tight, "h", SearchSettings(mechanisms=("ngram",), trials=40, out_dir=tmp_path))
+    plan = search(tight, "h", SearchSettings(mechanisms=("ngram",), trials=40, out_dir=tmp_path)).to_json()
     at8 = next(b for b in plan["buckets"] if b["batch"] == 8)
     assert at8["draft_len"] <= 1
     if at8["draft_len"] == 1:
@@ -269,9 +270,9 @@ def test_no_bucket_left_is_one_line(profile, tmp_path, capsys):
 def test_narrow_intervals_decide_what_the_tolerance_would_tie(profile, tmp_path):
     """At batch 4 suffix D=2 is 2.0% ahead of D=1: inside the 2% tolerance (version 1 takes D=1), but with 95%
     intervals of ±0.1% the two are apart and D=2 is taken."""
-    v1 = search(profile, "h", SearchSettings(mechanisms=("suffix",), trials=40, out_dir=tmp_path / "v1"))
+    v1 = search(profile, "h", SearchSettings(mechanisms=("suffix",), trials=40, out_dir=tmp_path / "v1")).to_json()
     narrow = version2(profile, verify_rel=0.001, draft_rel=0.001, tpf_rel=0.001)
-    v2 = search(narrow, "h", SearchSettings(mechanisms=("suffix",), trials=40, out_dir=tmp_path / "v2"))
+    v2 = search(narrow, "h", SearchSettings(mechanisms=("suffix",), trials=40, out_dir=tmp_path / "v2")).to_json()
     at = lambda plan, B: next(b for b in plan["buckets"] if b["batch"] == B)  # noqa: E731
     assert at(v1, 4)["draft_len"] == 1 and at(v1, 4)["rationale"]["tie"]["rule"] == "tolerance"
     assert at(v2, 4)["draft_len"] == 2 and at(v2, 4)["rationale"]["tie"] is None
@@ -280,7 +281,7 @@ def test_narrow_intervals_decide_what_the_tolerance_would_tie(profile, tmp_path)
 def test_overlapping_intervals_are_a_tie_and_the_shorter_draft_wins(profile, tmp_path):
     wide = version2(profile, tpf_rel=0.08)
     space = Space(CostModel(wide), SearchSettings(mechanisms=("suffix",)))
-    plan = search(wide, "h", SearchSettings(mechanisms=("suffix",), trials=40, out_dir=tmp_path))
+    plan = search(wide, "h", SearchSettings(mechanisms=("suffix",), trials=40, out_dir=tmp_path)).to_json()
     top = plan["max_draft_len"]
     ties = 0
     for b in plan["buckets"][1:]:  # the smallest bucket carries the schedule's maximum
@@ -305,7 +306,7 @@ def test_overlapping_intervals_are_a_tie_and_the_shorter_draft_wins(profile, tmp
     assert list(untied) == [b["batch"] for b in plan["buckets"]] and list(untied.values()) == sorted(untied.values(), reverse=True)
     assert any(untied[b["batch"]] > b["draft_len"] for b in plan["buckets"] if b["rationale"]["tie"])
     assert plan["study"]["untied_gain_pct"] > 0
-    assert any(line.startswith("without ties") for line in _plan_findings(plan))
+    assert any(line.startswith("without ties") for line in _plan_findings(Plan.model_validate(plan)))
 
 
 def per_prompt_counts(spread: float, per_domain: int = 6, seed: int = 0):
@@ -340,7 +341,7 @@ def test_a_difference_is_judged_on_its_own_paired_interval(profile, tmp_path):
     assert (r.high - r.low) < (a.high / b.low - a.low / b.high) / 2
     assert (cost.ratio(4, 2, 2, "suffix").low, cost.ratio(4, 2, 2, "suffix").high) == (1.0, 1.0)
 
-    plans = {name: search(p, "h", SearchSettings(mechanisms=("suffix",), trials=40, out_dir=tmp_path / name))
+    plans = {name: search(p, "h", SearchSettings(mechanisms=("suffix",), trials=40, out_dir=tmp_path / name)).to_json()
              for name, p in (("overlap", wide), ("paired", paired))}
     space = Space(cost, SearchSettings(mechanisms=("suffix",)))
     top = plans["paired"]["max_draft_len"]
@@ -388,7 +389,7 @@ def test_d_never_rises_with_batch(profile, tmp_path):
     allowed = space.allowed("ngram", "free")
     alone = [max(allowed, key=lambda d, B=B: (space.bucket_value(B, d, "ngram", "none"), -d)) for B in space.buckets]
     assert any(a < b for a, b in zip(alone, alone[1:]))  # bucket by bucket, D would rise from batch 2 to 4
-    plan = search(noisy, "h", SearchSettings(mechanisms=("ngram",), trials=60, out_dir=tmp_path))
+    plan = search(noisy, "h", SearchSettings(mechanisms=("ngram",), trials=60, out_dir=tmp_path)).to_json()
     ds = [b["draft_len"] for b in plan["buckets"]]
     assert all(a >= b for a, b in zip(ds, ds[1:])), ds
     non_increasing = [s for s in itertools.product(allowed[:4], repeat=len(space.buckets)) if all(a >= b for a, b in zip(s, s[1:]))]
@@ -405,7 +406,7 @@ def test_d_never_rises_with_batch(profile, tmp_path):
 
 def test_a_decision_on_a_cell_the_fit_moved_is_flagged(profile, tmp_path):
     moved = version2(profile, fitted={(4, 1, 128): (17.0, 19.72)})
-    plan = search(moved, "h", SearchSettings(mechanisms=("suffix",), trials=40, out_dir=tmp_path))
+    plan = search(moved, "h", SearchSettings(mechanisms=("suffix",), trials=40, out_dir=tmp_path)).to_json()
     at4 = next(b for b in plan["buckets"] if b["batch"] == 4)
     assert "rests on verify cell B=4, 1+D=1, ctx=128 which the monotone fit moved from 17.00 to 19.72 ms" in at4["flags"]
     assert all(not b["flags"] for b in plan["buckets"] if b["batch"] != 4)

@@ -18,7 +18,8 @@ from specdec_tune.profiles.drafters.mtp import MtpDrafter
 from specdec_tune.profiles.drafters.ngram import NgramDrafter
 from specdec_tune.profiles.drafters.suffix import SuffixDrafter
 from specdec_tune.profiles.models.llama import CausalLM, ModelConfig, init_random
-from specdec_tune.profiles.models.loading import LoadedModel, ModelRef
+from specdec_tune.profiles.models.folders import ModelRef
+from specdec_tune.profiles.models.loading import LoadedModel
 from specdec_tune.profiles.specdec import SpecCounters, generate, verify_greedy
 
 

@@ -14,13 +14,15 @@ import pytest
 
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.cost_model import CostModel
-from specdec_tune.exporters.engine_validation import describe_row, engine_refusal, engine_throughput
+from specdec_tune.exporters.validation_text import describe_row
+from specdec_tune.pipeline.engine_check import engine_refusal, engine_throughput
 from specdec_tune.profiles.timing import Timing
 from specdec_tune.profiles.vllm_engine import VllmEngine
 from specdec_tune.profiles.vllm_profile import PASSES, TIMING_TOKENS, VllmProfiler, between_engines_sd, counters_of, with_engines
 from specdec_tune.settings import MeasureSettings, ProfileSettings
 
 sys.path.insert(0, str(Path(__file__).parent))
+from conftest import build_plan  # noqa: E402
 from fake_vllm import FakeVllm  # noqa: E402
 
 SMALL = dict(drafters=("ngram", "draft_model:layers=2", "suffix", "eagle3"), engine="vllm", batch_buckets=(1, 2, 4), ctx_buckets=(64,),
@@ -99,7 +101,7 @@ def test_search_on_an_engine_profile_says_where_its_figures_come_from(fake_profi
     from specdec_tune.settings import SearchSettings
 
     profile, _ = fake_profile
-    plan = run_search(profile, "0" * 64, SearchSettings(out_dir=tmp_path, trials=40))
+    plan = run_search(profile, "0" * 64, SearchSettings(out_dir=tmp_path, trials=40)).to_json()
     assert plan["device"]["engine"] == "vllm"
     for b in plan["buckets"]:
         assert b["predicted"]["verify_ms"] is None and b["predicted"]["round_ms"]["value"] > 0
@@ -167,10 +169,9 @@ def _bundle(tmp_path: Path, ranges) -> Path:
     return tmp_path
 
 
-def _plan(schedule) -> dict:
+def _plan(schedule):
     figure = {"value": 50.0, "source": "measured", "low": 40.0, "high": 60.0}
-    return {"ctx": 64, "max_draft_len": 3, "max_batch": 4, "mechanism": "ngram", "quant": "none", "search_settings": {},
-            "buckets": [{"batch": B, "draft_len": D, "predicted": {"tokens_per_s": figure, "tokens_per_forward": {"value": 1.5}}} for B, D in schedule]}
+    return build_plan([{"batch": B, "draft_len": D, "tokens_per_s": figure} for B, D in schedule], ctx=64)
 
 
 def test_engine_check_reads_the_draft_length_vllm_applied(fake_profile, tmp_path):
@@ -298,7 +299,7 @@ def test_real_vllm_profile_and_engine_check(tmp_path):
     assert all(r.median_ms and r.median_ms > 0 for r in profile.rounds)
     assert any(a.mechanism == "ngram" and a.num_drafts > 0 for a in profile.acceptance)
     bundle = _bundle(tmp_path / "bundle", [[1, 1, 2], [2, 2, 1]])
-    plan = _plan([(1, 2), (2, 1)]) | {"max_batch": 2, "max_draft_len": 2}
+    plan = _plan([(1, 2), (2, 1)])
     tp = engine_throughput(plan, profile, bundle, MeasureSettings(rows=4))
     assert tp["checked"] and tp["vllm_version"] == "0.32.0"
     assert [r["draft_len_applied"] for r in tp["buckets"]] == [2, 1], tp

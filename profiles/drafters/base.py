@@ -20,6 +20,7 @@ the prompt but its last token; after a round with n drafts accepted: the n+1 ver
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar, Literal
 
@@ -97,6 +98,15 @@ class Drafter(ABC):
 
 
 _REGISTRY: dict[str, type[Drafter]] = {}
+BUILT_IN = ("dflash", "draft_model", "eagle3", "mtp", "ngram", "suffix")  # modules of this package, each registering one
+
+
+def registry() -> dict[str, type[Drafter]]:
+    """Every drafter class by name: the built-in ones are imported (and so registered) on first use, so that a module
+    that needs one drafter's files (a head's layout) does not load every drafter's code."""
+    for module in BUILT_IN:
+        importlib.import_module(f"specdec_tune.profiles.drafters.{module}")
+    return _REGISTRY
 
 
 def register(name: str):
@@ -111,7 +121,7 @@ def register(name: str):
 
 
 def available() -> list[str]:
-    return sorted(_REGISTRY)
+    return sorted(registry())
 
 
 def parse_options(cls: type, raw: dict[str, str]) -> object:
@@ -135,7 +145,7 @@ def parse_options(cls: type, raw: dict[str, str]) -> object:
 def describe_spec(name: str, options: dict[str, str] | None = None) -> dict[str, object]:
     """What `Drafter.describe` gives, plus the class's draft-length limit, without building the drafter: for an engine
     that runs the mechanism itself. Options are checked as `create` checks them."""
-    if name not in _REGISTRY:
+    if name not in registry():
         raise SpecdecError(f"unknown drafter mechanism {name!r}", f"choose one of: {', '.join(available())}")
     cls = _REGISTRY[name]
     parsed = parse_options(cls.Options, options or {})  # type: ignore[attr-defined]
@@ -144,9 +154,8 @@ def describe_spec(name: str, options: dict[str, str] | None = None) -> dict[str,
 
 
 def create(name: str, target: LoadedModel, options: dict[str, str] | None = None) -> Drafter:
-    """Instantiate the drafter registered as `name` for `target` (importing this module first imports the drafters
-    package, which registers every built-in one)."""
-    if name not in _REGISTRY:
+    """Instantiate the drafter registered as `name` for `target`."""
+    if name not in registry():
         raise SpecdecError(f"unknown drafter mechanism {name!r}", f"choose one of: {', '.join(available())}")
     cls = _REGISTRY[name]
     return cls(target, parse_options(cls.Options, options or {}))  # type: ignore[attr-defined]

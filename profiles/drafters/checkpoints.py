@@ -20,6 +20,8 @@ tells the layouts apart, reads the weights, and writes the speculators layout.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import dataclasses
 import importlib.metadata
 import json
@@ -31,10 +33,13 @@ from pathlib import Path
 import torch
 
 from specdec_tune import SpecdecError
-from specdec_tune.profiles.drafters.heads import HEAD_KINDS, DraftHead, DraftVocabulary, head_kind
+from specdec_tune.profiles.drafters.heads import DraftHead, DraftVocabulary, head_kind, head_kinds
 from specdec_tune.profiles.drafters.speculators_layout import DEFAULT_VERSION, config_json
 from specdec_tune.profiles.models.llama import ModelConfig
-from specdec_tune.profiles.models.loading import LoadedModel, weights_hash
+from specdec_tune.profiles.models.folders import weights_hash
+
+if TYPE_CHECKING:
+    from specdec_tune.profiles.models.loading import LoadedModel
 
 
 @dataclasses.dataclass
@@ -98,12 +103,13 @@ def load_head(folder: Path | str, target: LoadedModel, expect: str | None = None
             state.update(load_file(str(shard)))
         except Exception as e:  # safetensors raises its own error types on corrupt headers
             raise SpecdecError(f"cannot read weights {shard}: {e}", "re-create or re-download the head") from None
-    others = [(kind, layout) for kind in HEAD_KINDS.values() for layout in kind.layouts]
+    kinds = head_kinds()
+    others = [(kind, layout) for kind in kinds.values() for layout in kind.layouts]
     if "speculators_model_type" in config:
         name = config["speculators_model_type"]
-        if name not in HEAD_KINDS:
-            raise SpecdecError(f"{folder} is a speculators {name!r} checkpoint", f"this tool runs {', '.join(sorted(HEAD_KINDS))}")
-        mechanism, fmt, head = name, "speculators", HEAD_KINDS[name].read(config, state, target.model, folder)
+        if name not in kinds:
+            raise SpecdecError(f"{folder} is a speculators {name!r} checkpoint", f"this tool runs {', '.join(sorted(kinds))}")
+        mechanism, fmt, head = name, "speculators", kinds[name].read(config, state, target.model, folder)
     else:
         kind, layout = next(((k, lay) for k, lay in others if isinstance(config.get(lay.marker), dict)), (None, None))
         if kind is None:

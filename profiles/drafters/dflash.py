@@ -21,6 +21,8 @@ the block's are recomputed each round, so the draft costs one pass whatever D is
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import dataclasses
 from pathlib import Path
 
@@ -35,8 +37,10 @@ from specdec_tune.profiles.drafters.head_reading import check_verifier, draft_ma
 from specdec_tune.profiles.drafters.heads import (DraftHead, DraftVocabulary, HeadDrafter, HeadKind, Layout, default_aux_layers, head_layer_config,
                                                   register_head_kind)
 from specdec_tune.profiles.models.llama import CausalLM, DecoderLayer, KVCache, ModelConfig, RMSNorm, gqa_attention
-from specdec_tune.profiles.models.loading import LoadedModel
 from specdec_tune.settings import DSPARK_DEMO_RANK
+
+if TYPE_CHECKING:
+    from specdec_tune.profiles.models.loading import LoadedModel
 
 MARKOV_TYPES = ("vanilla", "gated", "rnn")
 

@@ -13,6 +13,8 @@ h_p = g_p at positions the target verified; at a draft step h is the previous st
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import dataclasses
 from pathlib import Path
 
@@ -26,7 +28,9 @@ from specdec_tune.profiles.drafters.head_reading import check_verifier, draft_ma
 from specdec_tune.profiles.drafters.heads import (DraftHead, DraftVocabulary, HeadDrafter, HeadKind, Layout, default_aux_layers, head_layer_config,
                                                   register_head_kind, shares_embedding)
 from specdec_tune.profiles.models.llama import CausalLM, DecoderLayer, ModelConfig, RMSNorm
-from specdec_tune.profiles.models.loading import LoadedModel
+
+if TYPE_CHECKING:
+    from specdec_tune.profiles.models.loading import LoadedModel
 
 
 class Eagle3Layer(DecoderLayer):

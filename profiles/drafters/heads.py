@@ -14,6 +14,8 @@ them and are overwritten by the next catch-up (rollback is free, as in the targe
 
 from __future__ import annotations
 
+import importlib
+
 import copy
 import dataclasses
 from collections.abc import Callable
@@ -168,10 +170,18 @@ def register_head_kind(kind: HeadKind) -> None:
     HEAD_KINDS[kind.name] = kind
 
 
+def head_kinds() -> dict[str, HeadKind]:
+    """Every learned head's kind by name; their modules register them as they are imported, here on first use."""
+    for module in ("eagle3", "mtp", "dflash"):
+        importlib.import_module(f"specdec_tune.profiles.drafters.{module}")
+    return HEAD_KINDS
+
+
 def head_kind(name: str) -> HeadKind:
-    if name not in HEAD_KINDS:
-        raise SpecdecError(f"{name!r} is not a learned head", f"use one of {', '.join(HEAD_KINDS)}")
-    return HEAD_KINDS[name]
+    kinds = head_kinds()
+    if name not in kinds:
+        raise SpecdecError(f"{name!r} is not a learned head", f"use one of {', '.join(kinds)}")
+    return kinds[name]
 
 
 def shares_embedding(head: DraftHead) -> set[str]:
@@ -314,5 +324,5 @@ class HeadDrafter(Drafter):
         return torch.stack(drafted, dim=1).tolist()  # [A, max_tokens]
 
 
-__all__ = ["HEAD_KINDS", "DraftHead", "DraftVocabulary", "HeadDrafter", "HeadKind", "Layout", "default_aux_layers", "head_kind", "head_layer_config",
+__all__ = ["HEAD_KINDS", "head_kinds", "DraftHead", "DraftVocabulary", "HeadDrafter", "HeadKind", "Layout", "default_aux_layers", "head_kind", "head_layer_config",
            "register_head_kind"]

@@ -13,6 +13,8 @@ self_attn.*, mlp.*, input_layernorm, post_attention_layernorm}`); the embedding 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import dataclasses
 from pathlib import Path
 
@@ -25,7 +27,9 @@ from specdec_tune.profiles.drafters.checkpoints import resolve_head
 from specdec_tune.profiles.drafters.head_reading import check_verifier, layer_config, load_into
 from specdec_tune.profiles.drafters.heads import DraftHead, HeadDrafter, HeadKind, head_layer_config, register_head_kind
 from specdec_tune.profiles.models.llama import CausalLM, DecoderLayer, ModelConfig, RMSNorm
-from specdec_tune.profiles.models.loading import LoadedModel
+
+if TYPE_CHECKING:
+    from specdec_tune.profiles.models.loading import LoadedModel
 
 
 class MtpLayer(DecoderLayer):

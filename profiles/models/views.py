@@ -7,7 +7,7 @@ import json
 import re
 from pathlib import Path
 
-from specdec_tune.profiles.models.loading import architectures, model_folder
+from specdec_tune.profiles.models.folders import architectures, model_folder
 
 _LAYER_TENSOR = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 

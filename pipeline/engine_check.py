@@ -33,23 +33,27 @@ import tempfile
 from pathlib import Path
 
 from specdec_tune import SpecdecError
-from specdec_tune.exporters.validate import cut_to_context, prompts_by_domain
+from specdec_tune.autotune.plan import cost_model_of
+from specdec_tune.autotune.plan_schema import Bucket, Plan
+from specdec_tune.exporters.validation_text import describe_row
 from specdec_tune.profiles.fingerprint import resolve_device
-from specdec_tune.profiles.models.loading import describe_model, model_folder
+from specdec_tune.profiles.models.folders import model_folder
+from specdec_tune.profiles.models.loading import describe_model
 from specdec_tune.profiles.models.views import engine_model_view
+from specdec_tune.profiles.prompts import cut_to_context, prompts_by_domain
+from specdec_tune.profiles.schema import Profile
 from specdec_tune.profiles.timing import Timing
-from specdec_tune.profiles.vllm_engine import probe_median_ms, speed_ratio
+from specdec_tune.profiles.vllm_engine import VllmEngine, probe_median_ms, speed_ratio
 from specdec_tune.profiles.vllm_profile import steady_steps, with_engines
 from specdec_tune.settings import MeasureSettings
 
 KV_CAPACITY_TOLERANCE_PCT = 10.0
 BUCKET_TOKENS = 48  # per request: tens of steady rounds per bucket even where drafts are accepted
 TIMEOUT_S = 1800.0
-PROMPT_WAYS = {"whole": "whole (those that fit the context)", "cut": "cut to the context"}  # decoded_prompts
 
 
-def held_back_prompts(profile, ctx: int, new_tokens: int, max_draft: int, whole: bool = False) -> list[tuple[list[int], str]]:
-    """validate.context_prompts_by_domain on the held-back split, with the target's tokenizer alone (no weights loaded)."""
+def held_back_prompts(profile: Profile, ctx: int, new_tokens: int, max_draft: int, whole: bool = False) -> list[tuple[list[int], str]]:
+    """The held-back prompts cut to (or, `whole`, fitting) the context, with the target's tokenizer alone (no weights loaded)."""
     _, tokenizer, config = describe_model(profile.target["path"], profile.target.get("dtype", "auto"), resolve_device("cpu"))
     prompts = prompts_by_domain(tokenizer, int(config.get("max_position_embeddings") or 2048), 1000, new_tokens, max_draft, "held_back")
     return cut_to_context(prompts, ctx, new_tokens, whole)
@@ -58,7 +62,7 @@ def held_back_prompts(profile, ctx: int, new_tokens: int, max_draft: int, whole:
 def decoded_prompts(profile, ctx: int, max_draft: int, needed: int) -> tuple[list[tuple[list[int], str]], str]:
     """The held-back prompts (ids, domain) the engine check and the engine bench decode, and which way: whole, those
     that fit the context as they are, where at least `needed` do (the text a lookup drafter copies from kept, as in the
-    profile's acceptance runs); else each long enough cut to the context (`validate.cut_to_context`)."""
+    profile's acceptance runs); else each long enough cut to the context (`prompts.cut_to_context`)."""
     whole = held_back_prompts(profile, ctx, BUCKET_TOKENS, max_draft, whole=True)
     if len(whole) >= needed:
         return whole, "whole"
@@ -105,20 +109,18 @@ def steady_figures(runs: list[dict | None], batch: int, between: dict | None = N
             "measured_interval_tokens_per_s": [1e3 * batch * per_round / step.ci_high_ms, 1e3 * batch * per_round / step.ci_low_ms]}
 
 
-def engine_throughput(plan: dict, profile, bundle: Path, s: MeasureSettings, engine=None) -> dict:
+def engine_throughput(plan: Plan, profile: Profile, bundle: Path, s: MeasureSettings, engine=None) -> dict:
     """The check of the module docstring; `bundle` is the bundle's folder (staged or shipped)."""
-    from specdec_tune.profiles.vllm_engine import VllmEngine
-
     try:
         engine = engine or VllmEngine.locate()
     except SpecdecError as e:
         return {"checked": False, "engine": "vllm", "why": str(e)}
     config_file = bundle / "vllm" / "speculative_config.json"
-    held, prompts = decoded_prompts(profile, plan["ctx"], plan["max_draft_len"], max(s.rows, plan["max_batch"]))
+    held, prompts = decoded_prompts(profile, plan.ctx, plan.max_draft_len, max(s.rows, plan.max_batch))
     pool = [ids for ids, _ in held]
     if not pool:
-        return {"checked": False, "engine": "vllm", "why": f"no held-back prompt reaches the plan's context of {plan['ctx']} tokens"}
-    raw = run_buckets(engine, profile, [b["batch"] for b in plan["buckets"]], pool, s.rows, plan["max_batch"],
+        return {"checked": False, "engine": "vllm", "why": f"no held-back prompt reaches the plan's context of {plan.ctx} tokens"}
+    raw = run_buckets(engine, profile, [b.batch for b in plan.buckets], pool, s.rows, plan.max_batch,
                       config_file=config_file if config_file.is_file() else None, cwd=bundle)
     if not raw.get("ok"):
         return {"checked": True, "engine": "vllm", "passed": False, "tolerance_pct": s.tolerance_pct, "buckets": [],
@@ -126,73 +128,52 @@ def engine_throughput(plan: dict, profile, bundle: Path, s: MeasureSettings, eng
     by_name = {r.get("name"): r for r in raw["runs"]}
     speed = profile.engine.get("speed_probe")
     between = profile.engine.get("between_engines")
-    rows = [bucket_row(b, steady_figures([run := by_name.get(f"bucket/{b['batch']}")], b["batch"], between), s.tolerance_pct,
-                       speed_ratio(probe_median_ms([run]), speed)) for b in plan["buckets"]]
+    rows = [bucket_row(b, steady_figures([run := by_name.get(f"bucket/{b.batch}")], b.batch, between), s.tolerance_pct,
+                       speed_ratio(probe_median_ms([run]), speed)) for b in plan.buckets]
     timed = [r for r in rows if "error_pct" in r]
     return {"checked": True, "engine": "vllm", "vllm_version": raw.get("vllm_version"), "config_file": "vllm/speculative_config.json",
             "kv_capacity": kv_capacity(plan, profile, raw.get("kv_cache")),
-            "max_num_seqs": plan["max_batch"], "tolerance_pct": s.tolerance_pct, "tokens_per_request": BUCKET_TOKENS, "prompts": prompts, "buckets": rows,
+            "max_num_seqs": plan.max_batch, "tolerance_pct": s.tolerance_pct, "tokens_per_request": BUCKET_TOKENS, "prompts": prompts, "buckets": rows,
             "passed": all(r["passed"] for r in rows), "throughput_within": all(r.get("throughput_within", False) for r in rows),
             "worst": max(({"batch": r["batch"], "error_pct": r["error_pct"]} for r in timed), key=lambda w: abs(w["error_pct"]), default=None),
             "rule": "a bucket passes when vLLM ran the plan's D (and was timed); its throughput is flagged, not refused, where the error "
                     f"is beyond {s.tolerance_pct:g}% and outside the noise (the prediction's 95% interval and the measurement's do not overlap)"}
 
 
-def kv_capacity(plan: dict, profile, reported: dict | None) -> dict | None:
+def kv_capacity(plan: Plan, profile: Profile, reported: dict | None) -> dict | None:
     """The KV cache vLLM allocated for the bundle's config (its blocks x block size, in tokens) against the memory model's
     prediction for the plan (autotune/memory.py: the engine's pool, or the budget less weights and activations, over the
     KV bytes per token of the target and the drafter's own layers); agreed within KV_CAPACITY_TOLERANCE_PCT."""
-    from specdec_tune.autotune.search import plan_cost_model
-
-    memory = plan_cost_model(profile, plan).memory
+    memory = cost_model_of(profile, plan).memory
     if memory is None or not reported or not reported.get("num_blocks"):
         return None
     engine_tokens = int(reported["num_blocks"]) * int(reported["block_size"])
-    predicted = memory.kv_capacity_tokens(plan["mechanism"], plan["quant"], plan["max_batch"], plan["max_draft_len"])
+    predicted = memory.kv_capacity_tokens(plan.mechanism, plan.quant, plan.max_batch, plan.max_draft_len)
     error_pct = 100 * (predicted / engine_tokens - 1)
     return {"engine_tokens": engine_tokens, "num_blocks": reported["num_blocks"], "block_size": reported["block_size"], "predicted_tokens": predicted,
-            "kv_bytes_per_token": memory.kv_bytes_per_token(plan["mechanism"] if plan["max_draft_len"] else "none"),
+            "kv_bytes_per_token": memory.kv_bytes_per_token(plan.mechanism if plan.max_draft_len else "none"),
             "pool_bytes": memory.kv_pool_bytes,
             "error_pct": error_pct, "within": abs(error_pct) <= KV_CAPACITY_TOLERANCE_PCT, "tolerance_pct": KV_CAPACITY_TOLERANCE_PCT}
 
 
-def bucket_row(bucket: dict, measured: dict, tolerance_pct: float, ratio: float | None = None) -> dict:
-    B, D = bucket["batch"], bucket["draft_len"]
+def bucket_row(bucket: Bucket, measured: dict, tolerance_pct: float, ratio: float | None = None) -> dict:
+    B, D = bucket.batch, bucket.draft_len
     row = {"batch": B, "draft_len": D}
     if "error" in measured:
         return row | {"passed": False, "error": measured["error"]}
-    figure = bucket["predicted"]["tokens_per_s"]
-    p_low, p_high = figure.get("low") or figure["value"], figure.get("high") or figure["value"]
+    figure = bucket.predicted.tokens_per_s
+    p_low, p_high = figure.low or figure.value, figure.high or figure.value
     low, high = measured["measured_interval_tokens_per_s"]
-    error_pct = 100 * (figure["value"] / measured["measured_tokens_per_s"] - 1)
+    error_pct = 100 * (figure.value / measured["measured_tokens_per_s"] - 1)
     inside_noise = p_low <= high and low <= p_high
     d_ok = measured["draft_len_applied"] == D and (D > 0 or not measured["drafting_steps"])
     return row | measured | {
-        "draft_len_ok": d_ok, "predicted_tokens_per_forward": bucket["predicted"]["tokens_per_forward"]["value"],
-        "predicted_tokens_per_s": figure["value"], "predicted_source": figure["source"], "predicted_interval_tokens_per_s": [p_low, p_high],
+        "draft_len_ok": d_ok, "predicted_tokens_per_forward": bucket.predicted.tokens_per_forward.value,
+        "predicted_tokens_per_s": figure.value, "predicted_source": figure.source, "predicted_interval_tokens_per_s": [p_low, p_high],
         "error_pct": error_pct, "inside_noise": inside_noise, "throughput_within": abs(error_pct) <= tolerance_pct or inside_noise, "passed": d_ok,
         "device_speed_ratio": ratio,
-        "scaled_error_pct": None if ratio is None else 100 * (figure["value"] / (measured["measured_tokens_per_s"] * ratio) - 1),
+        "scaled_error_pct": None if ratio is None else 100 * (figure.value / (measured["measured_tokens_per_s"] * ratio) - 1),
     }
-
-
-def describe_kv(kv: dict) -> str:
-    where = f"its pool of {kv['pool_bytes'] / 2**30:g} GiB" if kv.get("pool_bytes") else "the memory budget less weights and activations"
-    return (f"KV cache: vLLM allocated {kv['num_blocks']} blocks x {kv['block_size']} = {kv['engine_tokens']} tokens; the memory model "
-            f"predicts {kv['predicted_tokens']} ({where} over {kv['kv_bytes_per_token']:.0f} bytes per token): {kv['error_pct']:+.1f}%"
-            + ("" if kv["within"] else f" [beyond {kv['tolerance_pct']:g}%]"))
-
-
-def describe_row(r: dict) -> str:
-    if "error_pct" not in r:
-        return f"batch {r['batch']}, D={r['draft_len']}: not measured ({r['error']})"
-    applied = "" if r["draft_len_ok"] else f", but vLLM ran D={r['draft_len_applied']}"
-    flag = "" if r["throughput_within"] else " [beyond the tolerance and the noise]"
-    return (f"batch {r['batch']}, D={r['draft_len']}{applied}{flag}: predicted {r['predicted_tokens_per_s']:.0f} tokens/s ({r['predicted_source']}), "
-            f"vLLM {r['measured_tokens_per_s']:.0f} [{r['measured_interval_tokens_per_s'][0]:.0f}–{r['measured_interval_tokens_per_s'][1]:.0f}]: "
-            f"{r['error_pct']:+.1f}%{' (inside the noise)' if r['inside_noise'] else ''}"
-            + ("" if r.get("scaled_error_pct") is None else f", {r['scaled_error_pct']:+.1f}% at the profile's reference speed (device x{r['device_speed_ratio']:.2f})")
-            + f"; tokens per round {r['tokens_per_round']:.3f} against {r['predicted_tokens_per_forward']:.3f} predicted")
 
 
 def engine_refusal(tp: dict) -> SpecdecError:
@@ -201,4 +182,3 @@ def engine_refusal(tp: dict) -> SpecdecError:
     bad = "; ".join(describe_row(r) for r in tp["buckets"] if not r["passed"])
     return SpecdecError(f"vLLM does not run the plan's schedule from the bundle's config: {bad}",
                         "report this with the plan.json: the vLLM config and vLLM's per-batch lookup disagree")
-

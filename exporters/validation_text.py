@@ -1,0 +1,83 @@
+"""Validation records in words: the lines the CLI prints as each check ends and the bundle's report lists.
+
+The records come from the checks that measure (pipeline/); rendering them is the exporters' job, so the report and the
+CLI say a check's outcome alike."""
+
+from __future__ import annotations
+
+PROMPT_WAYS = {"whole": "whole (those that fit the context)", "cut": "cut to the context"}  # the engine check's held-back prompts
+
+
+def schedule_of(plan) -> dict:
+    """A plan's mechanism, weight format and schedule, as a repair record keeps them before and after a re-plan."""
+    return {"mechanism": plan.mechanism, "quant": plan.quant, "schedule": [list(bd) for bd in plan.schedule]}
+
+
+def lossless_text(gate: dict | None) -> str:
+    """The lossless gate's outcome in words: passed, FAILED, not applicable (a plan that never speculates has
+    nothing to compare), or skipped."""
+    if not gate:
+        return "not run"
+    if "skipped" in gate:
+        return f"skipped ({gate['skipped']})"
+    if gate.get("applicable") is False:
+        return f"not applicable ({gate.get('note', 'the plan never speculates')})"
+    return "passed" if gate["passed"] else "FAILED"
+
+def describe_throughput_row(r: dict) -> str:
+    """One bucket of the throughput check, as the report and the CLI print it."""
+    if "infeasible" in r:
+        return f"batch {r['batch']}, D={r['draft_len']}: infeasible ({r['infeasible']})"
+    noise = ""
+    if r.get("inside_noise"):
+        (b_lo, b_hi), (m_lo, m_hi) = r["predicted_interval_tokens_per_s"], r["measured_at_profile_speed_range_tokens_per_s"]
+        noise = f"; inside the noise (predicted [{b_lo:.1f}–{b_hi:.1f}], the runs at profile-time speed [{m_lo:.1f}–{m_hi:.1f}])"
+    return (f"batch {r['batch']}, D={r['draft_len']}: predicted {r['predicted_tokens_per_s']:.0f} tokens/s ({r['predicted_source']}) "
+            f"({r['predicted_at_current_speed_tokens_per_s']:.0f} at the device's current speed, x{1 / r['device_speed_ratio']:.3f}), "
+            f"measured {r['measured_tokens_per_s']:.0f}: {r['error_pct']:+.1f}% ({r['raw_error_pct']:+.1f}% unscaled){noise}")
+
+def schedule_text(s: dict) -> str:
+    return f"{s['mechanism']}/{s['quant']} " + ", ".join(f"B={B}: D={D}" for B, D in s["schedule"])
+
+
+def _cell_change_text(c: dict) -> str:
+    return f"verify cell B={c['batch']}, 1+D={c['tokens']}, ctx {c['ctx']}: {ms_text(c['before_ms'])} -> {ms_text(c['after_ms'])} ms ({c['source']})"
+
+
+def ms_text(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _pct(value: float | None) -> str:
+    return "not measured" if value is None else f"{value:+.1f}%"
+
+
+def describe_repair(record: dict) -> list[str]:
+    """One round of repair as the CLI prints it and the report lists it: a headline, then what changed."""
+    failing = "; ".join(f"batch {r['batch']}, D={r['draft_len']}: predicted {r['predicted_at_current_speed_tokens_per_s']:.1f} tokens/s, "
+                        f"measured {r['measured_tokens_per_s']:.1f} ({r['error_pct']:+.1f}%)" for r in record["failing"])
+    outcome = "passed" if record["passed"] else "still failing"
+    lines = [f"repair round {record['round']}: re-measured the verify cells behind {failing}"]
+    lines += [f"  {_cell_change_text(c)}" for c in record["cells"]]
+    before, after = schedule_text(record["before"]), schedule_text(record["after"])
+    lines.append(f"  schedule {before} -> {after}" if before != after else f"  schedule unchanged: {after}")
+    lines.append(f"  worst error {_pct(record['worst_error_pct_before'])} -> {_pct(record['worst_error_pct_after'])} ({outcome})")
+    return lines
+
+def describe_kv(kv: dict) -> str:
+    where = f"its pool of {kv['pool_bytes'] / 2**30:g} GiB" if kv.get("pool_bytes") else "the memory budget less weights and activations"
+    return (f"KV cache: vLLM allocated {kv['num_blocks']} blocks x {kv['block_size']} = {kv['engine_tokens']} tokens; the memory model "
+            f"predicts {kv['predicted_tokens']} ({where} over {kv['kv_bytes_per_token']:.0f} bytes per token): {kv['error_pct']:+.1f}%"
+            + ("" if kv["within"] else f" [beyond {kv['tolerance_pct']:g}%]"))
+
+
+def describe_row(r: dict) -> str:
+    if "error_pct" not in r:
+        return f"batch {r['batch']}, D={r['draft_len']}: not measured ({r['error']})"
+    applied = "" if r["draft_len_ok"] else f", but vLLM ran D={r['draft_len_applied']}"
+    flag = "" if r["throughput_within"] else " [beyond the tolerance and the noise]"
+    return (f"batch {r['batch']}, D={r['draft_len']}{applied}{flag}: predicted {r['predicted_tokens_per_s']:.0f} tokens/s ({r['predicted_source']}), "
+            f"vLLM {r['measured_tokens_per_s']:.0f} [{r['measured_interval_tokens_per_s'][0]:.0f}–{r['measured_interval_tokens_per_s'][1]:.0f}]: "
+            f"{r['error_pct']:+.1f}%{' (inside the noise)' if r['inside_noise'] else ''}"
+            + ("" if r.get("scaled_error_pct") is None else f", {r['scaled_error_pct']:+.1f}% at the profile's reference speed (device x{r['device_speed_ratio']:.2f})")
+            + f"; tokens per round {r['tokens_per_round']:.3f} against {r['predicted_tokens_per_forward']:.3f} predicted")

@@ -1,0 +1,227 @@
+"""The throughput check of a plan profiled in this tool's loop: decode tokens/s at each bucket's batch with its D, on
+this device, against the plan's prediction.
+
+Each bucket decodes calibration prompts cut to the plan's context (the profile's dtype, every row decoding the full
+length), its timed runs brought back to profile-time speed by the probes on either side of each (`DeviceSpeed`), and
+the relative error per bucket is judged against the tolerance and the noise (`bucket_row`). Only the rounds in which
+every row of the batch is still decoding count: the batch a continuously batched server keeps full.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+import torch
+
+from specdec_tune import SpecdecError
+from specdec_tune.autotune.plan_schema import Bucket, Plan
+from specdec_tune.pipeline.lossless import plan_drafter
+from specdec_tune.profiles.fingerprint import device_fingerprint, resolve_device
+from specdec_tune.profiles.models.loading import load_model
+from specdec_tune.profiles.prompts import cut_to_context, prompts_by_domain
+from specdec_tune.profiles.schema import Profile
+from specdec_tune.profiles.specdec import SpecCounters, generate
+from specdec_tune.profiles.timing import is_out_of_memory
+from specdec_tune.profiles.verify_curve import VerifyStep
+from specdec_tune.settings import MeasureSettings
+
+PROBE_REPEATS = 5  # timed calls of a speed probe (median): the gate scales its prediction by the ratio, so it gets more than a guard
+WARMUP_TOKENS = 8  # a decode's warm-up: the first batch, this many tokens (allocator and caches; not timed)
+
+
+def context_prompts_by_domain(target, ctx: int, new_tokens: int, max_draft: int, split: str, whole: bool = False) -> list[tuple[list[int], str]]:
+    """(ids, domain) of the calibration prompts at least ctx − new_tokens/2 tokens long, cut to that length from the
+    left (the chat template's reply header stays last), so that the KV cache averages `ctx` over the decode. The
+    length filter favours the domains of long prompts (HumanEval, extraction): the domains say what was decoded.
+    `whole`: the prompts between half that length and all of it, uncut (`cut_to_context`)."""
+    every = prompts_by_domain(target.tokenizer, target.model.config.max_position_embeddings, 1000, new_tokens, max_draft, split)
+    return cut_to_context(every, ctx, new_tokens, whole)
+
+
+def context_prompts(target, ctx: int, new_tokens: int, max_draft: int, split: str) -> list[list[int]]:
+    return [ids for ids, _ in context_prompts_by_domain(target, ctx, new_tokens, max_draft, split)]
+
+
+def measure_decode(target, drafter, ids: list[list[int]], D: int, new_tokens: int, repeats: int, seed: int = 0,
+                   batch_size: int | None = None, between: Callable[[], None] = lambda: None) -> dict:
+    """Decode tokens/s over `ids` in batches of `batch_size` (default: one batch), median of `repeats` after a
+    warm-up (the first batch, a few tokens), each run's figure, and the tokens per target forward of the last run.
+    `between` is called before the first timed run and after each (`DeviceSpeed` probes the device there).
+
+    Only the rounds in which all `batch_size` rows are still decoding count towards tokens/s: that is the
+    batch a continuously batched server keeps full, and what the cost model predicts. A static batch's
+    tail (rows that accepted more finish first and leave the rest running at a smaller batch) is dropped.
+    """
+    B = batch_size or len(ids)
+    if len(ids) % B:
+        raise SpecdecError(f"{len(ids)} prompts do not split into batches of {B}", "pass a multiple of the batch size")
+    kwargs = dict(drafter=drafter if D else None, num_draft_tokens=D, max_new_tokens=new_tokens, temperature=0.0, seed=seed, stop_token_ids=())
+    generate(target.model, ids[:B], **(kwargs | {"max_new_tokens": min(new_tokens, WARMUP_TOKENS)}))  # warm-up
+    rates = []
+    between()
+    for _ in range(repeats):
+        tokens, seconds, counters = 0, 0.0, []
+        for start in range(0, len(ids), B):
+            out = generate(target.model, ids[start : start + B], **kwargs)
+            tokens, seconds, counters = tokens + out.full_batch_tokens, seconds + out.full_batch_s, counters + out.per_prompt
+        rates.append(tokens / seconds)
+        between()
+    return {"tokens_per_s": statistics.median(rates), "tokens_per_s_range": [min(rates), max(rates)], "tokens_per_s_runs": rates,
+            "tokens_per_forward": SpecCounters.total(counters).tokens_per_target_forward}
+
+
+class DeviceSpeed:
+    """This device's speed now against profile time, probed between the timed runs of each measurement.
+
+    The probe is one verify step (the bucket's batch, one token, `ctx` cached), a step the profile measured.
+    It runs before a measurement's first timed run and after each run; a run's speed ratio is the mean of the
+    probes on either side of it against the profile's figure for that step (the fitted curve's, which the
+    prediction was built from): > 1 where the device runs slower now. Pairing each run with the probes next to
+    it matters on a shared machine: there the speed moves by 20-30% within a minute, so a ratio probed once
+    before and once after a 40-second measurement can disagree with the runs in between by as much. Shared
+    machines drift with other tenants and clocks, and not by one factor: on a 2-core CPU the batch-1 step ran at
+    x0.98-1.12 of its profile time while batches 4-16 ran 20-35% slower, so each batch is probed at its own size.
+    """
+
+    def __init__(self, target, profile, ctx: int, seed: int = 0) -> None:
+        self.target, self.ctx, self.seed = target, ctx, seed
+        self.profiled_ms = {p.batch: p.median_ms for p in profile.verify
+                            if (p.tokens, p.ctx) == (1, ctx) and p.source in ("measured", "fitted") and p.median_ms}
+        self.why = None if self.profiled_ms else f"the profile has no measured verify step with one token at ctx {ctx}"
+        self.probes: dict[int, Callable[[], float]] = {}
+
+    def probed_batch(self, batch: int) -> int | None:
+        """The batch whose profiled step stands for `batch`: itself where measured, else the nearest measured one."""
+        return min(self.profiled_ms, key=lambda b: (abs(b - batch), b)) if self.profiled_ms else None
+
+    def measure(self, fn: Callable[[Callable[[], None]], object], batch: int = 1) -> tuple[object, list[float]]:
+        """(fn's result, the speed ratio now / at profile time of each of its timed runs, probed at `batch`'s step).
+
+        `fn` receives `between`, to call before its first timed run and after each (as `measure_decode` does);
+        a probe is added where it called fewer than two."""
+        probed = self.probed_batch(batch)
+        if probed is None:
+            return fn(lambda: None), [1.0]
+        if probed not in self.probes:
+            step = VerifyStep(self.target.model, probed, self.ctx, 1, self.seed)
+            self.probes[probed] = lambda: step.timing(1, warmup=1, repeats=PROBE_REPEATS).median_ms
+        probes_ms: list[float] = []
+        result = fn(lambda: probes_ms.append(self.probes[probed]()))
+        while len(probes_ms) < 2:
+            probes_ms.append(self.probes[probed]())
+        return result, [(a + b) / 2 / self.profiled_ms[probed] for a, b in zip(probes_ms, probes_ms[1:])]
+
+
+def _another_device(profiled: dict) -> str:
+    """How this device differs from the profiled one in what sets its speed ('' when it is the same kind)."""
+    here = device_fingerprint(resolve_device("cuda" if profiled.get("kind") == "cuda" and torch.cuda.is_available() else "cpu"), torch.float32)
+    return "; ".join(f"{key} {profiled.get(key)!r} there, {here.get(key)!r} here" for key in ("kind", "name", "threads")
+                     if key in profiled and profiled.get(key) != here.get(key))
+
+
+def at_profile_speed_tokens_per_s(decoded: dict, ratios: list[float]) -> tuple[float, list[float]]:
+    """A decode's tokens/s brought back to profile-time speed: (the median, each run's), each run's tokens/s times its
+    own speed ratio (`DeviceSpeed.measure`). A measurement without its runs, or with another number of ratios than
+    runs, is scaled by the median ratio."""
+    measured = decoded["tokens_per_s"]
+    runs = decoded.get("tokens_per_s_runs") or decoded.get("tokens_per_s_range") or [measured]
+    if len(runs) != len(ratios):
+        ratios = [statistics.median(ratios)] * len(runs)
+    each = [r * ratio for r, ratio in zip(runs, ratios)]
+    return (statistics.median(each) if "tokens_per_s_runs" in decoded else measured * ratios[0]), each
+
+
+def bucket_row(bucket: Bucket, decoded: dict, ratios: list[float], tolerance_pct: float) -> dict:
+    """One bucket of the throughput check: its prediction against its measurement at profile-time speed.
+
+        at profile speed   c_i = r_i x ratio_i  (run i's tokens/s r_i; ratio_i probed on either side of it)
+        error              predicted / median_i(c_i) - 1,  the same as the prediction at the current speed
+                           (predicted x m / median(c), m the median raw tokens/s) against m
+        inside the noise   the prediction's 95% interval overlaps [min_i c_i, max_i c_i]
+    """
+    figure = bucket.predicted.tokens_per_s
+    predicted, measured = figure.value, decoded["tokens_per_s"]
+    corrected, at_profile_speed = at_profile_speed_tokens_per_s(decoded, ratios)
+    scale = measured / corrected  # the prediction at the current speed = predicted x scale
+    low, high = figure.low or predicted, figure.high or predicted
+    inside_noise = low <= max(at_profile_speed) and min(at_profile_speed) <= high
+    error_pct = 100 * (predicted / corrected - 1)
+    return {"batch": bucket.batch, "draft_len": bucket.draft_len, "predicted_tokens_per_s": predicted, "predicted_source": figure.source,
+            "device_speed_ratio": 1 / scale, "device_speed_ratio_runs": ratios, "predicted_at_current_speed_tokens_per_s": predicted * scale,
+            "predicted_interval_tokens_per_s": [low, high], "predicted_interval_at_current_speed_tokens_per_s": [low * scale, high * scale],
+            "measured_tokens_per_s": measured,
+            "measured_range_tokens_per_s": decoded.get("tokens_per_s_range", [measured, measured]),
+            "measured_at_profile_speed_range_tokens_per_s": [min(at_profile_speed), max(at_profile_speed)],
+            "raw_error_pct": 100 * (predicted - measured) / measured, "error_pct": error_pct, "inside_noise": inside_noise,
+            "within": abs(error_pct) <= tolerance_pct or inside_noise}
+
+
+def _close(kept: float | None, now: float) -> bool:
+    return kept is not None and abs(kept - now) <= 0.01 * abs(now)
+
+
+def throughput_check(plan: Plan, profile: Profile, s: MeasureSettings, on_row: Callable[[dict], None] | None = None,
+                     keep: dict[int, dict] | None = None) -> dict:
+    """Measured decode tokens/s per bucket against the plan, at the plan's context length (this device); `on_row`
+    receives each bucket's row as it is measured. `keep` maps a batch to a row of an earlier check that stands
+    (a repair re-checks only what failed or was re-planned): it is kept where the bucket's D is the same and its
+    prediction moved by less than 1%.
+
+    Between the timed runs of each bucket the device's speed is probed against profile time (`DeviceSpeed`);
+    the gate compares the prediction with the measurement brought back to profile-time speed run by run, so
+    that a machine that is busier than when it was profiled does not fail a right plan. The raw error is kept
+    beside it, and a drift beyond the tolerance is reported as a reason to re-profile.
+    """
+    if plan.projected:
+        return {"checked": False, "why": f"the plan is for {plan.device.name} (modeled), not this device"}
+    other = _another_device(profile.device)
+    if other:
+        return {"checked": False, "why": f"the profile was measured on another device ({other}): throughput is checked where it was measured"}
+    target = load_model(profile.target["path"], dtype=profile.device.get("dtype") or "auto")
+    drafter = plan_drafter(plan, profile, target)
+    pool = context_prompts(target, plan.ctx, s.new_tokens, plan.max_draft_len, "all")
+    if not pool:
+        return {"checked": False, "why": f"no calibration prompt reaches the plan's context of {plan.ctx} tokens"}
+    speed = DeviceSpeed(target, profile, plan.ctx, s.seed)
+    rows = []
+    for b in plan.buckets:
+        B, D = b.batch, b.draft_len
+        kept = (keep or {}).get(B)
+        if kept is not None and kept["draft_len"] == D and _close(kept.get("predicted_tokens_per_s"), b.predicted.tokens_per_s.value):
+            rows.append(kept | {"kept_from_the_previous_check": True})
+            continue
+        n = B * -(-s.rows // B)  # small batches decode several batches, so that AL is not one or two prompts'
+        try:
+            decoded, ratios = speed.measure(lambda between: measure_decode(target, drafter, [pool[i % len(pool)] for i in range(n)], D,
+                                                                           s.new_tokens, s.repeats, s.seed, batch_size=B, between=between),
+                                            batch=B)
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            if not is_out_of_memory(e):
+                raise
+            rows.append({"batch": B, "draft_len": D, "infeasible": "out of memory on this device now"})
+        else:
+            rows.append(bucket_row(b, decoded, ratios, s.tolerance_pct))
+        if on_row:
+            on_row(rows[-1])
+    timed = [r for r in rows if "infeasible" not in r]
+    if not timed:
+        return {"checked": False, "why": "every bucket ran out of memory on this device", "buckets": rows}
+    worst = max(timed, key=lambda r: abs(r["error_pct"]))
+    drift = max(abs(r["device_speed_ratio"] - 1) for r in timed) * 100
+    result = {"checked": True, "tolerance_pct": s.tolerance_pct, "new_tokens": s.new_tokens, "buckets": rows,
+              "measured_rounds": "rounds with every row of the batch decoding (a continuously batched server's steady state)",
+              "passed": all(r["within"] for r in timed), "worst": {"batch": worst["batch"], "error_pct": worst["error_pct"]},
+              "rule": f"a bucket passes when its error at the current speed is within {s.tolerance_pct:g}%, or when the prediction's "
+                      "95% interval and the range of the timed runs at profile-time speed overlap (a difference inside the noise)",
+              "speed_scaling": "each timed run's tokens/s times the speed ratio probed on either side of it (the probed step's time now "
+                               "over its profile time), median over the runs",
+              "device_drift_pct": drift}
+    if speed.why:
+        result["device_speed"] = f"not probed: {speed.why}"
+    if len(timed) < len(rows):
+        result["infeasible_batches"] = [r["batch"] for r in rows if "infeasible" in r]
+    if drift > s.tolerance_pct:
+        result["warning"] = (f"this device runs the target {drift:.0f}% away from its speed at profile time: "
+                             "re-profile on a quiet machine before trusting absolute figures")
+    return result
