@@ -2,7 +2,7 @@
 
 Read by two stages: the vllm measurement backend (profiles/), which runs each mechanism inside vLLM, and the vLLM
 exporter (exporters/), which writes the bundle's config; one table, so that what was measured is what is shipped.
-Field names follow vllm/config/speculative.py at 0.32 (../shared/reference/engines.md §7).
+Field names follow vllm/config/speculative.py at 0.32 (exporters/versions.py cites the engines' sources).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The cost model of DESIGN.md §1, answered from a recorded profile (the `replay` backend).
+"""The cost model, answered from a recorded profile (the `replay` backend).
 
     TPS(B, D)      = B · AL(D) / (T_verif(B, 1+D) + T_draft(B, D) + T_host(B, D))
     T_verif(B, 1+D) is the expected cost of the round's width: a batch verifies 1 + the longest proposal

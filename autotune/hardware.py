@@ -1,6 +1,6 @@
 """The hardware table: datasheet figures for the common accelerators, and an estimate for the local CPU.
 
-It serves two purposes (DESIGN.md §1):
+It serves two purposes:
 
 * modelling the time of what is not measured here: `--device h200`-style planning for a device you do not
   have, including a quantized drafter's time on a device that runs its format (the profile times drafters in
@@ -136,7 +136,7 @@ def formats_for_capability(capability: tuple[int, int] | None) -> tuple[str, ...
 
 _NVIDIA_ATTN_TILE = (
     "attention tile: 128 query rows, the M tile of FlashAttention-2/3 forward kernels on sm_80..sm_100 "
-    "(DESIGN.md §1 guideline 3)"
+    "(guideline 3: autotune/plan.py)"
 )
 
 _TABLE: tuple[DeviceSpec, ...] = (

@@ -1,6 +1,6 @@
 """plan.json: the chosen schedule with its predicted figures, the reason for each D, and the Pareto set.
 
-Rationale per bucket names the guideline of DESIGN.md §1 that set D:
+Rationale per bucket names the hardware guideline that set D:
   1 the target's GEMMs turn compute-bound (verifying 1+D tokens stops being nearly free)
   2 attention: one tile of R rows holds D up to R/G − 1 (G query heads per KV head)
   3 tile alignment: G·(1+D) a whole number of tiles

@@ -12,10 +12,11 @@ import dataclasses
 from pathlib import Path
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.cost_model import Figure as CostFigure, Prediction
+from specdec_tune.autotune.hardware import get_device_spec
 from specdec_tune.formats import WEIGHT_FORMATS
 from specdec_tune.profiles.schema import ModelRefRecord, Source
 from specdec_tune.records import read_json
@@ -189,6 +190,16 @@ class RecordedSearchSettings(Record):
     mix: tuple[tuple[str, float], ...]
     memory_fraction: float = Field(gt=0, le=1)
     tensor_parallel: int = Field(ge=0)
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, device: str | None) -> str | None:
+        if device is not None:
+            try:
+                get_device_spec(device)
+            except SpecdecError as e:
+                raise ValueError(e.message) from None
+        return device
 
 
 class Plan(Record):

@@ -1,7 +1,7 @@
 """The export side's mechanism registry: one record per mechanism with every engine's spelling and rules.
 
 The engine modules look a mechanism up here and never compare its name; adding a mechanism is one record. Field
-names and rules follow the engines' released sources (../shared/reference/engines.md §7 holds the citations):
+names and rules follow the engines' released sources (exporters/versions.py holds the citations):
 
     vLLM          `speculative_config.method` and the method's own fields: the table in vllm_spelling.py, which the
                   vllm measurement backend runs too

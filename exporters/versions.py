@@ -5,7 +5,7 @@ Every version an export targets must fall in a known line (`rules_line`): a line
 one set of rules, read from that release's own source (the `source` of each line). An exporter asks
 `knows(engine, feature, version)` before it emits anything version-dependent and records the answer. Where no
 release's source pins the first version, the entry says so (`verified` False) and gives the change it comes from
-(../shared/reference/engines.md). Pass the version you deploy with `--vllm-version` / `--trtllm-version` /
+(the notes beside each entry). Pass the version you deploy with `--vllm-version` / `--trtllm-version` /
 `--sglang-version`.
 """
 

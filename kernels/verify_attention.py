@@ -13,7 +13,7 @@ Grouped-query packing: the G query heads of one KV head and their T tokens are G
 r = g·T + t of one block (`gqa_attention` in the model packs them the same way), so one load of a
 KV tile serves all G·(1+D) rows. A program takes BLOCK_M packed rows of one (sequence, KV head); when
 G·(1+D) crosses a multiple of BLOCK_M a second row block reads the same keys again: the tile step
-that guideline 3 of DESIGN.md §1 is about.
+that guideline 3 of the plan's rationale is about (autotune/plan.py).
 
 Online softmax (log2 units, scores pre-scaled by log2(e)/sqrt(hd)), per KV tile:
 

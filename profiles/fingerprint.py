@@ -2,7 +2,7 @@
 
 `device_fingerprint` records the accelerator (or CPU), the software stack and the dtype as a
 JSON-able dict. `STALENESS_FACTORS` is the one list of those fields whose change invalidates a
-profile or a bundle (DESIGN.md §2: the factors are listed in one place); `device_factors` picks
+profile or a bundle (the factors are listed in one place; exporters/staleness.py adds the bundle's); `device_factors` picks
 them and `diff_factors` names the ones that changed.
 
 Everything here is best effort and never fails on a missing tool: a field that cannot be read is None.

@@ -1,4 +1,4 @@
-"""Micro-curves that explain the hardware guidelines (DESIGN.md §1), measured with `time_call`.
+"""Micro-curves that explain the hardware guidelines (autotune/plan.py lists them), measured with `time_call`.
 
 - `attention_curve`: one verify-attention call of the target (its real head counts and head_dim)
   over a KV cache of `ctx` tokens, for T = 1+D new tokens. Its x-axis `rows_per_kv_head` = G·(1+D)

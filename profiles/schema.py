@@ -7,11 +7,12 @@ file with a message naming the field. `SCHEMA_VERSION` changes whenever a field'
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from specdec_tune import SpecdecError
+from specdec_tune.formats import WEIGHT_FORMATS
 from specdec_tune.records import read_json
 from specdec_tune.settings import MEASUREMENT_BACKENDS
 
@@ -86,15 +87,32 @@ class EngineRecord(Described):
     between_engines: Optional[BetweenEngines] = None
 
 
+class ModelShape(Described):
+    """The sizes the memory formulas read (profiles/memory.py `shape_of`)."""
+
+    layers: Count
+    hidden: Positive
+    q_width: Positive
+    kv_width: Positive
+    kv_heads: Positive
+    head_dim: Positive
+    intermediate: Positive
+    vocab: Positive
+    tied: bool
+    experts: Count = 0
+    experts_per_token: Positive = 1
+
+
 class ModelMemory(Described):
     """The memory one model holds (profiles/memory.py): parameters, weights per format, KV bytes per token."""
 
+    shape: Optional[ModelShape] = None  # the target's (a drafter's where it has layers of its own)
     params: int = Field(ge=0)
     dense_params: int = Field(ge=0)
     linear_params: int = Field(ge=0)
     kv_bytes_per_token: float = Field(ge=0)
     weights_bytes: dict[str, float]
-    source: str
+    source: str = Field(min_length=1)
 
     @field_validator("weights_bytes")
     @classmethod
@@ -102,6 +120,10 @@ class ModelMemory(Described):
         if "none" not in value or any(v < 0 for v in value.values()):
             raise ValueError("weights_bytes needs a non-negative figure per format, \"none\" among them")
         return value
+
+
+class TargetMemory(ModelMemory):
+    shape: ModelShape
 
 
 class ActivationPoint(Record):
@@ -114,7 +136,7 @@ class ActivationPoint(Record):
 class DeviceMemory(Described):
     usable_bytes: float = Field(gt=0)
     kv_cache_bytes: Optional[float] = Field(default=None, gt=0)  # a serving engine's own KV pool (vLLM on a CPU)
-    source: str
+    source: str = Field(min_length=1)
 
 
 class MemoryRecord(Described):
@@ -122,54 +144,59 @@ class MemoryRecord(Described):
 
     dtype: Literal["float32", "bfloat16", "float16"]
     dtype_bytes: int = Field(ge=1)
-    target: ModelMemory
+    target: TargetMemory
     drafters: dict[str, ModelMemory]
     activation: list[ActivationPoint]
     activation_bytes_per_row: float = Field(ge=0)
     device: DeviceMemory
 
 
+Ms = Optional[Annotated[float, Field(ge=0)]]
+Positive = Annotated[int, Field(ge=1)]
+Count = Annotated[int, Field(ge=0)]
+
+
 class Timed(Record):
-    median_ms: Optional[float]  # None when infeasible (out of memory); the verify curve: the monotone fit's value
-    p10_ms: Optional[float] = None
-    p90_ms: Optional[float] = None
-    repeats: int = 0
+    median_ms: Ms  # None when infeasible (out of memory); the verify curve: the monotone fit's value
+    p10_ms: Ms = None
+    p90_ms: Ms = None
+    repeats: Count = 0
     source: Source
     # 95% interval of the median (order statistics over the repeats); None where not measured (interpolated, projected)
-    ci_low_ms: Optional[float] = None
-    ci_high_ms: Optional[float] = None
+    ci_low_ms: Ms = None
+    ci_high_ms: Ms = None
 
 
 class TimingPoint(Timed):
     """T_verif(B, 1+D, ctx): one target forward over `batch` rows x `tokens` new tokens on a KV cache of `ctx`."""
 
-    batch: int
-    tokens: int  # 1 + D
-    ctx: int
-    raw_median_ms: Optional[float] = None  # the measured median before the monotone fit, drift-corrected (None where not measured)
-    uncorrected_median_ms: Optional[float] = None  # the same as timed, before the device's drift was taken out (profiles/drift.py)
+    batch: Positive
+    tokens: Positive  # 1 + D
+    ctx: Positive
+    raw_median_ms: Ms = None  # the measured median before the monotone fit, drift-corrected (None where not measured)
+    uncorrected_median_ms: Ms = None  # the same as timed, before the device's drift was taken out (profiles/drift.py)
     fit_moved: bool = False  # the fit moved this cell by more than its interval: source "fitted", flagged in plans
 
 
 class DraftPoint(Timed):
     """T_draft(B, D): one propose() call as the mechanism runs it (serial steps, one pass, or lookups)."""
 
-    mechanism: str
+    mechanism: str = Field(min_length=1)
     quant: str = "none"
-    batch: int
-    draft_len: int
-    ctx: int
+    batch: Positive
+    draft_len: Count
+    ctx: Positive
 
 
 class HostPoint(Record):
     """Per-round loop time outside the drafter and the target forward (bookkeeping, Python)."""
 
-    mechanism: str
-    batch: int
-    draft_len: int
-    host_ms_per_round: float
-    round_ms: float  # whole round: draft + verify + host
-    rounds: int
+    mechanism: str = Field(min_length=1)
+    batch: Positive
+    draft_len: Count
+    host_ms_per_round: float = Field(ge=0)
+    round_ms: float = Field(ge=0)  # whole round: draft + verify + host
+    rounds: Count
     source: Source = "measured"
 
 
@@ -177,28 +204,28 @@ class RoundPoint(Timed):
     """T_round(B, D): one decode round as the serving engine runs it (draft + verify + host in one engine step), timed
     with `batch` requests decoding on prompts of `ctx` tokens. D = 0 (mechanism "none") is plain decoding's step."""
 
-    mechanism: str
+    mechanism: str = Field(min_length=1)
     quant: str = "none"
-    batch: int
-    draft_len: int
-    ctx: int
-    tokens_per_round: Optional[float] = None  # tokens a row emitted per timed round (the timing prompts' own acceptance)
+    batch: Positive
+    draft_len: Count
+    ctx: Positive
+    tokens_per_round: Optional[float] = Field(default=None, ge=1)  # tokens a row emitted per timed round (the timing prompts' own acceptance)
     # A lookup drafter proposes in some rounds and not in others, and a round costs more the more tokens it verifies:
     # the draft tokens per row of the timed rounds, and the least-squares slope of a step's ms on them, one per (batch,
     # context) over the mechanism's cells (>= 0; 0 where every round drafted alike), so that the cost model can move
     # the time to the workload's own drafting rate
-    draft_tokens_per_row: Optional[float] = None
-    ms_per_draft_token: Optional[float] = None
+    draft_tokens_per_row: Optional[float] = Field(default=None, ge=0)
+    ms_per_draft_token: Optional[float] = Field(default=None, ge=0)
     # the median of the steps as timed, before they were brought to the profile's reference speed (engine.speed_probe)
-    raw_median_ms: Optional[float] = None
+    raw_median_ms: Ms = None
 
 
 class ALCheck(Record):
     """Derived tokens per target forward at a smaller D against a direct run at that D."""
 
-    draft_len: int
-    derived: float
-    direct: float
+    draft_len: Positive
+    derived: float = Field(ge=1)
+    direct: float = Field(ge=1)
     rel_diff: float
     flagged: bool  # |rel_diff| > 5%
 
@@ -221,25 +248,29 @@ class PromptSums(Record):
         return self
 
 
+Rate = Annotated[float, Field(ge=0, le=1)]
+AtLeastOne = Annotated[float, Field(ge=1)]
+
+
 class AcceptanceRecord(Record):
-    mechanism: str
-    quant: str = "none"  # weights format of the drafter while measured
+    mechanism: str = Field(min_length=1)
+    quant: Literal[WEIGHT_FORMATS] = "none"  # type: ignore[valid-type]  # weights format of the drafter while measured
     quant_source: Source = "measured"  # "emulated" when the format ran as fake-quantized weights
-    domain: str  # a calibration domain, or "all"
-    temperature: float
-    max_draft_len: int
-    prompts: int
-    new_tokens: int
-    num_drafts: int
-    num_draft_tokens: int
-    num_accepted_tokens: int
-    num_accepted_tokens_per_pos: list[int]
-    num_reached_per_pos: list[int]
-    num_rounds: int
-    rounds: list[list[int]]  # [L][n]: rounds that proposed L tokens with n accepted
-    conditional_acceptance: list[Optional[float]]  # a_k; None where position k was never reached
-    tokens_per_forward: list[float]  # [D] for D = 0..max_draft_len (index 0 = 1.0)
-    mean_al_vllm: list[float]  # [D] vLLM's mean acceptance length (rounds with a draft only)
+    domain: str = Field(min_length=1)  # a calibration domain, or "all"
+    temperature: float = Field(ge=0)
+    max_draft_len: Positive
+    prompts: Positive
+    new_tokens: Positive
+    num_drafts: Count
+    num_draft_tokens: Count
+    num_accepted_tokens: Count
+    num_accepted_tokens_per_pos: list[Count]
+    num_reached_per_pos: list[Count]
+    num_rounds: Count
+    rounds: list[list[Count]]  # [L][n]: rounds that proposed L tokens with n accepted
+    conditional_acceptance: list[Optional[Rate]]  # a_k; None where position k was never reached
+    tokens_per_forward: list[AtLeastOne]  # [D] for D = 0..max_draft_len (index 0 = 1.0)
+    mean_al_vllm: list[AtLeastOne]  # [D] vLLM's mean acceptance length (rounds with a draft only)
     checks: list[ALCheck] = []
     # "replay": exact counters at every D from the target's greedy trajectory (profiles/replay.py);
     # "loop": the speculative loop at D_max, smaller D derived from its rounds (modeled)
@@ -249,50 +280,71 @@ class AcceptanceRecord(Record):
     mean_al_vllm_ci: list[list[float]] = []
     per_prompt: Optional[PromptSums] = None  # the "all" record's prompts, for comparisons between draft lengths (paired)
 
+    @model_validator(mode="after")
+    def _one_figure_per_draft_length(self) -> "AcceptanceRecord":
+        D = self.max_draft_len
+        per_d = (self.tokens_per_forward, self.mean_al_vllm) + tuple(t for t in (self.tokens_per_forward_ci, self.mean_al_vllm_ci) if t)
+        if any(len(t) != D + 1 for t in per_d) or any(len(pair) != 2 or pair[0] > pair[1] for t in per_d[2:] for pair in t):
+            raise ValueError(f"tokens_per_forward, mean_al_vllm and their intervals need one figure per D = 0..{D}")
+        if any(len(t) != D for t in (self.num_accepted_tokens_per_pos, self.num_reached_per_pos, self.conditional_acceptance)):
+            raise ValueError(f"the per-position counts need one figure per position 1..{D}")
+        if any(tpf > 1 + d + 1e-9 for d, tpf in enumerate(self.tokens_per_forward)):
+            raise ValueError("tokens per forward at D is at most 1 + D")
+        if self.per_prompt is not None and len(self.per_prompt.emitted[0] if self.per_prompt.emitted else []) not in (0, D + 1):
+            raise ValueError(f"per-prompt sums need one column per D = 0..{D}")
+        return self
+
 
 class MicroPoint(Record):
     kind: Literal["attention", "linear"]
     layer: str = ""  # linear: qkv, o, gate_up, down, lm_head
-    batch: int = 1
-    draft_len: int = 0
-    rows_per_kv_head: int = 0  # attention: G * (1 + D)
-    ctx: int = 0
-    m: int = 0  # linear: GEMM rows = B * (1 + D)
-    in_features: int = 0
-    out_features: int = 0
-    median_ms: float
-    p10_ms: float
-    p90_ms: float
-    repeats: int
+    batch: Positive = 1
+    draft_len: Count = 0
+    rows_per_kv_head: Count = 0  # attention: G * (1 + D)
+    ctx: Count = 0
+    m: Count = 0  # linear: GEMM rows = B * (1 + D)
+    in_features: Count = 0
+    out_features: Count = 0
+    median_ms: float = Field(ge=0)
+    p10_ms: float = Field(ge=0)
+    p90_ms: float = Field(ge=0)
+    repeats: Count
     source: Source
-    ci_low_ms: Optional[float] = None
-    ci_high_ms: Optional[float] = None
+    ci_low_ms: Ms = None
+    ci_high_ms: Ms = None
 
 
 class DrafterInfo(Record):
-    name: str
-    kind: str
+    name: str = Field(min_length=1)
+    kind: Literal["model_free", "serial", "parallel"]  # how it costs: lookups, D serial model steps, or one parallel pass
     options: dict
     model: Optional[dict] = None  # ModelRef of a draft model, when it has its own weights
-    quant_formats: list[str] = ["none"]
-    draft_len_multiple: int = 1  # D must be a multiple of this (MTP: the checkpoint's layer count)
-    max_draft_len: Optional[int] = None  # the longest draft it makes (DFlash / DSpark: its block); None = the workload's D_max
+    quant_formats: list[Literal[WEIGHT_FORMATS]] = ["none"]  # type: ignore[valid-type]
+    draft_len_multiple: Positive = 1  # D must be a multiple of this (MTP: the checkpoint's layer count)
+    max_draft_len: Optional[Positive] = None  # the longest draft it makes (DFlash / DSpark: its block); None = the workload's D_max
 
 
 class Workload(Record):
     calibration: str
     calibration_fingerprint: str
     split: str
-    domains: list[str]
-    prompts_per_domain: int
-    new_tokens: int
-    temperatures: list[float]
-    batch_buckets: list[int]
-    ctx_buckets: list[int]
-    max_draft_len: int
-    acceptance_batch: int
-    prompts_by_domain: dict[str, int] = {}  # greedy acceptance prompts per domain (grown until the interval is tight)
-    acceptance_half_width: float = 0.0  # target relative half-width of tokens per forward (95%); 0 in version-1 profiles
+    domains: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
+    prompts_per_domain: Positive
+    new_tokens: Positive
+    temperatures: list[Annotated[float, Field(ge=0)]] = Field(min_length=1)
+    batch_buckets: list[Positive] = Field(min_length=1)
+    ctx_buckets: list[Positive] = Field(min_length=1)
+    max_draft_len: Positive
+    acceptance_batch: Positive
+    prompts_by_domain: dict[str, Count] = {}  # greedy acceptance prompts per domain (grown until the interval is tight)
+    acceptance_half_width: float = Field(default=0.0, ge=0, lt=1)  # target relative half-width of tokens per forward (95%); 0 in version-1 profiles
+
+    @model_validator(mode="after")
+    def _increasing_buckets(self) -> "Workload":
+        for name, values in (("batch_buckets", self.batch_buckets), ("ctx_buckets", self.ctx_buckets)):
+            if values != sorted(set(values)):
+                raise ValueError(f"{name} {values} must be distinct and increasing")
+        return self
 
 
 class ExpertsPoint(Record):
@@ -337,6 +389,19 @@ class Profile(Record):
     # a mixture-of-experts target: the distinct experts one verify step wakes per MoE layer, against batch and 1+D
     # (the cause of its verify curve's shape); empty for a dense target
     moe: dict = {}
+
+    @model_validator(mode="after")
+    def _whole(self) -> "Profile":
+        """What every profile holds, whatever its budget skipped: the times its backend measures (verify steps, or the
+        engine's rounds), greedy acceptance over all domains, and a memory figure for each drafter it records."""
+        if not (self.rounds if self.backend == "vllm" else self.verify):
+            raise ValueError(f"a {self.backend} profile needs its {'rounds' if self.backend == 'vllm' else 'verify'} times")
+        if not any(a.domain == "all" and a.temperature == 0.0 for a in self.acceptance):
+            raise ValueError("the profile has no greedy acceptance over all domains")
+        missing = [d.name for d in self.drafters if self.memory and d.name not in self.memory.get("drafters", {})]
+        if missing:
+            raise ValueError(f"the memory record has no figures for drafter {missing[0]!r}")
+        return self
 
     # the free-form parts are checked against their records at load and kept as the JSON objects they are
     @field_validator("moe")

@@ -411,7 +411,7 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
 
             r = log.measure(f"host/{name}/{B}/{D}", lambda: self._guarded(run))
             points.append({"mechanism": name, "batch": B, "draft_len": D, "rounds": r["forwards"],
-                           "host_ms_per_round": 1e3 * (r["total_s"] - r["draft_s"] - r["verify_s"]) / r["forwards"],
+                           "host_ms_per_round": max(0.0, 1e3 * (r["total_s"] - r["draft_s"] - r["verify_s"]) / r["forwards"]),
                            "round_ms": 1e3 * r["total_s"] / r["forwards"], "source": "measured"})
         self._tick("host", len(cells), len(cells))
         return points

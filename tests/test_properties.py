@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import copy
 import json
+import multiprocessing
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -25,6 +29,8 @@ from specdec_tune.profiles.schema import load_profile
 from specdec_tune.records import sha256_file
 
 PROFILE = Path(__file__).parent / "data" / "demo_profile.json"
+sys.path.insert(0, str(Path(__file__).parent))
+import mutations as enumerated  # noqa: E402
 FIXTURES = dict(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow], deadline=None)
 
 json_values = st.recursive(
@@ -156,3 +162,53 @@ def test_any_model_config_is_read_or_refused(doc, extra):
     config = _loads_or_refuses(ModelConfig.from_hf, doc | extra)
     if config is not None:
         assert config.num_heads % config.num_kv_heads == 0 and config.head_dim > 0 and config.vocab_size > 0
+
+
+# ---------------------------------------------------------------------------- every field, enumerated
+
+
+def _run_cases(outcomes, *args, cases: list) -> list[str]:
+    """`outcomes(*args, batch)` over every case, the cases dealt over the machine's cores (each a process of its own)."""
+    workers = max(1, min(4, os.cpu_count() or 1))
+    batches = [cases[i::workers] for i in range(workers)]
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=enumerated.worker_setup) as pool:
+        results = list(pool.map(outcomes, *([a] * workers for a in args), batches))
+    return [r for batch in results for r in batch]
+
+
+def test_every_plan_field_broken_alone_is_refused_in_one_line_or_exports(demo):
+    """Each place of plan.json (of a list, its first item) set, one at a time, to null, to the wrong type and out of
+    range: load_plan (or export's own input checks) refuses it in one line, or it exports. Enumerated, so that every
+    run of a commit gives the same verdict (the random draws above cover combinations)."""
+    plan = json.loads((demo / "plan" / "plan.json").read_text())
+    cases = enumerated.cases(plan)
+    outcomes = _run_cases(enumerated.plan_outcomes, plan, str(PROFILE), cases=cases)
+    assert [o for o in outcomes if o.startswith("crash")] == []
+    assert outcomes.count("refused") > len(cases) // 3 and outcomes.count("exported") > len(cases) // 10  # both ends exercised
+    assert len(cases) > 600  # every field: the plan has over 200 places
+
+
+def test_every_profile_field_broken_alone_is_refused_in_one_line_or_searched_and_exported():
+    """The same for profile.json: load_profile (or the search that reads it first) refuses it in one line, or it is
+    searched and its plan exports."""
+    profile = json.loads(PROFILE.read_text())
+    cases = enumerated.cases(profile)
+    outcomes = _run_cases(enumerated.profile_outcomes, profile, cases=cases)
+    assert [o for o in outcomes if o.startswith("crash")] == []
+    assert outcomes.count("refused") > len(cases) // 2 and outcomes.count("exported") > 20
+    assert len(cases) > 500
+
+
+def test_the_enumeration_reports_a_crash(monkeypatch):
+    """The harness itself: a refusal is one line, and anything else the loader or exporter raises is reported, not
+    swallowed."""
+    plan = json.loads(PROFILE.read_text())  # a profile is not a plan: refused in one line
+    assert enumerated.plan_outcomes(plan, str(PROFILE), [(("schema_version",), "wrong type", 2)]) == ["refused"]
+    assert enumerated.profile_outcomes({"schema_version": 3}, [(("schema_version",), "null", None)]) == ["refused"]
+
+    def crash(path):
+        raise KeyError("planted")
+
+    monkeypatch.setattr("specdec_tune.autotune.plan_schema.load_plan", crash)
+    assert enumerated.plan_outcomes(plan, str(PROFILE), [(("tool_version",), "null", None)]) == [
+        "crash: ('tool_version',) null: KeyError: 'planted'"]

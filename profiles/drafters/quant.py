@@ -2,7 +2,7 @@
 
 A weight is quantized to a low-precision format and immediately dequantized back to its own dtype,
 so the drafter runs on any device (CPU included) while its outputs carry the format's rounding.
-This is what the profiler uses to measure a quantized drafter's acceptance length (DESIGN.md §1,
+This is what the profiler uses to measure a quantized drafter's acceptance length (autotune/cost_model.py,
 quantization): accuracy is emulated here. Time is not: emulated weights run at full-precision speed, so
 the profiler times drafters in full precision only. A quantized drafter's draft time is the full-precision
 time labelled modeled (`autotune.cost_model.CostModel.draft_ms`), or, under `specdec-tune search --device`,

@@ -2,7 +2,7 @@
 
 Transformers loads the weights; this module runs them. The timed forward does no per-step
 allocation of the cache and no Python-side reshaping of it, so a small model's step time is the
-model's work, not framework overhead (DESIGN.md §3).
+model's work, not framework overhead (profiles/backends.py: the torch backend).
 
 The cache holds, for each row b, the keys and values of positions 0..len_b-1. A forward writes the T
 new tokens of row b at positions start_pos[b]..start_pos[b]+T-1 and lets query t see keys
