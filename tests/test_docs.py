@@ -37,7 +37,6 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from unittest import mock
 from urllib.parse import unquote
 
 import pytest
@@ -106,23 +105,14 @@ def _fig(f: dict, fmt: str, unit: str = "") -> str:
 
 
 def render_plan_table(plan: dict) -> str:
-    """The table `specdec-tune search` prints, as text at a fixed width: cli.plan_table(plan) where the CLI has it,
-    else cli._print_plan_table with its Console pointed at a buffer."""
+    """The table `specdec-tune search` prints (cli.plan_table), as text at a fixed width."""
     from rich.console import Console
 
     from specdec_tune import cli
+    from specdec_tune.autotune.plan_schema import Plan
 
     out = io.StringIO()
-
-    def fixed(*args, **kwargs) -> Console:
-        return Console(width=200, file=out, force_terminal=False, color_system=None, legacy_windows=False)
-
-    make = getattr(cli, "plan_table", None)
-    if make is not None:
-        fixed().print(make(plan))
-    else:
-        with mock.patch.object(cli, "Console", fixed):
-            cli._print_plan_table(plan)
+    Console(width=200, file=out, force_terminal=False, color_system=None, legacy_windows=False).print(cli.plan_table(Plan.model_validate(plan)))
     return "\n".join(line.rstrip() for line in out.getvalue().splitlines()).strip("\n")
 
 
