@@ -22,4 +22,17 @@ class SpecdecError(Exception):
         return f"{self.message} ({self.hint})" if self.hint else self.message
 
 
-__all__ = ["SpecdecError", "__version__"]
+__all__ = ["SpecdecError", "__version__", "lazy_entry_points"]
+
+
+def lazy_entry_points(package: str, entry_points: dict[str, str]):
+    """A package's `__getattr__` that loads each public entry point (name -> the module under `package` defining it) on
+    first use: a stage's `__all__` names what it offers without importing torch for a caller that needs one record."""
+    import importlib
+
+    def __getattr__(name: str):
+        if name in entry_points:
+            return getattr(importlib.import_module(f"{package}.{entry_points[name]}"), name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__

@@ -413,6 +413,31 @@ def _usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def _cpu_clock_hz(cpufreq_path: str | os.PathLike[str], mhz: float | None) -> tuple[float, str]:
+    """The clock the peak counts with, and where it came from: cpufreq's maximum, else /proc/cpuinfo's current MHz."""
+    hz = _max_freq_hz(cpufreq_path)
+    if hz:
+        return hz, f"{hz / 1e9:.2f} GHz cpufreq max"
+    if mhz:
+        return mhz * 1e6, f"{mhz / 1e3:.2f} GHz from 'cpu MHz' (current clock, not boost)"
+    return CPU_FALLBACK_HZ, f"{CPU_FALLBACK_HZ / 1e9:.2f} GHz assumed (no frequency in /proc/cpuinfo)"
+
+
+def _simd_flop_per_cycle(flags: set[str]) -> tuple[float, str, float, str]:
+    """(fp32 FLOP per cycle per core, why; bf16's, why) from the CPU's SIMD flags (CPU_FP32_RULES, CPU_BF16_RULES)."""
+    fp32_cyc, fp32_txt = CPU_FALLBACK_FP32_FLOP_PER_CYCLE, "no SIMD flag recognised: 8 FLOP/cycle/core assumed"
+    for need, per_cycle, why in CPU_FP32_RULES:
+        if all(f in flags for f in need):
+            fp32_cyc, fp32_txt = per_cycle, why
+            break
+    bf16_cyc, bf16_txt = float(fp32_cyc), "no bf16 instructions: bf16 peak taken as the fp32 peak"
+    for need, kind, value, why in CPU_BF16_RULES:
+        if all(f in flags for f in need):
+            bf16_cyc, bf16_txt = (value if kind == "abs" else fp32_cyc * value), why
+            break
+    return fp32_cyc, fp32_txt, bf16_cyc, bf16_txt
+
+
 def local_cpu_spec(
     threads: int | None = None,
     *,
@@ -437,31 +462,9 @@ def local_cpu_spec(
     cores = max(1, cores)
     parts.append(f"{cores} core(s)" + (f" of {info['physical']} physical" if info["physical"] else ""))
 
-    hz = _max_freq_hz(cpufreq_path)
-    if hz:
-        parts.append(f"{hz / 1e9:.2f} GHz cpufreq max")
-    elif info["mhz"]:
-        hz = info["mhz"] * 1e6
-        parts.append(f"{hz / 1e9:.2f} GHz from 'cpu MHz' (current clock, not boost)")
-    else:
-        hz = CPU_FALLBACK_HZ
-        parts.append(f"{hz / 1e9:.2f} GHz assumed (no frequency in /proc/cpuinfo)")
-
-    fp32_cyc, rule_txt = CPU_FALLBACK_FP32_FLOP_PER_CYCLE, "no SIMD flag recognised: 8 FLOP/cycle/core assumed"
-    for need, per_cycle, why in CPU_FP32_RULES:
-        if all(f in flags for f in need):
-            fp32_cyc, rule_txt = per_cycle, why
-            break
-    parts.append(rule_txt)
-
-    bf16_cyc = float(fp32_cyc)
-    bf16_txt = "no bf16 instructions: bf16 peak taken as the fp32 peak"
-    for need, kind, value, why in CPU_BF16_RULES:
-        if all(f in flags for f in need):
-            bf16_cyc = value if kind == "abs" else fp32_cyc * value
-            bf16_txt = why
-            break
-    parts.append(bf16_txt)
+    hz, clock_txt = _cpu_clock_hz(cpufreq_path, info["mhz"])
+    fp32_cyc, rule_txt, bf16_cyc, bf16_txt = _simd_flop_per_cycle(flags)
+    parts += [clock_txt, rule_txt, bf16_txt]
 
     peak_fp32 = cores * hz * fp32_cyc
     peak_bf16 = cores * hz * bf16_cyc

@@ -90,6 +90,38 @@ def moe_line(moe: dict, B: int, tokens: int, verify_ratio: float | None, tokens_
     return {"text": text, "tokens": tokens, "experts_woken": many, "experts_woken_one_token": one, "why_speculation_loses": why}
 
 
+def _deciding_guideline(space: Space, c: Candidate, B: int, D: int, p: Prediction, allowed: list[int]) -> tuple[int | str, str]:
+    """The guideline (or rule) that set D at batch B, and the line that says how: the schedule's rule where it moved D,
+    the longest draft, memory, or what the next longer draft would add (tokens per forward against verify and draft
+    time: guidelines 1, 3, 4, 5)."""
+    cost, m, q = space.cost, c.mechanism, c.quant
+    longer = [d for d in allowed if d > D]
+    better_alone = max(allowed, key=lambda d: (space.bucket_value(B, d, m, q, c.tile_policy), -d))
+    at = space.buckets.index(B)
+    near = at + 1 if D > better_alone else at - 1  # the neighbour that holds it: a larger batch up, a smaller one down
+    if D != better_alone and 0 <= near < len(c.schedule):  # the schedule's rule moved it: D never rises with batch (space.py)
+        return "schedule", (f"alone this bucket would take D={better_alone}; D never rises with batch, and the schedule as a whole "
+                            f"scores higher with D={D} here (batch {space.buckets[near]} takes D={c.schedule[near]})")
+    if not longer:
+        return 5, f"the longest allowed draft: measured acceptance still pays at D={D}"
+    n = cost.predict(B, longer[0], m, q)
+    if n.round_ms.source == "infeasible":
+        need = cost.memory_need(B, longer[0], m, q)
+        why = f"at ctx {cost.ctx} it {need.text()}" if need is not None and not need.fits else "out of memory when profiled"
+        return "memory", f"D={longer[0]} does not fit in memory at batch {B} ({why})"
+    # what the next longer draft would add, as shares of this round
+    tpf_gain = n.tokens_per_forward.value / p.tokens_per_forward.value - 1
+    round_gain = (n.round_ms.value - p.round_ms.value) / p.round_ms.value
+    if p.verify_ms is None or n.verify_ms is None:  # the engine's whole round: the cost of a longer draft is not split
+        guideline = 3 if c.tile_policy == "aligned" else 5 if D and tpf_gain < 0.005 else 1
+        return guideline, f"D={longer[0]} would add {tpf_gain:+.1%} tokens per forward against {round_gain:+.1%} time per engine round"
+    verify_gain = (n.verify_ms.value - p.verify_ms.value) / p.round_ms.value  # the round in parts: which grows more decides 1 or 4
+    draft_gain = round_gain - verify_gain
+    guideline = 3 if c.tile_policy == "aligned" else 5 if D and tpf_gain < 0.005 else 1 if verify_gain >= draft_gain else 4
+    return guideline, (f"D={longer[0]} would add {tpf_gain:+.1%} tokens per forward against {verify_gain:+.1%} verify and "
+                       f"{draft_gain:+.1%} draft+host time per round")
+
+
 def rationale(space: Space, c: Candidate, B: int, D: int) -> dict:
     """Why this D at this batch: the deciding guideline, the figures behind it, the next-best alternatives."""
     cost, m, q = space.cost, c.mechanism, c.quant
@@ -108,40 +140,8 @@ def rationale(space: Space, c: Candidate, B: int, D: int) -> dict:
     allowed = space.allowed(m, c.tile_policy)
     lines = [f"D={D}: {p.tokens_per_forward.value:.3f} tokens per target forward; {ratio_text} (M = {B * (1 + D)} GEMM rows)"
              if D else f"speculation off at batch {B}"]
-    longer = [d for d in allowed if d > D]
-    better_alone = max(allowed, key=lambda d: (space.bucket_value(B, d, m, q, c.tile_policy), -d))
-    at = space.buckets.index(B)
-    near = at + 1 if D > better_alone else at - 1  # the neighbour that holds it: a larger batch up, a smaller one down
-    if D != better_alone and 0 <= near < len(c.schedule):  # the schedule's rule moved it: D never rises with batch (space.py)
-        guideline = "schedule"
-        lines.append(f"alone this bucket would take D={better_alone}; D never rises with batch, and the schedule as a whole scores "
-                     f"higher with D={D} here (batch {space.buckets[near]} takes D={c.schedule[near]})")
-    elif not longer:
-        guideline = 5
-        lines.append(f"the longest allowed draft: measured acceptance still pays at D={D}")
-    elif space.cost.predict(B, longer[0], m, q).round_ms.source == "infeasible":
-        guideline = "memory"
-        need = cost.memory_need(B, longer[0], m, q)
-        why = f"at ctx {cost.ctx} it {need.text()}" if need is not None and not need.fits else "out of memory when profiled"
-        lines.append(f"D={longer[0]} does not fit in memory at batch {B} ({why})")
-    else:  # what the next longer draft would add, as shares of this round
-        n = space.cost.predict(B, longer[0], m, q)
-        tpf_gain = n.tokens_per_forward.value / p.tokens_per_forward.value - 1
-        round_gain = (n.round_ms.value - p.round_ms.value) / round_ms
-        if p.verify_ms is not None:  # the round in parts: which part grows more decides between guidelines 1 and 4
-            verify_gain = (n.verify_ms.value - p.verify_ms.value) / round_ms
-            draft_gain = round_gain - verify_gain
-        if c.tile_policy == "aligned":
-            guideline = 3
-        elif D and tpf_gain < 0.005:
-            guideline = 5
-        elif p.verify_ms is None:  # the engine's whole round: the cost of a longer draft is not split
-            guideline = 1
-        else:
-            guideline = 1 if verify_gain >= draft_gain else 4
-        lines.append(f"D={longer[0]} would add {tpf_gain:+.1%} tokens per forward against {verify_gain:+.1%} verify and "
-                     f"{draft_gain:+.1%} draft+host time per round" if p.verify_ms is not None else
-                     f"D={longer[0]} would add {tpf_gain:+.1%} tokens per forward against {round_gain:+.1%} time per engine round")
+    guideline, line = _deciding_guideline(space, c, B, D, p, allowed)
+    lines.append(line)
     moe = moe_line(cost.profile.moe, B, 1 + max(D, 1), None if D else cost_ratio,
                    None if D else cost.predict(B, max(D, 1), m, q).tokens_per_forward.value)
     if moe:

@@ -228,24 +228,45 @@ def _die_with_parent() -> None:
 
 
 def compile_to(jobs: list[tuple[Variant, str]], out_dir: Path) -> list[dict]:
-    """Compile every (variant, arch) and write its cubin and metadata under out_dir/kernels/<arch>/; one file record each."""
+    """Compile every (variant, arch) and write its cubin and metadata under out_dir/kernels/<arch>/; one file record each.
+
+    A process that interprets Triton compiles in a child process of its own (`compile_variant`); what the child wrote
+    is kept under the cache, keyed by the jobs, triton's version and the kernel sources, so that the next export of
+    the same shapes copies it instead of starting another compiler (seconds each on a small CPU)."""
     if not _interpreting():
         return [_write_binary(compile_variant(v, arch), v, arch, out_dir) for v, arch in jobs]
-    request = json.dumps({"out_dir": str(out_dir), "jobs": [[dataclasses.asdict(v), arch] for v, arch in jobs]})
+    import triton
+
+    request = {"jobs": [[dataclasses.asdict(v), arch] for v, arch in jobs]}
+    cached = _compile_cache() / hashlib.sha256(json.dumps([request, triton.__version__, source_hashes()], sort_keys=True).encode()).hexdigest()
+    if not (cached / "records.json").is_file():
+        _compile_in_child(request | {"out_dir": str(cached / "out")})
+        write_json(cached / "records.json", json.loads((cached / "out" / "records.json").read_text()))
+    shutil.copytree(cached / "out" / KERNEL_DIR, out_dir / KERNEL_DIR, dirs_exist_ok=True)
+    return read_json(cached / "records.json", "cached kernel records")
+
+
+def _compile_cache() -> Path:
+    """Where compiled kernels are kept between exports (the tool's cache; SPECDEC_TUNE_CACHE moves it)."""
+    return Path(os.environ.get("SPECDEC_TUNE_CACHE", Path.home() / ".cache" / "specdec-tune")) / "kernels"
+
+
+def _compile_in_child(request: dict) -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-m", "specdec_tune.kernels.aot"], input=request, capture_output=True, text=True, env=env, check=False,
-                          preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    done = subprocess.run([sys.executable, "-m", "specdec_tune.kernels.aot"], input=json.dumps(request), capture_output=True, text=True, env=env,
+                          check=False, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
     if done.returncode != 0:
         lines = done.stderr.strip().splitlines() or ["no output"]
         raise SpecdecError(f"the kernel compiler process failed: {lines[-1][:300]}", "run `specdec-tune export --debug` for the full error")
-    return json.loads(done.stdout.strip().splitlines()[-1])  # the records are the last line; anything before it is chatter
 
 
 def _compile_worker() -> None:
-    """`python -m specdec_tune.kernels.aot`: compile the jobs given as JSON on stdin, print their file records."""
+    """`python -m specdec_tune.kernels.aot`: compile the jobs given as JSON on stdin into its out_dir, and write their
+    file records there (records.json)."""
     request = json.loads(sys.stdin.read())
     jobs = [(Variant(**{**v, "aligned": tuple(v["aligned"])}), arch) for v, arch in request["jobs"]]
-    print(json.dumps(compile_to(jobs, Path(request["out_dir"]))))
+    out_dir = Path(request["out_dir"])
+    write_json(out_dir / "records.json", compile_to(jobs, out_dir))
 
 
 # ------------------------------------------------------------------------------ bundle writer

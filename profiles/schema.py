@@ -152,6 +152,8 @@ class MemoryRecord(Described):
 
 
 Ms = Optional[Annotated[float, Field(ge=0)]]
+Rate = Annotated[float, Field(ge=0, le=1 + 1e-9)]  # a share of whole counts, up to rounding
+AtLeastOne = Annotated[float, Field(ge=1 - 1e-9)]  # a ratio of whole counts that is at least 1, up to rounding
 Positive = Annotated[int, Field(ge=1)]
 Count = Annotated[int, Field(ge=0)]
 
@@ -224,8 +226,8 @@ class ALCheck(Record):
     """Derived tokens per target forward at a smaller D against a direct run at that D."""
 
     draft_len: Positive
-    derived: float = Field(ge=1)
-    direct: float = Field(ge=1)
+    derived: AtLeastOne
+    direct: AtLeastOne
     rel_diff: float
     flagged: bool  # |rel_diff| > 5%
 
@@ -246,10 +248,6 @@ class PromptSums(Record):
         if any(len(t) != len(self.domains) for t in tables) or len({len(row) for t in tables for row in t}) > 1:
             raise ValueError("per-prompt sums need one row per prompt and one column per draft length in every table")
         return self
-
-
-Rate = Annotated[float, Field(ge=0, le=1)]
-AtLeastOne = Annotated[float, Field(ge=1)]
 
 
 class AcceptanceRecord(Record):

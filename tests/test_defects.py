@@ -209,6 +209,8 @@ def learned_heads_profile(draft_vocab: int | None = 8192) -> Profile:
         {"name": "eagle3", "kind": "serial", "options": {"model": "/heads/eagle3", "random": False}, "model": {**model, "layers": 1},
          "quant_formats": ["none"], "draft_len_multiple": 1, "max_draft_len": None},
     ]
+    for name in ("dflash", "eagle3"):  # a profile records every drafter's memory: here the draft model's figures stand in
+        doc["memory"]["drafters"][name] = doc["memory"]["drafters"]["draft_model"]
     batch, ctx = doc["workload"]["batch_buckets"][0], doc["workload"]["ctx_buckets"][0]
     for name, ms_at in (("dflash", lambda D: 3.5), ("eagle3", lambda D: 1.2 * D)):  # as measured on the 2-core CPU, roughly
         doc["draft"] += [{"mechanism": name, "quant": "none", "batch": batch, "draft_len": D, "ctx": ctx, "median_ms": ms_at(D),

@@ -280,7 +280,7 @@ def test_a_top_band_without_speculation_says_what_it_still_costs(tmp_path):
 
 
 @pytest.mark.demo
-def test_a_draft_model_cut_from_the_target_ships_as_a_checkpoint_the_engines_load(tmp_path):
+def test_a_draft_model_cut_from_the_target_ships_as_a_checkpoint_the_engines_load(tmp_path, make_plan):
     """Engines load a draft model from a folder of its own: the bundle writes the target's first layers as one, and it is
     the drafter the plan was made with (its logits equal the truncated target's, in the checkpoint's bfloat16)."""
     import torch
@@ -290,9 +290,9 @@ def test_a_draft_model_cut_from_the_target_ships_as_a_checkpoint_the_engines_loa
 
     profile = load_profile(PROFILE_PATH)
     layers = next(d for d in profile.drafters if d.name == "draft_model").model["layers"]
-    assert ship_draft_checkpoint({"mechanism": "ngram", "max_draft_len": 3}, profile, tmp_path) is None
-    assert ship_draft_checkpoint({"mechanism": "draft_model", "max_draft_len": 0}, profile, tmp_path) is None
-    rel = ship_draft_checkpoint({"mechanism": "draft_model", "max_draft_len": 3}, profile, tmp_path)
+    assert ship_draft_checkpoint(make_plan([{"batch": 1, "draft_len": 3}], mechanism="ngram"), profile, tmp_path) is None
+    assert ship_draft_checkpoint(make_plan([{"batch": 1, "draft_len": 0}], mechanism="draft_model"), profile, tmp_path) is None
+    rel = ship_draft_checkpoint(make_plan([{"batch": 1, "draft_len": 3}], mechanism="draft_model"), profile, tmp_path)
     config = json.loads((tmp_path / rel / "config.json").read_text())
     assert rel == DRAFT_CHECKPOINT and config["num_hidden_layers"] == layers and config["architectures"] == ["LlamaForCausalLM"]
     assert "quantization_config" not in config

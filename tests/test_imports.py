@@ -150,3 +150,11 @@ def test_the_walk_sees_an_upward_import_and_a_circle(planted, floor):
     assert any(_floor(t) in FORBIDDEN[_floor(planted)] for t in graph[planted])
     graph[floor] = graph[floor] | {planted}
     assert any(planted in c and floor in c for c in _circles(graph))
+
+
+@pytest.mark.parametrize("stage", ["profiles", "autotune", "exporters", "kernels", "pipeline"])
+def test_each_stage_names_its_entry_points(stage):
+    import importlib
+
+    package = importlib.import_module(f"specdec_tune.{stage}")
+    assert package.__all__ and all(getattr(package, name) is not None for name in package.__all__)
