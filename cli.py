@@ -11,7 +11,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 # OpenMP threads that spin while they wait turn a second busy process into a 20x slower forward on a small CPU
 # (measured: a batch-4, 16-token verify step of the demo target took 8.1 s with one other busy process on 2 cores,
@@ -19,16 +19,25 @@ from typing import TYPE_CHECKING, Annotated, Optional
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import typer
-from typer.exceptions import TyperException
 from rich.console import Console
 from rich.table import Table
+from typer.exceptions import TyperException
 
 from specdec_tune import SpecdecError, __version__
 from specdec_tune.formats import get_format
 from specdec_tune.progress import LogLines, Progress
+
 if TYPE_CHECKING:
     from specdec_tune.autotune.plan_schema import Figure, Plan
-from specdec_tune.settings import DEFAULT_GRID, DecodeSettings, ExportSettings, MeasureSettings, ProfileSettings, SearchSettings, TrainSettings
+from specdec_tune.settings import (
+    DEFAULT_GRID,
+    DecodeSettings,
+    ExportSettings,
+    MeasureSettings,
+    ProfileSettings,
+    SearchSettings,
+    TrainSettings,
+)
 
 # Each command imports its stage inside its own body: the stages import torch (seconds on a small CPU), which
 # `--help` and bad usage do not need.
@@ -63,7 +72,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")] = None,
+    version: Annotated[
+        bool | None, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for handled errors.")] = False,
 ) -> None:
     _state["debug"] = _state["debug"] or debug
@@ -79,28 +90,64 @@ def _parse_kv(pairs: list[str], what: str) -> dict[str, str]:
     return out
 
 
-TargetOpt = Annotated[str, typer.Option("--target", "-t", help="Target model: a Hugging Face folder, a .gguf file, or the default 'smollm2-135m'.")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto (bf16 where the device computes it natively, else fp32), float32, bfloat16, float16.")]
-PromptsOpt = Annotated[str, typer.Option("--prompts", help="Calibration set: default, mtbench, humaneval, or a JSONL file of {domain, prompt}; comma-separate to combine.")]
-TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Let the tokenizer run code shipped with the model (off by default).")]
+TargetOpt = Annotated[
+    str,
+    typer.Option(
+        "--target", "-t", help="Target model: a Hugging Face folder, a .gguf file, or the default 'smollm2-135m'."
+    ),
+]
+DtypeOpt = Annotated[
+    str,
+    typer.Option(
+        "--dtype", help="auto (bf16 where the device computes it natively, else fp32), float32, bfloat16, float16."
+    ),
+]
+PromptsOpt = Annotated[
+    str,
+    typer.Option(
+        "--prompts",
+        help="Calibration set: default, mtbench, humaneval, or a JSONL file of {domain, prompt}; comma-separate to combine.",
+    ),
+]
+TrustOpt = Annotated[
+    bool,
+    typer.Option("--trust-remote-code", help="Let the tokenizer run code shipped with the model (off by default)."),
+]
 
 
-@app.command(epilog="Examples:\n\n  specdec-tune decode --drafter ngram -D 3 --prompts humaneval\n\n"
-             "  specdec-tune decode --drafter draft_model --drafter-option layers=10 -D 3 --batch-size 8 --check-lossless")
+@app.command(
+    epilog="Examples:\n\n  specdec-tune decode --drafter ngram -D 3 --prompts humaneval\n\n"
+    "  specdec-tune decode --drafter draft_model --drafter-option layers=10 -D 3 --batch-size 8 --check-lossless"
+)
 def decode(
-    drafter: Annotated[Optional[str], typer.Option("--drafter", "-m", help="Draft mechanism (ngram, suffix, draft_model); omit for plain decoding.")] = None,
-    num_draft_tokens: Annotated[int, typer.Option("--num-draft-tokens", "-D", help="Draft length D per round.")] = DECODE.num_draft_tokens,
-    drafter_option: Annotated[list[str], typer.Option("--drafter-option", "-o", help="Drafter option KEY=VALUE (repeatable).")] = [],  # noqa: B006
+    drafter: Annotated[
+        str | None,
+        typer.Option("--drafter", "-m", help="Draft mechanism (ngram, suffix, draft_model); omit for plain decoding."),
+    ] = None,
+    num_draft_tokens: Annotated[
+        int, typer.Option("--num-draft-tokens", "-D", help="Draft length D per round.")
+    ] = DECODE.num_draft_tokens,
+    drafter_option: Annotated[
+        list[str], typer.Option("--drafter-option", "-o", help="Drafter option KEY=VALUE (repeatable).")
+    ] = [],  # noqa: B006
     target: TargetOpt = DECODE.target,
     prompts: PromptsOpt = DECODE.prompts,
-    split: Annotated[str, typer.Option(help="Which part of the calibration set: profile, held_back or all.")] = DECODE.split,
-    num_prompts: Annotated[int, typer.Option("--num-prompts", "-n", help="Prompts to run (spread over domains).")] = DECODE.num_prompts,
-    batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Sequences decoded together.")] = DECODE.batch_size,
+    split: Annotated[
+        str, typer.Option(help="Which part of the calibration set: profile, held_back or all.")
+    ] = DECODE.split,
+    num_prompts: Annotated[
+        int, typer.Option("--num-prompts", "-n", help="Prompts to run (spread over domains).")
+    ] = DECODE.num_prompts,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", "-b", help="Sequences decoded together.")
+    ] = DECODE.batch_size,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens generated per prompt.")] = DECODE.max_new_tokens,
     temperature: Annotated[float, typer.Option(help="0 for greedy, > 0 for rejection sampling.")] = DECODE.temperature,
     seed: Annotated[int, typer.Option(help="Seed for sampling.")] = DECODE.seed,
     dtype: DtypeOpt = DECODE.dtype,
-    check_lossless: Annotated[bool, typer.Option(help="Also decode plainly and require identical tokens (greedy, with a --drafter).")] = DECODE.check_lossless,
+    check_lossless: Annotated[
+        bool, typer.Option(help="Also decode plainly and require identical tokens (greedy, with a --drafter).")
+    ] = DECODE.check_lossless,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     trust_remote_code: TrustOpt = DECODE.trust_remote_code,
 ) -> None:
@@ -109,72 +156,164 @@ def decode(
 
     result = decode_run.run(
         DecodeSettings(
-            target=target, drafter=drafter, drafter_options=_parse_kv(drafter_option, "--drafter-option"),
-            num_draft_tokens=num_draft_tokens, prompts=prompts, split=split, num_prompts=num_prompts,
-            batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-            dtype=dtype, check_lossless=check_lossless, trust_remote_code=trust_remote_code,
+            target=target,
+            drafter=drafter,
+            drafter_options=_parse_kv(drafter_option, "--drafter-option"),
+            num_draft_tokens=num_draft_tokens,
+            prompts=prompts,
+            split=split,
+            num_prompts=num_prompts,
+            batch_size=batch_size,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed,
+            dtype=dtype,
+            check_lossless=check_lossless,
+            trust_remote_code=trust_remote_code,
         )
     )
     if as_json:
         console.print_json(json.dumps(result))
         return
-    table = Table(title=f"decode: {result['drafter'] or 'plain'}, D={result['num_draft_tokens']}, B={result['batch_size']} (measured)")
+    table = Table(
+        title=f"decode: {result['drafter'] or 'plain'}, D={result['num_draft_tokens']}, B={result['batch_size']} (measured)"
+    )
     for col in ("domain", "prompts", "mean AL (vLLM)", "tokens/forward", "accept rate"):
         table.add_column(col, justify="right" if col != "domain" else "left")
     for domain, row in [*result["per_domain"].items(), ("all", result["all"])]:
-        table.add_row(domain, str(row["prompts"]), f"{row['mean_acceptance_length']:.3f}", f"{row['tokens_per_target_forward']:.3f}",
-                      f"{row['acceptance_rate']:.3f}")
+        table.add_row(
+            domain,
+            str(row["prompts"]),
+            f"{row['mean_acceptance_length']:.3f}",
+            f"{row['tokens_per_target_forward']:.3f}",
+            f"{row['acceptance_rate']:.3f}",
+        )
     console.print(table)
-    console.print(f"decode throughput: {result['all']['tokens_per_s']:.1f} tok/s (measured, {result['target']['dtype']}, this device)")
+    console.print(
+        f"decode throughput: {result['all']['tokens_per_s']:.1f} tok/s (measured, {result['target']['dtype']}, this device)"
+    )
     cond = ", ".join("-" if a is None else f"{a:.2f}" for a in result["all"]["conditional_acceptance"])
     console.print(f"per-position conditional acceptance a_k: [{cond}]")
     if check_lossless:
-        console.print(f"lossless: {result['lossless']['identical_prompts']}/{result['lossless']['prompts']} prompts identical to plain greedy")
+        console.print(
+            f"lossless: {result['lossless']['identical_prompts']}/{result['lossless']['prompts']} prompts identical to plain greedy"
+        )
 
 
 def _int_list(text: str, what: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise SpecdecError(f"{what} {text!r} is not a comma-separated list of integers", f"write it like {what} 1,2,4,8") from None
+        raise SpecdecError(
+            f"{what} {text!r} is not a comma-separated list of integers", f"write it like {what} 1,2,4,8"
+        ) from None
 
 
 def _float_list(text: str, what: str) -> tuple[float, ...]:
     try:
         return tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise SpecdecError(f"{what} {text!r} is not a comma-separated list of numbers", f"write it like {what} 0,0.7") from None
+        raise SpecdecError(
+            f"{what} {text!r} is not a comma-separated list of numbers", f"write it like {what} 0,0.7"
+        ) from None
 
 
-@app.command(epilog="Examples:\n\n  specdec-tune profile\n\n"
-             "  specdec-tune profile --target ./my-model --drafter ngram --drafter draft_model:layers=6 --budget-minutes 30\n\n"
-             "  specdec-tune profile --batch 1,4,16 --ctx 256,2048 --max-draft-len 7 --out artifacts/profile-h200\n\n"
-             "  SPECDEC_TUNE_VLLM_PYTHON=/opt/vllm/bin/python specdec-tune profile --engine vllm --engine-option tensor_parallel_size=2")
+@app.command(
+    epilog="Examples:\n\n  specdec-tune profile\n\n"
+    "  specdec-tune profile --target ./my-model --drafter ngram --drafter draft_model:layers=6 --budget-minutes 30\n\n"
+    "  specdec-tune profile --batch 1,4,16 --ctx 256,2048 --max-draft-len 7 --out artifacts/profile-h200\n\n"
+    "  SPECDEC_TUNE_VLLM_PYTHON=/opt/vllm/bin/python specdec-tune profile --engine vllm --engine-option tensor_parallel_size=2"
+)
 def profile(
     target: TargetOpt = PROFILE.target,
-    drafter: Annotated[list[str], typer.Option("--drafter", "-m", help="Drafter to profile, NAME or NAME:KEY=VALUE,... (repeatable). Default: ngram, suffix, draft_model.")] = [],  # noqa: B006
+    drafter: Annotated[
+        list[str],
+        typer.Option(
+            "--drafter",
+            "-m",
+            help="Drafter to profile, NAME or NAME:KEY=VALUE,... (repeatable). Default: ngram, suffix, draft_model.",
+        ),
+    ] = [],  # noqa: B006
     prompts: PromptsOpt = PROFILE.prompts,
-    prompts_per_domain: Annotated[int, typer.Option(help="Profiling prompts per domain to start greedy acceptance with (more are added until --half-width).")] = PROFILE.prompts_per_domain,
-    half_width: Annotated[float, typer.Option("--half-width", help="Target relative half-width (95%) of tokens per forward per domain; prompts are added until it holds (0: none added).")] = PROFILE.acceptance_half_width,
-    acceptance: Annotated[str, typer.Option(help="Greedy acceptance: replay (from the target's trajectory, checked against the loop) or loop.")] = PROFILE.acceptance,
-    verify_visits: Annotated[int, typer.Option(help="Most visits per verify cell (a warm-up and 3 timed calls each) while its median's 95% interval is wider than ±3%; the cells a choice of D rests on get up to 4x as many.")] = PROFILE.verify_visits,
-    new_tokens: Annotated[int, typer.Option(help="Tokens generated per prompt in acceptance runs.")] = PROFILE.new_tokens,
-    temperatures: Annotated[str, typer.Option(help="Temperatures for acceptance, comma-separated (0 = greedy).")] = _csv(PROFILE.temperatures),
-    batch: Annotated[str, typer.Option("--batch", help=f"Batch buckets, comma-separated (default 1..{DEFAULT_GRID['cpu'][0]} on CPU, 1..{DEFAULT_GRID['cuda'][0]} on a GPU).")] = "",
-    ctx: Annotated[str, typer.Option("--ctx", help="KV-cache length buckets, comma-separated.")] = _csv(PROFILE.ctx_buckets),
-    max_draft_len: Annotated[Optional[int], typer.Option(help=f"D_max: the longest draft measured (default {DEFAULT_GRID['cpu'][1]} on CPU, {DEFAULT_GRID['cuda'][1]} on a GPU).", show_default=False)] = None,
-    quant: Annotated[str, typer.Option(help="Drafter weight formats to measure acceptance with (fp8, nvfp4; 'none' for neither).")] = _csv(PROFILE.quant_formats),
+    prompts_per_domain: Annotated[
+        int,
+        typer.Option(
+            help="Profiling prompts per domain to start greedy acceptance with (more are added until --half-width)."
+        ),
+    ] = PROFILE.prompts_per_domain,
+    half_width: Annotated[
+        float,
+        typer.Option(
+            "--half-width",
+            help="Target relative half-width (95%) of tokens per forward per domain; prompts are added until it holds (0: none added).",
+        ),
+    ] = PROFILE.acceptance_half_width,
+    acceptance: Annotated[
+        str,
+        typer.Option(
+            help="Greedy acceptance: replay (from the target's trajectory, checked against the loop) or loop."
+        ),
+    ] = PROFILE.acceptance,
+    verify_visits: Annotated[
+        int,
+        typer.Option(
+            help="Most visits per verify cell (a warm-up and 3 timed calls each) while its median's 95% interval is wider than ±3%; the cells a choice of D rests on get up to 4x as many."
+        ),
+    ] = PROFILE.verify_visits,
+    new_tokens: Annotated[
+        int, typer.Option(help="Tokens generated per prompt in acceptance runs.")
+    ] = PROFILE.new_tokens,
+    temperatures: Annotated[
+        str, typer.Option(help="Temperatures for acceptance, comma-separated (0 = greedy).")
+    ] = _csv(PROFILE.temperatures),
+    batch: Annotated[
+        str,
+        typer.Option(
+            "--batch",
+            help=f"Batch buckets, comma-separated (default 1..{DEFAULT_GRID['cpu'][0]} on CPU, 1..{DEFAULT_GRID['cuda'][0]} on a GPU).",
+        ),
+    ] = "",
+    ctx: Annotated[str, typer.Option("--ctx", help="KV-cache length buckets, comma-separated.")] = _csv(
+        PROFILE.ctx_buckets
+    ),
+    max_draft_len: Annotated[
+        int | None,
+        typer.Option(
+            help=f"D_max: the longest draft measured (default {DEFAULT_GRID['cpu'][1]} on CPU, {DEFAULT_GRID['cuda'][1]} on a GPU).",
+            show_default=False,
+        ),
+    ] = None,
+    quant: Annotated[
+        str, typer.Option(help="Drafter weight formats to measure acceptance with (fp8, nvfp4; 'none' for neither).")
+    ] = _csv(PROFILE.quant_formats),
     dtype: DtypeOpt = PROFILE.dtype,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = PROFILE.device,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for profile.json and the measurement log.")] = PROFILE.out_dir,
-    budget_minutes: Annotated[float, typer.Option(help="Wall-clock budget; the least important phases are skipped (and noted) past it.")] = PROFILE.budget_minutes,
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Folder for profile.json and the measurement log.")
+    ] = PROFILE.out_dir,
+    budget_minutes: Annotated[
+        float, typer.Option(help="Wall-clock budget; the least important phases are skipped (and noted) past it.")
+    ] = PROFILE.budget_minutes,
     seed: Annotated[int, typer.Option(help="Seed for sampled acceptance runs and synthetic inputs.")] = PROFILE.seed,
-    force: Annotated[bool, typer.Option(help="Measure again even if a profile with the same fingerprint exists.")] = PROFILE.force,
+    force: Annotated[
+        bool, typer.Option(help="Measure again even if a profile with the same fingerprint exists.")
+    ] = PROFILE.force,
     trust_remote_code: TrustOpt = PROFILE.trust_remote_code,
-    engine: Annotated[str, typer.Option(help="Where to measure: torch (this tool's own loop) or vllm (the serving engine; "
-                                             "SPECDEC_TUNE_VLLM_PYTHON names its virtualenv where vllm does not import here).")] = PROFILE.engine,
-    engine_option: Annotated[list[str], typer.Option("--engine-option", help="KEY=VALUE passed to the engine as it is (repeatable), e.g. "
-                                                     "tensor_parallel_size=2, quantization=fp8, max_model_len=8192.")] = [],  # noqa: B006
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="Where to measure: torch (this tool's own loop) or vllm (the serving engine; "
+            "SPECDEC_TUNE_VLLM_PYTHON names its virtualenv where vllm does not import here)."
+        ),
+    ] = PROFILE.engine,
+    engine_option: Annotated[
+        list[str],
+        typer.Option(
+            "--engine-option",
+            help="KEY=VALUE passed to the engine as it is (repeatable), e.g. "
+            "tensor_parallel_size=2, quantization=fp8, max_model_len=8192.",
+        ),
+    ] = [],  # noqa: B006
 ) -> None:
     """Measure the target, its drafters and the device; writes OUT/profile.json (resumable: a killed run continues)."""
     started = time.monotonic()  # the budget counts from the command's start, its imports included
@@ -184,12 +323,28 @@ def profile(
     for f in formats:
         get_format(f)
     settings = ProfileSettings(
-        target=target, drafters=tuple(drafter) or ProfileSettings.drafters, prompts=prompts, prompts_per_domain=prompts_per_domain,
-        new_tokens=new_tokens, temperatures=_float_list(temperatures, "--temperatures"), batch_buckets=_int_list(batch, "--batch"),
-        ctx_buckets=_int_list(ctx, "--ctx"), max_draft_len=max_draft_len, quant_formats=formats, dtype=dtype, device=device,
-        out_dir=out, budget_minutes=budget_minutes, seed=seed, force=force, trust_remote_code=trust_remote_code,
-        acceptance_half_width=half_width, acceptance=acceptance, verify_visits=verify_visits,
-        engine=engine, engine_options=_key_values(engine_option, "--engine-option"),
+        target=target,
+        drafters=tuple(drafter) or ProfileSettings.drafters,
+        prompts=prompts,
+        prompts_per_domain=prompts_per_domain,
+        new_tokens=new_tokens,
+        temperatures=_float_list(temperatures, "--temperatures"),
+        batch_buckets=_int_list(batch, "--batch"),
+        ctx_buckets=_int_list(ctx, "--ctx"),
+        max_draft_len=max_draft_len,
+        quant_formats=formats,
+        dtype=dtype,
+        device=device,
+        out_dir=out,
+        budget_minutes=budget_minutes,
+        seed=seed,
+        force=force,
+        trust_remote_code=trust_remote_code,
+        acceptance_half_width=half_width,
+        acceptance=acceptance,
+        verify_visits=verify_visits,
+        engine=engine,
+        engine_options=_key_values(engine_option, "--engine-option"),
     )
     with _progress(budget_minutes) as progress:
         result = run_profile(settings, progress=progress, started=started)
@@ -231,12 +386,19 @@ def _progress(budget_minutes: float | None = None):
     """Where a long command reports (progress.Progress): bars on a terminal; elsewhere (a CI log) a line per unit of
     work with the elapsed time, what is left of the budget and an estimate of what the phase still needs, so that a
     long run is never silent."""
-    from rich.progress import BarColumn, Progress as Bars, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import Progress as Bars
 
     if not console.is_terminal:
         yield LogLines(sys.stdout, budget_minutes)
         return
-    columns = (TextColumn("{task.description:<12}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), TimeRemainingColumn())
+    columns = (
+        TextColumn("{task.description:<12}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
     with Bars(*columns, console=console, transient=False) as bar:
         yield _Bars(bar)
 
@@ -248,7 +410,9 @@ def _print_profile_summary(result, path: Path) -> None:
     D_max = result.workload.max_draft_len
     mechanisms = sorted({m for m, _ in facts["al"]})
     domains = ["all"] + [d for d in result.workload.domains]
-    table = Table(title=f"tokens per target forward at D={D_max} (a block drafter: its block), greedy (measured; 95% interval over prompts)")
+    table = Table(
+        title=f"tokens per target forward at D={D_max} (a block drafter: its block), greedy (measured; 95% interval over prompts)"
+    )
     table.add_column("domain")
     table.add_column("prompts", justify="right")
     for m in mechanisms:
@@ -265,142 +429,322 @@ def _print_profile_summary(result, path: Path) -> None:
         table.add_row(d, str(n or "-"), *[cell((m, d)) for m in mechanisms])
     console.print(table)
     engine = facts["engine_rounds"]
-    bounds = Table(title=f"per batch bucket (ctx {facts['ctx']}; measured {result.backend + ' engine rounds' if engine else 'verify times'})")
-    for col in ("batch", *(() if engine else ("verify knee 1+D",)), "speedup" if engine else "speedup bound", "at D", "mechanism"):
+    bounds = Table(
+        title=f"per batch bucket (ctx {facts['ctx']}; measured {result.backend + ' engine rounds' if engine else 'verify times'})"
+    )
+    for col in (
+        "batch",
+        *(() if engine else ("verify knee 1+D",)),
+        "speedup" if engine else "speedup bound",
+        "at D",
+        "mechanism",
+    ):
         bounds.add_column(col, justify="right")
     for B, (bound, D, m) in facts["bounds"].items():
         bounds.add_row(str(B), *(() if engine else (str(facts["knees"].get(B)),)), f"{bound:.2f}x", str(D), m)
     console.print(bounds)
-    console.print("speedup = tokens per forward x T_round(B,0) / T_round(B,D), at the draft lengths the engine ran: draft and host "
-                  "included (tokens per forward below D_max derived from the D_max run: modeled)" if engine else
-                  "speedup bound = tokens per forward x T_verif(B,1) / T_verif(B,1+D): draft and host time left out")
+    console.print(
+        "speedup = tokens per forward x T_round(B,0) / T_round(B,D), at the draft lengths the engine ran: draft and host "
+        "included (tokens per forward below D_max derived from the D_max run: modeled)"
+        if engine
+        else "speedup bound = tokens per forward x T_verif(B,1) / T_verif(B,1+D): draft and host time left out"
+    )
     for B, share in facts["gemm_share"].items():
-        console.print(f"B={B}: the target's linear layers (measured micro-curve) are {share:.0%} of the measured one-token verify step")
+        console.print(
+            f"B={B}: the target's linear layers (measured micro-curve) are {share:.0%} of the measured one-token verify step"
+        )
     memory = result.memory
     if memory:
-        drafters = ", ".join(f"{name} {d['weights_bytes']['none'] / 1e9:.2f} GB + {d['kv_bytes_per_token'] / 1e3:.1f} kB/token"
-                             for name, d in memory["drafters"].items() if d["params"])
-        console.print(f"memory (computed from the configs, {memory['dtype']}): target weights {memory['target']['weights_bytes']['none'] / 1e9:.2f} GB, "
-                      f"KV {memory['target']['kv_bytes_per_token'] / 1e3:.1f} kB/token" + (f"; drafters: {drafters}" if drafters else "")
-                      + f"; activations {sum(a['source'] == 'measured' for a in memory['activation'])} of {len(memory['activation'])} (B, 1+D) "
-                      f"measured; device {memory['device']['usable_bytes'] / 1e9:.2f} GB ({memory['device']['source']})", markup=False)
+        drafters = ", ".join(
+            f"{name} {d['weights_bytes']['none'] / 1e9:.2f} GB + {d['kv_bytes_per_token'] / 1e3:.1f} kB/token"
+            for name, d in memory["drafters"].items()
+            if d["params"]
+        )
+        console.print(
+            f"memory (computed from the configs, {memory['dtype']}): target weights {memory['target']['weights_bytes']['none'] / 1e9:.2f} GB, "
+            f"KV {memory['target']['kv_bytes_per_token'] / 1e3:.1f} kB/token"
+            + (f"; drafters: {drafters}" if drafters else "")
+            + f"; activations {sum(a['source'] == 'measured' for a in memory['activation'])} of {len(memory['activation'])} (B, 1+D) "
+            f"measured; device {memory['device']['usable_bytes'] / 1e9:.2f} GB ({memory['device']['source']})",
+            markup=False,
+        )
     if result.moe:
-        woken = "; ".join(f"B={B}: " + ", ".join(f"{p['experts_woken']:.1f}" for p in result.moe["points"] if p["batch"] == B)
-                          for B in dict.fromkeys(p["batch"] for p in result.moe["points"]))
-        console.print(f"mixture of experts (measured, ctx {result.moe['ctx']}): experts woken per MoE layer of {result.moe['num_experts']} "
-                      f"({result.moe['experts_per_token']} per token) by a verify step of 1+D = 1..{result.workload.max_draft_len + 1} tokens: {woken}",
-                      markup=False)
+        woken = "; ".join(
+            f"B={B}: " + ", ".join(f"{p['experts_woken']:.1f}" for p in result.moe["points"] if p["batch"] == B)
+            for B in dict.fromkeys(p["batch"] for p in result.moe["points"])
+        )
+        console.print(
+            f"mixture of experts (measured, ctx {result.moe['ctx']}): experts woken per MoE layer of {result.moe['num_experts']} "
+            f"({result.moe['experts_per_token']} per token) by a verify step of 1+D = 1..{result.workload.max_draft_len + 1} tokens: {woken}",
+            markup=False,
+        )
     for note in result.notes:
         console.print(f"note: {note}", markup=False)
     console.print(f"wrote {path}", markup=False)
 
 
-@app.command("train-drafter", epilog="Examples:\n\n  specdec-tune train-drafter --mechanism eagle3\n\n"
-             "  specdec-tune train-drafter --mechanism mtp --budget-minutes 5 --out heads/mtp-demo\n\n"
-             "  specdec-tune train-drafter --mechanism dspark --block-size 8 --markov-rank 64\n\n"
-             "  specdec-tune decode --drafter eagle3 --drafter-option model=heads/eagle3-demo -D 3 --prompts mtbench")
+@app.command(
+    "train-drafter",
+    epilog="Examples:\n\n  specdec-tune train-drafter --mechanism eagle3\n\n"
+    "  specdec-tune train-drafter --mechanism mtp --budget-minutes 5 --out heads/mtp-demo\n\n"
+    "  specdec-tune train-drafter --mechanism dspark --block-size 8 --markov-rank 64\n\n"
+    "  specdec-tune decode --drafter eagle3 --drafter-option model=heads/eagle3-demo -D 3 --prompts mtbench",
+)
 def train_drafter(
-    mechanism: Annotated[str, typer.Option("--mechanism", "-m", help="Head to train: eagle3, mtp, dflash or dspark.")] = TRAIN.mechanism,
+    mechanism: Annotated[
+        str, typer.Option("--mechanism", "-m", help="Head to train: eagle3, mtp, dflash or dspark.")
+    ] = TRAIN.mechanism,
     target: TargetOpt = TRAIN.target,
     prompts: PromptsOpt = TRAIN.prompts,
-    budget_minutes: Annotated[float, typer.Option(help="Optimisation wall time; data preparation and AL measurements are reported apart.")] = TRAIN.budget_minutes,
-    new_tokens: Annotated[int, typer.Option(help="Tokens the target continues each training prompt with (the text the head learns).")] = TRAIN.new_tokens,
-    max_prompts: Annotated[int, typer.Option(help="Training prompts from the profiling split (0 = all of them).")] = TRAIN.max_prompts,
-    package_tokens: Annotated[int, typer.Option(help="Tokens of prose and code from the installed packages, read by the target as is (0 = none).")] = TRAIN.package_tokens,
-    draft_vocab: Annotated[int, typer.Option(help="Most frequent tokens: EAGLE-3's draft vocabulary and MTP's loss shortlist (0 = the full vocabulary).")] = TRAIN.draft_vocab,
-    ttt_steps: Annotated[int, typer.Option(help="EAGLE-3 / MTP: draft steps unrolled per position in training (training-time test).")] = TRAIN.ttt_steps,
-    block_size: Annotated[int, typer.Option(help="DFlash / DSpark: tokens per block (DFlash drafts block-1 of them, DSpark all).")] = TRAIN.block_size,
+    budget_minutes: Annotated[
+        float, typer.Option(help="Optimisation wall time; data preparation and AL measurements are reported apart.")
+    ] = TRAIN.budget_minutes,
+    new_tokens: Annotated[
+        int, typer.Option(help="Tokens the target continues each training prompt with (the text the head learns).")
+    ] = TRAIN.new_tokens,
+    max_prompts: Annotated[
+        int, typer.Option(help="Training prompts from the profiling split (0 = all of them).")
+    ] = TRAIN.max_prompts,
+    package_tokens: Annotated[
+        int,
+        typer.Option(help="Tokens of prose and code from the installed packages, read by the target as is (0 = none)."),
+    ] = TRAIN.package_tokens,
+    draft_vocab: Annotated[
+        int,
+        typer.Option(
+            help="Most frequent tokens: EAGLE-3's draft vocabulary and MTP's loss shortlist (0 = the full vocabulary)."
+        ),
+    ] = TRAIN.draft_vocab,
+    ttt_steps: Annotated[
+        int, typer.Option(help="EAGLE-3 / MTP: draft steps unrolled per position in training (training-time test).")
+    ] = TRAIN.ttt_steps,
+    block_size: Annotated[
+        int, typer.Option(help="DFlash / DSpark: tokens per block (DFlash drafts block-1 of them, DSpark all).")
+    ] = TRAIN.block_size,
     draft_layers: Annotated[int, typer.Option(help="DFlash / DSpark: decoder layers.")] = TRAIN.draft_layers,
     markov_rank: Annotated[int, typer.Option(help="DSpark: rank of the Markov logit bias.")] = TRAIN.markov_rank,
     lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, cosine over the budget).")] = TRAIN.lr,
     batch_tokens: Annotated[int, typer.Option(help="Padded tokens per optimizer step.")] = TRAIN.batch_tokens,
-    eval_points: Annotated[int, typer.Option(help="AL measurements along the run on held-back MT-Bench prompts (the learning curve); 0 = none.")] = TRAIN.eval_points,
-    eval_prompts: Annotated[int, typer.Option(help="Held-back MT-Bench prompts per AL measurement.")] = TRAIN.eval_prompts,
+    eval_points: Annotated[
+        int,
+        typer.Option(
+            help="AL measurements along the run on held-back MT-Bench prompts (the learning curve); 0 = none."
+        ),
+    ] = TRAIN.eval_points,
+    eval_prompts: Annotated[
+        int, typer.Option(help="Held-back MT-Bench prompts per AL measurement.")
+    ] = TRAIN.eval_prompts,
     seed: Annotated[int, typer.Option(help="Seed for initialisation and batch order.")] = TRAIN.seed,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Folder for the head (speculators layout). Default: this target's cached head, "
-                                                                    "the one --drafter eagle3 / mtp loads.")] = TRAIN.out,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Folder for the head (speculators layout). Default: this target's cached head, "
+            "the one --drafter eagle3 / mtp loads.",
+        ),
+    ] = TRAIN.out,
 ) -> None:
     """Distil an EAGLE-3, MTP, DFlash or DSpark head from the target on CPU and save it in the speculators layout."""
     from specdec_tune.profiles.train_drafter import train
 
-    settings = TrainSettings(mechanism=mechanism, target=target, prompts=prompts, max_prompts=max_prompts, new_tokens=new_tokens,
-                             package_tokens=package_tokens,
-                             draft_vocab=draft_vocab, ttt_steps=ttt_steps, block_size=block_size, draft_layers=draft_layers,
-                             markov_rank=markov_rank, lr=lr, batch_tokens=batch_tokens, budget_minutes=budget_minutes,
-                             eval_points=eval_points, eval_prompts=eval_prompts, seed=seed, out=out)
+    settings = TrainSettings(
+        mechanism=mechanism,
+        target=target,
+        prompts=prompts,
+        max_prompts=max_prompts,
+        new_tokens=new_tokens,
+        package_tokens=package_tokens,
+        draft_vocab=draft_vocab,
+        ttt_steps=ttt_steps,
+        block_size=block_size,
+        draft_layers=draft_layers,
+        markov_rank=markov_rank,
+        lr=lr,
+        batch_tokens=batch_tokens,
+        budget_minutes=budget_minutes,
+        eval_points=eval_points,
+        eval_prompts=eval_prompts,
+        seed=seed,
+        out=out,
+    )
     record = train(settings, progress=lambda line: console.print(line, markup=False))
     curve = record["learning_curve"]
     if curve:
-        table = Table(title=f"{mechanism} learning curve: AL at D={curve[0]['draft_len']} on held-back MT-Bench prompts (measured)")
-        for col in ("training tokens", "steps", "train s", "tokens/forward", "mean AL (vLLM)", "per-position acceptance"):
+        table = Table(
+            title=f"{mechanism} learning curve: AL at D={curve[0]['draft_len']} on held-back MT-Bench prompts (measured)"
+        )
+        for col in (
+            "training tokens",
+            "steps",
+            "train s",
+            "tokens/forward",
+            "mean AL (vLLM)",
+            "per-position acceptance",
+        ):
             table.add_column(col, justify="right")
         for p in curve:
-            table.add_row(str(p["training_tokens"]), str(p["steps"]), f"{p['train_s']:.0f}", f"{p['tokens_per_forward']:.3f}", f"{p['mean_al_vllm']:.3f}",
-                          " ".join(f"{a:.2f}" for a in p["per_position_acceptance"]))
+            table.add_row(
+                str(p["training_tokens"]),
+                str(p["steps"]),
+                f"{p['train_s']:.0f}",
+                f"{p['tokens_per_forward']:.3f}",
+                f"{p['mean_al_vllm']:.3f}",
+                " ".join(f"{a:.2f}" for a in p["per_position_acceptance"]),
+            )
         console.print(table)
         domains = Table(title=f"after {curve[-1]['training_tokens']} tokens, per domain (measured)")
         for col in ("domain", "prompts", "tokens/forward", "per-position acceptance"):
             domains.add_column(col, justify="right")
         for d, r in curve[-1].get("by_domain", {}).items():
-            domains.add_row(d, str(r["prompts"]), f"{r['tokens_per_forward']:.3f}", " ".join(f"{a:.2f}" for a in r["per_position_acceptance"]))
+            domains.add_row(
+                d,
+                str(r["prompts"]),
+                f"{r['tokens_per_forward']:.3f}",
+                " ".join(f"{a:.2f}" for a in r["per_position_acceptance"]),
+            )
         console.print(domains)
     t = record["train"]
-    console.print(f"trained {t['steps']} steps over {t['training_tokens']} tokens in {t['train_s']:.0f} s "
-                  f"(data prepared in {record['data']['prepare_s']:.0f} s)", markup=False)
+    console.print(
+        f"trained {t['steps']} steps over {t['training_tokens']} tokens in {t['train_s']:.0f} s "
+        f"(data prepared in {record['data']['prepare_s']:.0f} s)",
+        markup=False,
+    )
     console.print(f"wrote {record['folder']}", markup=False)
 
 
-@app.command(epilog="Examples:\n\n  specdec-tune search\n\n"
-             "  specdec-tune search --profile artifacts/profile/profile.json --min-user-tps 30 --trials 500\n\n"
-             "  specdec-tune search --objective throughput --min-user-tps 40   # most tokens/s per GPU at 40 tok/s per user\n\n"
-             "  specdec-tune search --objective pareto                          # the throughput / per-user front (NSGA-II)\n\n"
-             "  specdec-tune search --device h200                               # plan for a GPU you do not have (modeled)\n\n"
-             "  specdec-tune search --mix writing=0.5,coding=0.3,humaneval=0.2  # weight the profile's domains by share of requests\n\n"
-             "  specdec-tune search --storage journal:/shared/study.journal     # several workers, one study")
+@app.command(
+    epilog="Examples:\n\n  specdec-tune search\n\n"
+    "  specdec-tune search --profile artifacts/profile/profile.json --min-user-tps 30 --trials 500\n\n"
+    "  specdec-tune search --objective throughput --min-user-tps 40   # most tokens/s per GPU at 40 tok/s per user\n\n"
+    "  specdec-tune search --objective pareto                          # the throughput / per-user front (NSGA-II)\n\n"
+    "  specdec-tune search --device h200                               # plan for a GPU you do not have (modeled)\n\n"
+    "  specdec-tune search --mix writing=0.5,coding=0.3,humaneval=0.2  # weight the profile's domains by share of requests\n\n"
+    "  specdec-tune search --storage journal:/shared/study.journal     # several workers, one study"
+)
 def search(
-    profile: Annotated[Path, typer.Option("--profile", "-p", help="profile.json written by `specdec-tune profile`.")] = EXPORT.profile,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for plan.json (and the default study, study.journal).")] = SEARCH.out_dir,
-    objective: Annotated[str, typer.Option(help="speedup (mean over batch buckets), throughput (tokens/s per device at the chosen "
-                                                "max batch), per-user (per-user tokens/s at it), or pareto (both, NSGA-II).")] = SEARCH.objective,
-    trials: Annotated[int, typer.Option(help="Optuna trials; 0 = the objective's default (the study is filled up to this count; reruns add only what is missing).")] = SEARCH.trials,
-    seed: Annotated[int, typer.Option(help="Sampler seed: the same profile and seed give the same plan.")] = SEARCH.seed,
-    min_user_tps: Annotated[float, typer.Option("--min-user-tps", help="Per-user rate floor (tokens/s).")] = SEARCH.min_user_tokens_per_s,
-    min_tps: Annotated[float, typer.Option("--min-tps", help="Tokens/s-per-device floor (per-user and pareto objectives).")] = SEARCH.min_tokens_per_s,
-    mechanism: Annotated[list[str], typer.Option("--mechanism", "-m", help="Only these mechanisms (repeatable); default: all profiled.")] = [],  # noqa: B006
-    tile_rows: Annotated[int, typer.Option("--tile-rows", help="Attention tile rows for the aligned tile policy; 0 = the device's.")] = SEARCH.tile_rows,
-    storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL (sqlite:///..., postgresql://..., or a JournalStorage file via journal:PATH).")] = SEARCH.storage,
-    device: Annotated[Optional[str], typer.Option(help="Plan for this device from the hardware table (a100, h100, h200, b200, l40s, mi300x): times are modeled.")] = SEARCH.device,
-    mix: Annotated[Optional[str], typer.Option("--mix", help="Share of requests per profiled domain, DOMAIN=WEIGHT,... (normalised); default: the profile's 'all'.")] = None,
-    memory_fraction: Annotated[float, typer.Option("--memory-fraction", help="Share of device memory the plan may fill (weights, KV cache, "
-                                                   "activations), as vLLM's gpu_memory_utilization; a draft length that does not fit is not planned.")] = SEARCH.memory_fraction,
-    tensor_parallel: Annotated[int, typer.Option("--tensor-parallel", help="Devices one replica spans (weights and KV heads split over them); "
-                                                 "0 = the profile's engine option tensor_parallel_size, else 1.")] = SEARCH.tensor_parallel,
+    profile: Annotated[
+        Path, typer.Option("--profile", "-p", help="profile.json written by `specdec-tune profile`.")
+    ] = EXPORT.profile,
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Folder for plan.json (and the default study, study.journal).")
+    ] = SEARCH.out_dir,
+    objective: Annotated[
+        str,
+        typer.Option(
+            help="speedup (mean over batch buckets), throughput (tokens/s per device at the chosen "
+            "max batch), per-user (per-user tokens/s at it), or pareto (both, NSGA-II)."
+        ),
+    ] = SEARCH.objective,
+    trials: Annotated[
+        int,
+        typer.Option(
+            help="Optuna trials; 0 = the objective's default (the study is filled up to this count; reruns add only what is missing)."
+        ),
+    ] = SEARCH.trials,
+    seed: Annotated[
+        int, typer.Option(help="Sampler seed: the same profile and seed give the same plan.")
+    ] = SEARCH.seed,
+    min_user_tps: Annotated[
+        float, typer.Option("--min-user-tps", help="Per-user rate floor (tokens/s).")
+    ] = SEARCH.min_user_tokens_per_s,
+    min_tps: Annotated[
+        float, typer.Option("--min-tps", help="Tokens/s-per-device floor (per-user and pareto objectives).")
+    ] = SEARCH.min_tokens_per_s,
+    mechanism: Annotated[
+        list[str], typer.Option("--mechanism", "-m", help="Only these mechanisms (repeatable); default: all profiled.")
+    ] = [],  # noqa: B006
+    tile_rows: Annotated[
+        int, typer.Option("--tile-rows", help="Attention tile rows for the aligned tile policy; 0 = the device's.")
+    ] = SEARCH.tile_rows,
+    storage: Annotated[
+        str | None,
+        typer.Option(
+            help="Optuna storage URL (sqlite:///..., postgresql://..., or a JournalStorage file via journal:PATH)."
+        ),
+    ] = SEARCH.storage,
+    device: Annotated[
+        str | None,
+        typer.Option(
+            help="Plan for this device from the hardware table (a100, h100, h200, b200, l40s, mi300x): times are modeled."
+        ),
+    ] = SEARCH.device,
+    mix: Annotated[
+        str | None,
+        typer.Option(
+            "--mix",
+            help="Share of requests per profiled domain, DOMAIN=WEIGHT,... (normalised); default: the profile's 'all'.",
+        ),
+    ] = None,
+    memory_fraction: Annotated[
+        float,
+        typer.Option(
+            "--memory-fraction",
+            help="Share of device memory the plan may fill (weights, KV cache, "
+            "activations), as vLLM's gpu_memory_utilization; a draft length that does not fit is not planned.",
+        ),
+    ] = SEARCH.memory_fraction,
+    tensor_parallel: Annotated[
+        int,
+        typer.Option(
+            "--tensor-parallel",
+            help="Devices one replica spans (weights and KV heads split over them); "
+            "0 = the profile's engine option tensor_parallel_size, else 1.",
+        ),
+    ] = SEARCH.tensor_parallel,
 ) -> None:
     """Choose the mechanism and draft length per batch bucket from a profile; writes OUT/plan.json."""
     from specdec_tune.autotune.search import search as run_search
-    from specdec_tune.records import sha256_file
     from specdec_tune.profiles.schema import load_profile
+    from specdec_tune.records import sha256_file
 
     if not 0 < memory_fraction <= 1:
-        raise SpecdecError(f"--memory-fraction {memory_fraction:g} is outside (0, 1]", "give the share of device memory to plan into, e.g. 0.9")
-    for name, value in (("--trials", trials), ("--min-user-tps", min_user_tps), ("--min-tps", min_tps), ("--tile-rows", tile_rows),
-                        ("--tensor-parallel", tensor_parallel)):
+        raise SpecdecError(
+            f"--memory-fraction {memory_fraction:g} is outside (0, 1]",
+            "give the share of device memory to plan into, e.g. 0.9",
+        )
+    for name, value in (
+        ("--trials", trials),
+        ("--min-user-tps", min_user_tps),
+        ("--min-tps", min_tps),
+        ("--tile-rows", tile_rows),
+        ("--tensor-parallel", tensor_parallel),
+    ):
         if value < 0:
-            raise SpecdecError(f"{name} {value:g} must not be negative", f"pass {name} 0 for the default, or a positive value")
+            raise SpecdecError(
+                f"{name} {value:g} must not be negative", f"pass {name} 0 for the default, or a positive value"
+            )
     loaded = load_profile(profile)
-    settings = SearchSettings(objective=objective, trials=trials, seed=seed, min_user_tokens_per_s=min_user_tps, min_tokens_per_s=min_tps,
-                              mechanisms=tuple(mechanism), tile_rows=tile_rows, storage=storage, out_dir=out, device=device,
-                              mix=_mix_option(mix) if mix is not None else (), memory_fraction=memory_fraction, tensor_parallel=tensor_parallel)
+    settings = SearchSettings(
+        objective=objective,
+        trials=trials,
+        seed=seed,
+        min_user_tokens_per_s=min_user_tps,
+        min_tokens_per_s=min_tps,
+        mechanisms=tuple(mechanism),
+        tile_rows=tile_rows,
+        storage=storage,
+        out_dir=out,
+        device=device,
+        mix=_mix_option(mix) if mix is not None else (),
+        memory_fraction=memory_fraction,
+        tensor_parallel=tensor_parallel,
+    )
     plan = run_search(loaded, sha256_file(profile), settings)
     _print_plan_table(plan)
-    console.print("why: the guideline that set D (g1 compute-bound GEMMs, g2/g3 attention tile, g4 draft cost, schedule: "
-                  "D never rises with batch, memory: a longer draft does not fit in memory); next D: the runner-up "
-                  "and its predicted change", markup=False)
-    console.print("[low–high]: 95% interval of the prediction, from the acceptance bootstrap over prompts and the timing interval of the "
-                  "median, taken together at their worst and best; - where the profile has none. Within a bucket, a draft length whose "
-                  "tokens/s ratio to the best has a 95% interval holding 1 (acceptance paired over the same prompts) ties with it and "
-                  f"the shorter draft wins (without per-prompt counts: overlapping intervals; without intervals: within {settings.tie_tolerance:.0%})",
-                  markup=False)
+    console.print(
+        "why: the guideline that set D (g1 compute-bound GEMMs, g2/g3 attention tile, g4 draft cost, schedule: "
+        "D never rises with batch, memory: a longer draft does not fit in memory); next D: the runner-up "
+        "and its predicted change",
+        markup=False,
+    )
+    console.print(
+        "[low–high]: 95% interval of the prediction, from the acceptance bootstrap over prompts and the timing interval of the "
+        "median, taken together at their worst and best; - where the profile has none. Within a bucket, a draft length whose "
+        "tokens/s ratio to the best has a 95% interval holding 1 (acceptance paired over the same prompts) ties with it and "
+        f"the shorter draft wins (without per-prompt counts: overlapping intervals; without intervals: within {settings.tie_tolerance:.0%})",
+        markup=False,
+    )
     for line in _plan_findings(plan):
         console.print(line, markup=False)
     st = plan.study
@@ -421,9 +765,13 @@ def _mix_option(text: str) -> tuple[tuple[str, float], ...]:
         try:
             pairs.append((domain.strip(), float(weight)))
         except ValueError:
-            raise SpecdecError(f"--mix {item!r} is not DOMAIN=WEIGHT", "write it like --mix writing=0.5,coding=0.3,humaneval=0.2") from None
+            raise SpecdecError(
+                f"--mix {item!r} is not DOMAIN=WEIGHT", "write it like --mix writing=0.5,coding=0.3,humaneval=0.2"
+            ) from None
         if not domain.strip():
-            raise SpecdecError(f"--mix {item!r} names no domain", "write it like --mix writing=0.5,coding=0.3,humaneval=0.2")
+            raise SpecdecError(
+                f"--mix {item!r} names no domain", "write it like --mix writing=0.5,coding=0.3,humaneval=0.2"
+            )
     if not pairs:
         raise SpecdecError("--mix is empty", "write it like --mix writing=0.5,coding=0.3,humaneval=0.2")
     return tuple(pairs)
@@ -442,18 +790,27 @@ def plan_table(plan: Plan) -> Table:
     engine = plan.device.engine
     where = f"{plan.device.name} ({plan.device.times}{', measured in ' + engine if engine != 'torch' else ''})"
     mix = f", mix {', '.join(f'{d} {w:.0%}' for d, w in plan.mix.items())}" if plan.mix else ""
-    table = Table(title=f"plan for {where}: {plan.mechanism} (weights {plan.quant}), max D {plan.max_draft_len}, "
-                        f"max batch {plan.max_batch}, tile policy {plan.tile.policy}{mix}")
+    table = Table(
+        title=f"plan for {where}: {plan.mechanism} (weights {plan.quant}), max D {plan.max_draft_len}, "
+        f"max batch {plan.max_batch}, tile policy {plan.tile.policy}{mix}"
+    )
     for col in ("batch", "D", "speedup", "tok/s", "tok/s/user", "tok/fwd", "source", "why", "next D", "fits"):
         table.add_column(col, justify="right", no_wrap=True)
     for b in plan.buckets:
         pred, why = b.predicted, b.rationale.model_extra or {}
         nxt, guideline = why.get("next_best"), why.get("guideline")
-        table.add_row(str(b.batch), str(b.draft_len), _with_interval(pred.speedup, ".2f", "x"), _with_interval(pred.tokens_per_s, ".0f"),
-                      f"{pred.per_user_tokens_per_s.value:.1f}", f"{pred.tokens_per_forward.value:.3f}", pred.speedup.source,
-                      f"g{guideline}" if isinstance(guideline, int) else str(guideline),
-                      f"{nxt['draft_len']} ({-nxt['loss_pct']:+.1f}%)" if nxt else "-",
-                      str(b.memory.max_concurrency) if b.memory else "-")
+        table.add_row(
+            str(b.batch),
+            str(b.draft_len),
+            _with_interval(pred.speedup, ".2f", "x"),
+            _with_interval(pred.tokens_per_s, ".0f"),
+            f"{pred.per_user_tokens_per_s.value:.1f}",
+            f"{pred.tokens_per_forward.value:.3f}",
+            pred.speedup.source,
+            f"g{guideline}" if isinstance(guideline, int) else str(guideline),
+            f"{nxt['draft_len']} ({-nxt['loss_pct']:+.1f}%)" if nxt else "-",
+            str(b.memory.max_concurrency) if b.memory else "-",
+        )
     return table
 
 
@@ -473,10 +830,12 @@ def _plan_findings(plan: Plan) -> list[str]:
     lines = [f"not planned: {row.why}" for row in plan.excluded_buckets]
     memory = plan.memory
     if memory:
-        lines.append(f"memory (modeled from the configs): {memory.fraction:g} of {memory.device_bytes / 1e9:.2f} GB ({memory.device_source}"
-                     f"{', tensor parallel ' + str(memory.tensor_parallel) if memory.tensor_parallel > 1 else ''}); target weights "
-                     f"{memory.target_weights_bytes / 1e9:.2f} GB, KV {memory.target_kv_bytes_per_token / 1e3:.1f} kB per token; "
-                     f"fits: the most requests at each bucket's D, ctx {memory.ctx}")
+        lines.append(
+            f"memory (modeled from the configs): {memory.fraction:g} of {memory.device_bytes / 1e9:.2f} GB ({memory.device_source}"
+            f"{', tensor parallel ' + str(memory.tensor_parallel) if memory.tensor_parallel > 1 else ''}); target weights "
+            f"{memory.target_weights_bytes / 1e9:.2f} GB, KV {memory.target_kv_bytes_per_token / 1e3:.1f} kB per token; "
+            f"fits: the most requests at each bucket's D, ctx {memory.ctx}"
+        )
     for b in plan.buckets:
         why = b.rationale.model_extra or {}
         if why.get("tie"):
@@ -488,15 +847,19 @@ def _plan_findings(plan: Plan) -> list[str]:
     lines += [disagreement_line(row) for row in (plan.per_domain or {}).get("disagreeing_buckets", [])]
     untied = plan.study.untied_schedule
     if untied and [D for _, D in untied] != [d for _, d in plan.schedule]:
-        lines.append(f"without ties (every predicted difference deciding) {plan.mechanism} would take D = "
-                     f"{', '.join(str(D) for _, D in untied)} at batch {', '.join(str(B) for B, _ in untied)}: "
-                     f"{plan.study.untied_gain_pct:+.1f}% predicted mean speedup, inside the noise")
+        lines.append(
+            f"without ties (every predicted difference deciding) {plan.mechanism} would take D = "
+            f"{', '.join(str(D) for _, D in untied)} at batch {', '.join(str(B) for B, _ in untied)}: "
+            f"{plan.study.untied_gain_pct:+.1f}% predicted mean speedup, inside the noise"
+        )
     return lines
 
 
-VllmVersion = Annotated[Optional[str], typer.Option("--vllm-version", help="vLLM version targeted (default: the tool's).")]
-TrtllmVersion = Annotated[Optional[str], typer.Option("--trtllm-version", help="TensorRT-LLM version targeted.")]
-SglangVersion = Annotated[Optional[str], typer.Option("--sglang-version", help="SGLang version targeted.")]
+VllmVersion = Annotated[
+    str | None, typer.Option("--vllm-version", help="vLLM version targeted (default: the tool's).")
+]
+TrtllmVersion = Annotated[str | None, typer.Option("--trtllm-version", help="TensorRT-LLM version targeted.")]
+SglangVersion = Annotated[str | None, typer.Option("--sglang-version", help="SGLang version targeted.")]
 
 
 def _version_overrides(vllm: str | None, trtllm: str | None, sglang: str | None) -> tuple[tuple[str, str], ...]:
@@ -513,29 +876,50 @@ def _measure_settings(prompts: int, new_tokens: int, tolerance: float) -> Measur
 
 
 LosslessPrompts = Annotated[int, typer.Option("--lossless-prompts", help="Held-back prompts for the lossless gate.")]
-NewTokens = Annotated[int, typer.Option("--new-tokens", help="Tokens generated per prompt in the gate and the throughput check.")]
-Tolerance = Annotated[float, typer.Option("--tolerance", help="Largest relative error (%) of predicted against measured throughput.")]
+NewTokens = Annotated[
+    int, typer.Option("--new-tokens", help="Tokens generated per prompt in the gate and the throughput check.")
+]
+Tolerance = Annotated[
+    float, typer.Option("--tolerance", help="Largest relative error (%) of predicted against measured throughput.")
+]
 
 
-@app.command(epilog="Examples:\n\n  specdec-tune export\n\n"
-             "  specdec-tune export --plan artifacts/plan.json --out artifacts/bundle --vllm-version 0.32.0\n\n"
-             "  specdec-tune export --configs-only   # a plan for another device: configs and report, nothing measured here")
+@app.command(
+    epilog="Examples:\n\n  specdec-tune export\n\n"
+    "  specdec-tune export --plan artifacts/plan.json --out artifacts/bundle --vllm-version 0.32.0\n\n"
+    "  specdec-tune export --configs-only   # a plan for another device: configs and report, nothing measured here"
+)
 def export(
     plan: Annotated[Path, typer.Option("--plan", help="plan.json written by `specdec-tune search`.")] = EXPORT.plan,
-    profile: Annotated[Path, typer.Option("--profile", "-p", help="The profile the plan was searched on.")] = EXPORT.profile,
+    profile: Annotated[
+        Path, typer.Option("--profile", "-p", help="The profile the plan was searched on.")
+    ] = EXPORT.profile,
     out: Annotated[Path, typer.Option("--out", "-o", help="Bundle folder (replaced atomically).")] = EXPORT.out,
-    engine_model: Annotated[Optional[str], typer.Option("--engine-model", help="The target as the engines load it (path or hub id).")] = EXPORT.engine_model,
+    engine_model: Annotated[
+        str | None, typer.Option("--engine-model", help="The target as the engines load it (path or hub id).")
+    ] = EXPORT.engine_model,
     vllm_version: VllmVersion = None,
     trtllm_version: TrtllmVersion = None,
     sglang_version: SglangVersion = None,
-    configs_only: Annotated[bool, typer.Option("--configs-only", help="Skip the lossless gate and the throughput check.")] = False,
-    no_onnx: Annotated[bool, typer.Option("--no-onnx", help="Leave out the drafter's ONNX graph (drafters with a network of their own).")] = False,
+    configs_only: Annotated[
+        bool, typer.Option("--configs-only", help="Skip the lossless gate and the throughput check.")
+    ] = False,
+    no_onnx: Annotated[
+        bool,
+        typer.Option("--no-onnx", help="Leave out the drafter's ONNX graph (drafters with a network of their own)."),
+    ] = False,
     lossless_prompts: LosslessPrompts = MEASURE.prompts,
     new_tokens: NewTokens = MEASURE.new_tokens,
     tolerance: Tolerance = MEASURE.tolerance_pct,
-    repair_rounds: Annotated[int, typer.Option("--repair-rounds", help="A failed throughput check: rounds of re-measuring the verify cells "
-                                                                       "behind it and re-planning (rewrites plan.json and profile.json) before "
-                                                                       "refusing; 0 refuses at once.")] = MEASURE.repair_rounds,
+    repair_rounds: Annotated[
+        int,
+        typer.Option(
+            "--repair-rounds",
+            help="A failed throughput check: rounds of re-measuring the verify cells "
+            "behind it and re-planning (rewrites plan.json and profile.json) before "
+            "refusing; 0 refuses at once.",
+        ),
+    ] = MEASURE.repair_rounds,
 ) -> None:
     """Write the deployment bundle: engine configs, manifest, report, validation (it must pass to be written)."""
     import dataclasses
@@ -544,10 +928,23 @@ def export(
     from specdec_tune.pipeline.export import export as run_export
 
     if repair_rounds < 0:
-        raise SpecdecError(f"--repair-rounds {repair_rounds} must not be negative", "pass --repair-rounds 0 to refuse without re-measuring")
-    measure = dataclasses.replace(_measure_settings(lossless_prompts, new_tokens, tolerance), repair_rounds=repair_rounds)
-    settings = ExportSettings(plan=plan, profile=profile, out=out, versions=_version_overrides(vllm_version, trtllm_version, sglang_version),
-                              engine_model=engine_model, measure=measure, skip_measure=configs_only, onnx_drafter=not no_onnx)
+        raise SpecdecError(
+            f"--repair-rounds {repair_rounds} must not be negative",
+            "pass --repair-rounds 0 to refuse without re-measuring",
+        )
+    measure = dataclasses.replace(
+        _measure_settings(lossless_prompts, new_tokens, tolerance), repair_rounds=repair_rounds
+    )
+    settings = ExportSettings(
+        plan=plan,
+        profile=profile,
+        out=out,
+        versions=_version_overrides(vllm_version, trtllm_version, sglang_version),
+        engine_model=engine_model,
+        measure=measure,
+        skip_measure=configs_only,
+        onnx_drafter=not no_onnx,
+    )
 
     def show_repair(record: dict) -> None:
         for line in describe_repair(record):
@@ -555,7 +952,9 @@ def export(
 
     started = time.monotonic()
 
-    def show_step(line: str) -> None:  # each check as it ends: a long export is never silent, on a terminal or in a CI log
+    def show_step(
+        line: str,
+    ) -> None:  # each check as it ends: a long export is never silent, on a terminal or in a CI log
         console.print(f"{line} [{(time.monotonic() - started) / 60:.1f} min]", markup=False, soft_wrap=True)
 
     manifest = run_export(settings, on_repair=show_repair, on_step=show_step)
@@ -567,19 +966,36 @@ def export(
     console.print(table)
     v = manifest["validation"]
     where = f" in {manifest['primary_engine']}" if manifest.get("primary_engine") else ""
-    drift = f" at the device's current speed ({v['device_drift_pct']:.1f}% from profile time)" if v.get("device_drift_pct") is not None else ""
-    console.print(f"validated: configs ok; lossless {v['lossless']}; worst throughput error{where} "
-                  + (f"{v['throughput_worst_error_pct']:+.1f}%{drift}" if v["throughput_worst_error_pct"] is not None else "not measured"),
-                  markup=False)
+    drift = (
+        f" at the device's current speed ({v['device_drift_pct']:.1f}% from profile time)"
+        if v.get("device_drift_pct") is not None
+        else ""
+    )
+    console.print(
+        f"validated: configs ok; lossless {v['lossless']}; worst throughput error{where} "
+        + (
+            f"{v['throughput_worst_error_pct']:+.1f}%{drift}"
+            if v["throughput_worst_error_pct"] is not None
+            else "not measured"
+        ),
+        markup=False,
+    )
     if v.get("repairs"):
-        console.print(f"repaired in {len(v['repairs'])} round(s): rewrote {plan} (re-planned) and {profile} (re-measured cells)", markup=False)
+        console.print(
+            f"repaired in {len(v['repairs'])} round(s): rewrote {plan} (re-planned) and {profile} (re-measured cells)",
+            markup=False,
+        )
     console.print(f"wrote {out} ({len(manifest['files'])} files)", markup=False)
 
 
-@app.command(epilog="Examples:\n\n  specdec-tune validate artifacts/bundle\n\n  specdec-tune validate artifacts/bundle --configs-only")
+@app.command(
+    epilog="Examples:\n\n  specdec-tune validate artifacts/bundle\n\n  specdec-tune validate artifacts/bundle --configs-only"
+)
 def validate(
     bundle: Annotated[Path, typer.Argument(help="The bundle folder.")] = EXPORT.out,
-    configs_only: Annotated[bool, typer.Option("--configs-only", help="Hashes and engine configs only; nothing measured.")] = False,
+    configs_only: Annotated[
+        bool, typer.Option("--configs-only", help="Hashes and engine configs only; nothing measured.")
+    ] = False,
     lossless_prompts: LosslessPrompts = MEASURE.prompts,
     new_tokens: NewTokens = MEASURE.new_tokens,
     tolerance: Tolerance = MEASURE.tolerance_pct,
@@ -589,21 +1005,31 @@ def validate(
     from specdec_tune.exporters.validation_text import describe_row, describe_throughput_row, lossless_text
     from specdec_tune.pipeline.bundle_checks import validate_bundle
 
-    result = validate_bundle(bundle, None if configs_only else _measure_settings(lossless_prompts, new_tokens, tolerance))
+    result = validate_bundle(
+        bundle, None if configs_only else _measure_settings(lossless_prompts, new_tokens, tolerance)
+    )
     if as_json:
         print(json.dumps(result, indent=2))
     else:
         console.print(result["hashes"], markup=False)
         for c in result["configs"]:
-            console.print(f"{c['engine']}: {c['checked_with']}: {'ok' if not c['errors'] else '; '.join(c['errors'])}", markup=False)
+            console.print(
+                f"{c['engine']}: {c['checked_with']}: {'ok' if not c['errors'] else '; '.join(c['errors'])}",
+                markup=False,
+            )
         k = result["kernels"]
-        console.print(f"kernels: {k['checked']} cubins checked against their manifest: " + ("ok" if not k["errors"] else "; ".join(k["errors"][:3])),
-                      markup=False)
+        console.print(
+            f"kernels: {k['checked']} cubins checked against their manifest: "
+            + ("ok" if not k["errors"] else "; ".join(k["errors"][:3])),
+            markup=False,
+        )
         if "lossless" in result:
             console.print(f"lossless: {lossless_text(result['lossless'])}", markup=False)
         tp = result.get("throughput", {})
         for r in tp.get("buckets", []):
-            console.print(f"vLLM {describe_row(r)}" if tp.get("engine") == "vllm" else describe_throughput_row(r), markup=False)
+            console.print(
+                f"vLLM {describe_row(r)}" if tp.get("engine") == "vllm" else describe_throughput_row(r), markup=False
+            )
         if tp.get("error") or tp.get("why"):
             console.print(f"throughput: {tp.get('error') or 'not checked: ' + tp['why']}", markup=False)
         if tp.get("warning"):
@@ -612,11 +1038,18 @@ def validate(
         raise SpecdecError(f"bundle {bundle} fails validation", "see the lines above; re-profile and re-export")
 
 
-@app.command(epilog="Examples:\n\n  specdec-tune check artifacts/bundle\n\n  specdec-tune check artifacts/bundle --json --vllm-version 0.33.0\n\n"
-             "Exit codes: 0 fresh, 3 stale (each changed factor is named), 1 error.")
+@app.command(
+    epilog="Examples:\n\n  specdec-tune check artifacts/bundle\n\n  specdec-tune check artifacts/bundle --json --vllm-version 0.33.0\n\n"
+    "Exit codes: 0 fresh, 3 stale (each changed factor is named), 1 error."
+)
 def check(
     bundle: Annotated[Path, typer.Argument(help="The bundle folder.")] = Path("artifacts/bundle"),
-    target: Annotated[Optional[str], typer.Option("--target", "-t", help="Where the target model is on this machine (default: the path the bundle records).")] = None,
+    target: Annotated[
+        str | None,
+        typer.Option(
+            "--target", "-t", help="Where the target model is on this machine (default: the path the bundle records)."
+        ),
+    ] = None,
     vllm_version: VllmVersion = None,
     trtllm_version: TrtllmVersion = None,
     sglang_version: SglangVersion = None,
@@ -626,7 +1059,9 @@ def check(
     from specdec_tune.exporters.bundle import check_bundle
     from specdec_tune.exporters.staleness import STALE_EXIT_CODE
 
-    result = check_bundle(bundle, target=target, versions=_version_overrides(vllm_version, trtllm_version, sglang_version))
+    result = check_bundle(
+        bundle, target=target, versions=_version_overrides(vllm_version, trtllm_version, sglang_version)
+    )
     if as_json:
         print(json.dumps(result, indent=2))
     else:
@@ -663,7 +1098,9 @@ def main(argv: list[str] | None = None) -> int:
         if _state["debug"]:
             raise
         where = f" ({e.filename})" if e.filename else ""
-        _fail(f"error: {e.strerror or e}{where} (check the path, its permissions and the free disk space; completed measurements are kept)")
+        _fail(
+            f"error: {e.strerror or e}{where} (check the path, its permissions and the free disk space; completed measurements are kept)"
+        )
         return 1
     except typer.Exit as e:
         return e.exit_code

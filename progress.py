@@ -64,7 +64,10 @@ class LogLines(Progress):
         self.last_line[phase] = now
         to_go_min = (now - first_at) / (done - first_done) * (total - done) / 60
         head = f"{phase} {done}/{total}" + (f" ({unit})" if unit else "")
-        self._print(f"{head}: " + ", ".join(filter(None, [self._budget_text(), f"about {to_go_min:.1f} min to go in this phase"])))
+        self._print(
+            f"{head}: "
+            + ", ".join(filter(None, [self._budget_text(), f"about {to_go_min:.1f} min to go in this phase"]))
+        )
 
     def note(self, line: str) -> None:
         self._print(line)

@@ -14,7 +14,10 @@ from specdec_tune.formats import WEIGHT_FORMATS
 
 SPLITS = ("profile", "held_back", "all")  # of a calibration set
 OBJECTIVES = ("speedup", "throughput", "per-user", "pareto")  # search --objective (autotune/space.py)
-MEASUREMENT_BACKENDS = ("torch", "vllm")  # profile --engine: the registry in profiles/backends.py, named here torch-free
+MEASUREMENT_BACKENDS = (
+    "torch",
+    "vllm",
+)  # profile --engine: the registry in profiles/backends.py, named here torch-free
 # The default grid per device kind: (largest batch bucket, D_max). A 2-core CPU decodes the demo target at about
 # 15 tokens/s per row at batch 1 and saturates its compute by batch 8, where a GPU's verify step stays flat to
 # batch 64 and beyond; its profile must also fit in minutes. --batch and --max-draft-len override either.
@@ -30,12 +33,20 @@ class ProfileSettings:
     target: str = "smollm2-135m"
     drafters: tuple[str, ...] = ("ngram", "suffix", "draft_model")  # "name" or "name:key=value,key=value"
     prompts: str = "default"
-    prompts_per_domain: int = 3  # to start with: more are added (7 per MT-Bench category in the profiling split) until the interval is tight
+    prompts_per_domain: int = (
+        3  # to start with: more are added (7 per MT-Bench category in the profiling split) until the interval is tight
+    )
     acceptance_half_width: float = 0.02  # target relative half-width (95%) of tokens per forward at the relevant D
     acceptance: str = "replay"  # greedy acceptance: "replay" where the drafter allows it, or "loop" for every drafter
-    sampled_prompts_per_domain: int = 1  # prompts per domain for temperatures > 0 (the loop, at D_max: the costliest unit)
-    check_prompts: int = 4  # prompts on which the loop checks the replay (dealt over the checked D: two each by default)
-    new_tokens: int = 32  # per prompt: for a fixed cost, more prompts narrow the interval over prompts more than longer ones
+    sampled_prompts_per_domain: int = (
+        1  # prompts per domain for temperatures > 0 (the loop, at D_max: the costliest unit)
+    )
+    check_prompts: int = (
+        4  # prompts on which the loop checks the replay (dealt over the checked D: two each by default)
+    )
+    new_tokens: int = (
+        32  # per prompt: for a fixed cost, more prompts narrow the interval over prompts more than longer ones
+    )
     temperatures: tuple[float, ...] = (0.0, 0.7)
     batch_buckets: tuple[int, ...] = ()  # () = the device's grid: DEFAULT_GRID
     ctx_buckets: tuple[int, ...] = (128, 512)
@@ -63,19 +74,34 @@ class ProfileSettings:
     def for_device(self, kind: str) -> ProfileSettings:
         """These settings with the device's default grid filled in where none was given (`DEFAULT_GRID`)."""
         largest_batch, d_max = DEFAULT_GRID["cuda" if kind == "cuda" else "cpu"]
-        return dataclasses.replace(self, batch_buckets=self.batch_buckets or tuple(2**i for i in range(largest_batch.bit_length())),
-                                   max_draft_len=self.max_draft_len or d_max)
+        return dataclasses.replace(
+            self,
+            batch_buckets=self.batch_buckets or tuple(2**i for i in range(largest_batch.bit_length())),
+            max_draft_len=self.max_draft_len or d_max,
+        )
 
     def validate(self) -> None:
         if self.max_draft_len is not None and self.max_draft_len < 1:
-            raise SpecdecError(f"--max-draft-len {self.max_draft_len} must be at least 1", f"use 1 or more (default {DEFAULT_GRID['cpu'][1]} on CPU, {DEFAULT_GRID['cuda'][1]} on a GPU)")
+            raise SpecdecError(
+                f"--max-draft-len {self.max_draft_len} must be at least 1",
+                f"use 1 or more (default {DEFAULT_GRID['cpu'][1]} on CPU, {DEFAULT_GRID['cuda'][1]} on a GPU)",
+            )
         for name, values in (("--batch", self.batch_buckets or (1,)), ("--ctx", self.ctx_buckets)):
             if not values or min(values) < 1 or list(values) != sorted(set(values)):
-                raise SpecdecError(f"{name} buckets {list(values)} must be distinct increasing positive integers", f"e.g. {name} 1,2,4,8")
+                raise SpecdecError(
+                    f"{name} buckets {list(values)} must be distinct increasing positive integers",
+                    f"e.g. {name} 1,2,4,8",
+                )
         if self.max_draft_len and any(not 0 < d < self.max_draft_len for d in self.check_draft_lens):
-            raise SpecdecError(f"check draft lengths {list(self.check_draft_lens)} must lie in 1..{self.max_draft_len - 1}", "pick smaller D than --max-draft-len")
+            raise SpecdecError(
+                f"check draft lengths {list(self.check_draft_lens)} must lie in 1..{self.max_draft_len - 1}",
+                "pick smaller D than --max-draft-len",
+            )
         if self.prompts_per_domain < 1 or self.new_tokens < 2 or self.budget_minutes <= 0:
-            raise SpecdecError("--prompts-per-domain, --new-tokens and --budget-minutes must be positive (new tokens ≥ 2)", "raise them")
+            raise SpecdecError(
+                "--prompts-per-domain, --new-tokens and --budget-minutes must be positive (new tokens ≥ 2)",
+                "raise them",
+            )
         if any(t < 0 for t in self.temperatures):
             raise SpecdecError(f"temperatures {list(self.temperatures)} must be ≥ 0", "use 0 for greedy")
         if self.verify_visits < 1:
@@ -83,11 +109,20 @@ class ProfileSettings:
         if self.acceptance not in ("replay", "loop"):
             raise SpecdecError(f"--acceptance {self.acceptance!r} is not a method", "use replay (default) or loop")
         if not 0 <= self.acceptance_half_width < 1:
-            raise SpecdecError(f"--half-width {self.acceptance_half_width:g} is not a fraction", "use e.g. 0.02 for ±2% (0: no prompts added)")
+            raise SpecdecError(
+                f"--half-width {self.acceptance_half_width:g} is not a fraction",
+                "use e.g. 0.02 for ±2% (0: no prompts added)",
+            )
         if self.engine not in MEASUREMENT_BACKENDS:
-            raise SpecdecError(f"--engine {self.engine!r} is not a measurement backend", f"use one of: {', '.join(MEASUREMENT_BACKENDS)}")
+            raise SpecdecError(
+                f"--engine {self.engine!r} is not a measurement backend",
+                f"use one of: {', '.join(MEASUREMENT_BACKENDS)}",
+            )
         if self.engine_options and self.engine == "torch":
-            raise SpecdecError("--engine-option is passed to a serving engine; the torch backend takes none", "add --engine vllm, or drop it")
+            raise SpecdecError(
+                "--engine-option is passed to a serving engine; the torch backend takes none",
+                "add --engine vllm, or drop it",
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,14 +147,22 @@ class DecodeSettings:
             raise SpecdecError(f"unknown split {self.split!r}", f"use one of: {', '.join(SPLITS)}")
         if self.drafter is not None and self.num_draft_tokens < 1:
             raise SpecdecError(f"draft length D = {self.num_draft_tokens} is invalid", "use -D 1 or more")
-        for name, value in (("--batch-size", self.batch_size), ("--num-prompts", self.num_prompts), ("--max-new-tokens", self.max_new_tokens)):
+        for name, value in (
+            ("--batch-size", self.batch_size),
+            ("--num-prompts", self.num_prompts),
+            ("--max-new-tokens", self.max_new_tokens),
+        ):
             if value < 1:
                 raise SpecdecError(f"{name} {value} must be at least 1", f"pass {name} 1 or more")
         if self.check_lossless and self.temperature > 0:
-            raise SpecdecError("--check-lossless compares greedy outputs token for token", "drop --temperature or --check-lossless")
+            raise SpecdecError(
+                "--check-lossless compares greedy outputs token for token", "drop --temperature or --check-lossless"
+            )
         if self.check_lossless and self.drafter is None:
-            raise SpecdecError("--check-lossless needs a drafter: without one it compares plain decoding with plain decoding",
-                               "add --drafter ngram (or another drafter)")
+            raise SpecdecError(
+                "--check-lossless needs a drafter: without one it compares plain decoding with plain decoding",
+                "add --drafter ngram (or another drafter)",
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +173,9 @@ class TrainSettings:
     max_prompts: int = 0  # 0 = the whole profiling split
     new_tokens: int = 192  # the target's greedy continuation per prompt
     package_tokens: int = 600_000  # text from the installed packages, teacher-forced (0 = continuations only)
-    draft_vocab: int = 8192  # most frequent tokens: EAGLE-3's draft vocabulary, MTP's loss shortlist; 0 = the full vocabulary
+    draft_vocab: int = (
+        8192  # most frequent tokens: EAGLE-3's draft vocabulary, MTP's loss shortlist; 0 = the full vocabulary
+    )
     ttt_steps: int = 3  # unrolled draft steps per position (EAGLE-3, MTP)
     step_decay: float = 0.8  # loss weight of step k: decay^(k-1)
     block_size: int = 8  # DFlash / DSpark: tokens per block (DFlash drafts block_size-1, DSpark block_size)
@@ -147,11 +192,22 @@ class TrainSettings:
     out: Path | None = None  # None = this target's cached demo head (what --drafter eagle3 / mtp loads)
 
     def validate(self) -> None:
-        if self.budget_minutes <= 0 or self.new_tokens < 8 or self.package_tokens < 0 or self.ttt_steps < 1 or self.batch_tokens < 64 or self.lr <= 0:
-            raise SpecdecError("--budget-minutes, --lr must be positive, --package-tokens ≥ 0, --new-tokens ≥ 8, --ttt-steps ≥ 1, --batch-tokens ≥ 64",
-                               "raise the value named")
+        if (
+            self.budget_minutes <= 0
+            or self.new_tokens < 8
+            or self.package_tokens < 0
+            or self.ttt_steps < 1
+            or self.batch_tokens < 64
+            or self.lr <= 0
+        ):
+            raise SpecdecError(
+                "--budget-minutes, --lr must be positive, --package-tokens ≥ 0, --new-tokens ≥ 8, --ttt-steps ≥ 1, --batch-tokens ≥ 64",
+                "raise the value named",
+            )
         if self.block_size < 2 or self.draft_layers < 1 or self.markov_rank < 1 or self.position_decay <= 0:
-            raise SpecdecError("--block-size must be ≥ 2, --draft-layers and --markov-rank ≥ 1", "raise the value named")
+            raise SpecdecError(
+                "--block-size must be ≥ 2, --draft-layers and --markov-rank ≥ 1", "raise the value named"
+            )
         if self.draft_vocab < 0 or self.eval_points < 0 or self.eval_prompts < 1:
             raise SpecdecError("--draft-vocab and --eval-points must be ≥ 0, --eval-prompts ≥ 1", "fix the value named")
 
@@ -190,7 +246,9 @@ class MeasureSettings:
     repeats: int = 3  # timed runs per bucket after one warm-up (median)
     rows: int = 8  # prompts decoded per bucket at least, in batches of the bucket's size
     seed: int = 0
-    repair_rounds: int = 2  # a failed throughput check: rounds of re-measuring its verify cells and re-planning before refusing
+    repair_rounds: int = (
+        2  # a failed throughput check: rounds of re-measuring its verify cells and re-planning before refusing
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,21 +18,32 @@ def _no_fields(options: dict) -> dict:
 @dataclasses.dataclass(frozen=True)
 class Vllm:
     method: str
-    fields: Callable[[dict], dict] = _no_fields  # the method's own fields, from the drafter's options and its head's config
+    fields: Callable[[dict], dict] = (
+        _no_fields  # the method's own fields, from the drafter's options and its head's config
+    )
     extra: tuple[tuple[str, object], ...] = ()  # fixed fields
-    reads_head: bool = True  # loads a separately trained head of this kind (vLLM 0.32's speculators reader: no mtp type)
-    lookahead: Callable[[int], int] = lambda k: 0  # KV slots per request vLLM reserves for num_speculative_tokens k (0.32's rule)
+    reads_head: bool = (
+        True  # loads a separately trained head of this kind (vLLM 0.32's speculators reader: no mtp type)
+    )
+    lookahead: Callable[[int], int] = lambda k: (
+        0
+    )  # KV slots per request vLLM reserves for num_speculative_tokens k (0.32's rule)
     needs_head: bool = False  # runs a trained head's checkpoint, which `model` must name
 
 
 def _ngram(o: dict) -> dict:
-    return {"prompt_lookup_min": int(o.get("prompt_lookup_min", 5)), "prompt_lookup_max": int(o.get("prompt_lookup_max", 5))}
+    return {
+        "prompt_lookup_min": int(o.get("prompt_lookup_min", 5)),
+        "prompt_lookup_max": int(o.get("prompt_lookup_max", 5)),
+    }
 
 
 def _suffix(o: dict) -> dict:
-    return {"suffix_decoding_max_tree_depth": int(o.get("max_tree_depth", 24)),
-            "suffix_decoding_max_spec_factor": float(o.get("max_spec_factor", 1.0)),
-            "suffix_decoding_min_token_prob": float(o.get("min_token_prob", 0.1))}
+    return {
+        "suffix_decoding_max_tree_depth": int(o.get("max_tree_depth", 24)),
+        "suffix_decoding_max_spec_factor": float(o.get("max_spec_factor", 1.0)),
+        "suffix_decoding_min_token_prob": float(o.get("min_token_prob", 0.1)),
+    }
 
 
 VLLM: dict[str, Vllm] = {
@@ -46,7 +57,9 @@ VLLM: dict[str, Vllm] = {
 }
 
 
-def speculative_config(mechanism: str, draft_len: int, options: dict, model: str | None = None, quantization: str | None = None) -> dict:
+def speculative_config(
+    mechanism: str, draft_len: int, options: dict, model: str | None = None, quantization: str | None = None
+) -> dict:
     """vLLM's `speculative_config` running `mechanism` at one draft length (a checkpoint's folder as `model`)."""
     v = VLLM[mechanism]
     config = {"method": v.method, "num_speculative_tokens": draft_len, **v.fields(options)}

@@ -161,8 +161,13 @@ def _interp_in_batch(points: dict[int, Figure], batch: int) -> Figure:
         lo, hi, source = xs[i - 1], xs[i], "interpolated"
     if lo == hi:
         return Figure(points[lo].value, "modeled")
-    return _on_line(points[lo], points[hi], (batch - lo) / (hi - lo), weakest(source, points[lo].source, points[hi].source),
-                    with_bounds=source == "interpolated")
+    return _on_line(
+        points[lo],
+        points[hi],
+        (batch - lo) / (hi - lo),
+        weakest(source, points[lo].source, points[hi].source),
+        with_bounds=source == "interpolated",
+    )
 
 
 def _interp_in_draft_len(points: dict[int, Figure], draft_len: int) -> Figure:
@@ -173,8 +178,13 @@ def _interp_in_draft_len(points: dict[int, Figure], draft_len: int) -> Figure:
     below, above = [d for d in lens if d < draft_len], [d for d in lens if d > draft_len]
     if below and above:
         lo, hi = below[-1], above[0]
-        return _on_line(points[lo], points[hi], (draft_len - lo) / (hi - lo),
-                        weakest("interpolated", points[lo].source, points[hi].source), with_bounds=True)
+        return _on_line(
+            points[lo],
+            points[hi],
+            (draft_len - lo) / (hi - lo),
+            weakest("interpolated", points[lo].source, points[hi].source),
+            with_bounds=True,
+        )
     nearest = below[-1] if below else above[0]
     return Figure(points[nearest].value, weakest("modeled", points[nearest].source))
 
@@ -250,7 +260,9 @@ class Acceptance:
         source = weakest(*(f.source for _, f in figures))
         if not all(f.has_interval for _, f in figures):
             return Figure(value, source)
-        return bounded(value, source, 1.0 / sum(w / f.low for w, f in figures), 1.0 / sum(w / f.high for w, f in figures))  # type: ignore[operator]
+        return bounded(
+            value, source, 1.0 / sum(w / f.low for w, f in figures), 1.0 / sum(w / f.high for w, f in figures)
+        )  # type: ignore[operator]
 
     def round_shares(self, draft_len: int) -> list[float] | None:
         """P(L) of the workload's rounds at draft length D, L = 0..D_max (`_round_shares`; None where no record kept its
@@ -258,7 +270,9 @@ class Acceptance:
         if not any(r.rounds for _, r in self.parts):
             return None
         n = self.max_draft_len
-        rounds = [w / _record_tokens_per_forward(r, draft_len).value for w, r in self.parts]  # a row's rounds in domain d ∝ w_d / AL_d
+        rounds = [
+            w / _record_tokens_per_forward(r, draft_len).value for w, r in self.parts
+        ]  # a row's rounds in domain d ∝ w_d / AL_d
         total = sum(rounds)
         mixed = [0.0] * (n + 1)
         for (_, r), share in zip(self.parts, rounds):
@@ -272,11 +286,16 @@ def normalise_mix(profile: Profile, mix: dict[str, float]) -> dict[str, float]:
     known = list(profile.workload.domains)
     unknown = [d for d in mix if d not in known]
     if unknown:
-        raise SpecdecError(f"--mix names {', '.join(repr(d) for d in unknown)}, which the profile has no acceptance for",
-                           f"use the profile's domains: {', '.join(known)}")
+        raise SpecdecError(
+            f"--mix names {', '.join(repr(d) for d in unknown)}, which the profile has no acceptance for",
+            f"use the profile's domains: {', '.join(known)}",
+        )
     bad = [d for d, w in mix.items() if not (w > 0 and math.isfinite(w))]
     if bad or not mix:
-        raise SpecdecError(f"--mix weights must be positive numbers ({', '.join(bad) or 'none given'})", "write it like --mix writing=0.5,coding=0.5")
+        raise SpecdecError(
+            f"--mix weights must be positive numbers ({', '.join(bad) or 'none given'})",
+            "write it like --mix writing=0.5,coding=0.5",
+        )
     total = sum(mix.values())
     return {d: w / total for d, w in mix.items()}
 
@@ -294,8 +313,10 @@ def _paired_draws(record: AcceptanceRecord | None, shares: dict[str, float]) -> 
     if not any(d in weights for d in sums.domains):
         return {}
     tables = {k: np.asarray(getattr(sums, k), dtype=float) for k in ("emitted", "rounds", "accepted", "drafts")}
-    return {"paired_draws": intervals.draws(tables, sums.domains, weights, resamples=PAIRED_RESAMPLES)[0],
-            "paired_widening": intervals.widening(sums.domains, weights)}
+    return {
+        "paired_draws": intervals.draws(tables, sums.domains, weights, resamples=PAIRED_RESAMPLES)[0],
+        "paired_widening": intervals.widening(sums.domains, weights),
+    }
 
 
 # ---------------------------------------------------------------------------------------------- the model
@@ -304,16 +325,29 @@ def _paired_draws(record: AcceptanceRecord | None, shares: dict[str, float]) -> 
 class CostModel:
     """Predictions for (B, D, mechanism, quant) at one context bucket, temperature and workload (a domain or a mix)."""
 
-    def __init__(self, profile: Profile, *, ctx: int | None = None, temperature: float = 0.0, domain: str = "all",
-                 mix: dict[str, float] | None = None, memory_fraction: float = DEFAULT_FRACTION, tensor_parallel: int | None = None) -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        *,
+        ctx: int | None = None,
+        temperature: float = 0.0,
+        domain: str = "all",
+        mix: dict[str, float] | None = None,
+        memory_fraction: float = DEFAULT_FRACTION,
+        tensor_parallel: int | None = None,
+    ) -> None:
         self.profile = profile
         tp = tensor_parallel or int(profile.engine.get("options", {}).get("tensor_parallel_size", 1))
-        self.memory = MemoryModel(profile.memory, fraction=memory_fraction, tensor_parallel=tp) if profile.memory else None
+        self.memory = (
+            MemoryModel(profile.memory, fraction=memory_fraction, tensor_parallel=tp) if profile.memory else None
+        )
         self._predictions: dict[tuple[int, int, str, str], Prediction] = {}
         self._ratios: dict[tuple[int, int, int, str, str], Figure | None] = {}
         self.ctx = ctx if ctx is not None else profile.workload.ctx_buckets[0]
         if self.ctx not in profile.workload.ctx_buckets:
-            raise SpecdecError(f"context {self.ctx} is not a profiled bucket", f"use one of {profile.workload.ctx_buckets}")
+            raise SpecdecError(
+                f"context {self.ctx} is not a profiled bucket", f"use one of {profile.workload.ctx_buckets}"
+            )
         self.max_draft_len = profile.workload.max_draft_len
         self._verify: dict[int, dict[int, Figure]] = {}  # tokens -> batch -> ms
         self._verify_tokens: set[int] = set()
@@ -338,8 +372,12 @@ class CostModel:
                 self._draft.setdefault((p.mechanism, p.quant, p.draft_len), {})[p.batch] = _timed(p)
         self._host: dict[str, dict[int, dict[int, Figure]]] = {}  # mechanism -> D -> batch -> ms per round
         for h in profile.host:
-            self._host.setdefault(h.mechanism, {}).setdefault(h.draft_len, {})[h.batch] = Figure(h.host_ms_per_round, h.source)
-        self._rounds: dict[tuple[str, str], dict[int, dict[int, RoundPoint]]] = {}  # (mechanism, quant) -> D -> batch -> point
+            self._host.setdefault(h.mechanism, {}).setdefault(h.draft_len, {})[h.batch] = Figure(
+                h.host_ms_per_round, h.source
+            )
+        self._rounds: dict[
+            tuple[str, str], dict[int, dict[int, RoundPoint]]
+        ] = {}  # (mechanism, quant) -> D -> batch -> point
         self._rounds_infeasible: set[tuple[str, str, int, int]] = set()
         for r in profile.rounds:
             if r.ctx != self.ctx:
@@ -353,15 +391,23 @@ class CostModel:
         self._al = self._acceptance(temperature, domain)
         if not self._al:
             what = f"every domain of the mix {', '.join(self.mix)}" if self.mix else f"domain {domain!r}"
-            raise SpecdecError(f"the profile has no acceptance for {what} at temperature {temperature}",
-                               "profile that domain and temperature, or pick one it has")
+            raise SpecdecError(
+                f"the profile has no acceptance for {what} at temperature {temperature}",
+                "profile that domain and temperature, or pick one it has",
+            )
 
     def _acceptance(self, temperature: float, domain: str) -> dict[tuple[str, str], Acceptance]:
         records = {(a.mechanism, a.quant, a.domain): a for a in self.profile.acceptance if a.temperature == temperature}
         pairs = sorted({(m, q) for m, q, _ in records})
         shares = self.mix or {domain: 1.0}
-        return {(m, q): Acceptance(tuple((w, records[(m, q, d)]) for d, w in shares.items()), **_paired_draws(records.get((m, q, "all")), shares))
-                for m, q in pairs if all((m, q, d) in records for d in shares)}
+        return {
+            (m, q): Acceptance(
+                tuple((w, records[(m, q, d)]) for d, w in shares.items()),
+                **_paired_draws(records.get((m, q, "all")), shares),
+            )
+            for m, q in pairs
+            if all((m, q, d) in records for d in shares)
+        }
 
     @property
     def mechanisms(self) -> list[str]:
@@ -386,13 +432,18 @@ class CostModel:
         one-token verify step ran out of memory or was never timed), or None where it can."""
         need = self.memory_need(batch, 0)
         if need is not None and not need.fits:
-            return (f"batch {batch} at ctx {self.ctx} does not fit even without speculation: {need.text()} (lower the batch buckets "
-                    "or the context, or raise --memory-fraction)")
+            return (
+                f"batch {batch} at ctx {self.ctx} does not fit even without speculation: {need.text()} (lower the batch buckets "
+                "or the context, or raise --memory-fraction)"
+            )
         if self.engine_rounds:
             if ("none", "none", 0, batch) in self._rounds_infeasible:
                 return f"batch {batch}: the engine's step without speculation failed at ctx {self.ctx} when profiled"
-            return None if batch in self._rounds.get(("none", "none"), {}).get(0, {}) else \
-                f"batch {batch}: the profile has no engine step without speculation at ctx {self.ctx}"
+            return (
+                None
+                if batch in self._rounds.get(("none", "none"), {}).get(0, {})
+                else f"batch {batch}: the profile has no engine step without speculation at ctx {self.ctx}"
+            )
         if (batch, 1) in self._verify_infeasible:
             return f"batch {batch}: the one-token verify step at ctx {self.ctx} ran out of memory when profiled"
         if batch not in self._verify.get(1, {}):
@@ -422,8 +473,10 @@ class CostModel:
             base = _interp_in_batch(self._draft[(mechanism, "none", draft_len)], batch)
             return Figure(base.value, "modeled")
         if timed is None:
-            raise SpecdecError(f"the profile has no draft time for {mechanism} (quant {quant}) at D={draft_len}",
-                               "re-run `specdec-tune profile` with that drafter")
+            raise SpecdecError(
+                f"the profile has no draft time for {mechanism} (quant {quant}) at D={draft_len}",
+                "re-run `specdec-tune profile` with that drafter",
+            )
         return _interp_in_batch(timed, batch)
 
     def host_ms(self, mechanism: str, batch: int, draft_len: int) -> Figure:
@@ -446,23 +499,40 @@ class CostModel:
             return Figure(math.inf, "infeasible")
         by_len = self._rounds.get((mechanism, quant))
         if not by_len:
-            raise SpecdecError(f"the profile has no engine rounds for {mechanism} with {quant} weights",
-                               "re-run `specdec-tune profile --engine vllm` with that drafter")
-        return _interp_in_draft_len({D: _interp_in_batch({B: self._at_workload_drafting(r, mechanism, quant) for B, r in points.items()}, batch)
-                                     for D, points in by_len.items()}, draft_len)
+            raise SpecdecError(
+                f"the profile has no engine rounds for {mechanism} with {quant} weights",
+                "re-run `specdec-tune profile --engine vllm` with that drafter",
+            )
+        return _interp_in_draft_len(
+            {
+                D: _interp_in_batch(
+                    {B: self._at_workload_drafting(r, mechanism, quant) for B, r in points.items()}, batch
+                )
+                for D, points in by_len.items()
+            },
+            draft_len,
+        )
 
     def _at_workload_drafting(self, r: RoundPoint, mechanism: str, quant: str) -> Figure:
         """A timed round moved to this workload's drafting rate: T + slope · (k_workload − k_timed), k the draft tokens
         per row-round (the workload's: Σ_L L · P(L) at D from the acceptance records' round histogram). A round that
         always drafts D, or one timed without a slope, stays as measured."""
         timed = _timed(r)
-        if not (r.draft_len and r.ms_per_draft_token and r.draft_tokens_per_row is not None and (mechanism, quant) in self._al):
+        if not (
+            r.draft_len
+            and r.ms_per_draft_token
+            and r.draft_tokens_per_row is not None
+            and (mechanism, quant) in self._al
+        ):
             return timed
         shares = self._al[(mechanism, quant)].round_shares(r.draft_len)
         k_workload = sum(L * p for L, p in enumerate(shares)) if shares else float(r.draft_len)
         shift = r.ms_per_draft_token * (k_workload - r.draft_tokens_per_row)
-        return bounded(timed.value + shift, timed.source, timed.low + shift, timed.high + shift) if timed.has_interval \
+        return (
+            bounded(timed.value + shift, timed.source, timed.low + shift, timed.high + shift)
+            if timed.has_interval
             else Figure(timed.value + shift, timed.source)
+        )
 
     def round_verify_ms(self, mechanism: str, quant: str, batch: int, draft_len: int) -> Figure:
         """Expected verify time of a round at draft length D: the batch verifies its longest proposal."""
@@ -488,8 +558,10 @@ class CostModel:
     def acceptance(self, mechanism: str, quant: str) -> Acceptance:
         record = self._al.get((mechanism, quant))
         if record is None:
-            raise SpecdecError(f"the profile has no acceptance for {mechanism} with {quant} weights",
-                               f"profiled: {', '.join(f'{m}/{q}' for m, q in sorted(self._al))}")
+            raise SpecdecError(
+                f"the profile has no acceptance for {mechanism} with {quant} weights",
+                f"profiled: {', '.join(f'{m}/{q}' for m, q in sorted(self._al))}",
+            )
         return record
 
     def tokens_per_forward(self, mechanism: str, quant: str, draft_len: int) -> Figure:
@@ -501,16 +573,25 @@ class CostModel:
         if self.engine_rounds:
             step = self.engine_round_ms("none", "none", batch, 0)
             if math.isinf(step.value):
-                raise SpecdecError(f"batch {batch} failed in the engine when profiled (ctx {self.ctx})", "plan only the batch buckets the profile could run")
+                raise SpecdecError(
+                    f"batch {batch} failed in the engine when profiled (ctx {self.ctx})",
+                    "plan only the batch buckets the profile could run",
+                )
             return _tokens_per_s(batch, Figure(1.0, "measured"), step, step.source)
         verify, host = self.verify_ms(batch, 1), self.host_ms("plain", batch, 0)
         if math.isinf(verify.value):
-            raise SpecdecError(f"batch {batch} ran out of memory when profiled (ctx {self.ctx})", "plan only the batch buckets the profile could run")
+            raise SpecdecError(
+                f"batch {batch} ran out of memory when profiled (ctx {self.ctx})",
+                "plan only the batch buckets the profile could run",
+            )
         v_low, v_high = verify.bounds()
         source = weakest(verify.source, host.source)
         value = 1e3 * batch / (verify.value + host.value)
-        return bounded(value, source, 1e3 * batch / (v_high + host.value), 1e3 * batch / (v_low + host.value)) if verify.has_interval \
+        return (
+            bounded(value, source, 1e3 * batch / (v_high + host.value), 1e3 * batch / (v_low + host.value))
+            if verify.has_interval
             else Figure(value, source)
+        )
 
     def predict(self, batch: int, draft_len: int, mechanism: str, quant: str = "none") -> Prediction:
         """The figures of one operating point (remembered: the search asks for each many times)."""
@@ -540,17 +621,29 @@ class CostModel:
         tps = _tokens_per_s(batch, tpf, round_, source)
         base = self.baseline_tokens_per_s(batch)
         return Prediction(
-            batch=batch, draft_len=D, mechanism=mechanism, quant=quant,
-            tokens_per_s=tps, per_user_tokens_per_s=_scaled(tps, 1 / batch, tps.source),
+            batch=batch,
+            draft_len=D,
+            mechanism=mechanism,
+            quant=quant,
+            tokens_per_s=tps,
+            per_user_tokens_per_s=_scaled(tps, 1 / batch, tps.source),
             speedup=_scaled(tps, 1 / base.value, weakest(source, base.source)),
-            tokens_per_forward=tpf, round_ms=round_, verify_ms=verify, draft_ms=draft, host_ms=host,
+            tokens_per_forward=tpf,
+            round_ms=round_,
+            verify_ms=verify,
+            draft_ms=draft,
+            host_ms=host,
         )
 
     def best(self, batch: int, *, quant: str = "none") -> Prediction:
         """Exhaustive optimum over mechanism and D at one batch size (D = 0 means no speculation)."""
         candidates = [self.predict(batch, 0, "none")]
-        candidates += [self.predict(batch, D, m, quant) for m in self.mechanisms if quant in self.quants(m)
-                       for D in range(1, self.draft_len_limit(m) + 1)]
+        candidates += [
+            self.predict(batch, D, m, quant)
+            for m in self.mechanisms
+            if quant in self.quants(m)
+            for D in range(1, self.draft_len_limit(m) + 1)
+        ]
         return max(candidates, key=lambda p: (p.tokens_per_s.value, -p.draft_len))
 
     def ratio(self, batch: int, draft_len: int, other: int, mechanism: str, quant: str = "none") -> Figure | None:
@@ -578,9 +671,13 @@ class CostModel:
             return math.log(f.value / low), math.log(high / f.value)
 
         (a_down, a_up), (b_down, b_up) = spread(a.round_ms), spread(b.round_ms)
-        down = math.hypot(math.log(al / min(al_ratio[0], al)), a_up, b_down)  # D's round slower, D''s faster: the ratio falls
+        down = math.hypot(
+            math.log(al / min(al_ratio[0], al)), a_up, b_down
+        )  # D's round slower, D''s faster: the ratio falls
         up = math.hypot(math.log(max(al_ratio[1], al) / al), a_down, b_up)
-        return bounded(value, weakest(a.tokens_per_s.source, b.tokens_per_s.source), value * math.exp(-down), value * math.exp(up))
+        return bounded(
+            value, weakest(a.tokens_per_s.source, b.tokens_per_s.source), value * math.exp(-down), value * math.exp(up)
+        )
 
 
 def _sum(*parts: Figure) -> Figure:
@@ -602,4 +699,8 @@ def _tokens_per_s(batch: int, tpf: Figure, round_: Figure, source: str) -> Figur
 
 
 def _scaled(f: Figure, factor: float, source: str) -> Figure:
-    return Figure(f.value * factor, source, f.low * factor, f.high * factor) if f.has_interval else Figure(f.value * factor, source)
+    return (
+        Figure(f.value * factor, source, f.low * factor, f.high * factor)
+        if f.has_interval
+        else Figure(f.value * factor, source)
+    )

@@ -39,13 +39,24 @@ GIGA = 1e9
 
 #: Names callers may use for a dtype, mapped to the table's keys.
 DTYPE_ALIASES: dict[str, str] = {
-    "float32": "fp32", "float": "fp32", "f32": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
+    "f32": "fp32",
     "tf32": "tf32",
-    "bfloat16": "bf16", "bf16": "bf16",
-    "float16": "fp16", "half": "fp16", "f16": "fp16",
-    "float8": "fp8", "float8_e4m3fn": "fp8", "float8_e4m3fnuz": "fp8", "e4m3": "fp8",
-    "fp4": "nvfp4", "nvfp4": "nvfp4", "float4": "nvfp4",
+    "bfloat16": "bf16",
+    "bf16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "f16": "fp16",
+    "float8": "fp8",
+    "float8_e4m3fn": "fp8",
+    "float8_e4m3fnuz": "fp8",
+    "e4m3": "fp8",
+    "fp4": "nvfp4",
+    "nvfp4": "nvfp4",
+    "float4": "nvfp4",
 }
+
 
 @dataclass(frozen=True)
 class DeviceSpec:
@@ -255,12 +266,16 @@ DEVICES: dict[str, DeviceSpec] = {spec.key: spec for spec in _TABLE}
 
 #: Other spellings accepted by `get_device_spec`.
 DEVICE_ALIASES: dict[str, str] = {
-    "a100-80gb": "a100", "a100-sxm": "a100", "a100-sxm4-80gb": "a100",
-    "h100-sxm": "h100", "h100-sxm5": "h100",
+    "a100-80gb": "a100",
+    "a100-sxm": "a100",
+    "a100-sxm4-80gb": "a100",
+    "h100-sxm": "h100",
+    "h100-sxm5": "h100",
     "h200-sxm": "h200",
     "hgx-b200": "b200",
     "mi300": "mi300x",
-    "local": "cpu", "host": "cpu",
+    "local": "cpu",
+    "host": "cpu",
 }
 
 #: Substrings of the name a runtime reports (torch.cuda.get_device_name) -> table key. Checked in order;

@@ -44,15 +44,21 @@ class Need:
     @property
     def fits(self) -> bool:
         if self.kv_pool_bytes is not None:
-            return self.kv_bytes <= self.kv_pool_bytes and self.weights_bytes + self.activation_bytes <= self.budget_bytes
+            return (
+                self.kv_bytes <= self.kv_pool_bytes and self.weights_bytes + self.activation_bytes <= self.budget_bytes
+            )
         return self.total_bytes <= self.budget_bytes
 
     def text(self) -> str:
         if self.kv_pool_bytes is not None:
-            return (f"KV {gb(self.kv_bytes)} against the engine's KV pool of {gb(self.kv_pool_bytes)}; weights {gb(self.weights_bytes)} + "
-                    f"activations {gb(self.activation_bytes)} against {gb(self.budget_bytes)}")
-        return (f"needs {gb(self.total_bytes)} (weights {gb(self.weights_bytes)} + KV {gb(self.kv_bytes)} + activations "
-                f"{gb(self.activation_bytes)}), {gb(self.budget_bytes)} available")
+            return (
+                f"KV {gb(self.kv_bytes)} against the engine's KV pool of {gb(self.kv_pool_bytes)}; weights {gb(self.weights_bytes)} + "
+                f"activations {gb(self.activation_bytes)} against {gb(self.budget_bytes)}"
+            )
+        return (
+            f"needs {gb(self.total_bytes)} (weights {gb(self.weights_bytes)} + KV {gb(self.kv_bytes)} + activations "
+            f"{gb(self.activation_bytes)}), {gb(self.budget_bytes)} available"
+        )
 
 
 def gb(n: float) -> str:
@@ -64,9 +70,14 @@ class MemoryModel:
 
     def __init__(self, record: dict, *, fraction: float = DEFAULT_FRACTION, tensor_parallel: int = 1) -> None:
         if not 0 < fraction <= 1:
-            raise SpecdecError(f"--memory-fraction {fraction:g} is outside (0, 1]", "give the share of device memory to plan into, e.g. 0.9")
+            raise SpecdecError(
+                f"--memory-fraction {fraction:g} is outside (0, 1]",
+                "give the share of device memory to plan into, e.g. 0.9",
+            )
         if tensor_parallel < 1:
-            raise SpecdecError(f"--tensor-parallel {tensor_parallel} is below 1", "give the number of devices one replica spans")
+            raise SpecdecError(
+                f"--tensor-parallel {tensor_parallel} is below 1", "give the number of devices one replica spans"
+            )
         self.record, self.fraction, self.tp = record, fraction, tensor_parallel
         self.dtype_bytes = record["dtype_bytes"]
         self.device_bytes = int(record["device"]["usable_bytes"])
@@ -75,7 +86,9 @@ class MemoryModel:
         self.kv_pool_bytes = float(pool) if pool else None
         kv_heads = int(record["target"]["shape"]["kv_heads"])
         self.kv_split = tensor_parallel / max(1, tensor_parallel // kv_heads)
-        self.measured_activation = {(a["batch"], a["tokens"]): a["bytes"] for a in record.get("activation", []) if a["source"] == "measured"}
+        self.measured_activation = {
+            (a["batch"], a["tokens"]): a["bytes"] for a in record.get("activation", []) if a["source"] == "measured"
+        }
 
     @property
     def budget_bytes(self) -> float:
@@ -85,7 +98,10 @@ class MemoryModel:
         if mechanism == "none":
             return {"kv_bytes_per_token": 0}
         if mechanism not in self.record["drafters"]:
-            raise SpecdecError(f"the profile's memory record has no drafter {mechanism!r}", "re-run `specdec-tune profile` with this version")
+            raise SpecdecError(
+                f"the profile's memory record has no drafter {mechanism!r}",
+                "re-run `specdec-tune profile` with this version",
+            )
         return self.record["drafters"][mechanism]
 
     def weights_bytes(self, mechanism: str, quant: str) -> float:
@@ -95,17 +111,26 @@ class MemoryModel:
         return (weight_bytes(self.record["target"], "none", self.dtype_bytes) + own) / self.tp
 
     def kv_bytes_per_token(self, mechanism: str) -> float:
-        return (self.record["target"]["kv_bytes_per_token"] + self._drafter(mechanism)["kv_bytes_per_token"]) / self.kv_split
+        return (
+            self.record["target"]["kv_bytes_per_token"] + self._drafter(mechanism)["kv_bytes_per_token"]
+        ) / self.kv_split
 
     def activation_bytes(self, batch: int, tokens: int) -> float:
         measured = self.measured_activation.get((batch, tokens))
-        return (measured if measured is not None else batch * tokens * self.record["activation_bytes_per_row"]) / self.tp
+        return (
+            measured if measured is not None else batch * tokens * self.record["activation_bytes_per_row"]
+        ) / self.tp
 
     def need(self, batch: int, ctx: int, draft_len: int, mechanism: str = "none", quant: str = "none") -> Need:
         if draft_len == 0:
             mechanism, quant = "none", "none"
-        return Need(self.weights_bytes(mechanism, quant), batch * (ctx + 1 + draft_len) * self.kv_bytes_per_token(mechanism),
-                    self.activation_bytes(batch, 1 + draft_len), self.budget_bytes, self.kv_pool_bytes)
+        return Need(
+            self.weights_bytes(mechanism, quant),
+            batch * (ctx + 1 + draft_len) * self.kv_bytes_per_token(mechanism),
+            self.activation_bytes(batch, 1 + draft_len),
+            self.budget_bytes,
+            self.kv_pool_bytes,
+        )
 
     def max_concurrency(self, ctx: int, draft_len: int, mechanism: str = "none", quant: str = "none") -> int:
         """The largest batch that fits (0: not even one request)."""
@@ -125,20 +150,31 @@ class MemoryModel:
         and the largest bucket's activations are in (what an engine reports as blocks x block size)."""
         if draft_len == 0:
             mechanism, quant = "none", "none"
-        room = self.kv_pool_bytes if self.kv_pool_bytes is not None else \
-            self.budget_bytes - self.weights_bytes(mechanism, quant) - self.activation_bytes(batch, 1 + draft_len)
+        room = (
+            self.kv_pool_bytes
+            if self.kv_pool_bytes is not None
+            else self.budget_bytes - self.weights_bytes(mechanism, quant) - self.activation_bytes(batch, 1 + draft_len)
+        )
         return max(0, math.floor(room / self.kv_bytes_per_token(mechanism)))
 
     def summary(self, ctx: int, pairs: list[tuple[str, str]], draft_lens: dict[str, list[int]]) -> dict:
         """What plan.json records: the budget, its sources and, per mechanism / format and D, the concurrency that fits."""
         return {
-            "fraction": self.fraction, "device_bytes": self.device_bytes, "budget_bytes": self.budget_bytes, "device_source": self.device_source,
-            "tensor_parallel": self.tp, "kv_cache_pool_bytes": self.kv_pool_bytes, "ctx": ctx,
-            "target_weights_bytes": self.weights_bytes("none", "none"), "target_kv_bytes_per_token": self.kv_bytes_per_token("none"),
-            "max_concurrency": {"none": {"0": self.max_concurrency(ctx, 0)}} | {
-                f"{m}/{q}": {str(D): self.max_concurrency(ctx, D, m, q) for D in draft_lens[m] if D} for m, q in pairs},
+            "fraction": self.fraction,
+            "device_bytes": self.device_bytes,
+            "budget_bytes": self.budget_bytes,
+            "device_source": self.device_source,
+            "tensor_parallel": self.tp,
+            "kv_cache_pool_bytes": self.kv_pool_bytes,
+            "ctx": ctx,
+            "target_weights_bytes": self.weights_bytes("none", "none"),
+            "target_kv_bytes_per_token": self.kv_bytes_per_token("none"),
+            "max_concurrency": {"none": {"0": self.max_concurrency(ctx, 0)}}
+            | {f"{m}/{q}": {str(D): self.max_concurrency(ctx, D, m, q) for D in draft_lens[m] if D} for m, q in pairs},
             "formula": "weights/P + B·(C + 1 + D)·KV per token/P' + activations(B, 1 + D)/P <= fraction · device memory",
-            "sources": {"weights, KV bytes per token": self.record["target"]["source"],
-                        "activations": "measured (allocator peak)" if self.measured_activation else "modeled from the config",
-                        "device memory": self.device_source},
+            "sources": {
+                "weights, KV bytes per token": self.record["target"]["source"],
+                "activations": "measured (allocator peak)" if self.measured_activation else "modeled from the config",
+                "device memory": self.device_source,
+            },
         }

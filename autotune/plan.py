@@ -33,14 +33,18 @@ from specdec_tune.profiles.schema import Profile
 from specdec_tune.records import sha256_json
 
 
-
 def cost_model_of(profile: Profile, plan: Plan) -> CostModel:
     """The cost model a plan's figures came from (its device projection, mix, context and memory budget): for what the
     plan did not choose (an engine's deviation, the KV capacity it should get)."""
     settings = plan.search_settings
     device = settings.device
-    return CostModel(project(profile, get_device_spec(device)) if device else profile, ctx=plan.ctx, mix=plan.mix,
-                     memory_fraction=settings.memory_fraction, tensor_parallel=settings.tensor_parallel or None)
+    return CostModel(
+        project(profile, get_device_spec(device)) if device else profile,
+        ctx=plan.ctx,
+        mix=plan.mix,
+        memory_fraction=settings.memory_fraction,
+        tensor_parallel=settings.tensor_parallel or None,
+    )
 
 
 def figure_json(f: Figure | None) -> dict | None:
@@ -72,7 +76,9 @@ def experts_woken(moe: dict, B: int, tokens: int) -> float | None:
     return next((p["experts_woken"] for p in moe.get("points", ()) if p["batch"] == B and p["tokens"] == tokens), None)
 
 
-def moe_line(moe: dict, B: int, tokens: int, verify_ratio: float | None, tokens_per_forward: float | None) -> dict | None:
+def moe_line(
+    moe: dict, B: int, tokens: int, verify_ratio: float | None, tokens_per_forward: float | None
+) -> dict | None:
     """For a mixture-of-experts target: the experts a step of `tokens` tokens wakes against one token's, and, where
     speculation is off (`verify_ratio` and the `tokens_per_forward` that draft would give are passed), that routing is
     why: the drafts would be accepted (over 1.02 tokens per forward) but the step costs more than they bring, and it
@@ -80,17 +86,32 @@ def moe_line(moe: dict, B: int, tokens: int, verify_ratio: float | None, tokens_
     one, many = (experts_woken(moe, B, 1), experts_woken(moe, B, tokens)) if moe else (None, None)
     if not one or many is None:
         return None
-    text = (f"mixture of experts: verifying {tokens} tokens per row at batch {B} wakes {many:.1f} of {moe['num_experts']} experts per "
-            f"layer against {one:.1f} for one token (measured)")
-    why = (verify_ratio is not None and tokens_per_forward is not None and many / one >= MOE_WAKE_RATIO
-           and 1.02 < tokens_per_forward < verify_ratio)
+    text = (
+        f"mixture of experts: verifying {tokens} tokens per row at batch {B} wakes {many:.1f} of {moe['num_experts']} experts per "
+        f"layer against {one:.1f} for one token (measured)"
+    )
+    why = (
+        verify_ratio is not None
+        and tokens_per_forward is not None
+        and many / one >= MOE_WAKE_RATIO
+        and 1.02 < tokens_per_forward < verify_ratio
+    )
     if why:
         text += "; the extra experts' weights are why speculation loses here" + (
-            f" (the step costs {verify_ratio:.2f}x one)" if math.isfinite(verify_ratio) else "")
-    return {"text": text, "tokens": tokens, "experts_woken": many, "experts_woken_one_token": one, "why_speculation_loses": why}
+            f" (the step costs {verify_ratio:.2f}x one)" if math.isfinite(verify_ratio) else ""
+        )
+    return {
+        "text": text,
+        "tokens": tokens,
+        "experts_woken": many,
+        "experts_woken_one_token": one,
+        "why_speculation_loses": why,
+    }
 
 
-def _deciding_guideline(space: Space, c: Candidate, B: int, D: int, p: Prediction, allowed: list[int]) -> tuple[int | str, str]:
+def _deciding_guideline(
+    space: Space, c: Candidate, B: int, D: int, p: Prediction, allowed: list[int]
+) -> tuple[int | str, str]:
     """The guideline (or rule) that set D at batch B, and the line that says how: the schedule's rule where it moved D,
     the longest draft, memory, or what the next longer draft would add (tokens per forward against verify and draft
     time: guidelines 1, 3, 4, 5)."""
@@ -99,27 +120,44 @@ def _deciding_guideline(space: Space, c: Candidate, B: int, D: int, p: Predictio
     better_alone = max(allowed, key=lambda d: (space.bucket_value(B, d, m, q, c.tile_policy), -d))
     at = space.buckets.index(B)
     near = at + 1 if D > better_alone else at - 1  # the neighbour that holds it: a larger batch up, a smaller one down
-    if D != better_alone and 0 <= near < len(c.schedule):  # the schedule's rule moved it: D never rises with batch (space.py)
-        return "schedule", (f"alone this bucket would take D={better_alone}; D never rises with batch, and the schedule as a whole "
-                            f"scores higher with D={D} here (batch {space.buckets[near]} takes D={c.schedule[near]})")
+    if D != better_alone and 0 <= near < len(
+        c.schedule
+    ):  # the schedule's rule moved it: D never rises with batch (space.py)
+        return "schedule", (
+            f"alone this bucket would take D={better_alone}; D never rises with batch, and the schedule as a whole "
+            f"scores higher with D={D} here (batch {space.buckets[near]} takes D={c.schedule[near]})"
+        )
     if not longer:
         return 5, f"the longest allowed draft: measured acceptance still pays at D={D}"
     n = cost.predict(B, longer[0], m, q)
     if n.round_ms.source == "infeasible":
         need = cost.memory_need(B, longer[0], m, q)
-        why = f"at ctx {cost.ctx} it {need.text()}" if need is not None and not need.fits else "out of memory when profiled"
+        why = (
+            f"at ctx {cost.ctx} it {need.text()}"
+            if need is not None and not need.fits
+            else "out of memory when profiled"
+        )
         return "memory", f"D={longer[0]} does not fit in memory at batch {B} ({why})"
     # what the next longer draft would add, as shares of this round
     tpf_gain = n.tokens_per_forward.value / p.tokens_per_forward.value - 1
     round_gain = (n.round_ms.value - p.round_ms.value) / p.round_ms.value
     if p.verify_ms is None or n.verify_ms is None:  # the engine's whole round: the cost of a longer draft is not split
         guideline = 3 if c.tile_policy == "aligned" else 5 if D and tpf_gain < 0.005 else 1
-        return guideline, f"D={longer[0]} would add {tpf_gain:+.1%} tokens per forward against {round_gain:+.1%} time per engine round"
-    verify_gain = (n.verify_ms.value - p.verify_ms.value) / p.round_ms.value  # the round in parts: which grows more decides 1 or 4
+        return (
+            guideline,
+            f"D={longer[0]} would add {tpf_gain:+.1%} tokens per forward against {round_gain:+.1%} time per engine round",
+        )
+    verify_gain = (
+        n.verify_ms.value - p.verify_ms.value
+    ) / p.round_ms.value  # the round in parts: which grows more decides 1 or 4
     draft_gain = round_gain - verify_gain
-    guideline = 3 if c.tile_policy == "aligned" else 5 if D and tpf_gain < 0.005 else 1 if verify_gain >= draft_gain else 4
-    return guideline, (f"D={longer[0]} would add {tpf_gain:+.1%} tokens per forward against {verify_gain:+.1%} verify and "
-                       f"{draft_gain:+.1%} draft+host time per round")
+    guideline = (
+        3 if c.tile_policy == "aligned" else 5 if D and tpf_gain < 0.005 else 1 if verify_gain >= draft_gain else 4
+    )
+    return guideline, (
+        f"D={longer[0]} would add {tpf_gain:+.1%} tokens per forward against {verify_gain:+.1%} verify and "
+        f"{draft_gain:+.1%} draft+host time per round"
+    )
 
 
 def rationale(space: Space, c: Candidate, B: int, D: int) -> dict:
@@ -128,47 +166,86 @@ def rationale(space: Space, c: Candidate, B: int, D: int) -> dict:
     p = space.cost.predict(B, D, m, q)
     if cost.engine_rounds:  # the engine's whole round at D against its step without speculation
         cost_ratio = cost.predict(B, max(D, 1), m, q).round_ms.value / cost.predict(B, 0, m, q).round_ms.value
-        ratio_key, ratio_text = "round_cost_vs_no_speculation", (f"a round at D={max(D, 1)} costs {cost_ratio:.2f}x a step without speculation"
-                                                                 if math.isfinite(cost_ratio) else f"a round at D={max(D, 1)} does not fit")
+        ratio_key, ratio_text = (
+            "round_cost_vs_no_speculation",
+            (
+                f"a round at D={max(D, 1)} costs {cost_ratio:.2f}x a step without speculation"
+                if math.isfinite(cost_ratio)
+                else f"a round at D={max(D, 1)} does not fit"
+            ),
+        )
     else:
-        cost_ratio = cost.verify_ms(B, 1 + max(D, 1)).value / cost.verify_ms(B, 1).value  # infinite where 1+D tokens ran out of memory
-        ratio_key, ratio_text = "verify_cost_vs_one_token", (f"verifying {1 + D} tokens costs {cost_ratio:.2f}x one" if math.isfinite(cost_ratio)
-                                                             else f"verifying {1 + max(D, 1)} tokens does not fit")
+        cost_ratio = (
+            cost.verify_ms(B, 1 + max(D, 1)).value / cost.verify_ms(B, 1).value
+        )  # infinite where 1+D tokens ran out of memory
+        ratio_key, ratio_text = (
+            "verify_cost_vs_one_token",
+            (
+                f"verifying {1 + D} tokens costs {cost_ratio:.2f}x one"
+                if math.isfinite(cost_ratio)
+                else f"verifying {1 + max(D, 1)} tokens does not fit"
+            ),
+        )
     round_ms = p.round_ms.value
     draft_share = p.draft_ms.value / round_ms if p.draft_ms is not None else None  # None: the engine timed whole rounds
     own = space.bucket_score(B, D, m, q)
     allowed = space.allowed(m, c.tile_policy)
-    lines = [f"D={D}: {p.tokens_per_forward.value:.3f} tokens per target forward; {ratio_text} (M = {B * (1 + D)} GEMM rows)"
-             if D else f"speculation off at batch {B}"]
+    lines = [
+        f"D={D}: {p.tokens_per_forward.value:.3f} tokens per target forward; {ratio_text} (M = {B * (1 + D)} GEMM rows)"
+        if D
+        else f"speculation off at batch {B}"
+    ]
     guideline, line = _deciding_guideline(space, c, B, D, p, allowed)
     lines.append(line)
-    moe = moe_line(cost.profile.moe, B, 1 + max(D, 1), None if D else cost_ratio,
-                   None if D else cost.predict(B, max(D, 1), m, q).tokens_per_forward.value)
+    moe = moe_line(
+        cost.profile.moe,
+        B,
+        1 + max(D, 1),
+        None if D else cost_ratio,
+        None if D else cost.predict(B, max(D, 1), m, q).tokens_per_forward.value,
+    )
     if moe:
         lines.append(moe["text"])
     tile = space.tiles(D)
     if space.tile_rows > 1:
-        lines.append(f"attention: G·(1+D) = {tile['query_rows_per_kv_head']} query rows per KV head in {tile['tiles']} tile(s) of "
-                     f"{space.tile_rows} ({tile['fill']:.0%} full); one tile holds D up to {space.tile_rows}/G − 1 = "
-                     f"{space.tile_rows // space.group - 1} (guidelines 2, 3)")
+        lines.append(
+            f"attention: G·(1+D) = {tile['query_rows_per_kv_head']} query rows per KV head in {tile['tiles']} tile(s) of "
+            f"{space.tile_rows} ({tile['fill']:.0%} full); one tile holds D up to {space.tile_rows}/G − 1 = "
+            f"{space.tile_rows // space.group - 1} (guidelines 2, 3)"
+        )
     else:
         lines.append("no attention tile on this device: guidelines 2 and 3 are neutral")
     # the runner-up among the draft lengths this schedule allows (TensorRT-LLM: none above its maximum)
-    others = sorted(((space.bucket_score(B, d, m, q), d) for d in allowed if d != D and d <= max(c.schedule)), reverse=True)
-    rivals = [(max(space.bucket_score(B, d, m2, q2) for d in space.allowed(m2, c.tile_policy)), m2, q2)
-              for m2, q2 in space.pairs if m2 != m]
+    others = sorted(
+        ((space.bucket_score(B, d, m, q), d) for d in allowed if d != D and d <= max(c.schedule)), reverse=True
+    )
+    rivals = [
+        (max(space.bucket_score(B, d, m2, q2) for d in space.allowed(m2, c.tile_policy)), m2, q2)
+        for m2, q2 in space.pairs
+        if m2 != m
+    ]
     tie = _tie(space, c, B, D)
     if tie:
         lines.append(tie["text"])
     runner_up = tie["with_draft_len"] if tie else others[0][1] if others else None  # the D this one was weighed against
-    out = {"guideline": guideline, "text": "; ".join(lines),
-           "figures": {"tokens_per_forward": p.tokens_per_forward.value, "round_ms": p.round_ms.value,
-                       **{k: f.value for k in ("verify_ms", "draft_ms", "host_ms") if (f := getattr(p, k)) is not None},
-                       ratio_key: cost_ratio if math.isfinite(cost_ratio) else None,
-                       "draft_share": draft_share, **tile},
-           "next_best": {"draft_len": others[0][1], "loss_pct": _loss_pct(own, others[0][0])} if others else None,
-           "tie": tie,
-           "intervals": {"chosen": _bounds_of(p), "runner_up": _bounds_of(space.cost.predict(B, runner_up, m, q)) if runner_up is not None else None}}
+    out = {
+        "guideline": guideline,
+        "text": "; ".join(lines),
+        "figures": {
+            "tokens_per_forward": p.tokens_per_forward.value,
+            "round_ms": p.round_ms.value,
+            **{k: f.value for k in ("verify_ms", "draft_ms", "host_ms") if (f := getattr(p, k)) is not None},
+            ratio_key: cost_ratio if math.isfinite(cost_ratio) else None,
+            "draft_share": draft_share,
+            **tile,
+        },
+        "next_best": {"draft_len": others[0][1], "loss_pct": _loss_pct(own, others[0][0])} if others else None,
+        "tie": tie,
+        "intervals": {
+            "chosen": _bounds_of(p),
+            "runner_up": _bounds_of(space.cost.predict(B, runner_up, m, q)) if runner_up is not None else None,
+        },
+    }
     if moe:
         out["moe"] = moe
     if rivals:
@@ -188,13 +265,17 @@ def _tie(space: Space, c: Candidate, B: int, D: int) -> dict | None:
     shorter = "the shorter draft is taken" if D < best else "the longer draft is kept (the schedule's maximum)"
     if rule == "paired":
         r = space.cost.ratio(B, D, best, c.mechanism, c.quant)
-        text = (f"D={D} is predicted at {r.value:.3f}x D={best}'s tokens/s ({r.source}), 95% interval {r.low:.3f}-{r.high:.3f} "
-                f"(acceptance paired over the same prompts): inside the noise, {shorter}")
+        text = (
+            f"D={D} is predicted at {r.value:.3f}x D={best}'s tokens/s ({r.source}), 95% interval {r.low:.3f}-{r.high:.3f} "
+            f"(acceptance paired over the same prompts): inside the noise, {shorter}"
+        )
         return {"rule": rule, "with_draft_len": best, "ratio": [r.low, r.value, r.high], "text": text}
     if rule == "intervals":
         text = f"D={best} and D={D} overlap within their 95% intervals: {shorter}"
     else:
-        gain = -_loss_pct(space.bucket_score(B, D, c.mechanism, c.quant), space.bucket_score(B, best, c.mechanism, c.quant))
+        gain = -_loss_pct(
+            space.bucket_score(B, D, c.mechanism, c.quant), space.bucket_score(B, best, c.mechanism, c.quant)
+        )
         text = f"D={best} is {gain:.1f}% ahead of D={D}, within the {space.tie_tolerance:.0%} tie tolerance (no intervals): {shorter}"
     return {"rule": rule, "with_draft_len": best, "text": text}
 
@@ -205,16 +286,23 @@ def fit_flags(space: Space, B: int, D: int) -> list[str]:
     for tokens in sorted({1, 1 + D}):
         moved = space.cost.fit_moved(B, tokens)
         if moved:
-            flags.append(f"rests on verify cell B={B}, 1+D={tokens}, ctx={space.cost.ctx} which the monotone fit moved from "
-                         f"{moved[0]:.2f} to {moved[1]:.2f} ms")
+            flags.append(
+                f"rests on verify cell B={B}, 1+D={tokens}, ctx={space.cost.ctx} which the monotone fit moved from "
+                f"{moved[0]:.2f} to {moved[1]:.2f} ms"
+            )
     return flags
 
 
 def bucket_memory(space: Space, c: Candidate, B: int, D: int) -> dict:
     """What the bucket holds in device memory at the plan's context, and the concurrency that fits at its D."""
     need = space.cost.memory_need(B, D, c.mechanism, c.quant)
-    return {"needed_bytes": need.total_bytes, "weights_bytes": need.weights_bytes, "kv_bytes": need.kv_bytes, "activation_bytes": need.activation_bytes,
-            "max_concurrency": space.cost.memory.max_concurrency(space.cost.ctx, D, c.mechanism, c.quant)}
+    return {
+        "needed_bytes": need.total_bytes,
+        "weights_bytes": need.weights_bytes,
+        "kv_bytes": need.kv_bytes,
+        "activation_bytes": need.activation_bytes,
+        "max_concurrency": space.cost.memory.max_concurrency(space.cost.ctx, D, c.mechanism, c.quant),
+    }
 
 
 def device_times(profile: Profile, predictions: list[Prediction]) -> dict:
@@ -222,7 +310,13 @@ def device_times(profile: Profile, predictions: list[Prediction]) -> dict:
     counts = {s: n for s in SOURCES if (n := sum(p.speedup.source == s for p in predictions))}
     projected = profile.device.get("projected_from")
     times = "modeled (hardware table)" if projected else weakest(*counts)
-    return {"name": profile.device.get("name"), "engine": profile.backend, "projected_from": projected, "times": times, "sources": counts}
+    return {
+        "name": profile.device.get("name"),
+        "engine": profile.backend,
+        "projected_from": projected,
+        "times": times,
+        "sources": counts,
+    }
 
 
 def per_domain(space: Space, c: Candidate, domains: dict[str, Space]) -> dict | None:
@@ -236,15 +330,39 @@ def per_domain(space: Space, c: Candidate, domains: dict[str, Space]) -> dict | 
     choice: dict[str, dict[int, int]] = {}
     for d, ds in domains.items():
         allowed = ds.allowed(c.mechanism, c.tile_policy)
-        choice[d] = {B: max(allowed, key=lambda D, B=B: (ds.bucket_value(B, D, c.mechanism, c.quant, c.tile_policy), -D)) for B in served}
+        choice[d] = {
+            B: max(allowed, key=lambda D, B=B: (ds.bucket_value(B, D, c.mechanism, c.quant, c.tile_policy), -D))
+            for B in served
+        }
         best = ds.fill(c.mechanism, c.quant, c.tile_policy, c.max_batch)
-        own[d] = {"schedule": [{"batch": B, "draft_len": D, "speedup": figure_json(ds.cost.predict(B, D, c.mechanism, c.quant).speedup)}
-                               for B, D in zip(served, best.schedule)],
-                  "mix_schedule_speedup": [figure_json(ds.cost.predict(B, D, c.mechanism, c.quant).speedup) for B, D in zip(served, c.schedule)]}
-    apart = [{"batch": B, "draft_len": D, "by_domain": {d: choice[d][B] for d in domains},
-              "apart_by": "95% intervals" if all(ds.cost.predict(B, choice[d][B], c.mechanism, c.quant).tokens_per_s.has_interval
-                                                 for d, ds in domains.items()) else f"the {space.tie_tolerance:.0%} tie tolerance (no intervals)"}
-             for B, D in zip(served, c.schedule) if len({choice[d][B] for d in domains}) > 1]
+        own[d] = {
+            "schedule": [
+                {
+                    "batch": B,
+                    "draft_len": D,
+                    "speedup": figure_json(ds.cost.predict(B, D, c.mechanism, c.quant).speedup),
+                }
+                for B, D in zip(served, best.schedule)
+            ],
+            "mix_schedule_speedup": [
+                figure_json(ds.cost.predict(B, D, c.mechanism, c.quant).speedup) for B, D in zip(served, c.schedule)
+            ],
+        }
+    apart = [
+        {
+            "batch": B,
+            "draft_len": D,
+            "by_domain": {d: choice[d][B] for d in domains},
+            "apart_by": "95% intervals"
+            if all(
+                ds.cost.predict(B, choice[d][B], c.mechanism, c.quant).tokens_per_s.has_interval
+                for d, ds in domains.items()
+            )
+            else f"the {space.tie_tolerance:.0%} tie tolerance (no intervals)",
+        }
+        for B, D in zip(served, c.schedule)
+        if len({choice[d][B] for d in domains}) > 1
+    ]
     return {"domains": own, "disagreeing_buckets": apart} if apart else None
 
 
@@ -255,8 +373,15 @@ def disagreement_line(row: dict) -> str:
 
 def _point(space: Space, c: Candidate) -> dict:
     p = space.at_cap(c)
-    return {"mechanism": p.mechanism, "quant": p.quant, "max_batch": p.batch, "draft_len": p.draft_len, "tile_policy": c.tile_policy,
-            "tokens_per_s": figure_json(p.tokens_per_s), "per_user_tokens_per_s": figure_json(p.per_user_tokens_per_s)}
+    return {
+        "mechanism": p.mechanism,
+        "quant": p.quant,
+        "max_batch": p.batch,
+        "draft_len": p.draft_len,
+        "tile_policy": c.tile_policy,
+        "tokens_per_s": figure_json(p.tokens_per_s),
+        "per_user_tokens_per_s": figure_json(p.per_user_tokens_per_s),
+    }
 
 
 def front_coverage(space: Space, found: list[Candidate], exact: list[Candidate]) -> dict:
@@ -266,59 +391,133 @@ def front_coverage(space: Space, found: list[Candidate], exact: list[Candidate])
     hits, worst = 0, 0.0
     for c in exact:
         e = space.at_cap(c)
-        ratios = [min(p.tokens_per_s.value / e.tokens_per_s.value, p.per_user_tokens_per_s.value / e.per_user_tokens_per_s.value)
-                  for p in have if p.batch == e.batch]
+        ratios = [
+            min(
+                p.tokens_per_s.value / e.tokens_per_s.value,
+                p.per_user_tokens_per_s.value / e.per_user_tokens_per_s.value,
+            )
+            for p in have
+            if p.batch == e.batch
+        ]
         best = max(ratios, default=0.0)
         hits += best >= 1 - 1e-12
         worst = max(worst, 1 - best)
     return {"study_found": hits, "study_worst_gap_pct": 100 * worst}
 
 
-def build_plan(profile: Profile, profile_hash: str, space: Space, c: Candidate, *, settings, storage: str, study_summary: dict,
-               study_front: list[Candidate] | None, domains: dict[str, Space] | None = None) -> Plan:
+def build_plan(
+    profile: Profile,
+    profile_hash: str,
+    space: Space,
+    c: Candidate,
+    *,
+    settings,
+    storage: str,
+    study_summary: dict,
+    study_front: list[Candidate] | None,
+    domains: dict[str, Space] | None = None,
+) -> Plan:
     served = space.served(c.max_batch)
     predictions = [space.cost.predict(B, D, c.mechanism, c.quant) for B, D in zip(served, c.schedule)]
-    buckets = [{"batch": B, "draft_len": D, "predicted": _predicted(p), "rationale": rationale(space, c, B, D), "flags": fit_flags(space, B, D),
-                **({"memory": bucket_memory(space, c, B, D)} if space.cost.memory else {})} for B, D, p in zip(served, c.schedule, predictions)]
+    buckets = [
+        {
+            "batch": B,
+            "draft_len": D,
+            "predicted": _predicted(p),
+            "rationale": rationale(space, c, B, D),
+            "flags": fit_flags(space, B, D),
+            **({"memory": bucket_memory(space, c, B, D)} if space.cost.memory else {}),
+        }
+        for B, D, p in zip(served, c.schedule, predictions)
+    ]
     exact = space.pareto_front()
-    pareto = {"exact": [_point(space, x) for x in exact], "method": "every operating point (drafter, cap, D at the cap) through the cost model"}
+    pareto = {
+        "exact": [_point(space, x) for x in exact],
+        "method": "every operating point (drafter, cap, D at the cap) through the cost model",
+    }
     if study_front is not None:
         pareto |= {"study": [_point(space, x) for x in study_front], **front_coverage(space, study_front, exact)}
     unserved = [B for B in space.buckets if B > c.max_batch]
-    notes = list(profile.notes) + ([f"batch buckets {unserved} are above the chosen cap (max_num_seqs {c.max_batch})"] if unserved else [])
+    notes = list(profile.notes) + (
+        [f"batch buckets {unserved} are above the chosen cap (max_num_seqs {c.max_batch})"] if unserved else []
+    )
     if space.excluded:
         notes.append(f"batch buckets {sorted(space.excluded)} are not planned: {'; '.join(space.excluded.values())}")
     split = per_domain(space, c, domains) if domains else None
     if split:
         notes += [disagreement_line(row) for row in split["disagreeing_buckets"]]
     # the best one D for every bucket (what an engine without a per-batch table runs), for fallbacks and comparison
-    single = max(space.allowed(c.mechanism, c.tile_policy),
-                 key=lambda D: (space.schedule_score(dataclasses.replace(c, schedule=(D,) * len(served))), -D))
+    single = max(
+        space.allowed(c.mechanism, c.tile_policy),
+        key=lambda D: (space.schedule_score(dataclasses.replace(c, schedule=(D,) * len(served))), -D),
+    )
     single_value = space.schedule_score(dataclasses.replace(c, schedule=(single,) * len(served)))
-    return plan_record({
-        "schema_version": PLAN_SCHEMA_VERSION, "tool_version": __version__,
-        "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "profile": {"fingerprint": profile.fingerprint, "sha256": profile_hash, "device": profile.device.get("name"), "target": profile.target},
-        "device": device_times(profile, predictions),
-        "notes": notes,
-        "excluded_buckets": [{"batch": B, "why": why} for B, why in sorted(space.excluded.items())],
-        "mix": dict(space.cost.mix) if space.cost.mix else None,
-        "objective": {"kind": settings.objective, "min_user_tokens_per_s": settings.min_user_tokens_per_s, "min_tokens_per_s": settings.min_tokens_per_s},
-        "mechanism": c.mechanism, "quant": c.quant, "max_draft_len": max(c.schedule), "max_batch": c.max_batch, "ctx": space.cost.ctx,
-        "tile": {"policy": c.tile_policy, "rows": space.tile_rows, "group": space.group, "policies_searched": space.policies},
-        "buckets": buckets,
-        **({"per_domain": split} if split else {}),
-        **({"memory": space.cost.memory.summary(space.cost.ctx, space.pairs, {m: space.allowed(m, "free") for m, _ in space.pairs})}
-           if space.cost.memory else {}),
-        "single_draft_len": {"draft_len": single, "mean_speedup": single_value, "schedule_mean_speedup": space.schedule_score(c)},
-        "pareto": pareto,
-        "study": {"storage": storage, "name": settings.study_name, "seed": settings.seed, "space_size": space.size(), **study_summary},
-        "settings_hash": sha256_json(dataclasses.asdict(settings) | {"out_dir": None, "storage": None}),
-        "search_settings": recorded_settings(settings),
-    })
+    return plan_record(
+        {
+            "schema_version": PLAN_SCHEMA_VERSION,
+            "tool_version": __version__,
+            "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "profile": {
+                "fingerprint": profile.fingerprint,
+                "sha256": profile_hash,
+                "device": profile.device.get("name"),
+                "target": profile.target,
+            },
+            "device": device_times(profile, predictions),
+            "notes": notes,
+            "excluded_buckets": [{"batch": B, "why": why} for B, why in sorted(space.excluded.items())],
+            "mix": dict(space.cost.mix) if space.cost.mix else None,
+            "objective": {
+                "kind": settings.objective,
+                "min_user_tokens_per_s": settings.min_user_tokens_per_s,
+                "min_tokens_per_s": settings.min_tokens_per_s,
+            },
+            "mechanism": c.mechanism,
+            "quant": c.quant,
+            "max_draft_len": max(c.schedule),
+            "max_batch": c.max_batch,
+            "ctx": space.cost.ctx,
+            "tile": {
+                "policy": c.tile_policy,
+                "rows": space.tile_rows,
+                "group": space.group,
+                "policies_searched": space.policies,
+            },
+            "buckets": buckets,
+            **({"per_domain": split} if split else {}),
+            **(
+                {
+                    "memory": space.cost.memory.summary(
+                        space.cost.ctx, space.pairs, {m: space.allowed(m, "free") for m, _ in space.pairs}
+                    )
+                }
+                if space.cost.memory
+                else {}
+            ),
+            "single_draft_len": {
+                "draft_len": single,
+                "mean_speedup": single_value,
+                "schedule_mean_speedup": space.schedule_score(c),
+            },
+            "pareto": pareto,
+            "study": {
+                "storage": storage,
+                "name": settings.study_name,
+                "seed": settings.seed,
+                "space_size": space.size(),
+                **study_summary,
+            },
+            "settings_hash": sha256_json(dataclasses.asdict(settings) | {"out_dir": None, "storage": None}),
+            "search_settings": recorded_settings(settings),
+        }
+    )
 
 
 def recorded_settings(settings) -> dict:
     """The search settings as plan.json keeps them (where the study lives is left out: it is the run's, not the plan's),
     so that a plan can be searched again with the same settings (`export` does, after re-measuring)."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(settings).items() if k not in ("out_dir", "storage")}
+    return {
+        k: list(v) if isinstance(v, tuple) else v
+        for k, v in dataclasses.asdict(settings).items()
+        if k not in ("out_dir", "storage")
+    }

@@ -15,7 +15,8 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from specdec_tune import SpecdecError
-from specdec_tune.autotune.cost_model import Figure as CostFigure, Prediction
+from specdec_tune.autotune.cost_model import Figure as CostFigure
+from specdec_tune.autotune.cost_model import Prediction
 from specdec_tune.autotune.hardware import get_device_spec
 from specdec_tune.formats import WEIGHT_FORMATS
 from specdec_tune.profiles.schema import ModelRefRecord, Source
@@ -35,8 +36,8 @@ class Figure(Record):
 
     value: float = Field(ge=0)
     source: Source
-    low: Optional[float] = Field(default=None, ge=0)  # 95% interval, where the inputs have one
-    high: Optional[float] = Field(default=None, ge=0)
+    low: float | None = Field(default=None, ge=0)  # 95% interval, where the inputs have one
+    high: float | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def _ordered(self) -> Figure:
@@ -47,10 +48,15 @@ class Figure(Record):
 
 # a bucket's predicted figures: each figure of the cost model's Prediction
 # (verify, draft and host are None where the engine timed whole rounds; a plan searched before round_ms existed lacks it)
-PREDICTED_FIGURES = tuple(f.name for f in dataclasses.fields(Prediction) if f.type in ("Figure", "Figure | None", CostFigure))
+PREDICTED_FIGURES = tuple(
+    f.name for f in dataclasses.fields(Prediction) if f.type in ("Figure", "Figure | None", CostFigure)
+)
 _OPTIONAL_FIGURES = tuple(f.name for f in dataclasses.fields(Prediction) if f.type == "Figure | None") + ("round_ms",)
-Predicted = create_model("Predicted", __base__=Record, **{name: (Optional[Figure], None) if name in _OPTIONAL_FIGURES else (Figure, ...)
-                                                           for name in PREDICTED_FIGURES})
+Predicted = create_model(
+    "Predicted",
+    __base__=Record,
+    **{name: (Optional[Figure], None) if name in _OPTIONAL_FIGURES else (Figure, ...) for name in PREDICTED_FIGURES},
+)
 
 
 class Rationale(BaseModel):
@@ -59,7 +65,9 @@ class Rationale(BaseModel):
 
 
 class BucketMemory(Record):
-    needed_bytes: float = Field(ge=0)  # weights + KV + activations at this batch, the plan's context and D (autotune/memory.py)
+    needed_bytes: float = Field(
+        ge=0
+    )  # weights + KV + activations at this batch, the plan's context and D (autotune/memory.py)
     weights_bytes: float = Field(ge=0)
     kv_bytes: float = Field(ge=0)
     activation_bytes: float = Field(ge=0)
@@ -76,7 +84,7 @@ class PlanMemory(BaseModel):
     device_source: str = Field(min_length=1)
     tensor_parallel: int = Field(ge=1)
     ctx: int = Field(ge=1)
-    kv_cache_pool_bytes: Optional[float] = Field(default=None, gt=0)
+    kv_cache_pool_bytes: float | None = Field(default=None, gt=0)
     target_weights_bytes: float = Field(ge=0)
     target_kv_bytes_per_token: float = Field(ge=0)
 
@@ -87,7 +95,7 @@ class Bucket(Record):
     predicted: Predicted
     rationale: Rationale
     flags: list[str] = []
-    memory: Optional[BucketMemory] = None
+    memory: BucketMemory | None = None
 
 
 HEX64 = r"^[0-9a-f]{64}$"
@@ -98,14 +106,16 @@ Quant = Literal[WEIGHT_FORMATS]  # type: ignore[valid-type]
 class ProfileRef(Record):
     fingerprint: str = Field(pattern=HEX64)  # the profile's fingerprint: a plan from another profile is refused
     sha256: str = Field(min_length=1)  # the profile file's sha256: export refuses a plan whose profile file differs
-    device: Optional[str]
+    device: str | None
     target: ModelRefRecord
 
 
 class DeviceTimes(Record):
-    name: Optional[str]
-    engine: Backend = "torch"  # the engine the figures were measured in: the profile's backend (torch: this tool's own loop)
-    projected_from: Optional[str] = None
+    name: str | None
+    engine: Backend = (
+        "torch"  # the engine the figures were measured in: the profile's backend (torch: this tool's own loop)
+    )
+    projected_from: str | None = None
     times: str = Field(min_length=1)  # the weakest source among the bucket predictions, or "modeled (hardware table)"
     sources: dict[str, int] = {}
 
@@ -117,8 +127,8 @@ class ExcludedBucket(Record):
 
 class Objective(Record):
     kind: Literal[OBJECTIVES]  # type: ignore[valid-type]
-    min_user_tokens_per_s: Optional[float] = Field(default=None, ge=0)
-    min_tokens_per_s: Optional[float] = Field(default=None, ge=0)
+    min_user_tokens_per_s: float | None = Field(default=None, ge=0)
+    min_tokens_per_s: float | None = Field(default=None, ge=0)
 
 
 class Tile(Record):
@@ -147,9 +157,9 @@ class Point(Record):
 class Pareto(Record):
     exact: list[Point]
     method: str
-    study: Optional[list[Point]] = None
-    study_found: Optional[int] = Field(default=None, ge=0)
-    study_worst_gap_pct: Optional[float] = None
+    study: list[Point] | None = None
+    study_found: int | None = Field(default=None, ge=0)
+    study_worst_gap_pct: float | None = None
 
 
 class Study(Record):
@@ -164,12 +174,14 @@ class Study(Record):
     exhaustive_value: float
     strict_optimum_value: float
     tie_tolerance: float = Field(ge=0, lt=1)
-    best_sampled_value: Optional[float] = None  # single objectives
-    best_value: Optional[float] = None
-    gap_pct: Optional[float] = None
-    gap_to_strict_optimum_pct: Optional[float] = None
-    untied_schedule: Optional[list[tuple[int, int]]] = None  # the speedup objective: every predicted difference deciding
-    untied_gain_pct: Optional[float] = None
+    best_sampled_value: float | None = None  # single objectives
+    best_value: float | None = None
+    gap_pct: float | None = None
+    gap_to_strict_optimum_pct: float | None = None
+    untied_schedule: list[tuple[int, int]] | None = (
+        None  # the speedup objective: every predicted difference deciding
+    )
+    untied_gain_pct: float | None = None
 
 
 class RecordedSearchSettings(Record):
@@ -186,7 +198,7 @@ class RecordedSearchSettings(Record):
     tile_rows: int = Field(ge=0)
     tie_tolerance: float = Field(ge=0, lt=1)
     study_name: str
-    device: Optional[str]
+    device: str | None
     mix: tuple[tuple[str, float], ...]
     memory_fraction: float = Field(gt=0, le=1)
     tensor_parallel: int = Field(ge=0)
@@ -210,7 +222,7 @@ class Plan(Record):
     device: DeviceTimes
     notes: list[str]
     excluded_buckets: list[ExcludedBucket]
-    mix: Optional[dict[str, float]]
+    mix: dict[str, float] | None
     objective: Objective
     mechanism: str = Field(min_length=1)
     quant: Quant
@@ -219,8 +231,10 @@ class Plan(Record):
     ctx: int = Field(ge=1)
     tile: Tile
     buckets: list[Bucket] = Field(min_length=1)
-    per_domain: Optional[dict] = None  # each domain's own schedule, where the domains of the mix disagree on D
-    memory: Optional[PlanMemory] = None  # the memory budget, its sources and the concurrency that fits per mechanism and D
+    per_domain: dict | None = None  # each domain's own schedule, where the domains of the mix disagree on D
+    memory: PlanMemory | None = (
+        None  # the memory budget, its sources and the concurrency that fits per mechanism and D
+    )
     single_draft_len: SingleDraftLen
     pareto: Pareto
     study: Study
@@ -268,15 +282,19 @@ def load_plan(path: Path) -> Plan:
     if not isinstance(raw, dict) or "schema_version" not in raw or "buckets" not in raw:
         raise SpecdecError(f"{path} is not a specdec-tune plan", "pass the plan.json that `specdec-tune search` wrote")
     if raw["schema_version"] not in READABLE_PLAN_VERSIONS:
-        raise SpecdecError(f"{path} has plan schema {raw['schema_version']}, this tool reads {READABLE_PLAN_VERSIONS}",
-                           "re-run `specdec-tune search` with this version")
+        raise SpecdecError(
+            f"{path} has plan schema {raw['schema_version']}, this tool reads {READABLE_PLAN_VERSIONS}",
+            "re-run `specdec-tune search` with this version",
+        )
     try:
         return Plan.model_validate(raw)
     except ValidationError as e:
         err = e.errors()[0]
         where = "/".join(str(p) for p in err["loc"]) or "(top level)"
-        raise SpecdecError(f"{path} is not a valid plan: at {where}, {err['msg'][:160]} ({e.error_count()} problems)",
-                           "re-run `specdec-tune search`; plans are not edited by hand") from None
+        raise SpecdecError(
+            f"{path} is not a valid plan: at {where}, {err['msg'][:160]} ({e.error_count()} problems)",
+            "re-run `specdec-tune search`; plans are not edited by hand",
+        ) from None
 
 
 def plan_json_schema() -> dict:

@@ -59,16 +59,20 @@ class Shapes:
 def shapes_from_profile(profile: Profile) -> Shapes:
     linear = {p.layer: (p.in_features, p.out_features) for p in profile.micro if p.kind == "linear"}
     if not {"qkv", "o", "gate_up", "down", "lm_head"} <= set(linear):
-        raise SpecdecError("the profile has no layer shapes (linear micro-curve)",
-                           "re-run `specdec-tune profile` without skipping its micro phase")
+        raise SpecdecError(
+            "the profile has no layer shapes (linear micro-curve)",
+            "re-run `specdec-tune profile` without skipping its micro phase",
+        )
     q_width = linear["o"][0]
     hidden, vocab = linear["lm_head"]
     return Shapes(
         layers=int(profile.target["num_layers"]),
         layer_params=sum(i * o for name, (i, o) in linear.items() if name != "lm_head"),
         head_params=hidden * vocab,
-        q_width=q_width, kv_width=(linear["qkv"][1] - q_width) // 2,
-        hidden=hidden, vocab=vocab,
+        q_width=q_width,
+        kv_width=(linear["qkv"][1] - q_width) // 2,
+        hidden=hidden,
+        vocab=vocab,
     )
 
 
@@ -76,8 +80,16 @@ def shapes_from_profile(profile: Profile) -> Shapes:
 WEIGHT_BYTES = {name: f.bits_per_weight((4096, 4096)) / 8 for name, f in FORMATS.items()}
 
 
-def step_ms(spec: DeviceSpec, s: Shapes, layers: int, batch: int, tokens: int, ctx: int, quant: str = "none",
-            head_params: int | None = None) -> float:
+def step_ms(
+    spec: DeviceSpec,
+    s: Shapes,
+    layers: int,
+    batch: int,
+    tokens: int,
+    ctx: int,
+    quant: str = "none",
+    head_params: int | None = None,
+) -> float:
     """One forward of `layers` layers and an LM head of `head_params` weights (default: the target's) over
     batch x tokens rows, each attending to ctx cached positions."""
     rows = batch * tokens
@@ -86,7 +98,10 @@ def step_ms(spec: DeviceSpec, s: Shapes, layers: int, batch: int, tokens: int, c
     flops = 2 * params * rows + layers * 4 * batch * padded_tokens * ctx * s.q_width
     kv_bytes = layers * batch * (ctx + tokens) * 2 * s.kv_width * 2
     launches = layers * KERNELS_PER_LAYER + 4
-    return roofline_ms(spec, flops, WEIGHT_BYTES[quant] * params + kv_bytes, FORMATS[quant].compute_dtype) + 1e3 * launches * LAUNCH_S
+    return (
+        roofline_ms(spec, flops, WEIGHT_BYTES[quant] * params + kv_bytes, FORMATS[quant].compute_dtype)
+        + 1e3 * launches * LAUNCH_S
+    )
 
 
 def is_learned_head(info: DrafterInfo) -> bool:
@@ -106,8 +121,16 @@ def block_tokens(info: DrafterInfo, workload_max_draft_len: int) -> int:
     return (info.max_draft_len or workload_max_draft_len) + 1
 
 
-def draft_step_ms(spec: DeviceSpec, s: Shapes, info: DrafterInfo, batch: int, draft_len: int, ctx: int, quant: str,
-                  workload_max_draft_len: int) -> float:
+def draft_step_ms(
+    spec: DeviceSpec,
+    s: Shapes,
+    info: DrafterInfo,
+    batch: int,
+    draft_len: int,
+    ctx: int,
+    quant: str,
+    workload_max_draft_len: int,
+) -> float:
     """T_draft(B, D) of a drafter with a network of its own, per the module docstring."""
     layers, head = int(info.model["layers"]), draft_head_params(s, info)
     if info.kind == "parallel":  # one pass over the whole block, whatever D is
@@ -118,17 +141,26 @@ def draft_step_ms(spec: DeviceSpec, s: Shapes, info: DrafterInfo, batch: int, dr
 def project(profile: Profile, spec: DeviceSpec) -> Profile:
     """The profile as the device `spec` would have measured it, per the model above (times: modeled)."""
     if profile.rounds:
-        raise SpecdecError(f"this profile was measured in {profile.backend}: its times are whole engine rounds, which the roofline "
-                           "model does not take apart", "profile in the engine on that device, or project a profile of --engine torch")
+        raise SpecdecError(
+            f"this profile was measured in {profile.backend}: its times are whole engine rounds, which the roofline "
+            "model does not take apart",
+            "profile in the engine on that device, or project a profile of --engine torch",
+        )
     if profile.moe:
-        raise SpecdecError(f"the target is a mixture of experts ({profile.moe['num_experts']} per layer): the roofline model reads one dense MLP per "
-                           "layer, while a verify step's cost follows the experts its tokens wake (measured only on this device)",
-                           "profile the target on that device")
+        raise SpecdecError(
+            f"the target is a mixture of experts ({profile.moe['num_experts']} per layer): the roofline model reads one dense MLP per "
+            "layer, while a verify step's cost follows the experts its tokens wake (measured only on this device)",
+            "profile the target on that device",
+        )
     s = shapes_from_profile(profile)
     w = profile.workload
     buckets = GPU_BATCH_BUCKETS if spec.capability is not None or spec.gfx else tuple(w.batch_buckets)
-    verify = [{"batch": B, "tokens": t, "ctx": ctx, "median_ms": step_ms(spec, s, s.layers, B, t, ctx), "source": "modeled"}
-              for ctx in w.ctx_buckets for B in buckets for t in range(1, w.max_draft_len + 2)]
+    verify = [
+        {"batch": B, "tokens": t, "ctx": ctx, "median_ms": step_ms(spec, s, s.layers, B, t, ctx), "source": "modeled"}
+        for ctx in w.ctx_buckets
+        for B in buckets
+        for t in range(1, w.max_draft_len + 2)
+    ]
     drafters = {d.name: d for d in profile.drafters}
     draft = []
     for p in profile.draft:
@@ -142,8 +174,17 @@ def project(profile: Profile, spec: DeviceSpec) -> Profile:
                     ms = draft_step_ms(spec, s, info, b, p.draft_len, p.ctx, quant, w.max_draft_len)
                 else:  # host-side lookups: linear in the rows, from the measured per-row time
                     ms = (p.median_ms or 0.0) * b / p.batch
-                draft.append({"mechanism": p.mechanism, "quant": quant, "batch": b, "draft_len": p.draft_len, "ctx": p.ctx,
-                              "median_ms": ms, "source": "modeled"})
+                draft.append(
+                    {
+                        "mechanism": p.mechanism,
+                        "quant": quant,
+                        "batch": b,
+                        "draft_len": p.draft_len,
+                        "ctx": p.ctx,
+                        "median_ms": ms,
+                        "source": "modeled",
+                    }
+                )
     host_by_mech: dict[str, list] = {}
     for h in profile.host:
         host_by_mech.setdefault(h.mechanism, []).append(h)
@@ -151,15 +192,32 @@ def project(profile: Profile, spec: DeviceSpec) -> Profile:
     for mech, points in host_by_mech.items():
         per_row = max(h.host_ms_per_round / h.batch for h in points)  # bookkeeping scales with rows
         for b in buckets:
-            host.append({"mechanism": mech, "batch": b, "draft_len": points[0].draft_len, "host_ms_per_round": per_row * b,
-                         "round_ms": 0.0, "rounds": 0, "source": "modeled"})
+            host.append(
+                {
+                    "mechanism": mech,
+                    "batch": b,
+                    "draft_len": points[0].draft_len,
+                    "host_ms_per_round": per_row * b,
+                    "round_ms": 0.0,
+                    "rounds": 0,
+                    "source": "modeled",
+                }
+            )
     data = profile.model_dump(mode="json")
-    data.update(verify=verify, draft=draft, host=host, device={**spec.as_record(), "kind": "cuda", "projected_from": profile.device.get("name")},
-                memory=projected_memory(profile.memory, spec),
-                workload={**data["workload"], "batch_buckets": list(buckets)},
-                notes=[*profile.notes, f"projected onto {spec.name}: every time is modeled from the hardware table (acceptance measured on {profile.device.get('name')})",
-                       *_vocabulary_notes(profile)],
-                timing_shapes=f"{profile.timing_shapes}; times projected by a roofline model")
+    data.update(
+        verify=verify,
+        draft=draft,
+        host=host,
+        device={**spec.as_record(), "kind": "cuda", "projected_from": profile.device.get("name")},
+        memory=projected_memory(profile.memory, spec),
+        workload={**data["workload"], "batch_buckets": list(buckets)},
+        notes=[
+            *profile.notes,
+            f"projected onto {spec.name}: every time is modeled from the hardware table (acceptance measured on {profile.device.get('name')})",
+            *_vocabulary_notes(profile),
+        ],
+        timing_shapes=f"{profile.timing_shapes}; times projected by a roofline model",
+    )
     return Profile.model_validate(data)
 
 
@@ -170,13 +228,24 @@ def projected_memory(record: dict, spec: DeviceSpec) -> dict:
         return {}
     ratio = PROJECTED_DTYPE_BYTES / record["dtype_bytes"]
     return record | {
-        "dtype": "bfloat16", "dtype_bytes": PROJECTED_DTYPE_BYTES,
+        "dtype": "bfloat16",
+        "dtype_bytes": PROJECTED_DTYPE_BYTES,
         "target": record["target"] | {"kv_bytes_per_token": int(record["target"]["kv_bytes_per_token"] * ratio)},
-        "drafters": {name: d | {"kv_bytes_per_token": int(d["kv_bytes_per_token"] * ratio)} for name, d in record["drafters"].items()},
+        "drafters": {
+            name: d | {"kv_bytes_per_token": int(d["kv_bytes_per_token"] * ratio)}
+            for name, d in record["drafters"].items()
+        },
         "activation_bytes_per_row": int(record["activation_bytes_per_row"] * ratio),
-        "activation": [a | {"bytes": int(a["batch"] * a["tokens"] * record["activation_bytes_per_row"] * ratio), "source": "modeled"}
-                       for a in record["activation"]],
-        "device": {"usable_bytes": spec.memory_bytes, "kv_cache_bytes": None, "source": f"the hardware table: {spec.name}"},
+        "activation": [
+            a
+            | {"bytes": int(a["batch"] * a["tokens"] * record["activation_bytes_per_row"] * ratio), "source": "modeled"}
+            for a in record["activation"]
+        ],
+        "device": {
+            "usable_bytes": spec.memory_bytes,
+            "kv_cache_bytes": None,
+            "source": f"the hardware table: {spec.name}",
+        },
     }
 
 
@@ -185,5 +254,7 @@ def _vocabulary_notes(profile: Profile) -> list[str]:
     missing = sorted(d.name for d in profile.drafters if is_learned_head(d) and "draft_vocab_size" not in d.model)
     if not missing:
         return []
-    return [f"{', '.join(missing)}: the profile records no draft vocabulary, so the projection charges the target's vocabulary "
-            "for the head's LM head (an overestimate for a reduced draft vocabulary); re-profile to record it"]
+    return [
+        f"{', '.join(missing)}: the profile records no draft vocabulary, so the projection charges the target's vocabulary "
+        "for the head's LM head (an overestimate for a reduced draft vocabulary); re-profile to record it"
+    ]

@@ -87,26 +87,38 @@ class Space:
         if settings.objective not in OBJECTIVES:
             raise SpecdecError(f"unknown objective {settings.objective!r}", f"use one of {', '.join(OBJECTIVES)}")
         profile = cost.profile
-        self.excluded = {B: why for B in profile.workload.batch_buckets if (why := cost.unplannable(B))}  # batch -> why not planned
+        self.excluded = {
+            B: why for B in profile.workload.batch_buckets if (why := cost.unplannable(B))
+        }  # batch -> why not planned
         self.buckets = [B for B in profile.workload.batch_buckets if B not in self.excluded]
         if not self.buckets:
-            raise SpecdecError(f"no batch bucket can be planned: {'; '.join(self.excluded.values())}",
-                               "re-profile with smaller batch buckets or a shorter context (--batch, --ctx)")
+            raise SpecdecError(
+                f"no batch bucket can be planned: {'; '.join(self.excluded.values())}",
+                "re-profile with smaller batch buckets or a shorter context (--batch, --ctx)",
+            )
         known = cost.mechanisms
         for m in settings.mechanisms:
             if m not in known:
-                raise SpecdecError(f"mechanism {m!r} is not in the profile", f"profiled: {', '.join(known)}; re-run profile with --drafter {m}")
+                raise SpecdecError(
+                    f"mechanism {m!r} is not in the profile",
+                    f"profiled: {', '.join(known)}; re-run profile with --drafter {m}",
+                )
         self.mechanisms = list(settings.mechanisms) or known
         self.pairs = [(m, q) for m in self.mechanisms for q in settings.quant_formats if q in cost.quants(m)]
         if not self.pairs:
-            raise SpecdecError("no mechanism was profiled with the requested weight formats", "add --quant none or profile the formats")
+            raise SpecdecError(
+                "no mechanism was profiled with the requested weight formats", "add --quant none or profile the formats"
+            )
         self.tie_tolerance = settings.tie_tolerance
         self.strict = False  # True: no ties at all (the strict optimum)
         self.group = attention_group(profile)
         self.tile_rows = settings.tile_rows or attention_tile_rows(profile)
         self.multiple = {d.name: max(1, d.draft_len_multiple) for d in profile.drafters}
         self.policies = ["free"]
-        if any(self.allowed(m, "aligned") != self.allowed(m, "free") and len(self.allowed(m, "aligned")) > 1 for m, _ in self.pairs):
+        if any(
+            self.allowed(m, "aligned") != self.allowed(m, "free") and len(self.allowed(m, "aligned")) > 1
+            for m, _ in self.pairs
+        ):
             self.policies.append("aligned")
         self.caps = self.buckets if settings.objective != "speedup" else self.buckets[-1:]
         self._best: dict[tuple, tuple[float, int]] = {}  # (B, m, q, policy) -> (best score, its D)
@@ -131,15 +143,28 @@ class Space:
         s, every = self.s, [(m, q, D) for m, q in self.pairs for D in self.allowed(m, "free")]
         if s.objective == "speedup" and s.min_user_tokens_per_s:
             for B in self.buckets:
-                if max(self.cost.predict(B, D, m, q).per_user_tokens_per_s.value for m, q, D in every) < s.min_user_tokens_per_s:
-                    raise SpecdecError(f"no setting reaches {s.min_user_tokens_per_s:g} tokens/s per user at batch {B}",
-                                       "lower --min-user-tps or drop that batch bucket")
+                if (
+                    max(self.cost.predict(B, D, m, q).per_user_tokens_per_s.value for m, q, D in every)
+                    < s.min_user_tokens_per_s
+                ):
+                    raise SpecdecError(
+                        f"no setting reaches {s.min_user_tokens_per_s:g} tokens/s per user at batch {B}",
+                        "lower --min-user-tps or drop that batch bucket",
+                    )
         if s.objective in ("throughput", "per-user", "pareto"):
             points = [self.cost.predict(B, D, m, q) for B in self.caps for m, q, D in every]
-            feasible = [p for p in points if p.per_user_tokens_per_s.value >= s.min_user_tokens_per_s and p.tokens_per_s.value >= s.min_tokens_per_s]
+            feasible = [
+                p
+                for p in points
+                if p.per_user_tokens_per_s.value >= s.min_user_tokens_per_s
+                and p.tokens_per_s.value >= s.min_tokens_per_s
+            ]
             if not feasible:
-                raise SpecdecError(f"no batch size and setting reach {s.min_user_tokens_per_s:g} tokens/s per user together with "
-                                   f"{s.min_tokens_per_s:g} tokens/s per device", "lower --min-user-tps or --min-tps")
+                raise SpecdecError(
+                    f"no batch size and setting reach {s.min_user_tokens_per_s:g} tokens/s per user together with "
+                    f"{s.min_tokens_per_s:g} tokens/s per device",
+                    "lower --min-user-tps or --min-tps",
+                )
 
     @staticmethod
     def repair(schedule: list[int]) -> tuple[int, ...]:
@@ -158,7 +183,11 @@ class Space:
     def floor_penalty(self, B: int, D: int, m: str, q: str) -> float:
         """SLO_PENALTY times the relative shortfall from the per-user-rate floor at one bucket."""
         floor = self.s.min_user_tokens_per_s
-        return SLO_PENALTY * max(0.0, floor - self.cost.predict(B, D, m, q).per_user_tokens_per_s.value) / floor if floor else 0.0
+        return (
+            SLO_PENALTY * max(0.0, floor - self.cost.predict(B, D, m, q).per_user_tokens_per_s.value) / floor
+            if floor
+            else 0.0
+        )
 
     def bucket_score(self, B: int, D: int, m: str, q: str) -> float:
         """Speedup at one bucket, less the per-user-floor penalty."""
@@ -170,7 +199,9 @@ class Space:
     def schedule_score(self, c: Candidate) -> float:
         """Mean speedup over the served buckets (the `speedup` objective), ties flattened (`bucket_value`)."""
         served = self.served(c.max_batch)
-        return sum(self.bucket_value(B, D, c.mechanism, c.quant, c.tile_policy) for B, D in zip(served, c.schedule)) / len(served)
+        return sum(
+            self.bucket_value(B, D, c.mechanism, c.quant, c.tile_policy) for B, D in zip(served, c.schedule)
+        ) / len(served)
 
     def at_cap(self, c: Candidate) -> Prediction:
         return self.cost.predict(c.max_batch, c.schedule[len(self.served(c.max_batch)) - 1], c.mechanism, c.quant)
@@ -179,7 +210,9 @@ class Space:
         """The single-objective value of an operating point, relative to plain decoding, less floor penalties."""
         s = self.s
         if s.objective == "per-user":
-            value = p.per_user_tokens_per_s.value / self.cost.baseline_tokens_per_s(self.buckets[0]).value * self.buckets[0]
+            value = (
+                p.per_user_tokens_per_s.value / self.cost.baseline_tokens_per_s(self.buckets[0]).value * self.buckets[0]
+            )
             floor, have = s.min_tokens_per_s, p.tokens_per_s.value
         else:
             value = p.tokens_per_s.value / self.cost.baseline_tokens_per_s(self.buckets[-1]).value
@@ -206,7 +239,11 @@ class Space:
         tail: dict[int, tuple[float, tuple[int, ...]]] = {d: (0.0, ()) for d in allowed}
         for B in reversed(served):
             options = [held[B]] if B in held else allowed
-            here = {D: (self.bucket_value(B, D, m, q, policy) + tail[D][0], (D, *tail[D][1])) for D in options if tail[D][0] > -math.inf}
+            here = {
+                D: (self.bucket_value(B, D, m, q, policy) + tail[D][0], (D, *tail[D][1]))
+                for D in options
+                if tail[D][0] > -math.inf
+            }
             best_up_to: tuple[float, tuple[int, ...]] = (-math.inf, ())
             tail = {}
             for d in allowed:  # ascending: a later d replaces the best only when strictly better
@@ -221,7 +258,9 @@ class Space:
         """(score, D) of the strictly best allowed draft length at one bucket (the shorter of equal ones)."""
         key = (B, m, q, policy)
         if key not in self._best:
-            self._best[key] = max(((self.bucket_score(B, d, m, q), d) for d in self.allowed(m, policy)), key=lambda sd: (sd[0], -sd[1]))
+            self._best[key] = max(
+                ((self.bucket_score(B, d, m, q), d) for d in self.allowed(m, policy)), key=lambda sd: (sd[0], -sd[1])
+            )
         return self._best[key]
 
     def tie_rule(self, B: int, D: int, other: int, m: str, q: str) -> str | None:
@@ -285,7 +324,14 @@ class Space:
             return best, self.score(best)
         values = {op: self.cap_value(self.cost.predict(op[3], op[4], op[0], op[1])) for op in self.operating_points()}
         top = max(values.values())
-        best = max((self.fill(m, q, policy, cap, {cap: D}) for (m, q, policy, cap, D), v in values.items() if v >= top - 1e-12), key=self.rank)
+        best = max(
+            (
+                self.fill(m, q, policy, cap, {cap: D})
+                for (m, q, policy, cap, D), v in values.items()
+                if v >= top - 1e-12
+            ),
+            key=self.rank,
+        )
         return best, self.score(best)
 
     def rank(self, c: Candidate) -> tuple:
@@ -294,8 +340,14 @@ class Space:
         return round(self.score(c), 12), self.schedule_score(c), c.tile_policy == "aligned", -max(c.schedule)
 
     def size(self) -> int:
-        if self.s.objective == "speedup":  # the non-increasing schedules: n buckets over k draft lengths, C(n + k - 1, n)
-            return sum(math.comb(len(self.buckets) + len(self.allowed(m, p)) - 1, len(self.buckets)) for m, _ in self.pairs for p in self.policies)
+        if (
+            self.s.objective == "speedup"
+        ):  # the non-increasing schedules: n buckets over k draft lengths, C(n + k - 1, n)
+            return sum(
+                math.comb(len(self.buckets) + len(self.allowed(m, p)) - 1, len(self.buckets))
+                for m, _ in self.pairs
+                for p in self.policies
+            )
         return sum(1 for _ in self.operating_points())
 
     def pareto_front(self, caps: set[int] | None = None) -> list[Candidate]:
@@ -305,8 +357,10 @@ class Space:
         for m, q, policy, cap, D in self.operating_points(sorted(caps or self.buckets)):
             p = self.cost.predict(cap, D, m, q)
             points.setdefault((p.tokens_per_s.value, p.per_user_tokens_per_s.value), []).append((m, q, policy, cap, D))
-        return [max((self.fill(m, q, policy, cap, {cap: D}) for m, q, policy, cap, D in points[xy]), key=self.rank)
-                for xy in non_dominated(list(points))]
+        return [
+            max((self.fill(m, q, policy, cap, {cap: D}) for m, q, policy, cap, D in points[xy]), key=self.rank)
+            for xy in non_dominated(list(points))
+        ]
 
 
 def non_dominated(points: list[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -45,8 +45,10 @@ def open_storage(url: str):
         except Exception as e:  # noqa: BLE001 - the driver's own errors vary (no server, bad URL, missing driver)
             error = e  # two workers creating the schema of a fresh database at once: one loses the race and retries
             time.sleep(0.2 * (attempt + 1))
-    raise SpecdecError(f"cannot open the study storage {url!r}: {str(error).splitlines()[0]}",
-                       "check the URL and that the server is reachable, or use sqlite:///PATH or journal:PATH") from None
+    raise SpecdecError(
+        f"cannot open the study storage {url!r}: {str(error).splitlines()[0]}",
+        "check the URL and that the server is reachable, or use sqlite:///PATH or journal:PATH",
+    ) from None
 
 
 def _drop_torn_tail(path: str) -> None:
@@ -110,8 +112,13 @@ def run_study(space: Space, storage: str, settings, n_trials: int | None = None)
     else:
         sampler = optuna.samplers.TPESampler(seed=settings.seed, multivariate=True, n_startup_trials=20)
         directions = ["maximize"]
-    study = optuna.create_study(study_name=settings.study_name, storage=open_storage(storage), directions=directions,
-                                sampler=sampler, load_if_exists=True)
+    study = optuna.create_study(
+        study_name=settings.study_name,
+        storage=open_storage(storage),
+        directions=directions,
+        sampler=sampler,
+        load_if_exists=True,
+    )
     done = sum(1 for t in study.trials if t.state.is_finished())
     if done == 0:
         for params in _starts(space):

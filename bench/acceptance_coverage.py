@@ -53,8 +53,10 @@ def held_back(profile, per_domain: int | None) -> CalibrationSet:
     calibration = load_calibration(profile.workload.calibration)
     pool, held = calibration.split()
     if pool.fingerprint() != profile.workload.calibration_fingerprint:
-        raise SpecdecError(f"the calibration set {profile.workload.calibration!r} is not the one this profile read",
-                           "profile again with the installed calibration prompts")
+        raise SpecdecError(
+            f"the calibration set {profile.workload.calibration!r} is not the one this profile read",
+            "profile again with the installed calibration prompts",
+        )
     return held.per_domain(len(held.prompts) if per_domain is None else per_domain)
 
 
@@ -73,7 +75,10 @@ def subsample_coverage(profile, draft_len: int, seed: int, draws: int = SUBSAMPL
         domains = np.asarray(a.per_prompt.domains)
         largest = max(dict.fromkeys(domains.tolist()), key=lambda d: int((domains == d).sum()))
         rows = np.flatnonzero(domains == largest)
-        sums = {k: np.asarray(getattr(a.per_prompt, k), dtype=float)[rows] for k in ("emitted", "rounds", "accepted", "drafts")}
+        sums = {
+            k: np.asarray(getattr(a.per_prompt, k), dtype=float)[rows]
+            for k in ("emitted", "rounds", "accepted", "drafts")
+        }
         D = min(draft_len, a.max_draft_len)
         truth = float(sums["emitted"][:, D].sum() / sums["rounds"][:, D].sum())
         rng = np.random.default_rng(seed)
@@ -84,12 +89,24 @@ def subsample_coverage(profile, draft_len: int, seed: int, draws: int = SUBSAMPL
                 pick = rng.choice(len(rows), n, replace=False)
                 drawn = {k: v[pick] for k, v in sums.items()}
                 point, _ = intervals.figures(drawn, [largest] * n, {largest: 1.0})
-                resampled, _ = intervals.draws(drawn, [largest] * n, {largest: 1.0}, resamples=RESAMPLES // 2, seed=seed + t)
+                resampled, _ = intervals.draws(
+                    drawn, [largest] * n, {largest: 1.0}, resamples=RESAMPLES // 2, seed=seed + t
+                )
                 for name, f in (("plain", 1.0), ("widened", factor)):
                     low, high = intervals.widened(point, resampled, f)[D]
                     inside[name] += low <= truth <= high
-            out.append({"mechanism": a.mechanism, "domain": largest, "population_prompts": len(rows), "prompts": n, "draft_len": D,
-                        "draws": draws, "widening": factor, **{f"coverage_{k}": v / draws for k, v in inside.items()}})
+            out.append(
+                {
+                    "mechanism": a.mechanism,
+                    "domain": largest,
+                    "population_prompts": len(rows),
+                    "prompts": n,
+                    "draft_len": D,
+                    "draws": draws,
+                    "widening": factor,
+                    **{f"coverage_{k}": v / draws for k, v in inside.items()},
+                }
+            )
     return out
 
 
@@ -98,11 +115,18 @@ def run(args) -> dict:
     wl = profile.workload
     records = [a for a in profile.acceptance if a.quant == "none" and a.temperature == 0.0 and a.tokens_per_forward_ci]
     if not records:
-        raise SpecdecError("the profile has no greedy acceptance record with intervals", "profile again with this version")
+        raise SpecdecError(
+            "the profile has no greedy acceptance record with intervals", "profile again with this version"
+        )
     target = load_model(profile.target["path"], dtype=profile.device.get("dtype", "auto"))
     prompts = held_back(profile, 1 if args.quick else args.prompts_per_domain)
-    ids = encode_prompts(target.tokenizer, prompts, context_tokens=target.model.config.max_position_embeddings,
-                         max_new_tokens=wl.new_tokens, max_draft_tokens=wl.max_draft_len)
+    ids = encode_prompts(
+        target.tokenizer,
+        prompts,
+        context_tokens=target.model.config.max_position_embeddings,
+        max_new_tokens=wl.new_tokens,
+        max_draft_tokens=wl.max_draft_len,
+    )
     domains = [p.domain for p in prompts.prompts]
     stop = set(target.model.config.eos_token_ids)
 
@@ -112,8 +136,17 @@ def run(args) -> dict:
         for mechanism in dict.fromkeys(a.mechanism for a in records):
             drafter = profile_drafter(profile, mechanism, "none", target)
             d_max = next(a.max_draft_len for a in records if a.mechanism == mechanism)
-            out[mechanism] = [replay.replay(t, replay.proposer(drafter, p, t, target.model, d_max), range(1, d_max + 1), wl.new_tokens,
-                                            stop, d_max) for p, t in zip(ids, trajectories)]
+            out[mechanism] = [
+                replay.replay(
+                    t,
+                    replay.proposer(drafter, p, t, target.model, d_max),
+                    range(1, d_max + 1),
+                    wl.new_tokens,
+                    stop,
+                    d_max,
+                )
+                for p, t in zip(ids, trajectories)
+            ]
             print(f"  replayed {mechanism} on {len(ids)} held-back prompts", file=sys.stderr, flush=True)
         return out
 
@@ -125,55 +158,100 @@ def run(args) -> dict:
             continue
         sums = replay.per_prompt_rates([replayed[a.mechanism][i] for i in rows])
         weights = {d: 1.0 for d in wl.domains} if a.domain == "all" else {a.domain: 1.0}
-        tpf, _, tpf_ci, _ = intervals.figures(sums, [domains[i] for i in rows], weights, resamples=RESAMPLES, seed=args.seed)
+        tpf, _, tpf_ci, _ = intervals.figures(
+            sums, [domains[i] for i in rows], weights, resamples=RESAMPLES, seed=args.seed
+        )
         for D in range(1, min(a.max_draft_len, args.max_draft_len) + 1):
             lo, hi = a.tokens_per_forward_ci[D]
             x, (x_lo, x_hi) = float(tpf[D]), (float(tpf_ci[D][0]), float(tpf_ci[D][1]))
-            cells.append({"mechanism": a.mechanism, "domain": a.domain, "draft_len": D, "profile_prompts": a.prompts,
-                          "held_back_prompts": len(rows), "profile_tokens_per_forward": a.tokens_per_forward[D], "profile_ci": [lo, hi],
-                          "held_back_tokens_per_forward": x, "held_back_ci": [x_lo, x_hi], "inside": lo <= x <= hi,
-                          "intervals_overlap": x_lo <= hi and lo <= x_hi})
+            cells.append(
+                {
+                    "mechanism": a.mechanism,
+                    "domain": a.domain,
+                    "draft_len": D,
+                    "profile_prompts": a.prompts,
+                    "held_back_prompts": len(rows),
+                    "profile_tokens_per_forward": a.tokens_per_forward[D],
+                    "profile_ci": [lo, hi],
+                    "held_back_tokens_per_forward": x,
+                    "held_back_ci": [x_lo, x_hi],
+                    "inside": lo <= x <= hi,
+                    "intervals_overlap": x_lo <= hi and lo <= x_hi,
+                }
+            )
     by_domain = [c for c in cells if c["domain"] != "all"]
     for c in cells:
         c["coverage_if_calibrated"] = calibrated_coverage(c["profile_prompts"], c["held_back_prompts"])
-    return {"source": "measured", "profile": shown(args.profile), "profile_sha256": sha256_file(args.profile),
-            "dtype": str(target.model.dtype).removeprefix("torch."), "method": "replay (greedy), the profile's new_tokens and stop tokens",
-            "held_back_prompts": len(ids), "prompts_by_domain": {d: domains.count(d) for d in dict.fromkeys(domains)},
-            "coverage_domain_cells": sum(c["inside"] for c in by_domain) / max(1, len(by_domain)),
-            "domain_cells": len(by_domain), "outside_but_overlapping": sum(not c["inside"] and c["intervals_overlap"] for c in by_domain),
-            "coverage_domain_cells_if_calibrated": sum(c["coverage_if_calibrated"] for c in by_domain) / max(1, len(by_domain)),
-            "coverage_all_cells": sum(c["inside"] for c in cells) / max(1, len(cells)),
-            "held_back_above_profile": sum(c["held_back_tokens_per_forward"] > c["profile_tokens_per_forward"] for c in by_domain),
-            "wall_s": seconds, **count.summary(target.model.config.num_layers), "cells": cells,
-            "subsample_coverage": subsample_coverage(profile, 3, args.seed, 30 if args.quick else SUBSAMPLES)}
+    return {
+        "source": "measured",
+        "profile": shown(args.profile),
+        "profile_sha256": sha256_file(args.profile),
+        "dtype": str(target.model.dtype).removeprefix("torch."),
+        "method": "replay (greedy), the profile's new_tokens and stop tokens",
+        "held_back_prompts": len(ids),
+        "prompts_by_domain": {d: domains.count(d) for d in dict.fromkeys(domains)},
+        "coverage_domain_cells": sum(c["inside"] for c in by_domain) / max(1, len(by_domain)),
+        "domain_cells": len(by_domain),
+        "outside_but_overlapping": sum(not c["inside"] and c["intervals_overlap"] for c in by_domain),
+        "coverage_domain_cells_if_calibrated": sum(c["coverage_if_calibrated"] for c in by_domain)
+        / max(1, len(by_domain)),
+        "coverage_all_cells": sum(c["inside"] for c in cells) / max(1, len(cells)),
+        "held_back_above_profile": sum(
+            c["held_back_tokens_per_forward"] > c["profile_tokens_per_forward"] for c in by_domain
+        ),
+        "wall_s": seconds,
+        **count.summary(target.model.config.num_layers),
+        "cells": cells,
+        "subsample_coverage": subsample_coverage(profile, 3, args.seed, 30 if args.quick else SUBSAMPLES),
+    }
 
 
 def table(r: dict) -> str:
     expected = r.get("coverage_domain_cells_if_calibrated")
-    lines = [f"held-back tokens per forward inside the profile's 95% interval: {r['coverage_domain_cells']:.1%} of {r['domain_cells']} "
-             f"domain x D cells ({r['outside_but_overlapping']} more outside but with overlapping intervals"
-             + (f"; a calibrated interval of the mean would cover {expected:.1%} of them at these prompt counts" if expected is not None else "")
-             + "); 'all': "
-             f"{r['coverage_all_cells']:.1%} of every cell; held-back above the profile in {r['held_back_above_profile']} domain cells "
-             f"({r['held_back_prompts']} held-back prompts, {r['dtype']}, measured by replay in {r['wall_s']:.0f} s)",
-             "| mechanism | domain | cells inside | worst D (held-back vs profile interval) |", "|---|---|---|---|"]
-    tail = [f"subsamples of {c['prompts']} of the {c['population_prompts']} {c['domain']} prompts, {c['mechanism']} at D={c['draft_len']}: the "
-            f"interval holds the domain's tokens per forward in {c['coverage_plain']:.1%} of {c['draws']} draws as a plain percentile "
-            f"interval, {c['coverage_widened']:.1%} widened (x{c['widening']:.2f})" for c in r.get("subsample_coverage", [])]
+    lines = [
+        f"held-back tokens per forward inside the profile's 95% interval: {r['coverage_domain_cells']:.1%} of {r['domain_cells']} "
+        f"domain x D cells ({r['outside_but_overlapping']} more outside but with overlapping intervals"
+        + (
+            f"; a calibrated interval of the mean would cover {expected:.1%} of them at these prompt counts"
+            if expected is not None
+            else ""
+        )
+        + "); 'all': "
+        f"{r['coverage_all_cells']:.1%} of every cell; held-back above the profile in {r['held_back_above_profile']} domain cells "
+        f"({r['held_back_prompts']} held-back prompts, {r['dtype']}, measured by replay in {r['wall_s']:.0f} s)",
+        "| mechanism | domain | cells inside | worst D (held-back vs profile interval) |",
+        "|---|---|---|---|",
+    ]
+    tail = [
+        f"subsamples of {c['prompts']} of the {c['population_prompts']} {c['domain']} prompts, {c['mechanism']} at D={c['draft_len']}: the "
+        f"interval holds the domain's tokens per forward in {c['coverage_plain']:.1%} of {c['draws']} draws as a plain percentile "
+        f"interval, {c['coverage_widened']:.1%} widened (x{c['widening']:.2f})"
+        for c in r.get("subsample_coverage", [])
+    ]
     groups: dict[tuple[str, str], list[dict]] = {}
     for c in r["cells"]:
         groups.setdefault((c["mechanism"], c["domain"]), []).append(c)
     for (m, d), cs in groups.items():
-        worst = max(cs, key=lambda c: max(c["profile_ci"][0] - c["held_back_tokens_per_forward"], c["held_back_tokens_per_forward"] - c["profile_ci"][1]))
-        lines.append(f"| {m} | {d} | {sum(c['inside'] for c in cs)}/{len(cs)} | D={worst['draft_len']}: {worst['held_back_tokens_per_forward']:.3f} "
-                     f"vs [{worst['profile_ci'][0]:.3f}, {worst['profile_ci'][1]:.3f}] |")
+        worst = max(
+            cs,
+            key=lambda c: max(
+                c["profile_ci"][0] - c["held_back_tokens_per_forward"],
+                c["held_back_tokens_per_forward"] - c["profile_ci"][1],
+            ),
+        )
+        lines.append(
+            f"| {m} | {d} | {sum(c['inside'] for c in cs)}/{len(cs)} | D={worst['draft_len']}: {worst['held_back_tokens_per_forward']:.3f} "
+            f"vs [{worst['profile_ci'][0]:.3f}, {worst['profile_ci'][1]:.3f}] |"
+        )
     return "\n".join(lines + [""] + tail)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", type=Path, default=Path("artifacts/profile/profile.json"))
-    ap.add_argument("--prompts-per-domain", type=int, default=None, help="held-back prompts per domain (default: all of them)")
+    ap.add_argument(
+        "--prompts-per-domain", type=int, default=None, help="held-back prompts per domain (default: all of them)"
+    )
     ap.add_argument("--max-draft-len", type=int, default=15)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "acceptance_coverage.json")

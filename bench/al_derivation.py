@@ -17,19 +17,25 @@ import sys
 import tempfile
 from pathlib import Path
 
-from specdec_tune.profiles.torch_profile import TorchProfiler
-from specdec_tune.settings import ProfileSettings
 from specdec_tune.profiles.specdec import SpecCounters
 from specdec_tune.profiles.store import MeasurementLog
+from specdec_tune.profiles.torch_profile import TorchProfiler
+from specdec_tune.settings import ProfileSettings
 
 from common import ROOT, run_and_write
 
 
-
 def run(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        settings = ProfileSettings(drafters=tuple(args.drafter), prompts_per_domain=args.prompts_per_domain, new_tokens=args.new_tokens,
-                                   max_draft_len=args.max_draft_len, dtype="float32", out_dir=Path(tmp), batch_buckets=(1,))
+        settings = ProfileSettings(
+            drafters=tuple(args.drafter),
+            prompts_per_domain=args.prompts_per_domain,
+            new_tokens=args.new_tokens,
+            max_draft_len=args.max_draft_len,
+            dtype="float32",
+            out_dir=Path(tmp),
+            batch_buckets=(1,),
+        )
         profiler = TorchProfiler(settings)
         log = MeasurementLog(Path(tmp), "al-derivation")
         out = {}
@@ -37,15 +43,35 @@ def run(args) -> dict:
             base = SpecCounters.total(profiler.run_counters(drafter, args.max_draft_len, 0.0, log, f"{name}/max"))
             rows = []
             for D in range(1, args.max_draft_len):
-                direct = SpecCounters.total(profiler.run_counters(drafter, D, 0.0, log, f"{name}/{D}")).tokens_per_target_forward
+                direct = SpecCounters.total(
+                    profiler.run_counters(drafter, D, 0.0, log, f"{name}/{D}")
+                ).tokens_per_target_forward
                 derived = base.derived_at(D)[0]
-                rows.append({"draft_len": D, "derived": derived, "direct": direct, "rel_diff_pct": 100 * (derived - direct) / direct})
+                rows.append(
+                    {
+                        "draft_len": D,
+                        "derived": derived,
+                        "direct": direct,
+                        "rel_diff_pct": 100 * (derived - direct) / direct,
+                    }
+                )
                 print(f"  {name} D={D}: derived {derived:.4f} direct {direct:.4f}", file=sys.stderr, flush=True)
             diffs = [abs(r["rel_diff_pct"]) for r in rows]
-            out[name] = {"at_max": base.tokens_per_target_forward, "rows": rows, "median_abs_diff_pct": statistics.median(diffs),
-                         "worst_abs_diff_pct": max(diffs)}
-    return {"source": "measured", "dtype": "float32", "temperature": 0.0, "max_draft_len": args.max_draft_len,
-            "prompts": f"{args.prompts_per_domain} per domain, profile split", "new_tokens": args.new_tokens, "drafters": out}
+            out[name] = {
+                "at_max": base.tokens_per_target_forward,
+                "rows": rows,
+                "median_abs_diff_pct": statistics.median(diffs),
+                "worst_abs_diff_pct": max(diffs),
+            }
+    return {
+        "source": "measured",
+        "dtype": "float32",
+        "temperature": 0.0,
+        "max_draft_len": args.max_draft_len,
+        "prompts": f"{args.prompts_per_domain} per domain, profile split",
+        "new_tokens": args.new_tokens,
+        "drafters": out,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,8 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     if result is None:
         return 1
     for name, r in result["drafters"].items():
-        print(f"{name}: derived (from the measured D_max run) vs directly measured tokens per forward over D=1..{args.max_draft_len - 1}: median {r['median_abs_diff_pct']:.2f}%, "
-              f"worst {r['worst_abs_diff_pct']:.2f}%")
+        print(
+            f"{name}: derived (from the measured D_max run) vs directly measured tokens per forward over D=1..{args.max_draft_len - 1}: median {r['median_abs_diff_pct']:.2f}%, "
+            f"worst {r['worst_abs_diff_pct']:.2f}%"
+        )
     return 0
 
 

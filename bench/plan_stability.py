@@ -45,11 +45,28 @@ def plan_of(path: Path) -> dict:
     profile = load_profile(path)
     with tempfile.TemporaryDirectory() as tmp:
         plan = search(profile, sha256_file(path), SearchSettings(out_dir=Path(tmp))).to_json()
-    name = shown(path) if Path(path).resolve().is_relative_to(ROOT) else f"{Path(path).resolve().parent.name}/{Path(path).name}"
-    return {"profile": name, "created_at": profile.created_at, "prompts": sum(profile.workload.prompts_by_domain.values()),
-            "verify_monotone_violations": monotone_violations(profile), "mechanism": plan["mechanism"], "quant": plan["quant"],
-            "buckets": [{"batch": b["batch"], "draft_len": b["draft_len"], "speedup": b["predicted"]["speedup"],
-                         "tokens_per_s": b["predicted"]["tokens_per_s"]} for b in plan["buckets"]]}
+    name = (
+        shown(path)
+        if Path(path).resolve().is_relative_to(ROOT)
+        else f"{Path(path).resolve().parent.name}/{Path(path).name}"
+    )
+    return {
+        "profile": name,
+        "created_at": profile.created_at,
+        "prompts": sum(profile.workload.prompts_by_domain.values()),
+        "verify_monotone_violations": monotone_violations(profile),
+        "mechanism": plan["mechanism"],
+        "quant": plan["quant"],
+        "buckets": [
+            {
+                "batch": b["batch"],
+                "draft_len": b["draft_len"],
+                "speedup": b["predicted"]["speedup"],
+                "tokens_per_s": b["predicted"]["tokens_per_s"],
+            }
+            for b in plan["buckets"]
+        ],
+    }
 
 
 def compare(a: dict, b: dict) -> dict:
@@ -57,11 +74,25 @@ def compare(a: dict, b: dict) -> dict:
     for x, y in zip(a["buckets"], b["buckets"]):
         same = (a["mechanism"], a["quant"], x["draft_len"]) == (b["mechanism"], b["quant"], y["draft_len"])
         sx, sy = x["speedup"], y["speedup"]
-        overlap = sx["low"] is not None and sy["low"] is not None and max(sx["low"], sy["low"]) <= min(sx["high"], sy["high"])
-        rows.append({"batch": x["batch"], "draft_len": [x["draft_len"], y["draft_len"]], "speedup": [sx["value"], sy["value"]],
-                     "same_setting": same, "speedup_intervals_overlap": overlap, "agrees": same or overlap})
-    return {"profiles": [a["profile"], b["profile"]], "same_plan": all(r["same_setting"] for r in rows),
-            "agrees_in_every_bucket": all(r["agrees"] for r in rows), "buckets": rows}
+        overlap = (
+            sx["low"] is not None and sy["low"] is not None and max(sx["low"], sy["low"]) <= min(sx["high"], sy["high"])
+        )
+        rows.append(
+            {
+                "batch": x["batch"],
+                "draft_len": [x["draft_len"], y["draft_len"]],
+                "speedup": [sx["value"], sy["value"]],
+                "same_setting": same,
+                "speedup_intervals_overlap": overlap,
+                "agrees": same or overlap,
+            }
+        )
+    return {
+        "profiles": [a["profile"], b["profile"]],
+        "same_plan": all(r["same_setting"] for r in rows),
+        "agrees_in_every_bucket": all(r["agrees"] for r in rows),
+        "buckets": rows,
+    }
 
 
 def run(args) -> dict:
@@ -69,23 +100,38 @@ def run(args) -> dict:
         raise SpecdecError("plan stability needs at least two profiles", "pass --profile twice or more")
     plans = [plan_of(p) for p in args.profile]
     pairs = [compare(a, b) for a, b in itertools.combinations(plans, 2)]
-    return {"search": {k: v for k, v in dataclasses.asdict(SearchSettings()).items() if k not in ("out_dir", "storage")},
-            "plans": plans, "pairs": pairs,
-            "summary": {"pairs": len(pairs), "same_plan": sum(p["same_plan"] for p in pairs),
-                        "agree_in_every_bucket": sum(p["agrees_in_every_bucket"] for p in pairs),
-                        "profiles_with_a_non_monotone_verify_curve": sum(bool(p["verify_monotone_violations"]) for p in plans)}}
+    return {
+        "search": {k: v for k, v in dataclasses.asdict(SearchSettings()).items() if k not in ("out_dir", "storage")},
+        "plans": plans,
+        "pairs": pairs,
+        "summary": {
+            "pairs": len(pairs),
+            "same_plan": sum(p["same_plan"] for p in pairs),
+            "agree_in_every_bucket": sum(p["agrees_in_every_bucket"] for p in pairs),
+            "profiles_with_a_non_monotone_verify_curve": sum(bool(p["verify_monotone_violations"]) for p in plans),
+        },
+    }
 
 
 def table(result: dict) -> str:
-    lines = ["| profile | prompts | drafter | D per batch | speedup per batch (95%) | verify monotone |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| profile | prompts | drafter | D per batch | speedup per batch (95%) | verify monotone |",
+        "|---|---|---|---|---|---|",
+    ]
     for p in result["plans"]:
         ds = ", ".join(f"{b['batch']}:{b['draft_len']}" for b in p["buckets"])
-        ss = ", ".join(f"{b['speedup']['value']:.2f} [{b['speedup']['low']:.2f}, {b['speedup']['high']:.2f}]" for b in p["buckets"])
-        lines.append(f"| {p['profile']} | {p['prompts']} | {p['mechanism']} | {ds} | {ss} | "
-                     f"{'yes' if not p['verify_monotone_violations'] else len(p['verify_monotone_violations'])} |")
+        ss = ", ".join(
+            f"{b['speedup']['value']:.2f} [{b['speedup']['low']:.2f}, {b['speedup']['high']:.2f}]" for b in p["buckets"]
+        )
+        lines.append(
+            f"| {p['profile']} | {p['prompts']} | {p['mechanism']} | {ds} | {ss} | "
+            f"{'yes' if not p['verify_monotone_violations'] else len(p['verify_monotone_violations'])} |"
+        )
     s = result["summary"]
-    lines.append(f"\n{s['pairs']} pairs: {s['same_plan']} the same plan, {s['agree_in_every_bucket']} agreeing in every bucket "
-                 "(same setting, or speedup intervals that overlap)")
+    lines.append(
+        f"\n{s['pairs']} pairs: {s['same_plan']} the same plan, {s['agree_in_every_bucket']} agreeing in every bucket "
+        "(same setting, or speedup intervals that overlap)"
+    )
     return "\n".join(lines)
 
 

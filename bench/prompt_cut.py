@@ -18,13 +18,13 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, run_and_write, write_table
-
-from specdec_tune.profiles.prompts import cut_to_context, prompts_by_domain
 from specdec_tune.profiles import replay
 from specdec_tune.profiles.drafters import create
 from specdec_tune.profiles.models.loading import load_model
+from specdec_tune.profiles.prompts import cut_to_context, prompts_by_domain
 from specdec_tune.profiles.specdec import SpecCounters
+
+from common import ROOT, run_and_write, write_table
 
 OPTIONS = {"ngram": {"prompt_lookup_min": "2", "prompt_lookup_max": "5"}, "suffix": {}}
 
@@ -34,35 +34,70 @@ def tokens_per_forward(target, drafter, prompts: list[list[int]], D: int, n: int
     out = []
     for prompt, g in zip(prompts, replay.trajectories(target.model, prompts, n, len(prompts))):
         head, rest = list(prompt) + g[:1], g[1:]
-        out.append(SpecCounters.total(replay.replay(rest, replay.proposer(drafter, head, rest, target.model, D), [D], n - 1, set(), D)))
+        out.append(
+            SpecCounters.total(
+                replay.replay(rest, replay.proposer(drafter, head, rest, target.model, D), [D], n - 1, set(), D)
+            )
+        )
     return out
 
 
 def run(args) -> dict:
     started = time.perf_counter()
     target = load_model(None, dtype=args.dtype)
-    whole = prompts_by_domain(target.tokenizer, int(target.model.config.max_position_embeddings), 1000, args.new_tokens, args.draft_len, "held_back")
+    whole = prompts_by_domain(
+        target.tokenizer,
+        int(target.model.config.max_position_embeddings),
+        1000,
+        args.new_tokens,
+        args.draft_len,
+        "held_back",
+    )
     cut = cut_to_context(whole, args.ctx, args.new_tokens)[: args.prompts]  # the engine benches' pool, in their order
     kept = len(cut[0][0]) if cut else 0
     chosen = [(ids, d) for ids, d in whole if len(ids) >= kept][: args.prompts]
     drafter = create(args.mechanism, target, OPTIONS.get(args.mechanism, {}))
     sides = {"cut": [ids[-kept:] for ids, _ in chosen], "whole": [ids for ids, _ in chosen]}
     counters = {k: tokens_per_forward(target, drafter, v, args.draft_len, args.new_tokens) for k, v in sides.items()}
-    rows = [{"domain": d, "prompt_tokens": len(ids), "cut_to": kept, **{f"{k}_tokens_per_forward": counters[k][i].tokens_per_target_forward for k in sides}}
-            for i, (ids, d) in enumerate(chosen)]
+    rows = [
+        {
+            "domain": d,
+            "prompt_tokens": len(ids),
+            "cut_to": kept,
+            **{f"{k}_tokens_per_forward": counters[k][i].tokens_per_target_forward for k in sides},
+        }
+        for i, (ids, d) in enumerate(chosen)
+    ]
     pooled = {k: SpecCounters.total(v).tokens_per_target_forward for k, v in counters.items()}
-    return {"source": "measured", "mechanism": args.mechanism, "draft_len": args.draft_len, "ctx": args.ctx, "new_tokens": args.new_tokens,
-            "dtype": args.dtype, "split": "held_back", "method": "replay of the target's greedy trajectory, no stop token",
-            "pooled_tokens_per_forward": pooled, "prompts": rows, "s": time.perf_counter() - started}
+    return {
+        "source": "measured",
+        "mechanism": args.mechanism,
+        "draft_len": args.draft_len,
+        "ctx": args.ctx,
+        "new_tokens": args.new_tokens,
+        "dtype": args.dtype,
+        "split": "held_back",
+        "method": "replay of the target's greedy trajectory, no stop token",
+        "pooled_tokens_per_forward": pooled,
+        "prompts": rows,
+        "s": time.perf_counter() - started,
+    }
 
 
 def table(r: dict) -> str:
     p = r["pooled_tokens_per_forward"]
-    lines = [f"{r['mechanism']} tokens per forward at D={r['draft_len']} on {len(r['prompts'])} held-back prompts, {r['new_tokens']} tokens, "
-             f"{r['dtype']}: cut to the last {r['prompts'][0]['cut_to']} tokens (ctx {r['ctx']}) as the engine benches decode them, and whole "
-             f"(as the profile does); pooled: cut {p['cut']:.3f}, whole {p['whole']:.3f}", "",
-             "| domain | prompt tokens | cut | whole |", "|---|---|---|---|"]
-    lines += [f"| {x['domain']} | {x['prompt_tokens']} | {x['cut_tokens_per_forward']:.3f} | {x['whole_tokens_per_forward']:.3f} |" for x in r["prompts"]]
+    lines = [
+        f"{r['mechanism']} tokens per forward at D={r['draft_len']} on {len(r['prompts'])} held-back prompts, {r['new_tokens']} tokens, "
+        f"{r['dtype']}: cut to the last {r['prompts'][0]['cut_to']} tokens (ctx {r['ctx']}) as the engine benches decode them, and whole "
+        f"(as the profile does); pooled: cut {p['cut']:.3f}, whole {p['whole']:.3f}",
+        "",
+        "| domain | prompt tokens | cut | whole |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {x['domain']} | {x['prompt_tokens']} | {x['cut_tokens_per_forward']:.3f} | {x['whole_tokens_per_forward']:.3f} |"
+        for x in r["prompts"]
+    ]
     return "\n".join(lines)
 
 

@@ -97,48 +97,82 @@ def fresh_heads(folder: Path) -> list[Path]:
 
     target = load_model(None, dtype="float32")
     _, verifier, config, _ = model_folder(None)
-    return [save_head(kind.new(target.model), mechanism, folder / mechanism, verifier=str(verifier),
-                      verifier_architectures=architectures(config, str(verifier)), speculative_tokens=3)
-            for mechanism, kind in HEAD_KINDS.items()]
+    return [
+        save_head(
+            kind.new(target.model),
+            mechanism,
+            folder / mechanism,
+            verifier=str(verifier),
+            verifier_architectures=architectures(config, str(verifier)),
+            speculative_tokens=3,
+        )
+        for mechanism, kind in HEAD_KINDS.items()
+    ]
 
 
 def cached_heads() -> list[Path]:
     from specdec_tune.profiles.models.folders import cache_root
 
-    return sorted(p for p in (cache_root() / "heads").glob("*") if (p / "config.json").is_file() and ".tmp" not in p.name)
+    return sorted(
+        p for p in (cache_root() / "heads").glob("*") if (p / "config.json").is_file() and ".tmp" not in p.name
+    )
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--head", action="append", default=[], help="A head folder to validate (repeatable).")
-    ap.add_argument("--python", type=Path, default=DEFAULT_PYTHON, help="Python of the virtualenv with speculators installed.")
+    ap.add_argument(
+        "--python", type=Path, default=DEFAULT_PYTHON, help="Python of the virtualenv with speculators installed."
+    )
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args()
     if not args.python.is_file():
-        print(f"speculators virtualenv not found ({args.python}); create it with: python3 -m venv {args.python.parent.parent} && "
-              f"{args.python.parent}/pip install speculators", file=sys.stderr)
+        print(
+            f"speculators virtualenv not found ({args.python}); create it with: python3 -m venv {args.python.parent.parent} && "
+            f"{args.python.parent}/pip install speculators",
+            file=sys.stderr,
+        )
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         heads = [Path(h) for h in args.head] or cached_heads()
         heads += fresh_heads(Path(tmp))
-        proc = subprocess.run([str(args.python), "-c", VALIDATOR, *map(str, heads)], capture_output=True, text=True, timeout=600, check=False)
+        proc = subprocess.run(
+            [str(args.python), "-c", VALIDATOR, *map(str, heads)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
     if proc.returncode != 0:
         print(proc.stderr[-4000:], file=sys.stderr)
         return 1
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     for r in result["results"]:
         r["folder"] = Path(r["folder"]).name  # no machine paths in the record
-    record = {"schema": SCHEMA, "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "source": "measured",
-              "how": "config.json written by profiles/drafters/checkpoints.save_head (the trainer's writer), loaded with "
-                     "speculators' SpeculatorModelConfig.from_pretrained in an isolated virtualenv", **result,
-              "passed": all(r["ok"] for r in result["results"])}
+    record = {
+        "schema": SCHEMA,
+        "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "source": "measured",
+        "how": "config.json written by profiles/drafters/checkpoints.save_head (the trainer's writer), loaded with "
+        "speculators' SpeculatorModelConfig.from_pretrained in an isolated virtualenv",
+        **result,
+        "passed": all(r["ok"] for r in result["results"]),
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")
     for r in result["results"]:
         w = r.get("weights", {})
-        weights = "weights load in speculators' model" if w.get("loaded") and w.get("equal") else f"weights: {w.get('error', 'differ')[:60]}"
-        print(f"{r['folder']:<12} {r['speculators_model_type']:<7} {r.get('class', '-'):<24} {'ok' if r['ok'] else 'FAILED ' + r.get('error', str(r.get('fields_kept')))}; {weights}")
-    print(f"speculators {result['speculators_version']}: {'all valid' if record['passed'] else 'failures'}; wrote {args.out}")
+        weights = (
+            "weights load in speculators' model"
+            if w.get("loaded") and w.get("equal")
+            else f"weights: {w.get('error', 'differ')[:60]}"
+        )
+        print(
+            f"{r['folder']:<12} {r['speculators_model_type']:<7} {r.get('class', '-'):<24} {'ok' if r['ok'] else 'FAILED ' + r.get('error', str(r.get('fields_kept')))}; {weights}"
+        )
+    print(
+        f"speculators {result['speculators_version']}: {'all valid' if record['passed'] else 'failures'}; wrote {args.out}"
+    )
     return 0 if record["passed"] else 1
 
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from specdec_tune.autotune.search import SearchSettings, search
 from specdec_tune.profiles.torch_profile import TorchProfiler
-from specdec_tune.settings import ProfileSettings
 from specdec_tune.records import sha256_file
+from specdec_tune.settings import ProfileSettings
 
 from common import FORWARDS_COUNTED, ROOT, counted, run_and_write
 
@@ -35,11 +35,17 @@ NETWORK_DRAFTERS = ("draft_model", "eagle3", "mtp", "dflash", "dspark")
 def oracle_cost(oracle: dict, path: Path) -> dict:
     """What decision_quality's oracle sweep cost, and what it swept (a result from before every mechanism was swept
     records no oracle_kind: it swept the plan's mechanism alone)."""
-    return {"from": str(path.relative_to(ROOT)), "oracle_kind": oracle.get("oracle_kind", "D-only (plan's mechanism)"),
-            "mechanisms": list(oracle.get("mechanisms_swept", [oracle["mechanism"]])), "wall_s": oracle["cost"]["oracle_sweep_s"],
-            "target_forwards": oracle["cost"]["oracle_sweep_target_forwards"],
-            "drafter_forwards": oracle["cost"].get("oracle_sweep_drafter_forwards", "not counted"), "points": len(oracle["sweep"]),
-            "repeats": oracle["repeats"] + 1, "new_tokens": oracle["new_tokens"]}
+    return {
+        "from": str(path.relative_to(ROOT)),
+        "oracle_kind": oracle.get("oracle_kind", "D-only (plan's mechanism)"),
+        "mechanisms": list(oracle.get("mechanisms_swept", [oracle["mechanism"]])),
+        "wall_s": oracle["cost"]["oracle_sweep_s"],
+        "target_forwards": oracle["cost"]["oracle_sweep_target_forwards"],
+        "drafter_forwards": oracle["cost"].get("oracle_sweep_drafter_forwards", "not counted"),
+        "points": len(oracle["sweep"]),
+        "repeats": oracle["repeats"] + 1,
+        "new_tokens": oracle["new_tokens"],
+    }
 
 
 def check_bounds(result: dict) -> list[str]:
@@ -52,12 +58,17 @@ def check_bounds(result: dict) -> list[str]:
     out = []
     if result["target_forwards"] <= 0:
         out.append("no target forward was counted: the counter missed the profile's model")
-    out += [f"drafter {name}: no forward counted, though the profile ran it" for name in result["drafters"]
-            if name in NETWORK_DRAFTERS and not result["drafter_forwards"].get(name)]
+    out += [
+        f"drafter {name}: no forward counted, though the profile ran it"
+        for name in result["drafters"]
+        if name in NETWORK_DRAFTERS and not result["drafter_forwards"].get(name)
+    ]
     oracle = result.get("oracle")
     if oracle and result["target_forwards"] >= oracle["target_forwards"]:
-        out.append(f"profile + search took {result['target_forwards']} target forwards, not below the oracle sweep's "
-                   f"{oracle['target_forwards']} ({oracle['from']})")
+        out.append(
+            f"profile + search took {result['target_forwards']} target forwards, not below the oracle sweep's "
+            f"{oracle['target_forwards']} ({oracle['from']})"
+        )
     return out
 
 
@@ -69,12 +80,22 @@ def run(args) -> dict:
         t0 = time.perf_counter()
         search(profile, sha256_file(folder / "profile" / "profile.json"), SearchSettings(seed=0, out_dir=folder))
         search_s = time.perf_counter() - t0
-    result = {"source": "measured", "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in args.profile_overrides.items()},
-              "profile_s": profile_s, "search_s": search_s, "drafters": [d.name for d in profile.drafters],
-              **counter.summary(profile.target["num_layers"]), "forwards_counted": FORWARDS_COUNTED,
-              "device": profile.device.get("name"), "dtype": profile.device.get("dtype"),
-              "acceptance_prompts": max((a.prompts for a in profile.acceptance if a.domain == "all" and a.temperature == 0), default=0),
-              "phase_s": profile.phase_s, "phases_skipped": [n for n in profile.notes if n.startswith("phase skipped")]}
+    result = {
+        "source": "measured",
+        "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in args.profile_overrides.items()},
+        "profile_s": profile_s,
+        "search_s": search_s,
+        "drafters": [d.name for d in profile.drafters],
+        **counter.summary(profile.target["num_layers"]),
+        "forwards_counted": FORWARDS_COUNTED,
+        "device": profile.device.get("name"),
+        "dtype": profile.device.get("dtype"),
+        "acceptance_prompts": max(
+            (a.prompts for a in profile.acceptance if a.domain == "all" and a.temperature == 0), default=0
+        ),
+        "phase_s": profile.phase_s,
+        "phases_skipped": [n for n in profile.notes if n.startswith("phase skipped")],
+    }
     oracle_path = ROOT / "bench" / "results" / "decision_quality.json"
     if oracle_path.exists() and not args.quick:
         result["oracle"] = oracle_cost(json.loads(oracle_path.read_text()), oracle_path)
@@ -86,24 +107,47 @@ def run(args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "tuning_cost.json")
-    ap.add_argument("--keep", type=Path, default=None, help="keep profile/profile.json, plan.json and the study under this folder")
-    ap.add_argument("--quick", action="store_true", help="a reduced profile: ngram only, batches 1-2, D_max 2, one HumanEval prompt, a 1-minute budget")
+    ap.add_argument(
+        "--keep", type=Path, default=None, help="keep profile/profile.json, plan.json and the study under this folder"
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a reduced profile: ngram only, batches 1-2, D_max 2, one HumanEval prompt, a 1-minute budget",
+    )
     args = ap.parse_args(argv)
-    args.profile_overrides = ({"drafters": ("ngram",), "prompts": "humaneval", "batch_buckets": (1, 2), "ctx_buckets": (64,), "max_draft_len": 2,
-                               "prompts_per_domain": 1, "new_tokens": 8, "temperatures": (0.0,), "quant_formats": (), "acceptance_batch": 1,
-                               "budget_minutes": 1.0}
-                              if args.quick else {})
+    args.profile_overrides = (
+        {
+            "drafters": ("ngram",),
+            "prompts": "humaneval",
+            "batch_buckets": (1, 2),
+            "ctx_buckets": (64,),
+            "max_draft_len": 2,
+            "prompts_per_domain": 1,
+            "new_tokens": 8,
+            "temperatures": (0.0,),
+            "quant_formats": (),
+            "acceptance_batch": 1,
+            "budget_minutes": 1.0,
+        }
+        if args.quick
+        else {}
+    )
     result = run_and_write(run, args)
     if result is None:
         return 1
     drafters = ", ".join(f"{k} {n}" for k, n in result["drafter_forwards"].items()) or "none ran a network"
-    line = (f"measured: profile {result['profile_s']:.0f} s ({result['acceptance_prompts']} greedy acceptance prompts, "
-            f"{len(result['phases_skipped'])} phases skipped) + search {result['search_s']:.1f} s, {result['target_forwards']} target forwards "
-            f"(drafter forwards: {drafters})")
+    line = (
+        f"measured: profile {result['profile_s']:.0f} s ({result['acceptance_prompts']} greedy acceptance prompts, "
+        f"{len(result['phases_skipped'])} phases skipped) + search {result['search_s']:.1f} s, {result['target_forwards']} target forwards "
+        f"(drafter forwards: {drafters})"
+    )
     if "oracle" in result:
         o = result["oracle"]
-        line += (f"; oracle sweep ({o['oracle_kind']}: {', '.join(o['mechanisms'])}) {o['wall_s']:.0f} s, {o['target_forwards']} target forwards: "
-                 f"ratio {result['forwards_ratio']:.2f} (forwards), {result['wall_ratio']:.2f} (wall)")
+        line += (
+            f"; oracle sweep ({o['oracle_kind']}: {', '.join(o['mechanisms'])}) {o['wall_s']:.0f} s, {o['target_forwards']} target forwards: "
+            f"ratio {result['forwards_ratio']:.2f} (forwards), {result['wall_ratio']:.2f} (wall)"
+        )
     print(line)
     violations = check_bounds(result)
     print("bounds: " + ("kept" if not violations else "; ".join(violations)))

@@ -42,7 +42,11 @@ def sweep_draft_lens(group: int, max_rows: int, quick: bool) -> list[int]:
     rows = set()
     for k in range(1, max_rows // TILE_ROWS + 1):
         edge = k * TILE_ROWS
-        rows |= {edge - group, edge, edge + group} if quick else {edge - 2 * group, edge - group, edge, edge + group, edge + 2 * group}
+        rows |= (
+            {edge - group, edge, edge + group}
+            if quick
+            else {edge - 2 * group, edge - group, edge, edge + group, edge + 2 * group}
+        )
     if not quick:
         rows |= {group, 32, 64, 96}
     return sorted({max(0, -(-r // group) - 1) for r in rows if r > 0})
@@ -63,9 +67,11 @@ def run(args) -> dict:
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16
     if cuda:
+
         def median_ms(fn) -> float:
             return float(triton.testing.do_bench(fn, return_mode="median"))
     else:
+
         def median_ms(fn) -> float:
             return time_call(fn, device=device, warmup=0, repeats=1).median_ms
 
@@ -94,8 +100,16 @@ def run(args) -> dict:
                 got = va.verify_attention(q, k, v, lens, block_table=table)
                 ref = va.verify_attention_ref(q, k, v, lens, table, out_dtype=torch.float32)
                 err = float((got.float() - ref).abs().max())
-                check.append({"model": model, "cache": "paged" if page_size else "contiguous", "batch": B, "draft_len": D,
-                              "max_abs_err": err, "passed": err < 3e-2})
+                check.append(
+                    {
+                        "model": model,
+                        "cache": "paged" if page_size else "contiguous",
+                        "batch": B,
+                        "draft_len": D,
+                        "max_abs_err": err,
+                        "passed": err < 3e-2,
+                    }
+                )
     aot_check = aot_round_trip(models, ctx, device) if cuda else {"skipped": "no CUDA device"}
     if not all(c["passed"] for c in check) or not aot_check.get("passed", True):
         from specdec_tune import SpecdecError
@@ -114,10 +128,19 @@ def run(args) -> dict:
             qp, kp, vp, lensp, table = inputs(model, B, T, page_size=16)
             out = torch.empty_like(q)
             config = va.tile_rule(va.key_for(G, T, hd, ctx + T))
-            row = {"model": model, "batch": B, "draft_len": D, "rows": G * T, "ctx": ctx, "config": config,
-                   "triton_contiguous_ms": median_ms(partial(va.verify_attention, q, k, v, lens, out=out, config=config)),
-                   "triton_paged_ms": median_ms(partial(va.verify_attention, qp, kp, vp, lensp, block_table=table, out=out, config=config)),
-                   "sdpa_ms": median_ms(sdpa_call(q, k, v))}
+            row = {
+                "model": model,
+                "batch": B,
+                "draft_len": D,
+                "rows": G * T,
+                "ctx": ctx,
+                "config": config,
+                "triton_contiguous_ms": median_ms(partial(va.verify_attention, q, k, v, lens, out=out, config=config)),
+                "triton_paged_ms": median_ms(
+                    partial(va.verify_attention, qp, kp, vp, lensp, block_table=table, out=out, config=config)
+                ),
+                "sdpa_ms": median_ms(sdpa_call(q, k, v)),
+            }
             row["speedup_vs_sdpa"] = row["sdpa_ms"] / row["triton_contiguous_ms"]
             plan_rows.append(row)
 
@@ -135,10 +158,21 @@ def run(args) -> dict:
             q, k, v, lens, _ = inputs(model, B, T)
             out = torch.empty_like(q)
             config = va.tile_rule(va.key_for(G, T, hd, ctx + T))
-            point = {"model": model, "batch": B, "ctx": ctx, "draft_len": D, "rows": G * T, "config": config,
-                     "triton_ms": median_ms(partial(va.verify_attention, q, k, v, lens, out=out, config=config, num_splits=1)),
-                     "triton_tile128_ms": median_ms(partial(va.verify_attention, q, k, v, lens, out=out, config=fixed, num_splits=1)),
-                     "sdpa_ms": median_ms(sdpa_call(q, k, v))}
+            point = {
+                "model": model,
+                "batch": B,
+                "ctx": ctx,
+                "draft_len": D,
+                "rows": G * T,
+                "config": config,
+                "triton_ms": median_ms(
+                    partial(va.verify_attention, q, k, v, lens, out=out, config=config, num_splits=1)
+                ),
+                "triton_tile128_ms": median_ms(
+                    partial(va.verify_attention, q, k, v, lens, out=out, config=fixed, num_splits=1)
+                ),
+                "sdpa_ms": median_ms(sdpa_call(q, k, v)),
+            }
             sweep.append(point)
             points[G * T] = point
         for edge in range(TILE_ROWS, max_rows + 1, TILE_ROWS):
@@ -146,18 +180,43 @@ def run(args) -> dict:
             past = min((r for r in points if r > edge), default=None)
             if at is None or past is None:
                 continue
-            steps.append({"model": model, "tile_rows": TILE_ROWS, "edge_rows": edge, "rows_at": at, "rows_past": past,
-                          "ratio_tile128": points[past]["triton_tile128_ms"] / points[at]["triton_tile128_ms"],
-                          "ratio_shipped": points[past]["triton_ms"] / points[at]["triton_ms"],
-                          "ratio_sdpa": points[past]["sdpa_ms"] / points[at]["sdpa_ms"]})
+            steps.append(
+                {
+                    "model": model,
+                    "tile_rows": TILE_ROWS,
+                    "edge_rows": edge,
+                    "rows_at": at,
+                    "rows_past": past,
+                    "ratio_tile128": points[past]["triton_tile128_ms"] / points[at]["triton_tile128_ms"],
+                    "ratio_shipped": points[past]["triton_ms"] / points[at]["triton_ms"],
+                    "ratio_sdpa": points[past]["sdpa_ms"] / points[at]["sdpa_ms"],
+                }
+            )
 
-    result = {"source": "measured" if cuda else "cpu-smoke (interpreter: times are not GPU times)", "dtype": "bfloat16",
-              "torch": torch.__version__, "triton": triton.__version__, "check": check, "plan": plan_rows, "tile_sweep": sweep,
-              "tile_steps": steps, "aot": aot_check, "settings": {"ctx": ctx, "buckets": [list(b) for b in buckets], "quick": args.quick,
-                                                "plan_file": str(args.plan.name) if args.plan else None}}
+    result = {
+        "source": "measured" if cuda else "cpu-smoke (interpreter: times are not GPU times)",
+        "dtype": "bfloat16",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "check": check,
+        "plan": plan_rows,
+        "tile_sweep": sweep,
+        "tile_steps": steps,
+        "aot": aot_check,
+        "settings": {
+            "ctx": ctx,
+            "buckets": [list(b) for b in buckets],
+            "quick": args.quick,
+            "plan_file": str(args.plan.name) if args.plan else None,
+        },
+    }
     if cuda:
         props = torch.cuda.get_device_properties(device)
-        result["device"] = {"name": props.name, "capability": f"{props.major}.{props.minor}", "sms": props.multi_processor_count}
+        result["device"] = {
+            "name": props.name,
+            "capability": f"{props.major}.{props.minor}",
+            "sms": props.multi_processor_count,
+        }
     return result
 
 
@@ -178,35 +237,60 @@ def aot_round_trip(models: dict, ctx: int, device) -> dict:
     B, D, V = 2, 3, 32000
     plan = {"ctx": ctx, "tile": {"rows": 128}, "buckets": [{"batch": B, "draft_len": D}], "max_draft_len": D}
     with tempfile.TemporaryDirectory() as tmp:
-        manifest = aot.build_bundle_kernels(plan, Path(tmp), archs=(aot.current_arch(),), shapes=ModelShapes(H, H_kv, hd, V))
+        manifest = aot.build_bundle_kernels(
+            plan, Path(tmp), archs=(aot.current_arch(),), shapes=ModelShapes(H, H_kv, hd, V)
+        )
         launcher = aot.Launcher(Path(tmp), manifest)
-        q, k, v, lens, table = va.make_inputs(B, H, H_kv, hd, 1 + D, ctx + 1 + D, dtype=torch.bfloat16, device=device,
-                                              page_size=manifest["page_size"])
+        q, k, v, lens, table = va.make_inputs(
+            B, H, H_kv, hd, 1 + D, ctx + 1 + D, dtype=torch.bfloat16, device=device, page_size=manifest["page_size"]
+        )
         config = next(b["config"] for b in manifest["binaries"] if b["kernel"] == "verify_attention")
         errors = {}
         for splits in (1, 4):
-            got = va.verify_attention(q, k, v, lens, block_table=table, config=config, num_splits=splits, launcher=launcher)
-            errors[f"paged_splits_{splits}"] = float((got.float() - va.verify_attention_ref(q, k, v, lens, table, out_dtype=torch.float32)).abs().max())
+            got = va.verify_attention(
+                q, k, v, lens, block_table=table, config=config, num_splits=splits, launcher=launcher
+            )
+            errors[f"paged_splits_{splits}"] = float(
+                (got.float() - va.verify_attention_ref(q, k, v, lens, table, out_dtype=torch.float32)).abs().max()
+            )
         logits = torch.randn((B, 1 + D, V), device=device)
         drafts = logits[:, :D].argmax(-1)
         lens_d = torch.tensor([D, 1], device=device)
-        greedy_ok = all(torch.equal(a, b) for a, b in zip(acceptance.greedy_accept(logits, drafts, lens_d, launcher=launcher),
-                                                             verify_greedy(logits, drafts, lens_d)))
-        return {"arch": aot.current_arch(), "cubins": len({b["path"] for b in manifest["binaries"]}), "launched": launcher.launched,
-                "fallbacks": launcher.fallbacks, "max_abs_err": errors, "greedy_equal": greedy_ok,
-                "passed": greedy_ok and max(errors.values()) < 3e-2 and not launcher.fallbacks
-                and {"verify_attention_kernel", "verify_attention_combine_kernel", "greedy_accept_kernel"} <= set(launcher.launched)}
+        greedy_ok = all(
+            torch.equal(a, b)
+            for a, b in zip(
+                acceptance.greedy_accept(logits, drafts, lens_d, launcher=launcher),
+                verify_greedy(logits, drafts, lens_d),
+            )
+        )
+        return {
+            "arch": aot.current_arch(),
+            "cubins": len({b["path"] for b in manifest["binaries"]}),
+            "launched": launcher.launched,
+            "fallbacks": launcher.fallbacks,
+            "max_abs_err": errors,
+            "greedy_equal": greedy_ok,
+            "passed": greedy_ok
+            and max(errors.values()) < 3e-2
+            and not launcher.fallbacks
+            and {"verify_attention_kernel", "verify_attention_combine_kernel", "greedy_accept_kernel"}
+            <= set(launcher.launched),
+        }
 
 
 def table(result: dict) -> str:
     lines = [f"{'model':<14}{'B':>4}{'D':>4}{'rows':>6}{'triton ms':>11}{'paged ms':>10}{'sdpa ms':>9}{'x sdpa':>8}"]
     for r in result["plan"]:
-        lines.append(f"{r['model']:<14}{r['batch']:>4}{r['draft_len']:>4}{r['rows']:>6}{r['triton_contiguous_ms']:>11.4f}"
-                     f"{r['triton_paged_ms']:>10.4f}{r['sdpa_ms']:>9.4f}{r['speedup_vs_sdpa']:>8.2f}")
+        lines.append(
+            f"{r['model']:<14}{r['batch']:>4}{r['draft_len']:>4}{r['rows']:>6}{r['triton_contiguous_ms']:>11.4f}"
+            f"{r['triton_paged_ms']:>10.4f}{r['sdpa_ms']:>9.4f}{r['speedup_vs_sdpa']:>8.2f}"
+        )
     lines.append("tile steps (time just past a multiple of 128 rows / time at it):")
     for s in result["tile_steps"]:
-        lines.append(f"  {s['model']:<14} {s['rows_at']:>4} -> {s['rows_past']:<4} rows: 128-row tile x{s['ratio_tile128']:.2f}, "
-                     f"shipped config x{s['ratio_shipped']:.2f}, sdpa x{s['ratio_sdpa']:.2f}")
+        lines.append(
+            f"  {s['model']:<14} {s['rows_at']:>4} -> {s['rows_past']:<4} rows: 128-row tile x{s['ratio_tile128']:.2f}, "
+            f"shipped config x{s['ratio_shipped']:.2f}, sdpa x{s['ratio_sdpa']:.2f}"
+        )
     return "\n".join(lines)
 
 
@@ -222,7 +306,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ctx", type=int, default=4096, help="cached tokens per sequence before the new ones")
     ap.add_argument("--sweep-batch", type=int, default=8, help="batch of the tile sweep")
     ap.add_argument("--quick", action="store_true", help="fewer sweep points, rows up to 256")
-    ap.add_argument("--cpu-smoke", action="store_true", help="without CUDA: tiny shapes under the Triton interpreter (times are meaningless)")
+    ap.add_argument(
+        "--cpu-smoke",
+        action="store_true",
+        help="without CUDA: tiny shapes under the Triton interpreter (times are meaningless)",
+    )
     args = ap.parse_args(argv)
     if args.plan:
         plan = json.loads(args.plan.read_text())
@@ -231,8 +319,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if not torch.cuda.is_available() and not args.cpu_smoke:
-        print("skipped: no CUDA device here; this benchmark times GPU kernels (run it on a GPU machine, or pass --cpu-smoke "
-              "to check the script under the Triton interpreter)", file=sys.stderr)
+        print(
+            "skipped: no CUDA device here; this benchmark times GPU kernels (run it on a GPU machine, or pass --cpu-smoke "
+            "to check the script under the Triton interpreter)",
+            file=sys.stderr,
+        )
         return EXIT_NO_GPU
     result = run_and_write(run, args)
     if result is None:

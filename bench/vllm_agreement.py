@@ -21,8 +21,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, run_and_write, write_table
-
 from specdec_tune.profiles import replay
 from specdec_tune.profiles.calibration import select_prompts
 from specdec_tune.profiles.drafters import create
@@ -33,6 +31,8 @@ from specdec_tune.profiles.prompts import encode_prompts
 from specdec_tune.profiles.specdec import SpecCounters
 from specdec_tune.profiles.vllm_engine import VllmEngine
 from specdec_tune.vllm_spelling import speculative_config
+
+from common import ROOT, run_and_write, write_table
 
 MECHANISMS = {"ngram": {"prompt_lookup_min": "2", "prompt_lookup_max": "5"}, "draft_model": {}}
 TARGET_REL = 0.02
@@ -45,13 +45,25 @@ def torch_side(target, drafter, prompts: list[list[int]], trajectories: list[lis
         head, rest = list(prompt) + g[:1], g[1:]
         counters += replay.replay(rest, replay.proposer(drafter, head, rest, target.model, D), [D], n - 1, set(), D)
     total = SpecCounters.total(counters)
-    return {"tokens_per_forward": total.tokens_per_target_forward, "rounds": total.num_rounds, "tokens": total.num_emitted_tokens,
-            "drafts": total.num_drafts, "accepted": total.num_accepted_tokens}
+    return {
+        "tokens_per_forward": total.tokens_per_target_forward,
+        "rounds": total.num_rounds,
+        "tokens": total.num_emitted_tokens,
+        "drafts": total.num_drafts,
+        "accepted": total.num_accepted_tokens,
+    }
 
 
 def vllm_side(engine: VllmEngine, view: Path, config: dict, prompts: list[list[int]], n: int) -> dict:
-    job = {"model_dir": str(view), "max_num_seqs": len(prompts), "speculative_config": config, "engine": {"dtype": "float32"},
-           "runs": [{"name": "agree", "prompts": prompts, "concurrency": len(prompts), "max_tokens": n, "ignore_eos": True}]}
+    job = {
+        "model_dir": str(view),
+        "max_num_seqs": len(prompts),
+        "speculative_config": config,
+        "engine": {"dtype": "float32"},
+        "runs": [
+            {"name": "agree", "prompts": prompts, "concurrency": len(prompts), "max_tokens": n, "ignore_eos": True}
+        ],
+    }
     raw = engine.run(job, 1800)
     if not raw.get("ok") or raw["runs"][0].get("error"):
         return {"error": raw.get("error") or raw["runs"][0]["error"]}
@@ -59,16 +71,27 @@ def vllm_side(engine: VllmEngine, view: Path, config: dict, prompts: list[list[i
     tokens = sum(len(r["output_ids"]) - 1 for r in requests)
     rounds = sum(r["rounds"] for r in requests)
     accepted = sum(sum((r.get("spec") or {}).get("per_step_accepted", [])) for r in requests)
-    return {"tokens_per_forward": tokens / rounds, "rounds": rounds, "tokens": tokens, "accepted": accepted,
-            "outputs": [r["output_ids"] for r in requests], "init_s": raw.get("init_s")}
+    return {
+        "tokens_per_forward": tokens / rounds,
+        "rounds": rounds,
+        "tokens": tokens,
+        "accepted": accepted,
+        "outputs": [r["output_ids"] for r in requests],
+        "init_s": raw.get("init_s"),
+    }
 
 
 def run(args) -> dict:
     engine = VllmEngine.locate()
     target = load_model(None, dtype="float32")
     chosen = select_prompts("default", "held_back", args.prompts)
-    prompts = encode_prompts(target.tokenizer, chosen, context_tokens=target.model.config.max_position_embeddings,
-                             max_new_tokens=args.new_tokens, max_draft_tokens=args.draft_len)
+    prompts = encode_prompts(
+        target.tokenizer,
+        chosen,
+        context_tokens=target.model.config.max_position_embeddings,
+        max_new_tokens=args.new_tokens,
+        max_draft_tokens=args.draft_len,
+    )
     t0 = time.perf_counter()
     trajectories = replay.trajectories(target.model, prompts, args.new_tokens, len(prompts))
     trajectory_s = time.perf_counter() - t0
@@ -84,31 +107,56 @@ def run(args) -> dict:
             ours = torch_side(target, drafter, prompts, trajectories, args.draft_len, args.new_tokens)
             ours["s"] = time.perf_counter() - t0 + trajectory_s
             t0 = time.perf_counter()
-            theirs = vllm_side(engine, view, speculative_config(name, args.draft_len, options, model=model), prompts, args.new_tokens)
+            theirs = vllm_side(
+                engine, view, speculative_config(name, args.draft_len, options, model=model), prompts, args.new_tokens
+            )
             theirs["s"] = time.perf_counter() - t0
             if "error" in theirs:
                 rows[name] = {"torch": ours, "vllm": theirs, "agrees": None}
                 continue
             outputs = theirs.pop("outputs")
             rel = theirs["tokens_per_forward"] / ours["tokens_per_forward"] - 1
-            rows[name] = {"torch": ours, "vllm": theirs, "rel_diff": rel, "agrees": abs(rel) <= TARGET_REL,
-                          "identical_outputs": sum(o == g for o, g in zip(outputs, trajectories)), "prompts": len(prompts)}
-    return {"source": "measured", "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "vllm_version": engine.version,
-            "prompts": len(prompts), "split": "held_back", "new_tokens": args.new_tokens, "draft_len": args.draft_len, "dtype": "float32",
-            "target_rel": TARGET_REL, "mechanisms": rows,
-            "rounds": "both sides count the decode rounds after the first token (vLLM's prefill emits it without a draft)"}
+            rows[name] = {
+                "torch": ours,
+                "vllm": theirs,
+                "rel_diff": rel,
+                "agrees": abs(rel) <= TARGET_REL,
+                "identical_outputs": sum(o == g for o, g in zip(outputs, trajectories)),
+                "prompts": len(prompts),
+            }
+    return {
+        "source": "measured",
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "vllm_version": engine.version,
+        "prompts": len(prompts),
+        "split": "held_back",
+        "new_tokens": args.new_tokens,
+        "draft_len": args.draft_len,
+        "dtype": "float32",
+        "target_rel": TARGET_REL,
+        "mechanisms": rows,
+        "rounds": "both sides count the decode rounds after the first token (vLLM's prefill emits it without a draft)",
+    }
 
 
 def table(result: dict) -> str:
-    lines = [f"tokens per forward, torch replay vs vLLM {result['vllm_version']} ({result['prompts']} held-back prompts, greedy fp32, "
-             f"D={result['draft_len']}, {result['new_tokens']} tokens)", "",
-             "| mechanism | torch | vLLM | vLLM / torch - 1 | within 2% | identical outputs | torch s | vLLM s |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"tokens per forward, torch replay vs vLLM {result['vllm_version']} ({result['prompts']} held-back prompts, greedy fp32, "
+        f"D={result['draft_len']}, {result['new_tokens']} tokens)",
+        "",
+        "| mechanism | torch | vLLM | vLLM / torch - 1 | within 2% | identical outputs | torch s | vLLM s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, r in result["mechanisms"].items():
         if r["agrees"] is None:
-            lines.append(f"| {name} | {r['torch']['tokens_per_forward']:.3f} | vLLM failed: {r['vllm']['error'][:80]} | | | | | |")
+            lines.append(
+                f"| {name} | {r['torch']['tokens_per_forward']:.3f} | vLLM failed: {r['vllm']['error'][:80]} | | | | | |"
+            )
             continue
-        lines.append(f"| {name} | {r['torch']['tokens_per_forward']:.4f} | {r['vllm']['tokens_per_forward']:.4f} | {100 * r['rel_diff']:+.2f}% | "
-                     f"{'yes' if r['agrees'] else 'no'} | {r['identical_outputs']}/{r['prompts']} | {r['torch']['s']:.0f} | {r['vllm']['s']:.0f} |")
+        lines.append(
+            f"| {name} | {r['torch']['tokens_per_forward']:.4f} | {r['vllm']['tokens_per_forward']:.4f} | {100 * r['rel_diff']:+.2f}% | "
+            f"{'yes' if r['agrees'] else 'no'} | {r['identical_outputs']}/{r['prompts']} | {r['torch']['s']:.0f} | {r['vllm']['s']:.0f} |"
+        )
     return "\n".join(lines)
 
 

@@ -31,7 +31,14 @@ def ship_kernels(plan: Plan, profile: Profile, staging: Path) -> dict:
 
     device = torch.device("cuda") if torch.cuda.is_available() and not plan.projected else None
     dtype = {"float32": "float32", "float16": "float16"}.get(profile.target.get("dtype"), "bfloat16")
-    return aot.build_bundle_kernels(served_shapes(plan), staging, TARGET_ARCHS, shapes=target_shapes(profile.target["path"]), dtype=dtype, device=device)
+    return aot.build_bundle_kernels(
+        served_shapes(plan),
+        staging,
+        TARGET_ARCHS,
+        shapes=target_shapes(profile.target["path"]),
+        dtype=dtype,
+        device=device,
+    )
 
 
 def served_shapes(plan: Plan) -> ServedShapes:
@@ -48,7 +55,9 @@ def target_shapes(path: str):
     return ModelShapes.from_model_config(model_config(config))
 
 
-DRAFT_CHECKPOINT = "drafter/checkpoint"  # relative to the bundle: the engines' launch commands run from the bundle folder
+DRAFT_CHECKPOINT = (
+    "drafter/checkpoint"  # relative to the bundle: the engines' launch commands run from the bundle folder
+)
 
 
 def ship_draft_checkpoint(plan: Plan, profile: Profile, staging: Path) -> str | None:
@@ -59,10 +68,21 @@ def ship_draft_checkpoint(plan: Plan, profile: Profile, staging: Path) -> str | 
     speculate or its drafter has a checkpoint, or none."""
     info = next((d for d in profile.drafters if d.name == plan.mechanism), None)
     spelling = mechanism(plan.mechanism)
-    if not plan.max_draft_len or info is None or not spelling.checkpoint or spelling.learned_head or info.options.get("model"):
+    if (
+        not plan.max_draft_len
+        or info is None
+        or not spelling.checkpoint
+        or spelling.learned_head
+        or info.options.get("model")
+    ):
         return None
     layers = int((info.model or {})["layers"])
-    write_cut_draft(profile.target["path"], layers, staging / DRAFT_CHECKPOINT, "float16" if profile.target.get("dtype") == "float16" else "bfloat16")
+    write_cut_draft(
+        profile.target["path"],
+        layers,
+        staging / DRAFT_CHECKPOINT,
+        "float16" if profile.target.get("dtype") == "float16" else "bfloat16",
+    )
     return DRAFT_CHECKPOINT
 
 
@@ -84,15 +104,35 @@ def ship_drafter_onnx(plan: Plan, drafter, staging: Path) -> dict:
         if isinstance(network, CausalLM):
             from specdec_tune.exporters.onnx_export import export_drafter
 
-            return export_drafter(network, staging / "drafter", name=plan.mechanism, max_batch=plan.max_batch, max_draft_len=D,
-                                  ctx=ctx, quant=plan.quant, with_plain=False, parity_cases=cases)
+            return export_drafter(
+                network,
+                staging / "drafter",
+                name=plan.mechanism,
+                max_batch=plan.max_batch,
+                max_draft_len=D,
+                ctx=ctx,
+                quant=plan.quant,
+                with_plain=False,
+                parity_cases=cases,
+            )
         if head is not None:  # a learned head: its per-round graphs (exporters.onnx_heads)
             from specdec_tune.exporters.onnx_heads import export_head
 
-            return export_head(head, staging / "drafter", name=plan.mechanism, max_batch=plan.max_batch, max_draft_len=D, ctx=ctx,
-                               quant=plan.quant, parity_cases=cases)
+            return export_head(
+                head,
+                staging / "drafter",
+                name=plan.mechanism,
+                max_batch=plan.max_batch,
+                max_draft_len=D,
+                ctx=ctx,
+                quant=plan.quant,
+                parity_cases=cases,
+            )
     except ImportError as e:
-        raise SpecdecError(f"exporting the drafter to ONNX needs {e.name}", "pip install onnx onnxscript onnxruntime, or export with --no-onnx") from None
+        raise SpecdecError(
+            f"exporting the drafter to ONNX needs {e.name}",
+            "pip install onnx onnxscript onnxruntime, or export with --no-onnx",
+        ) from None
     return {"skipped": f"ONNX export covers causal-LM drafters and learned heads; {plan.mechanism} is neither"}
 
 
@@ -100,8 +140,12 @@ def kernels_summary(kernels: dict) -> dict:
     """The manifest's entry for kernels/ (its own manifest lists every binary)."""
     if "skipped" in kernels:
         return kernels
-    return {"manifest": "kernels/manifest.json", "triton_version": kernels["triton_version"], "archs": kernels["archs"],
-            "binaries": len(kernels["binaries"])}
+    return {
+        "manifest": "kernels/manifest.json",
+        "triton_version": kernels["triton_version"],
+        "archs": kernels["archs"],
+        "binaries": len(kernels["binaries"]),
+    }
 
 
 def onnx_summary(export: dict) -> dict:
@@ -109,8 +153,10 @@ def onnx_summary(export: dict) -> dict:
     if "skipped" in export:
         return export
     graphs = export["graphs"]
-    return {k: export[k] for k in ("drafter", "quant", "files")} | {"parity": {g: r["parity"]["parity_err"] for g, r in graphs.items()},
-                                                                     "tensorrt": {g: r["tensorrt"].get("built", False) for g, r in graphs.items()}}
+    return {k: export[k] for k in ("drafter", "quant", "files")} | {
+        "parity": {g: r["parity"]["parity_err"] for g, r in graphs.items()},
+        "tensorrt": {g: r["tensorrt"].get("built", False) for g, r in graphs.items()},
+    }
 
 
 def check_shipped_kernels(bundle: Path, manifest: dict) -> list[str]:

@@ -34,8 +34,14 @@ import yaml
 from specdec_tune import SpecdecError, __version__
 from specdec_tune.autotune.plan import cost_model_of, figure_json
 from specdec_tune.autotune.plan_schema import Plan
-from specdec_tune.exporters.artifacts import (check_shipped_kernels, kernels_summary, onnx_summary, ship_draft_checkpoint, ship_drafter_onnx,
-                                              ship_kernels)
+from specdec_tune.exporters.artifacts import (
+    check_shipped_kernels,
+    kernels_summary,
+    onnx_summary,
+    ship_draft_checkpoint,
+    ship_drafter_onnx,
+    ship_kernels,
+)
 from specdec_tune.exporters.config_checks import check_document
 from specdec_tune.exporters.engines import ENGINE_MODEL_IDS, ExportContext, load_schema_file, serving_engines
 from specdec_tune.exporters.mechanisms import mechanism as mechanism_spelling
@@ -59,7 +65,9 @@ def _conform(document, schema_file: str, path: Path, what: str, fix: str) -> Non
     """One line naming the first place a document leaves its JSON Schema (so that no later read can crash)."""
     import jsonschema
 
-    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(load_schema_file(schema_file)).iter_errors(document))
+    error = jsonschema.exceptions.best_match(
+        jsonschema.Draft202012Validator(load_schema_file(schema_file)).iter_errors(document)
+    )
     if error is not None:
         where = "/".join(map(str, error.absolute_path)) or "(top level)"
         raise SpecdecError(f"{path} is not a valid {what}: at {where}, {error.message[:160]}", fix)
@@ -85,7 +93,10 @@ def head_config_fields(mechanism: str, options: dict) -> dict:
     where = f"the {mechanism} head's config.json ({options.get('model') or 'none: a random-weight head has no folder'})"
     for field, engine in spelling.needs:
         if fields.get(field) in (None, {}, []):
-            raise SpecdecError(f"{where} has no {field}, which {engine} needs", f"give a {mechanism} head whose config.json sets {field}")
+            raise SpecdecError(
+                f"{where} has no {field}, which {engine} needs",
+                f"give a {mechanism} head whose config.json sets {field}",
+            )
     return fields
 
 
@@ -96,12 +107,16 @@ def plan_drafter_info(plan: Plan, profile: Profile) -> DrafterInfo | None:
         return None
     info = next((d for d in profile.drafters if d.name == plan.mechanism), None)
     if info is None:
-        raise SpecdecError(f"the plan speculates with {plan.mechanism!r}, which its profile did not measure",
-                           "export with the profile the plan was searched on, or re-run `specdec-tune search`")
+        raise SpecdecError(
+            f"the plan speculates with {plan.mechanism!r}, which its profile did not measure",
+            "export with the profile the plan was searched on, or re-run `specdec-tune search`",
+        )
     return info
 
 
-def export_context(plan: Plan, profile: Profile, s: ExportSettings, versions: dict, shipped_draft: str | None) -> ExportContext:
+def export_context(
+    plan: Plan, profile: Profile, s: ExportSettings, versions: dict, shipped_draft: str | None
+) -> ExportContext:
     """What every engine renders from: the plan, the drafter's record, the target as the engines load it, and the
     plan's cost model for what the plan did not choose (a deviation's predicted tokens/s)."""
     info = plan_drafter_info(plan, profile)
@@ -112,14 +127,23 @@ def export_context(plan: Plan, profile: Profile, s: ExportSettings, versions: di
     def predict(batch: int, draft_len: int) -> dict:
         return figure_json(cost.predict(batch, draft_len, plan.mechanism, plan.quant).tokens_per_s)
 
-    return ExportContext(mechanism=plan.mechanism, quant=plan.quant, schedule=plan.schedule, max_batch=plan.max_batch,
-                         drafter=info.model_dump(mode="json") if info else {},
-                         target_model=s.engine_model or ENGINE_MODEL_IDS.get(target_path, target_path),
-                         drafter_model=shipped_draft or ((info.options.get("model") or None) if info else None), versions=versions,
-                         single_draft_len=plan.single_draft_len.draft_len, memory=engine_memory(plan),
-                         head=head_config_fields(plan.mechanism, info.options if info else {}),
-                         target_architectures=tuple(architectures(target_config, f"{folder}/config.json")), target_config=target_config,
-                         target_folder=folder, predict=predict)
+    return ExportContext(
+        mechanism=plan.mechanism,
+        quant=plan.quant,
+        schedule=plan.schedule,
+        max_batch=plan.max_batch,
+        drafter=info.model_dump(mode="json") if info else {},
+        target_model=s.engine_model or ENGINE_MODEL_IDS.get(target_path, target_path),
+        drafter_model=shipped_draft or ((info.options.get("model") or None) if info else None),
+        versions=versions,
+        single_draft_len=plan.single_draft_len.draft_len,
+        memory=engine_memory(plan),
+        head=head_config_fields(plan.mechanism, info.options if info else {}),
+        target_architectures=tuple(architectures(target_config, f"{folder}/config.json")),
+        target_config=target_config,
+        target_folder=folder,
+        predict=predict,
+    )
 
 
 def figure_sources(plan: Plan) -> dict:
@@ -128,8 +152,11 @@ def figure_sources(plan: Plan) -> dict:
         for fig in (getattr(b.predicted, name) for name in type(b.predicted).model_fields):
             if fig is not None:  # verify / draft / host are null where the engine timed whole rounds
                 counts[fig.source] = counts.get(fig.source, 0) + 1
-    return {"predicted_figures_by_source": counts, "device_times": plan.device.times,
-            "acceptance": "measured on the calibration split (AL below D_max derived from the D_max rounds: modeled)"}
+    return {
+        "predicted_figures_by_source": counts,
+        "device_times": plan.device.times,
+        "acceptance": "measured on the calibration split (AL below D_max derived from the D_max rounds: modeled)",
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,13 +185,21 @@ def stage(plan: Plan, profile: Profile, s: ExportSettings, versions: dict, stagi
             (staging / engine.folder / rel).write_text(text)
         runs = [(b, d) for b, d in files.deviation["schedule"]] if files.deviation else ctx.schedule
         facts = Facts(ctx.target_folder, ctx.max_batch, runs)
-        engines[name] = {"version": versions[name], "rules": rules_line(name, versions[name]).source, "folder": engine.folder,
-                         "files": sorted(files.files), "decisions": files.decisions, "gates": files.gates,
-                         **({"deviation": files.deviation} if files.deviation else {})}
+        engines[name] = {
+            "version": versions[name],
+            "rules": rules_line(name, versions[name]).source,
+            "folder": engine.folder,
+            "files": sorted(files.files),
+            "decisions": files.decisions,
+            "gates": files.gates,
+            **({"deviation": files.deviation} if files.deviation else {}),
+        }
         configs.append(check_document(engine, files.document, versions[name], staging / engine.folder, facts))
     bad = [c for c in configs if c["errors"]]
     if bad:
-        raise SpecdecError(f"the {bad[0]['engine']} config fails its check: {bad[0]['errors'][0]}", "report this with the plan.json")
+        raise SpecdecError(
+            f"the {bad[0]['engine']} config fails its check: {bad[0]['errors'][0]}", "report this with the plan.json"
+        )
     dtype_bytes = 4 if profile.target.get("dtype") == "float32" else 2
     safety = {"noisy_thresholds": noisy_thresholds(ctx), "top_band": top_band_cost(ctx, dtype_bytes, staging)}
     kernels = ship_kernels(plan, profile, staging)
@@ -172,7 +207,9 @@ def stage(plan: Plan, profile: Profile, s: ExportSettings, versions: dict, stagi
     return Staged(ctx, engines, configs, safety, kernels, drafter_onnx)
 
 
-def write_bundle(staging: Path, s: ExportSettings, plan: Plan, profile: Profile, versions: dict, staged: Staged, validation: dict) -> dict:
+def write_bundle(
+    staging: Path, s: ExportSettings, plan: Plan, profile: Profile, versions: dict, staged: Staged, validation: dict
+) -> dict:
     """validation.json, the inputs, the report, the README and, last, the manifest hashing them all."""
     write_json(staging / "validation.json", validation)
     (staging / "inputs").mkdir()
@@ -182,20 +219,35 @@ def write_bundle(staging: Path, s: ExportSettings, plan: Plan, profile: Profile,
     (staging / "README.md").write_text(bundle_readme(plan, staged.engines, staged.safety))
     tp = validation["throughput"]
     manifest = {
-        "schema_version": BUNDLE_SCHEMA_VERSION, "tool_version": __version__,
+        "schema_version": BUNDLE_SCHEMA_VERSION,
+        "tool_version": __version__,
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "plan": {"sha256": sha256_file(s.plan), "mechanism": plan.mechanism, "quant": plan.quant,
-                 "schedule": [list(bd) for bd in plan.schedule], "max_batch": plan.max_batch},
+        "plan": {
+            "sha256": sha256_file(s.plan),
+            "mechanism": plan.mechanism,
+            "quant": plan.quant,
+            "schedule": [list(bd) for bd in plan.schedule],
+            "max_batch": plan.max_batch,
+        },
         "profile": {"sha256": sha256_file(s.profile), "fingerprint": profile.fingerprint},
-        "target": profile.target, "drafter": staged.ctx.drafter, "device": plan.device.model_dump(mode="json"),
+        "target": profile.target,
+        "drafter": staged.ctx.drafter,
+        "device": plan.device.model_dump(mode="json"),
         "factors": staleness_factors(plan, profile, versions),
         # the engine the figures were measured in (its config is the one they hold for); none for this tool's own loop
-        "primary_engine": profile.engine.get("name") or None, "engines": staged.engines, "figures": figure_sources(plan),
-        "kernels": kernels_summary(staged.kernels), "drafter_onnx": onnx_summary(staged.drafter_onnx),
-        "validation": {"configs_ok": True, "lossless": lossless_text(validation["lossless"]),
-                       "throughput_worst_error_pct": (tp.get("worst") or {}).get("error_pct"), "device_drift_pct": tp.get("device_drift_pct"),
-                       "repairs": validation.get("repairs", []),
-                       "schedule_safety": safety_lines(staged.safety)},
+        "primary_engine": profile.engine.get("name") or None,
+        "engines": staged.engines,
+        "figures": figure_sources(plan),
+        "kernels": kernels_summary(staged.kernels),
+        "drafter_onnx": onnx_summary(staged.drafter_onnx),
+        "validation": {
+            "configs_ok": True,
+            "lossless": lossless_text(validation["lossless"]),
+            "throughput_worst_error_pct": (tp.get("worst") or {}).get("error_pct"),
+            "device_drift_pct": tp.get("device_drift_pct"),
+            "repairs": validation.get("repairs", []),
+            "schedule_safety": safety_lines(staged.safety),
+        },
         "files": {str(p.relative_to(staging)): sha256_file(p) for p in sorted(staging.rglob("*")) if p.is_file()},
     }
     write_json(staging / "manifest.json", manifest)
@@ -264,26 +316,56 @@ def read_manifest(bundle: Path) -> dict:
     if not bundle.is_dir():
         raise SpecdecError(f"bundle folder not found: {bundle}", "pass the folder `specdec-tune export` wrote")
     manifest = read_json(bundle / "manifest.json", "bundle manifest")
-    if not isinstance(manifest, dict) or manifest.get("schema_version") != BUNDLE_SCHEMA_VERSION or not isinstance(manifest.get("files"), dict):
-        raise SpecdecError(f"{bundle / 'manifest.json'} is not a version-{BUNDLE_SCHEMA_VERSION} bundle manifest", "re-export the bundle")
-    _conform(manifest, "manifest.schema.json", bundle / "manifest.json", "bundle manifest", "the bundle was tampered with: re-export it")
+    if (
+        not isinstance(manifest, dict)
+        or manifest.get("schema_version") != BUNDLE_SCHEMA_VERSION
+        or not isinstance(manifest.get("files"), dict)
+    ):
+        raise SpecdecError(
+            f"{bundle / 'manifest.json'} is not a version-{BUNDLE_SCHEMA_VERSION} bundle manifest",
+            "re-export the bundle",
+        )
+    _conform(
+        manifest,
+        "manifest.schema.json",
+        bundle / "manifest.json",
+        "bundle manifest",
+        "the bundle was tampered with: re-export it",
+    )
     root = bundle.resolve()
     for rel, digest in manifest["files"].items():
         path = bundle / rel
         if Path(rel).is_absolute() or ".." in Path(rel).parts:
-            raise SpecdecError(f"manifest path {rel!r} escapes the bundle folder", "the bundle was tampered with: re-export it")
-        if path.is_symlink() or any((bundle / parent).is_symlink() for parent in Path(rel).parents if str(parent) != "."):
-            raise SpecdecError(f"bundle file {rel} is (or lies under) a symlink", "the bundle was tampered with: re-export it")
+            raise SpecdecError(
+                f"manifest path {rel!r} escapes the bundle folder", "the bundle was tampered with: re-export it"
+            )
+        if path.is_symlink() or any(
+            (bundle / parent).is_symlink() for parent in Path(rel).parents if str(parent) != "."
+        ):
+            raise SpecdecError(
+                f"bundle file {rel} is (or lies under) a symlink", "the bundle was tampered with: re-export it"
+            )
         if not path.resolve().is_relative_to(root):
-            raise SpecdecError(f"manifest path {rel!r} escapes the bundle folder", "the bundle was tampered with: re-export it")
+            raise SpecdecError(
+                f"manifest path {rel!r} escapes the bundle folder", "the bundle was tampered with: re-export it"
+            )
         if not path.is_file():
             raise SpecdecError(f"bundle file {rel} is missing", "re-export the bundle")
         if sha256_file(path) != digest:
-            raise SpecdecError(f"bundle file {rel} does not match its hash in the manifest (edited by hand?)", "re-export the bundle")
-    extra = sorted(str(p.relative_to(bundle)) for p in bundle.rglob("*") if (p.is_file() or p.is_symlink()) and p.name != "manifest.json"
-                   and str(p.relative_to(bundle)) not in manifest["files"])
+            raise SpecdecError(
+                f"bundle file {rel} does not match its hash in the manifest (edited by hand?)", "re-export the bundle"
+            )
+    extra = sorted(
+        str(p.relative_to(bundle))
+        for p in bundle.rglob("*")
+        if (p.is_file() or p.is_symlink())
+        and p.name != "manifest.json"
+        and str(p.relative_to(bundle)) not in manifest["files"]
+    )
     if extra:
-        raise SpecdecError(f"bundle holds files its manifest does not list, e.g. {extra[0]}", "remove them or re-export the bundle")
+        raise SpecdecError(
+            f"bundle holds files its manifest does not list, e.g. {extra[0]}", "remove them or re-export the bundle"
+        )
     return manifest
 
 
@@ -300,7 +382,9 @@ def check_bundle_files(bundle: Path) -> dict:
     for name, entry in manifest["engines"].items():
         engine = engines.get(name)
         if engine is None:
-            raise SpecdecError(f"the manifest names an unknown engine {name!r}", "re-export the bundle with this version")
+            raise SpecdecError(
+                f"the manifest names an unknown engine {name!r}", "re-export the bundle with this version"
+            )
         rel = f"{entry['folder']}/{engine.document}"
         if rel not in manifest["files"]:
             result["configs"].append(check_document(engine, None, entry["version"]))
@@ -310,11 +394,15 @@ def check_bundle_files(bundle: Path) -> dict:
             document = yaml.safe_load(text) if rel.endswith(".yaml") else json.loads(text)
         except (yaml.YAMLError, ValueError) as e:  # ValueError: JSON and UTF-8 decoding errors
             first = str(e).splitlines()[0]
-            raise SpecdecError(f"bundle file {rel} does not parse as plain data ({first})",
-                               "YAML tags and other constructors are refused: re-export the bundle") from None
+            raise SpecdecError(
+                f"bundle file {rel} does not parse as plain data ({first})",
+                "YAML tags and other constructors are refused: re-export the bundle",
+            ) from None
         runs = (entry.get("deviation") or {}).get("schedule") or manifest["plan"]["schedule"]
         facts = Facts(target_folder, manifest["plan"]["max_batch"], [(b, d) for b, d in runs])
-        result["configs"].append(check_document(engine, document, entry["version"], Path(bundle) / entry["folder"], facts))
+        result["configs"].append(
+            check_document(engine, document, entry["version"], Path(bundle) / entry["folder"], facts)
+        )
     kernel_errors = check_shipped_kernels(Path(bundle), manifest)
     result["kernels"] = {"errors": kernel_errors, "checked": (manifest.get("kernels") or {}).get("binaries", 0)}
     result["passed"] = all(not c["errors"] for c in result["configs"]) and not kernel_errors

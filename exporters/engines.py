@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from specdec_tune.exporters.mechanisms import ExportMechanism, mechanism
 from specdec_tune.exporters.native_checks import Facts
@@ -35,11 +35,15 @@ class ExportContext:
     versions: dict[str, str]
     single_draft_len: int = 0  # the plan's best single D (for an engine without a per-batch table)
     memory: dict | None = None  # the plan's memory budget as each engine spells it (memory_limits.engine_memory)
-    head: dict = dataclasses.field(default_factory=dict)  # a learned head's own config fields (speculators_layout.head_fields)
+    head: dict = dataclasses.field(
+        default_factory=dict
+    )  # a learned head's own config fields (speculators_layout.head_fields)
     target_architectures: tuple[str, ...] = ()  # the target's config.json `architectures`
     target_config: dict = dataclasses.field(default_factory=dict)  # the target's config.json
     target_folder: Path | None = None  # the target as a Hugging Face folder on this machine
-    predict: Callable[[int, int], dict] | None = None  # tokens/s at (batch, D) under the plan's cost model, as plan.json holds a figure
+    predict: Callable[[int, int], dict] | None = (
+        None  # tokens/s at (batch, D) under the plan's cost model, as plan.json holds a figure
+    )
 
     @property
     def max_draft_len(self) -> int:
@@ -72,7 +76,11 @@ def deviation(ctx: ExportContext, runs: list[tuple[int, int]], why: str) -> dict
         row: dict = {"batch": batch, "plan_draft_len": planned, "draft_len": ran}
         if ctx.predict is not None:
             mine, plan = ctx.predict(batch, ran), ctx.predict(batch, planned)
-            row |= {"tokens_per_s": mine, "plan_tokens_per_s": plan, "change_pct": round(100 * (mine["value"] / plan["value"] - 1), 1)}
+            row |= {
+                "tokens_per_s": mine,
+                "plan_tokens_per_s": plan,
+                "change_pct": round(100 * (mine["value"] / plan["value"] - 1), 1),
+            }
         rows.append(row)
     return {"why": why, "schedule": [[b, d] for b, d in runs], "buckets": rows}
 
@@ -80,8 +88,15 @@ def deviation(ctx: ExportContext, runs: list[tuple[int, int]], why: str) -> dict
 def deviation_text(record: dict) -> str:
     """One line: the schedule an engine runs instead of the plan's, and the predicted change where the plan's differs."""
     changed = [r for r in record["buckets"] if r["draft_len"] != r["plan_draft_len"]]
-    parts = [f"B≤{r['batch']}: D={r['draft_len']} (plan {r['plan_draft_len']}"
-             + (f", predicted {r['change_pct']:+.1f}% tokens/s, {r['tokens_per_s']['source']})" if "change_pct" in r else ")") for r in changed]
+    parts = [
+        f"B≤{r['batch']}: D={r['draft_len']} (plan {r['plan_draft_len']}"
+        + (
+            f", predicted {r['change_pct']:+.1f}% tokens/s, {r['tokens_per_s']['source']})"
+            if "change_pct" in r
+            else ")"
+        )
+        for r in changed
+    ]
     return f"{record['why']}: " + ("; ".join(parts) if parts else "the plan's draft lengths at every bucket")
 
 
@@ -92,8 +107,12 @@ class Engine:
     document: str  # the file in its folder that holds the checked config
     schema: str  # file name under schemas/
     render: Callable[[ExportContext], EngineFiles]
-    rules: Callable[[dict, str], list[str]]  # (config, engine version) -> the cross-field rules a schema cannot state it breaks
-    native_check: Callable[[dict, Path, Facts], dict] | None = None  # the engine's own code on the written files (native_checks.py)
+    rules: Callable[
+        [dict, str], list[str]
+    ]  # (config, engine version) -> the cross-field rules a schema cannot state it breaks
+    native_check: Callable[[dict, Path, Facts], dict] | None = (
+        None  # the engine's own code on the written files (native_checks.py)
+    )
 
 
 SERVING_ENGINES: dict[str, Engine] = {}  # name -> engine, filled by each engine module as it is imported

@@ -35,9 +35,15 @@ def _no_fields(options: dict) -> dict:
 class Trtllm:
     decoding_type: str  # the 1.3rc line's literal
     fields: Callable[[dict], dict] = _no_fields
-    honours_schedule: tuple[str, ...] = ("1.3rc",)  # the release lines (versions.py) where the mode follows draft_len_schedule
-    legacy: tuple[str, tuple[tuple[str, object], ...]] | None = None  # the 1.2 line's decoding_type and fixed fields; None: absent
-    legacy_draft_len_field: str = "max_draft_len"  # 1.2's MTP takes K as num_nextn_predict_layers (its __init__ overwrites max_draft_len)
+    honours_schedule: tuple[str, ...] = (
+        "1.3rc",
+    )  # the release lines (versions.py) where the mode follows draft_len_schedule
+    legacy: tuple[str, tuple[tuple[str, object], ...]] | None = (
+        None  # the 1.2 line's decoding_type and fixed fields; None: absent
+    )
+    legacy_draft_len_field: str = (
+        "max_draft_len"  # 1.2's MTP takes K as num_nextn_predict_layers (its __init__ overwrites max_draft_len)
+    )
     fixed_block: bool = False  # max_draft_len must equal the checkpoint's block_size (DSpark)
     disable_overlap_scheduler: bool = False  # as TensorRT-LLM's own examples of the mode run
     note: str = ""  # a decision the bundle records whenever the mode is exported
@@ -66,7 +72,9 @@ class ExportMechanism:
     trtllm: Trtllm
     sglang: Sglang | None  # None: SGLang has no such algorithm
     learned_head: bool = False  # a speculators config.json goes with it
-    checkpoint: bool = True  # runs a checkpoint: the engines get its path (vLLM `model`, TensorRT-LLM `speculative_model`)
+    checkpoint: bool = (
+        True  # runs a checkpoint: the engines get its path (vLLM `model`, TensorRT-LLM `speculative_model`)
+    )
     needs: tuple[tuple[str, str], ...] = ()  # (head config field, the engine that refuses the head without it)
     block_drafts: Callable[[int], int] | None = None  # drafts one pass of a block of block_size tokens yields
 
@@ -76,7 +84,12 @@ class ExportMechanism:
 
 
 def _ngram_trtllm(o: dict) -> dict:
-    return {"max_matching_ngram_size": int(o.get("prompt_lookup_max", 5)), "is_keep_all": True, "is_use_oldest": True, "is_public_pool": True}
+    return {
+        "max_matching_ngram_size": int(o.get("prompt_lookup_max", 5)),
+        "is_keep_all": True,
+        "is_use_oldest": True,
+        "is_public_pool": True,
+    }
 
 
 def _dflash_trtllm(o: dict) -> dict:
@@ -84,52 +97,96 @@ def _dflash_trtllm(o: dict) -> dict:
 
 
 def _dspark_trtllm(o: dict) -> dict:
-    return {"mask_token_id": o["mask_token_id"], "target_layer_ids": list(o["aux_hidden_state_layer_ids"]), "block_size": o["block_size"],
-            **{k: o[k] for k in ("markov_rank", "markov_head_type") if o.get(k) is not None}}
+    return {
+        "mask_token_id": o["mask_token_id"],
+        "target_layer_ids": list(o["aux_hidden_state_layer_ids"]),
+        "block_size": o["block_size"],
+        **{k: o[k] for k in ("markov_rank", "markov_head_type") if o.get(k) is not None},
+    }
 
 
 # the head config fields an engine cannot load a head without
 _LAYER = (("transformer_layer_config", "speculators (an empty one loads as a default Qwen layer)"),)
-_BLOCK = _LAYER + (("aux_hidden_state_layer_ids", "vLLM (its speculators reader)"), ("mask_token_id", "vLLM (its speculators reader)"))
+_BLOCK = _LAYER + (
+    ("aux_hidden_state_layer_ids", "vLLM (its speculators reader)"),
+    ("mask_token_id", "vLLM (its speculators reader)"),
+)
 
-MECHANISMS: dict[str, ExportMechanism] = {m.name: m for m in (
-    ExportMechanism("ngram",
-                    VLLM["ngram"],
-                    Trtllm("NGram", _ngram_trtllm, honours_schedule=("1.2",), legacy=("NGram", ()), disable_overlap_scheduler=True),
-                    Sglang("NGRAM", lookup=True), checkpoint=False),
-    ExportMechanism("suffix",
-                    VLLM["suffix"],
-                    Trtllm("SA", lambda o: {"max_matching_ngram_size": -1},
-                           note="suffix decoding maps to SA (TensorRT-LLM's suffix-automaton drafter): same idea, its acceptance was not profiled"),
-                    None, checkpoint=False),
-    ExportMechanism("draft_model",
-                    VLLM["draft_model"],
-                    Trtllm("Draft_Target", honours_schedule=("1.2", "1.3rc"), legacy=("Draft_Target", ()), disable_overlap_scheduler=True),
-                    Sglang("STANDALONE")),
-    ExportMechanism("eagle3",
-                    VLLM["eagle3"],
-                    Trtllm("Eagle3", legacy=("Eagle", (("eagle3_one_model", True),))),
-                    Sglang("EAGLE3", adaptive=True), learned_head=True, needs=_LAYER),
-    ExportMechanism("mtp",
-                    VLLM["mtp"],
-                    Trtllm("MTP", legacy=("MTP", ()), legacy_draft_len_field="num_nextn_predict_layers"),
-                    Sglang("NEXTN", adaptive=True), learned_head=True, needs=_LAYER),
-    ExportMechanism("dflash",
-                    VLLM["dflash"],
-                    Trtllm("DFlash", _dflash_trtllm),
-                    Sglang("DFLASH", gated=True, fixed_block=True), learned_head=True,
-                    needs=_BLOCK + (("block_size", "SGLang (DFLASH drafts the whole block)"),),
-                    block_drafts=lambda block: block - 1),  # slot 0 is the anchor
-    ExportMechanism("dspark",
-                    VLLM["dspark"],
-                    Trtllm("DSpark", _dspark_trtllm, honours_schedule=(), fixed_block=True),
-                    Sglang("DSPARK", gated=True, fixed_block=True), learned_head=True,
-                    needs=_BLOCK + (("block_size", "TensorRT-LLM (max_draft_len = block_size)"),),
-                    block_drafts=lambda block: block),  # sample_from_anchor: every slot drafts
-)}
+MECHANISMS: dict[str, ExportMechanism] = {
+    m.name: m
+    for m in (
+        ExportMechanism(
+            "ngram",
+            VLLM["ngram"],
+            Trtllm(
+                "NGram", _ngram_trtllm, honours_schedule=("1.2",), legacy=("NGram", ()), disable_overlap_scheduler=True
+            ),
+            Sglang("NGRAM", lookup=True),
+            checkpoint=False,
+        ),
+        ExportMechanism(
+            "suffix",
+            VLLM["suffix"],
+            Trtllm(
+                "SA",
+                lambda o: {"max_matching_ngram_size": -1},
+                note="suffix decoding maps to SA (TensorRT-LLM's suffix-automaton drafter): same idea, its acceptance was not profiled",
+            ),
+            None,
+            checkpoint=False,
+        ),
+        ExportMechanism(
+            "draft_model",
+            VLLM["draft_model"],
+            Trtllm(
+                "Draft_Target",
+                honours_schedule=("1.2", "1.3rc"),
+                legacy=("Draft_Target", ()),
+                disable_overlap_scheduler=True,
+            ),
+            Sglang("STANDALONE"),
+        ),
+        ExportMechanism(
+            "eagle3",
+            VLLM["eagle3"],
+            Trtllm("Eagle3", legacy=("Eagle", (("eagle3_one_model", True),))),
+            Sglang("EAGLE3", adaptive=True),
+            learned_head=True,
+            needs=_LAYER,
+        ),
+        ExportMechanism(
+            "mtp",
+            VLLM["mtp"],
+            Trtllm("MTP", legacy=("MTP", ()), legacy_draft_len_field="num_nextn_predict_layers"),
+            Sglang("NEXTN", adaptive=True),
+            learned_head=True,
+            needs=_LAYER,
+        ),
+        ExportMechanism(
+            "dflash",
+            VLLM["dflash"],
+            Trtllm("DFlash", _dflash_trtllm),
+            Sglang("DFLASH", gated=True, fixed_block=True),
+            learned_head=True,
+            needs=_BLOCK + (("block_size", "SGLang (DFLASH drafts the whole block)"),),
+            block_drafts=lambda block: block - 1,
+        ),  # slot 0 is the anchor
+        ExportMechanism(
+            "dspark",
+            VLLM["dspark"],
+            Trtllm("DSpark", _dspark_trtllm, honours_schedule=(), fixed_block=True),
+            Sglang("DSPARK", gated=True, fixed_block=True),
+            learned_head=True,
+            needs=_BLOCK + (("block_size", "TensorRT-LLM (max_draft_len = block_size)"),),
+            block_drafts=lambda block: block,
+        ),  # sample_from_anchor: every slot drafts
+    )
+}
 
 
 def mechanism(name: str) -> ExportMechanism:
     if name not in MECHANISMS:
-        raise SpecdecError(f"no engine spelling is known for mechanism {name!r}", f"export one of {', '.join(MECHANISMS)}")
+        raise SpecdecError(
+            f"no engine spelling is known for mechanism {name!r}", f"export one of {', '.join(MECHANISMS)}"
+        )
     return MECHANISMS[name]

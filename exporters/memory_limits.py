@@ -28,9 +28,15 @@ def engine_memory(plan: Plan) -> dict | None:
     W = max(r.weights_bytes for r in rows)
     A = max(r.activation_bytes for r in rows)
     free = M - W - A
-    return {"gpu_memory_utilization": f, "free_gpu_memory_fraction": round(min(1.0, max(0.01, (f * M - W - A) / free)), 3) if free > 0 else 0.01,
-            "mem_fraction_static": round(min(1.0, max(0.01, (f * M - A) / M)), 3), "device_bytes": M, "weights_bytes": W,
-            "activation_bytes": A, "kv_cache_pool_bytes": memory.kv_cache_pool_bytes}
+    return {
+        "gpu_memory_utilization": f,
+        "free_gpu_memory_fraction": round(min(1.0, max(0.01, (f * M - W - A) / free)), 3) if free > 0 else 0.01,
+        "mem_fraction_static": round(min(1.0, max(0.01, (f * M - A) / M)), 3),
+        "device_bytes": M,
+        "weights_bytes": W,
+        "activation_bytes": A,
+        "kv_cache_pool_bytes": memory.kv_cache_pool_bytes,
+    }
 
 
 def limits_lines(plan: Plan) -> list[str]:
@@ -38,17 +44,22 @@ def limits_lines(plan: Plan) -> list[str]:
     memory = plan.memory
     if memory is None:
         return []
-    out = [f"Memory (modeled from the models' configs; device memory: {memory.device_source}): the plan fills "
-           f"{memory.fraction:g} of {memory.device_bytes / 1e9:.2f} GB" + (f" per device over {memory.tensor_parallel} devices"
-                                                                           if memory.tensor_parallel > 1 else "")
-           + f" at context {memory.ctx}. Concurrency that fits, per band:", ""]
+    out = [
+        f"Memory (modeled from the models' configs; device memory: {memory.device_source}): the plan fills "
+        f"{memory.fraction:g} of {memory.device_bytes / 1e9:.2f} GB"
+        + (f" per device over {memory.tensor_parallel} devices" if memory.tensor_parallel > 1 else "")
+        + f" at context {memory.ctx}. Concurrency that fits, per band:",
+        "",
+    ]
     lower = 1
     for b in plan.buckets:
         m = b.memory
         if m is not None:
             band = f"batch {lower}–{b.batch}" if lower < b.batch else f"batch {lower}"
-            out.append(f"- {band} (D={b.draft_len}): up to {m.max_concurrency} requests fit; at batch {b.batch} "
-                       f"the bucket holds {m.needed_bytes / 1e9:.2f} GB (weights {m.weights_bytes / 1e9:.2f}, KV {m.kv_bytes / 1e9:.2f}, "
-                       f"activations {m.activation_bytes / 1e9:.2f})")
+            out.append(
+                f"- {band} (D={b.draft_len}): up to {m.max_concurrency} requests fit; at batch {b.batch} "
+                f"the bucket holds {m.needed_bytes / 1e9:.2f} GB (weights {m.weights_bytes / 1e9:.2f}, KV {m.kv_bytes / 1e9:.2f}, "
+                f"activations {m.activation_bytes / 1e9:.2f})"
+            )
         lower = b.batch + 1
     return out + [""]

@@ -65,21 +65,40 @@ def run_program(python: str, program: str, job: dict, cwd: Path, timeout_s: floa
         job_path = Path(tmp) / "job.json"
         job_path.write_text(json.dumps(job))
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-        env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_LOGGING_LEVEL="ERROR", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+        env.update(
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            VLLM_LOGGING_LEVEL="ERROR",
+            VLLM_NO_USAGE_STATS="1",
+            DO_NOT_TRACK="1",
+        )
         try:
-            done = subprocess.run([python, "-c", program, str(job_path)], capture_output=True, text=True, timeout=timeout_s, env=env, cwd=cwd)
+            done = subprocess.run(
+                [python, "-c", program, str(job_path)],
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                env=env,
+                cwd=cwd,
+            )
         except subprocess.TimeoutExpired:
             return {"errors": [f"the check program ran past {timeout_s:.0f} s ({python})"]}
-    lines = [line[len("RESULT "):] for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    lines = [line[len("RESULT ") :] for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if not lines:
         tail = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        return {"errors": [f"the check program failed (exit {done.returncode}): {tail[-1] if tail else 'no output'}"[:400]]}
+        return {
+            "errors": [f"the check program failed (exit {done.returncode}): {tail[-1] if tail else 'no output'}"[:400]]
+        }
     return json.loads(lines[-1])
 
 
 def _k_mismatch(what: str, k_per_batch: list[int], facts: Facts) -> list[str]:
     wrong = [b for b, k in enumerate(k_per_batch, 1) if b <= facts.max_batch and k != facts.k_at(b)]
-    return [f"{what} runs K={k_per_batch[wrong[0] - 1]} at batch {wrong[0]}, the bundle means {facts.k_at(wrong[0])}"] if wrong else []
+    return (
+        [f"{what} runs K={k_per_batch[wrong[0] - 1]} at batch {wrong[0]}, the bundle means {facts.k_at(wrong[0])}"]
+        if wrong
+        else []
+    )
 
 
 # ---------------------------------------------------------------------------- vLLM
@@ -123,25 +142,38 @@ except ValueError as e:
 print("RESULT " + json.dumps(out))
 """
 
+
 def check_vllm(document: dict, folder: Path, facts: Facts) -> dict:
     python = interpreter("vllm", "SPECDEC_TUNE_VLLM_PYTHON")
     if facts.target_folder is None:
         raise EngineMissing("vllm: the target is not on this machine")
     with tempfile.TemporaryDirectory() as tmp:
         view = engine_model_view(facts.target_folder, Path(tmp) / "target")
-        config = json.loads((folder / "speculative_config.json").read_text())  # the file as written, not the document in memory
-        out = run_program(python, _VLLM, {"config": config, "target": str(view), "max_batch": facts.max_batch,
-                                          "max_model_len": facts.max_model_len}, cwd=folder.parent)  # paths are relative to the bundle
-    errors = out.get("errors", []) + (_k_mismatch("vLLM's schedule lookup", out["k_per_batch"], facts) if "k_per_batch" in out else [])
+        config = json.loads(
+            (folder / "speculative_config.json").read_text()
+        )  # the file as written, not the document in memory
+        out = run_program(
+            python,
+            _VLLM,
+            {"config": config, "target": str(view), "max_batch": facts.max_batch, "max_model_len": facts.max_model_len},
+            cwd=folder.parent,
+        )  # paths are relative to the bundle
+    errors = out.get("errors", []) + (
+        _k_mismatch("vLLM's schedule lookup", out["k_per_batch"], facts) if "k_per_batch" in out else []
+    )
     how = f"vLLM {out.get('version', '?')}'s own EngineArgs ({out.get('built', 'not built')}) and schedule lookup"
     notes = out.get("notes", [])
     if "cudagraph_capture_sizes" in out and "k_per_batch" in out:
         uncovered = uncovered_decode_shapes(out["cudagraph_capture_sizes"], out["k_per_batch"])
-        errors += [f"no CUDA graph vLLM captures by default fits a decode batch of {b} requests at K={k} ({b * (1 + k)} tokens)"
-                   for b, k in uncovered[:3]]
+        errors += [
+            f"no CUDA graph vLLM captures by default fits a decode batch of {b} requests at K={k} ({b * (1 + k)} tokens)"
+            for b, k in uncovered[:3]
+        ]
         if not uncovered:
-            notes.append(f"vLLM's default CUDA-graph capture sizes (its own rule, as on a GPU: {len(out['cudagraph_capture_sizes'])} sizes up to "
-                         f"{max(out['cudagraph_capture_sizes'])} tokens) fit every batch x (1+K) of the schedule")
+            notes.append(
+                f"vLLM's default CUDA-graph capture sizes (its own rule, as on a GPU: {len(out['cudagraph_capture_sizes'])} sizes up to "
+                f"{max(out['cudagraph_capture_sizes'])} tokens) fit every batch x (1+K) of the schedule"
+            )
             how += " and CUDA-graph sizes"
     return {"checked_with": how, "errors": errors, "notes": notes}
 
@@ -149,7 +181,11 @@ def check_vllm(document: dict, folder: Path, facts: Facts) -> dict:
 def uncovered_decode_shapes(capture_sizes: list[int], k_per_batch: list[int]) -> list[tuple[int, int]]:
     """(batch, K) whose uniform decode step no captured graph serves: vLLM pads B x (1+K) tokens up to a capture size
     that is a multiple of 1+K (vllm/config/vllm.py `_set_cudagraph_sizes`), else runs it eagerly."""
-    return [(b, k) for b, k in enumerate(k_per_batch, 1) if not any(s >= b * (1 + k) and s % (1 + k) == 0 for s in capture_sizes)]
+    return [
+        (b, k)
+        for b, k in enumerate(k_per_batch, 1)
+        if not any(s >= b * (1 + k) and s % (1 + k) == 0 for s in capture_sizes)
+    ]
 
 
 # ---------------------------------------------------------------------------- speculators
@@ -184,9 +220,19 @@ def check_speculators(document: dict, folder: Path, facts: Facts) -> dict:
     from specdec_tune.profiles.drafters.speculators_layout import ALGORITHM_FIELDS
 
     python = interpreter("speculators", "SPECDEC_TUNE_SPECULATORS_PYTHON")
-    out = run_program(python, _SPECULATORS, {"config": str(folder / "config.json"),
-                                             "fields": [f for f in ALGORITHM_FIELDS if f != "transformer_layer_config"]}, cwd=folder)
-    return {"checked_with": f"speculators {out.get('version', '?')}'s own SpeculatorModelConfig.from_pretrained", "errors": out.get("errors", [])}
+    out = run_program(
+        python,
+        _SPECULATORS,
+        {
+            "config": str(folder / "config.json"),
+            "fields": [f for f in ALGORITHM_FIELDS if f != "transformer_layer_config"],
+        },
+        cwd=folder,
+    )
+    return {
+        "checked_with": f"speculators {out.get('version', '?')}'s own SpeculatorModelConfig.from_pretrained",
+        "errors": out.get("errors", []),
+    }
 
 
 # ---------------------------------------------------------------------------- SGLang
@@ -216,16 +262,23 @@ print("RESULT " + json.dumps(out))
 def check_sglang(document: dict, folder: Path, facts: Facts) -> dict:
     python = interpreter("sglang", "SPECDEC_TUNE_SGLANG_PYTHON")
     launch = ["python", "-m", "sglang.launch_server"]
-    argvs = [b["argv"][len(launch):] for b in document.get("bands", [])]
+    argvs = [b["argv"][len(launch) :] for b in document.get("bands", [])]
     job: dict = {"argvs": argvs, "max_batch": facts.max_batch}
     if "adaptive" in document:
-        argv = document["adaptive"]["argv"][len(launch):]
+        argv = document["adaptive"]["argv"][len(launch) :]
         argvs.append(argv)
         flag = lambda name: argv[argv.index(name) + 1]  # noqa: E731
-        graphs = [int(a) for a in argv[argv.index("--cuda-graph-bs-decode") + 1:] if a.isdigit()]
-        job["adaptive"] = {"path": str(folder / flag("--speculative-adaptive-config")), "initial_steps": int(flag("--speculative-num-steps")),
-                           "graphs": graphs}
+        graphs = [int(a) for a in argv[argv.index("--cuda-graph-bs-decode") + 1 :] if a.isdigit()]
+        job["adaptive"] = {
+            "path": str(folder / flag("--speculative-adaptive-config")),
+            "initial_steps": int(flag("--speculative-num-steps")),
+            "graphs": graphs,
+        }
     out = run_program(python, _SGLANG, job, cwd=folder)
-    errors = out.get("errors", []) + (_k_mismatch("SGLang's adaptive controller", out["k_per_batch"], facts) if "k_per_batch" in out else [])
-    how = f"SGLang {out.get('version', '?')}'s own argument parser" + (" and adaptive controller" if "adaptive" in job else "")
+    errors = out.get("errors", []) + (
+        _k_mismatch("SGLang's adaptive controller", out["k_per_batch"], facts) if "k_per_batch" in out else []
+    )
+    how = f"SGLang {out.get('version', '?')}'s own argument parser" + (
+        " and adaptive controller" if "adaptive" in job else ""
+    )
     return {"checked_with": how, "errors": errors}

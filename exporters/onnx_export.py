@@ -138,12 +138,23 @@ def export_onnx(model: CausalLM, path: Path, *, with_cache: bool, shapes: Export
     return export_module(wrapper, args, dynamic, names, path)
 
 
-def export_module(wrapper: nn.Module, args: tuple, dynamic: dict, names: tuple[list[str], list[str]], path: Path) -> Path:
+def export_module(
+    wrapper: nn.Module, args: tuple, dynamic: dict, names: tuple[list[str], list[str]], path: Path
+) -> Path:
     """torch.export `wrapper` at `args` with `dynamic` shapes and save it as one self-contained ONNX file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
-        program = torch.onnx.export(wrapper, args, dynamo=True, dynamic_shapes=dynamic, input_names=names[0], output_names=names[1],
-                                    opset_version=OPSET, external_data=False, verbose=False)
+        program = torch.onnx.export(
+            wrapper,
+            args,
+            dynamo=True,
+            dynamic_shapes=dynamic,
+            input_names=names[0],
+            output_names=names[1],
+            opset_version=OPSET,
+            external_data=False,
+            verbose=False,
+        )
     program.save(str(path))
     return path
 
@@ -175,7 +186,9 @@ def scaled_error(err: float, reference: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def check_parity(model: CausalLM, onnx_path: Path, *, with_cache: bool, cases: list[tuple[int, int, int]], seed: int = 1) -> dict:
+def check_parity(
+    model: CausalLM, onnx_path: Path, *, with_cache: bool, cases: list[tuple[int, int, int]], seed: int = 1
+) -> dict:
     """onnxruntime against the model's own fp32 forward at each (batch, tokens, past) case.
 
     The parity error is max |onnxruntime - torch| over the logits (and the present KV) divided by max(1, max |torch|):
@@ -201,20 +214,35 @@ def check_parity(model: CausalLM, onnx_path: Path, *, with_cache: bool, cases: l
         outputs = runtime.run(None, feed)
         got = torch.from_numpy(outputs[0])
         if got.shape != expected.shape:
-            raise SpecdecError(f"onnxruntime returned logits {tuple(got.shape)} for {tuple(expected.shape)}", "re-export the drafter")
+            raise SpecdecError(
+                f"onnxruntime returned logits {tuple(got.shape)} for {tuple(expected.shape)}", "re-export the drafter"
+            )
         err = float((got - expected).abs().max())
         fp64 = _torch_logits(exact, tokens, past_tokens)
-        row = {"batch": B, "tokens": T, "past": P if with_cache else 0, "max_abs_err": err, "logits_max_abs": float(expected.abs().max()),
-               "parity_err": scaled_error(err, expected), "torch_fp32_vs_fp64": float((expected.double() - fp64).abs().max()),
-               "onnx_vs_fp64": float((got.double() - fp64).abs().max())}
+        row = {
+            "batch": B,
+            "tokens": T,
+            "past": P if with_cache else 0,
+            "max_abs_err": err,
+            "logits_max_abs": float(expected.abs().max()),
+            "parity_err": scaled_error(err, expected),
+            "torch_fp32_vs_fp64": float((expected.double() - fp64).abs().max()),
+            "onnx_vs_fp64": float((got.double() - fp64).abs().max()),
+        }
         if past_tokens is not None:
             full_k, _ = _past_of(model, torch.cat((past_tokens, tokens), dim=1))
             k_err = float((torch.from_numpy(outputs[1]) - full_k.float()).abs().max())
             row |= {"present_k_max_abs_err": k_err, "present_k_parity_err": scaled_error(k_err, full_k)}
         rows.append(row)
     worst = max(max(r["parity_err"], r.get("present_k_parity_err", 0.0)) for r in rows)
-    return {"cases": rows, "parity_err": worst, "max_abs_err": max(r["max_abs_err"] for r in rows), "tolerance": PARITY_TOLERANCE_FP32,
-            "passed": worst < PARITY_TOLERANCE_FP32, "runtime": f"onnxruntime {ort.__version__} (CPUExecutionProvider)"}
+    return {
+        "cases": rows,
+        "parity_err": worst,
+        "max_abs_err": max(r["max_abs_err"] for r in rows),
+        "tolerance": PARITY_TOLERANCE_FP32,
+        "passed": worst < PARITY_TOLERANCE_FP32,
+        "runtime": f"onnxruntime {ort.__version__} (CPUExecutionProvider)",
+    }
 
 
 # ------------------------------------------------------------------------------------- TensorRT
@@ -243,8 +271,10 @@ def causal_lm_ranges(shapes: ExportShapes, model: CausalLM, *, with_cache: bool)
 def trtexec_command(onnx_name: str, engine_name: str, ranges: Ranges, *, quant: str) -> str:
     """The equivalent command line for building the engine on the deployment machine."""
     shape = lambda i: ",".join(f"{name}:{'x'.join(map(str, r[i]))}" for name, r in ranges.items())  # noqa: E731
-    return (f"trtexec --onnx={onnx_name} --saveEngine={engine_name} --minShapes={shape(0)} --optShapes={shape(1)} "
-            f"--maxShapes={shape(2)} {' '.join(_precision_flags(quant))}")
+    return (
+        f"trtexec --onnx={onnx_name} --saveEngine={engine_name} --minShapes={shape(0)} --optShapes={shape(1)} "
+        f"--maxShapes={shape(2)} {' '.join(_precision_flags(quant))}"
+    )
 
 
 def tensorrt_available() -> bool:
@@ -274,10 +304,18 @@ def build_tensorrt_engine(onnx_path: Path, engine_path: Path, ranges: Ranges, *,
         config.set_flag(flag)
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
-        raise SpecdecError(f"TensorRT could not build an engine from {onnx_path.name}", "run the trtexec command in the bundle README for details")
+        raise SpecdecError(
+            f"TensorRT could not build an engine from {onnx_path.name}",
+            "run the trtexec command in the bundle README for details",
+        )
     engine_path.write_bytes(bytes(serialized))
-    return {"built": True, "engine": engine_path.name, "tensorrt_version": trt.__version__, "precision": [str(f) for f in flags],
-            "sha256": sha256_file(engine_path)}
+    return {
+        "built": True,
+        "engine": engine_path.name,
+        "tensorrt_version": trt.__version__,
+        "precision": [str(f) for f in flags],
+        "sha256": sha256_file(engine_path),
+    }
 
 
 # ------------------------------------------------------------------------------------- bundle step
@@ -304,7 +342,10 @@ def export_drafter(
     parity check fails (nothing should ship then).
     """
     if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnxscript") is None:
-        raise SpecdecError("exporting the drafter to ONNX needs onnx, onnxscript and onnxruntime", "pip install onnx onnxscript onnxruntime")
+        raise SpecdecError(
+            "exporting the drafter to ONNX needs onnx, onnxscript and onnxruntime",
+            "pip install onnx onnxscript onnxruntime",
+        )
     get_format(quant)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -313,17 +354,28 @@ def export_drafter(
     shapes = ExportShapes(max_batch=max_batch, max_tokens=1 + max_draft_len, max_past=ctx)
     cases = parity_cases or [(1, 1, 1), (3, 1 + max_draft_len, 7), (max(1, min(max_batch, 5)), 2, 17)]
     # the cache-free graph is the KV graph at past length 0 in effect: with_plain=False leaves it out
-    graphs = ([("drafter.onnx", False)] if with_plain or not with_cache else []) + ([("drafter_kv.onnx", True)] if with_cache else [])
+    graphs = ([("drafter.onnx", False)] if with_plain or not with_cache else []) + (
+        [("drafter_kv.onnx", True)] if with_cache else []
+    )
     result: dict = {"drafter": name, "quant": quant, "shapes": dataclasses.asdict(shapes), "graphs": {}, "files": []}
     for file, cached in graphs:
         path = export_onnx(fp32, out_dir / file, with_cache=cached, shapes=shapes)
-        parity = check_parity(fp32, path, with_cache=cached, cases=cases if cached else [(b, t, 0) for b, t, _ in cases])
+        parity = check_parity(
+            fp32, path, with_cache=cached, cases=cases if cached else [(b, t, 0) for b, t, _ in cases]
+        )
         if not parity["passed"]:
-            raise SpecdecError(f"{file}: onnxruntime differs from torch by {parity['parity_err']:.2e} (tolerance {PARITY_TOLERANCE_FP32:g})",
-                               "the export is wrong; nothing was written to the bundle")
+            raise SpecdecError(
+                f"{file}: onnxruntime differs from torch by {parity['parity_err']:.2e} (tolerance {PARITY_TOLERANCE_FP32:g})",
+                "the export is wrong; nothing was written to the bundle",
+            )
         trt_result = tensorrt_step(path, causal_lm_ranges(shapes, fp32, with_cache=cached), quant, result["files"])
-        result["graphs"][file] = {"inputs": "tokens, past_k, past_v" if cached else "tokens", "sha256": sha256_file(path),
-                                  "bytes": path.stat().st_size, "parity": parity, "tensorrt": trt_result}
+        result["graphs"][file] = {
+            "inputs": "tokens, past_k, past_v" if cached else "tokens",
+            "sha256": sha256_file(path),
+            "bytes": path.stat().st_size,
+            "parity": parity,
+            "tensorrt": trt_result,
+        }
         result["files"].append(file)
     (out_dir / "README.md").write_text(export_readme(result, quant))
     result["files"] += ["README.md", "export.json"]
@@ -350,21 +402,34 @@ def _fp32_copy(model: CausalLM) -> CausalLM:
 
 
 def export_readme(result: dict, quant: str) -> str:
-    lines = [f"# {result['drafter']} drafter: ONNX and TensorRT", "",
-             "| graph | inputs | parity err (fp32, onnxruntime; max abs err / max(1, max abs logit)) | TensorRT |", "|---|---|---|---|"]
+    lines = [
+        f"# {result['drafter']} drafter: ONNX and TensorRT",
+        "",
+        "| graph | inputs | parity err (fp32, onnxruntime; max abs err / max(1, max abs logit)) | TensorRT |",
+        "|---|---|---|---|",
+    ]
     for file, g in result["graphs"].items():
         trt = "built" if g["tensorrt"]["built"] else f"skipped: {g['tensorrt']['skipped']}"
         lines.append(f"| {file} | {g['inputs']} | {g['parity']['parity_err']:.2e} | {trt} |")
-    lines += ["", "Build the engine on the deployment machine (TensorRT installed, the target GPU present):", "", "```bash"]
+    lines += [
+        "",
+        "Build the engine on the deployment machine (TensorRT installed, the target GPU present):",
+        "",
+        "```bash",
+    ]
     lines += [g["tensorrt"]["command"] for g in result["graphs"].values()]
     lines += ["```", ""]
     if quant != "none":
-        note = (f"Weights carry {quant} rounding (the acceptance the plan used was measured with them). "
-                "TensorRT runs FP8 GEMMs only where the graph has Q/DQ nodes; `--fp8` enables them where present.")
+        note = (
+            f"Weights carry {quant} rounding (the acceptance the plan used was measured with them). "
+            "TensorRT runs FP8 GEMMs only where the graph has Q/DQ nodes; `--fp8` enables them where present."
+        )
         lines += [note, ""]
     shapes = result["shapes"]
-    lines.append(f"Dynamic range: batch 1..{shapes['max_batch']}, tokens 1..{shapes['max_tokens']}, past 1..{shapes['max_past']} "
-                 "(every row of a batch shares one past length).")
+    lines.append(
+        f"Dynamic range: batch 1..{shapes['max_batch']}, tokens 1..{shapes['max_tokens']}, past 1..{shapes['max_past']} "
+        "(every row of a batch shares one past length)."
+    )
     lines += ["", *result.get("readme_extra", [])]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -374,5 +439,15 @@ def parity_summary(result: dict) -> str:
     return "; ".join(f"{f}: {g['parity']['parity_err']:.1e}" for f, g in result["graphs"].items())
 
 
-__all__ = ["ExportedForward", "Ranges", "check_parity", "export_drafter", "export_module", "export_onnx", "inverse_frequencies", "rope_tables",
-           "tensorrt_step", "trtexec_command"]
+__all__ = [
+    "ExportedForward",
+    "Ranges",
+    "check_parity",
+    "export_drafter",
+    "export_module",
+    "export_onnx",
+    "inverse_frequencies",
+    "rope_tables",
+    "tensorrt_step",
+    "trtexec_command",
+]

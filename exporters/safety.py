@@ -1,15 +1,15 @@
 """Schedule safety: what users of per-batch draft lengths run into, checked on the plan before the bundle ships.
 
-    thresholds  vLLM keys K on the scheduled request count (prefills included) and TensorRT-LLM on the batch it runs,
-                so near a threshold the count crosses it back and forth from step to step. Where the two draft lengths
-                on either side predict throughputs within each other's 95% intervals at the buckets beside the
-                threshold, the figures cannot tell them apart: the switch buys nothing measurable and is flagged.
-    top band    where the largest buckets run K = 0, a speculative deployment still pays there. vLLM reserves
-                lookahead KV slots for num_speculative_tokens per request whatever the batch's K (vllm/config/vllm.py
-                `num_lookahead_tokens` at 0.32: K for EAGLE-family and draft models, K + 1 for DFlash, none for
-                n-gram and suffix), and the drafter's weights stay resident. Said in bytes at the band's largest
-                batch (computed from the configs: modeled), beside the plan's predicted tokens/s there, which a plain
-                server matches (the cost model charges no drafter work at K = 0).
+thresholds  vLLM keys K on the scheduled request count (prefills included) and TensorRT-LLM on the batch it runs,
+            so near a threshold the count crosses it back and forth from step to step. Where the two draft lengths
+            on either side predict throughputs within each other's 95% intervals at the buckets beside the
+            threshold, the figures cannot tell them apart: the switch buys nothing measurable and is flagged.
+top band    where the largest buckets run K = 0, a speculative deployment still pays there. vLLM reserves
+            lookahead KV slots for num_speculative_tokens per request whatever the batch's K (vllm/config/vllm.py
+            `num_lookahead_tokens` at 0.32: K for EAGLE-family and draft models, K + 1 for DFlash, none for
+            n-gram and suffix), and the drafter's weights stay resident. Said in bytes at the band's largest
+            batch (computed from the configs: modeled), beside the plan's predicted tokens/s there, which a plain
+            server matches (the cost model charges no drafter work at K = 0).
 """
 
 from __future__ import annotations
@@ -39,11 +39,16 @@ def noisy_thresholds(ctx: ExportContext) -> list[dict]:
         beside = [hi, buckets[buckets.index(hi) + 1]]
         figures = {b: {k: ctx.predict(b, k) for k in (k_below, k_above)} for b in beside}
         if all(_overlap(figures[b][k_below], figures[b][k_above]) for b in beside):
-            out.append({"threshold": hi, "draft_lens": [k_below, k_above], "tokens_per_s": {str(b): {str(k): f for k, f in fs.items()}
-                                                                                           for b, fs in figures.items()},
-                        "text": f"K {k_below} -> {k_above} above batch {hi}: at batches {beside[0]} and {beside[1]} the two predict "
-                                f"tokens/s within each other's 95% intervals, so the switch is inside the noise; the engine keys K "
-                                f"on the live request count (vLLM counts prefills), which crosses {hi} back and forth"})
+            out.append(
+                {
+                    "threshold": hi,
+                    "draft_lens": [k_below, k_above],
+                    "tokens_per_s": {str(b): {str(k): f for k, f in fs.items()} for b, fs in figures.items()},
+                    "text": f"K {k_below} -> {k_above} above batch {hi}: at batches {beside[0]} and {beside[1]} the two predict "
+                    f"tokens/s within each other's 95% intervals, so the switch is inside the noise; the engine keys K "
+                    f"on the live request count (vLLM counts prefills), which crosses {hi} back and forth",
+                }
+            )
     return out
 
 
@@ -68,18 +73,31 @@ def top_band_cost(ctx: ExportContext, dtype_bytes: int, bundle: Path | None = No
     weights = sum(f.stat().st_size for f in folder.glob("*.safetensors")) if folder and folder.is_dir() else None
     throughput = {str(b): ctx.predict(b, 0) for b, d in ctx.schedule if b >= top_lo} if ctx.predict else {}
     if not lookahead_bytes and not weights:
-        text = (f"batches {top_lo}-{top_hi} run K = 0; the {ctx.mechanism} drafter reserves no lookahead KV and holds no weights, so a "
-                "speculative server costs there what a plain one does")
+        text = (
+            f"batches {top_lo}-{top_hi} run K = 0; the {ctx.mechanism} drafter reserves no lookahead KV and holds no weights, so a "
+            "speculative server costs there what a plain one does"
+        )
     else:
-        text = (f"batches {top_lo}-{top_hi} run K = 0, yet a speculative vLLM server reserves {slots} lookahead KV slot(s) per request there "
-                f"({lookahead_bytes / MIB:.1f} MiB at batch {top_hi}, modeled from the target's config)"
-                + (f" and keeps the drafter's {weights / MIB:.1f} MiB of weights resident" if weights else "")
-                + ": a plain server predicts the same tokens/s there with that memory free for more requests; where traffic can be "
-                  "routed by load, serve that band without speculation")
-    return {"band": [top_lo, top_hi], "lookahead_slots_per_request": slots, "lookahead_kv_bytes": lookahead_bytes, "source": "modeled",
-            "drafter_weight_bytes": weights, "plain_tokens_per_s": throughput, "text": text}
+        text = (
+            f"batches {top_lo}-{top_hi} run K = 0, yet a speculative vLLM server reserves {slots} lookahead KV slot(s) per request there "
+            f"({lookahead_bytes / MIB:.1f} MiB at batch {top_hi}, modeled from the target's config)"
+            + (f" and keeps the drafter's {weights / MIB:.1f} MiB of weights resident" if weights else "")
+            + ": a plain server predicts the same tokens/s there with that memory free for more requests; where traffic can be "
+            "routed by load, serve that band without speculation"
+        )
+    return {
+        "band": [top_lo, top_hi],
+        "lookahead_slots_per_request": slots,
+        "lookahead_kv_bytes": lookahead_bytes,
+        "source": "modeled",
+        "drafter_weight_bytes": weights,
+        "plain_tokens_per_s": throughput,
+        "text": text,
+    }
 
 
 def safety_lines(safety: dict) -> list[str]:
     """What the schedule-safety record flags, one line each (the bundle's README and manifest)."""
-    return [t["text"] for t in safety["noisy_thresholds"]] + ([safety["top_band"]["text"]] if safety["top_band"] else [])
+    return [t["text"] for t in safety["noisy_thresholds"]] + (
+        [safety["top_band"]["text"]] if safety["top_band"] else []
+    )

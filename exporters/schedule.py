@@ -23,7 +23,9 @@ Schedule = list[tuple[int, int]]  # (batch bucket, D), buckets ascending
 def check_schedule(schedule: Schedule) -> None:
     batches = [b for b, _ in schedule]
     if not schedule or batches[0] < 1 or any(b2 <= b1 for b1, b2 in zip(batches, batches[1:])):
-        raise SpecdecError(f"schedule buckets {batches} are not ascending positive batch sizes", "re-run `specdec-tune search`")
+        raise SpecdecError(
+            f"schedule buckets {batches} are not ascending positive batch sizes", "re-run `specdec-tune search`"
+        )
     if any(d < 0 for _, d in schedule):
         raise SpecdecError("a schedule has a negative draft length", "re-run `specdec-tune search`")
 
@@ -53,8 +55,10 @@ def to_trtllm(schedule: Schedule) -> dict[int, int]:
         del table[max(table)]
     first = table[min(table)]
     if first != max(table.values()):
-        raise SpecdecError(f"TensorRT-LLM needs the smallest batch to carry the largest draft length, got {table}",
-                           "re-run `specdec-tune search`, which keeps that rule")
+        raise SpecdecError(
+            f"TensorRT-LLM needs the smallest batch to carry the largest draft length, got {table}",
+            "re-run `specdec-tune search`, which keeps that rule",
+        )
     return table
 
 
@@ -62,8 +66,10 @@ def to_trtllm_lower(schedule: Schedule) -> dict[int, int]:
     """TensorRT-LLM 1.2's form: lower bound -> K; key 1 carries max_draft_len (the plan's rule)."""
     table = {lo: k for lo, _, k in bands(schedule)}
     if table[1] != max(table.values()):
-        raise SpecdecError(f"TensorRT-LLM needs batch 1 to carry the largest draft length, got {table}",
-                           "re-run `specdec-tune search`, which keeps that rule")
+        raise SpecdecError(
+            f"TensorRT-LLM needs batch 1 to carry the largest draft length, got {table}",
+            "re-run `specdec-tune search`, which keeps that rule",
+        )
     return table
 
 
@@ -89,7 +95,9 @@ def k_at(table: dict[int, int] | list, batch: int) -> int:
 
 def from_vllm(ranges: list[list[int]]) -> Schedule:
     if not ranges or ranges[0][0] != 1 or any(r2[0] != r1[1] + 1 for r1, r2 in zip(ranges, ranges[1:])):
-        raise SpecdecError(f"vLLM ranges {ranges} must start at 1 and be contiguous", "write ranges like [[1,4,3],[5,16,1]]")
+        raise SpecdecError(
+            f"vLLM ranges {ranges} must start at 1 and be contiguous", "write ranges like [[1,4,3],[5,16,1]]"
+        )
     return [(hi, k) for _, hi, k in ranges]
 
 

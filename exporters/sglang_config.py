@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 import shlex
 
-from specdec_tune.exporters.native_checks import check_sglang
 from specdec_tune.exporters.engines import Engine, EngineFiles, ExportContext, deviation, deviation_text, register
+from specdec_tune.exporters.native_checks import check_sglang
 from specdec_tune.exporters.schedule import to_sglang
 from specdec_tune.exporters.versions import gate
 
@@ -37,7 +37,14 @@ def _flags(ctx: ExportContext, k: int) -> list[str]:
         return flags + ["--speculative-num-draft-tokens", str(k + 1), "--speculative-ngram-max-bfs-breadth", "1"]
     if s.fixed_block:  # one step drafts the block: the verify window is the anchor and its K drafts
         return flags + ["--speculative-num-draft-tokens", str(k + 1)]
-    return flags + ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(k + 1)]
+    return flags + [
+        "--speculative-num-steps",
+        str(k),
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        str(k + 1),
+    ]
 
 
 def _launch(ctx: ExportContext, extra: list[str]) -> list[str]:
@@ -67,33 +74,68 @@ def render(ctx: ExportContext) -> EngineFiles:
         block = ctx.spelling.drafts_per_block(ctx.head)
         runs = [(b, block if d else 0) for b, d in ctx.schedule]
         if runs != list(ctx.schedule):
-            deviation_record = deviation(ctx, runs, f"{s.algorithm} drafts the checkpoint's whole block ({block} drafts) where it speculates")
+            deviation_record = deviation(
+                ctx, runs, f"{s.algorithm} drafts the checkpoint's whole block ({block} drafts) where it speculates"
+            )
             decisions.append(deviation_text(deviation_record))
     bands = to_sglang(runs)
     memory = ctx.memory
     if memory:
-        decisions.append(f"--mem-fraction-static {memory['mem_fraction_static']:g} (weights and the KV pool: the plan's {memory['gpu_memory_utilization']:g} "
-                         "of the device less its activations) and --max-running-requests at each band's top, which fits at its D")
-    doc: dict = {"supported": True, "mechanism": ctx.mechanism, "bands": [
-        {"min_concurrency": lo, "max_concurrency": hi, "draft_len": k, "argv": _launch(ctx, ["--max-running-requests", str(hi), *_flags(ctx, k)])}
-        for lo, hi, k in bands]}
+        decisions.append(
+            f"--mem-fraction-static {memory['mem_fraction_static']:g} (weights and the KV pool: the plan's {memory['gpu_memory_utilization']:g} "
+            "of the device less its activations) and --max-running-requests at each band's top, which fits at its D"
+        )
+    doc: dict = {
+        "supported": True,
+        "mechanism": ctx.mechanism,
+        "bands": [
+            {
+                "min_concurrency": lo,
+                "max_concurrency": hi,
+                "draft_len": k,
+                "argv": _launch(ctx, ["--max-running-requests", str(hi), *_flags(ctx, k)]),
+            }
+            for lo, hi, k in bands
+        ],
+    }
     files: dict[str, str] = {}
     g = gate("sglang", "speculative_adaptive", version)
     if s is not None and s.adaptive and ctx.speculates and len(bands) > 1 and g["emitted"]:
         gates.append(g)
         table = adaptive_table(bands)
         graph_sizes = sorted({hi for _, hi, _ in bands})
-        doc["adaptive"] = {"config_file": ADAPTIVE_FILE, "config": table, "argv": _launch(ctx, [
-            "--max-running-requests", str(ctx.max_batch), *_flags(ctx, max(k for *_, k in bands)), "--speculative-adaptive",
-            "--speculative-adaptive-config", ADAPTIVE_FILE, "--cuda-graph-bs-decode", *map(str, graph_sizes)])}
+        doc["adaptive"] = {
+            "config_file": ADAPTIVE_FILE,
+            "config": table,
+            "argv": _launch(
+                ctx,
+                [
+                    "--max-running-requests",
+                    str(ctx.max_batch),
+                    *_flags(ctx, max(k for *_, k in bands)),
+                    "--speculative-adaptive",
+                    "--speculative-adaptive-config",
+                    ADAPTIVE_FILE,
+                    "--cuda-graph-bs-decode",
+                    *map(str, graph_sizes),
+                ],
+            ),
+        }
         files[ADAPTIVE_FILE] = json.dumps(table, indent=2) + "\n"
-        decisions.append(f"per-batch draft length in one server: --speculative-adaptive-config {ADAPTIVE_FILE} with one candidate step "
-                         f"count per band ({', '.join(f'{lo}-{hi}: {k}' for lo, hi, k in bands)}), so the controller keeps the plan's K; "
-                         f"--cuda-graph-bs-decode {graph_sizes} ends a graph size at each band's top (keys are looked up after graph padding)")
+        decisions.append(
+            f"per-batch draft length in one server: --speculative-adaptive-config {ADAPTIVE_FILE} with one candidate step "
+            f"count per band ({', '.join(f'{lo}-{hi}: {k}' for lo, hi, k in bands)}), so the controller keeps the plan's K; "
+            f"--cuda-graph-bs-decode {graph_sizes} ends a graph size at each band's top (keys are looked up after graph padding)"
+        )
     elif len(bands) > 1:
-        why = ("SGLang's adaptive controller runs EAGLE / EAGLE3 with topk 1 only" if s is not None and not s.adaptive
-               else f"SGLang {version} has no --speculative-adaptive (since {g['since']})")
-        decisions.append(f"{len(bands)} concurrency bands, one server each (route each band's traffic to its server): {why}")
+        why = (
+            "SGLang's adaptive controller runs EAGLE / EAGLE3 with topk 1 only"
+            if s is not None and not s.adaptive
+            else f"SGLang {version} has no --speculative-adaptive (since {g['since']})"
+        )
+        decisions.append(
+            f"{len(bands)} concurrency bands, one server each (route each band's traffic to its server): {why}"
+        )
     else:
         decisions.append("one server: one draft length for every batch size")
     files["bands.json"] = json.dumps(doc, indent=2) + "\n"
@@ -107,15 +149,27 @@ def _script(doc: dict) -> str:
     if "adaptive" in doc:  # run from anywhere: the config file sits beside this script
         argv = doc["adaptive"]["argv"]
         at = argv.index(ADAPTIVE_FILE)
-        return (head + "# SGLang: one server, the plan's draft length per batch size (adaptive.json); other paths are relative to the bundle\n"
-                + 'here=$(cd "$(dirname "$0")" && pwd)\ncd "$here/.." || exit 1\n'
-                + f"exec {quote(argv[:at])} \"$here/{ADAPTIVE_FILE}\" {quote(argv[at + 1:])}\n")
+        return (
+            head
+            + "# SGLang: one server, the plan's draft length per batch size (adaptive.json); other paths are relative to the bundle\n"
+            + 'here=$(cd "$(dirname "$0")" && pwd)\ncd "$here/.." || exit 1\n'
+            + f'exec {quote(argv[:at])} "$here/{ADAPTIVE_FILE}" {quote(argv[at + 1 :])}\n'
+        )
     bands = doc["bands"]
     if len(bands) == 1:
-        return head + '# SGLang: one server for every concurrency\ncd "$(dirname "$0")/.." || exit 1\nexec ' + quote(bands[0]["argv"]) + "\n"
-    out = head + "# SGLang: one server per concurrency band; run the band that matches your load from the bundle folder\n"
+        return (
+            head
+            + '# SGLang: one server for every concurrency\ncd "$(dirname "$0")/.." || exit 1\nexec '
+            + quote(bands[0]["argv"])
+            + "\n"
+        )
+    out = (
+        head + "# SGLang: one server per concurrency band; run the band that matches your load from the bundle folder\n"
+    )
     for b in bands:
-        out += f"# concurrency {b['min_concurrency']}-{b['max_concurrency']}: D = {b['draft_len']}\n# {quote(b['argv'])}\n"
+        out += (
+            f"# concurrency {b['min_concurrency']}-{b['max_concurrency']}: D = {b['draft_len']}\n# {quote(b['argv'])}\n"
+        )
     return out
 
 
@@ -124,7 +178,7 @@ def k_at(doc: dict, batch: int) -> int:
     up to a captured graph size (adaptive_step_router.py), else the band holding it."""
     if "adaptive" in doc:
         argv = doc["adaptive"]["argv"]
-        graphs = [int(a) for a in argv[argv.index("--cuda-graph-bs-decode") + 1:] if a.isdigit()]
+        graphs = [int(a) for a in argv[argv.index("--cuda-graph-bs-decode") + 1 :] if a.isdigit()]
         padded = min((g for g in graphs if g >= batch), default=batch)
         keys = sorted(int(k) for k in doc["adaptive"]["config"])
         key = max([k for k in keys if k <= padded], default=keys[0])
@@ -150,9 +204,15 @@ def rules(doc: dict, version: str) -> list[str]:
             out.append("topk must be 1 for a linear draft")
     if "adaptive" in doc:
         for band in doc["bands"]:
-            wrong = [b for b in range(band["min_concurrency"], band["max_concurrency"] + 1) if k_at(doc, b) != band["draft_len"]]
+            wrong = [
+                b
+                for b in range(band["min_concurrency"], band["max_concurrency"] + 1)
+                if k_at(doc, b) != band["draft_len"]
+            ]
             if wrong:
-                out.append(f"the adaptive table runs another K than {band['draft_len']} at batch {wrong[0]} (graph padding crosses a band)")
+                out.append(
+                    f"the adaptive table runs another K than {band['draft_len']} at batch {wrong[0]} (graph padding crosses a band)"
+                )
     return out
 
 

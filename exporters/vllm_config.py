@@ -10,6 +10,7 @@ from specdec_tune.exporters.native_checks import check_vllm
 from specdec_tune.exporters.schedule import to_vllm
 from specdec_tune.exporters.versions import gate
 
+
 def _mechanism_fields(ctx: ExportContext) -> dict:
     v = ctx.spelling.vllm
     fields = v.fields(ctx.drafter.get("options", {}) | ctx.head)
@@ -31,25 +32,36 @@ def render(ctx: ExportContext) -> EngineFiles:
         serve += ["--gpu-memory-utilization", f"{memory['gpu_memory_utilization']:g}"]
         if memory["kv_cache_pool_bytes"]:  # vLLM on a CPU: the KV cache is the pool the plan was sized for
             serve = ["env", f"VLLM_CPU_KVCACHE_SPACE={memory['kv_cache_pool_bytes'] / 2**30:g}", *serve]
-        decisions.append(f"--gpu-memory-utilization {memory['gpu_memory_utilization']:g} and --max-num-seqs {ctx.max_batch}: the plan's memory "
-                         "budget and the largest batch that fits in it at its D" + (
-                             f" (on a CPU vLLM keeps the KV cache in VLLM_CPU_KVCACHE_SPACE, {memory['kv_cache_pool_bytes'] / 2**30:g} GiB "
-                             "as profiled)" if memory["kv_cache_pool_bytes"] else ""))
+        decisions.append(
+            f"--gpu-memory-utilization {memory['gpu_memory_utilization']:g} and --max-num-seqs {ctx.max_batch}: the plan's memory "
+            "budget and the largest batch that fits in it at its D"
+            + (
+                f" (on a CPU vLLM keeps the KV cache in VLLM_CPU_KVCACHE_SPACE, {memory['kv_cache_pool_bytes'] / 2**30:g} GiB "
+                "as profiled)"
+                if memory["kv_cache_pool_bytes"]
+                else ""
+            )
+        )
     if not ctx.speculates:
         decisions.append("the plan speculates at no batch size: no speculative_config")
         return EngineFiles({"serve.sh": _script(serve)}, None, decisions, gates)
     v = ctx.spelling.vllm
     if ctx.spelling.learned_head and not v.reads_head:
-        record = deviation(ctx, [(b, 0) for b, _ in ctx.schedule],
-                           f"vLLM's {v.method} runs layers inside the target checkpoint; its speculators reader loads no separately "
-                           f"trained {v.method} head (types eagle3, peagle, dflash, dflash2, dspark in 0.32): plain serving")
+        record = deviation(
+            ctx,
+            [(b, 0) for b, _ in ctx.schedule],
+            f"vLLM's {v.method} runs layers inside the target checkpoint; its speculators reader loads no separately "
+            f"trained {v.method} head (types eagle3, peagle, dflash, dflash2, dspark in 0.32): plain serving",
+        )
         decisions.append(deviation_text(record))
         return EngineFiles({"serve.sh": _script(serve)}, None, decisions, gates, record)
     g = gate("vllm", f"method:{v.method}", version)
     gates.append(g)
     config = {"method": v.method, "num_speculative_tokens": ctx.max_draft_len, **_mechanism_fields(ctx)}
     if not g["emitted"]:
-        decisions.append(f"vLLM {version} predates method {v.method!r} (since {g['since']}): the config needs a newer vLLM")
+        decisions.append(
+            f"vLLM {version} predates method {v.method!r} (since {g['since']}): the config needs a newer vLLM"
+        )
     ranges = to_vllm(ctx.schedule)
     g = gate("vllm", "num_speculative_tokens_per_batch_size", version)
     gates.append(g)
@@ -60,8 +72,11 @@ def render(ctx: ExportContext) -> EngineFiles:
     elif len(ranges) > 1:
         single = max(ctx.single_draft_len, 1)
         config["num_speculative_tokens"] = single
-        record = deviation(ctx, [(b, single) for b, _ in ctx.schedule],
-                           f"vLLM {version} has no per-batch table (since {g['since']}): static K = {single}, the plan's best single D")
+        record = deviation(
+            ctx,
+            [(b, single) for b, _ in ctx.schedule],
+            f"vLLM {version} has no per-batch table (since {g['since']}): static K = {single}, the plan's best single D",
+        )
         decisions.append(deviation_text(record))
     else:
         decisions.append(f"one K ({ctx.max_draft_len}) for every batch size: no per-batch table needed")
@@ -71,8 +86,10 @@ def render(ctx: ExportContext) -> EngineFiles:
 
 
 def _script(argv: list[str]) -> str:
-    return ("#!/usr/bin/env sh\n# vLLM serve command for this plan; paths in it are relative to the bundle folder\n"
-            'cd "$(dirname "$0")/.." || exit 1\nexec ' + " ".join(shlex.quote(a) for a in argv) + "\n")
+    return (
+        "#!/usr/bin/env sh\n# vLLM serve command for this plan; paths in it are relative to the bundle folder\n"
+        'cd "$(dirname "$0")/.." || exit 1\nexec ' + " ".join(shlex.quote(a) for a in argv) + "\n"
+    )
 
 
 def rules(config: dict, version: str) -> list[str]:
@@ -93,4 +110,6 @@ def rules(config: dict, version: str) -> list[str]:
     return out
 
 
-register(Engine("vllm", "vllm", "speculative_config.json", "vllm-speculative-config.schema.json", render, rules, check_vllm))
+register(
+    Engine("vllm", "vllm", "speculative_config.json", "vllm-speculative-config.schema.json", render, rules, check_vllm)
+)

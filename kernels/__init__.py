@@ -10,4 +10,13 @@ One module per job, imported on use (the Triton ones need `triton`):
 - `aot`               cubins per target architecture, the kernel manifest, and the loader with its JIT fallback
 """
 
+import importlib
+
 __all__ = ["acceptance", "aot", "buckets", "greedy", "tuning", "verify_attention"]
+
+
+def __getattr__(name: str):
+    """Each module on first use (the Triton ones import triton)."""
+    if name in __all__:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

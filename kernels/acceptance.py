@@ -63,11 +63,18 @@ def _row_argmax(row, vocab_size, BLOCK_V: tl.constexpr):
 @triton.jit
 def greedy_accept_kernel(
     # Pointers: logits [B, 1+K, V]; drafts [B, K]; draft_lens, num_accepted, next_token [B]
-    Logits, Drafts, DraftLens, NumAccepted, NextToken,
+    Logits,
+    Drafts,
+    DraftLens,
+    NumAccepted,
+    NextToken,
     # Strides (the vocab dim is contiguous)
-    stride_lb, stride_lk, stride_db,
+    stride_lb,
+    stride_lk,
+    stride_db,
     # Sizes
-    vocab_size, max_draft_len,
+    vocab_size,
+    max_draft_len,
     # Meta-parameters
     BLOCK_V: tl.constexpr,
 ):
@@ -120,13 +127,28 @@ def _softmax_stats(row, vocab_size, temperature, BLOCK_V: tl.constexpr):
 def rejection_sample_kernel(
     # Pointers: logits [B, 1+K, V]; drafts [B, K]; draft_lens [B]; draft_probs [B, K, V] fp32 (HAS_DRAFT_PROBS);
     # uniforms u_accept [B, K], u_sample [B] fp32; outputs num_accepted, next_token [B]
-    Logits, Drafts, DraftLens, DraftProbs, UAccept, USample, NumAccepted, NextToken,
+    Logits,
+    Drafts,
+    DraftLens,
+    DraftProbs,
+    UAccept,
+    USample,
+    NumAccepted,
+    NextToken,
     # Strides (the vocab dim is contiguous)
-    stride_lb, stride_lk, stride_db, stride_qb, stride_qk, stride_ub,
+    stride_lb,
+    stride_lk,
+    stride_db,
+    stride_qb,
+    stride_qk,
+    stride_ub,
     # Sizes
-    vocab_size, max_draft_len, temperature,
+    vocab_size,
+    max_draft_len,
+    temperature,
     # Meta-parameters
-    HAS_DRAFT_PROBS: tl.constexpr, BLOCK_V: tl.constexpr,
+    HAS_DRAFT_PROBS: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     draft_len = tl.minimum(tl.load(DraftLens + b), max_draft_len)
@@ -188,13 +210,22 @@ def rejection_sample_kernel(
 # ------------------------------------------------------------------------------ torch references
 
 
-def greedy_accept_ref(logits: torch.Tensor, drafts: torch.Tensor, draft_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def greedy_accept_ref(
+    logits: torch.Tensor, drafts: torch.Tensor, draft_lens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference loop's own greedy rule (kernels.greedy.verify_greedy, which profiles.specdec applies)."""
     return verify_greedy(logits, drafts, draft_lens)
 
 
-def rejection_sample_ref(logits: torch.Tensor, drafts: torch.Tensor, draft_lens: torch.Tensor, draft_probs: torch.Tensor | None,
-                         temperature: float, u_accept: torch.Tensor, u_sample: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rejection_sample_ref(
+    logits: torch.Tensor,
+    drafts: torch.Tensor,
+    draft_lens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    temperature: float,
+    u_accept: torch.Tensor,
+    u_sample: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`verify_sampled` with its randomness made explicit: the accept tests use u_accept [B, K] (as it does) and
     the emitted token is the inverse CDF of u_sample [B] (`verify_sampled` draws its u with the generator)."""
     B, K = drafts.shape
@@ -248,11 +279,20 @@ def key_for(vocab_size: int) -> dict:
 
 
 def _check(logits: torch.Tensor, drafts: torch.Tensor, draft_lens: torch.Tensor) -> None:
-    if logits.dim() != 3 or drafts.dim() != 2 or logits.shape[0] != drafts.shape[0] or logits.shape[1] != drafts.shape[1] + 1:
-        raise SpecdecError(f"acceptance shapes logits {tuple(logits.shape)}, drafts {tuple(drafts.shape)}",
-                           "logits are [B, 1+K, V] and drafts [B, K]")
+    if (
+        logits.dim() != 3
+        or drafts.dim() != 2
+        or logits.shape[0] != drafts.shape[0]
+        or logits.shape[1] != drafts.shape[1] + 1
+    ):
+        raise SpecdecError(
+            f"acceptance shapes logits {tuple(logits.shape)}, drafts {tuple(drafts.shape)}",
+            "logits are [B, 1+K, V] and drafts [B, K]",
+        )
     if draft_lens.shape != (drafts.shape[0],):
-        raise SpecdecError(f"draft_lens is {tuple(draft_lens.shape)}", f"pass one length per sequence: [{drafts.shape[0]}]")
+        raise SpecdecError(
+            f"draft_lens is {tuple(draft_lens.shape)}", f"pass one length per sequence: [{drafts.shape[0]}]"
+        )
     if logits.stride(-1) != 1:
         raise SpecdecError("acceptance needs the vocab dim of the logits contiguous", "pass .contiguous() logits")
     if logits.dtype not in (torch.float16, torch.bfloat16, torch.float32):
@@ -284,7 +324,18 @@ def greedy_accept(
     config = config or tile_rule(key_for(V))
     num_accepted, next_token = out if out is not None else _outputs(B, logits.device)
     d = _drafts_arg(drafts)
-    args = (logits, d, draft_lens.long(), num_accepted, next_token, logits.stride(0), logits.stride(1), d.stride(0), V, drafts.shape[1])
+    args = (
+        logits,
+        d,
+        draft_lens.long(),
+        num_accepted,
+        next_token,
+        logits.stride(0),
+        logits.stride(1),
+        d.stride(0),
+        V,
+        drafts.shape[1],
+    )
     _launch(launcher, greedy_accept_kernel, (B, 1, 1), args, {"BLOCK_V": config["BLOCK_V"]}, config)
     return num_accepted, next_token
 
@@ -310,7 +361,9 @@ def rejection_sample(
     B, K1, V = logits.shape
     K = K1 - 1
     if draft_probs is not None and (draft_probs.shape != (B, K, V) or draft_probs.stride(-1) != 1):
-        raise SpecdecError(f"draft_probs is {tuple(draft_probs.shape)}", f"pass contiguous [B, K, V] = [{B}, {K}, {V}] probabilities")
+        raise SpecdecError(
+            f"draft_probs is {tuple(draft_probs.shape)}", f"pass contiguous [B, K, V] = [{B}, {K}, {V}] probabilities"
+        )
     if uniforms is None:
         u_accept = torch.rand((B, K), generator=generator, device=logits.device)
         u_sample = torch.rand((B,), generator=generator, device=logits.device)
@@ -321,8 +374,25 @@ def rejection_sample(
     d = _drafts_arg(drafts)
     u_a = u_accept.float().contiguous() if K else torch.ones((B, 1), device=logits.device)
     probs = draft_probs.float() if draft_probs is not None and K else torch.zeros((1, 1, 1), device=logits.device)
-    args = (logits, d, draft_lens.long(), probs, u_a, u_sample.float().contiguous(), num_accepted, next_token,
-            logits.stride(0), logits.stride(1), d.stride(0), probs.stride(0), probs.stride(1), u_a.stride(0), V, K, float(temperature))
+    args = (
+        logits,
+        d,
+        draft_lens.long(),
+        probs,
+        u_a,
+        u_sample.float().contiguous(),
+        num_accepted,
+        next_token,
+        logits.stride(0),
+        logits.stride(1),
+        d.stride(0),
+        probs.stride(0),
+        probs.stride(1),
+        u_a.stride(0),
+        V,
+        K,
+        float(temperature),
+    )
     constexprs = {"HAS_DRAFT_PROBS": draft_probs is not None and K > 0, "BLOCK_V": config["BLOCK_V"]}
     _launch(launcher, rejection_sample_kernel, (B, 1, 1), args, constexprs, config)
     return num_accepted, next_token
@@ -338,26 +408,71 @@ def signature(kernel, dtype: torch.dtype = torch.float32) -> dict[str, str]:
     """Triton types of the runtime arguments, for compiling ahead of time (kernels.aot); dtype is the logits'."""
     elem = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32"}[dtype]
     if kernel is greedy_accept_kernel:
-        return {"Logits": elem, "Drafts": "*i64", "DraftLens": "*i64", "NumAccepted": "*i64", "NextToken": "*i64",
-                "stride_lb": "i32", "stride_lk": "i32", "stride_db": "i32", "vocab_size": "i32", "max_draft_len": "i32"}
-    return {"Logits": elem, "Drafts": "*i64", "DraftLens": "*i64", "DraftProbs": "*fp32", "UAccept": "*fp32", "USample": "*fp32",
-            "NumAccepted": "*i64", "NextToken": "*i64", **dict.fromkeys(["stride_lb", "stride_lk", "stride_db", "stride_qb", "stride_qk",
-                                                                          "stride_ub", "vocab_size", "max_draft_len"], "i32"),
-            "temperature": "fp32"}
+        return {
+            "Logits": elem,
+            "Drafts": "*i64",
+            "DraftLens": "*i64",
+            "NumAccepted": "*i64",
+            "NextToken": "*i64",
+            "stride_lb": "i32",
+            "stride_lk": "i32",
+            "stride_db": "i32",
+            "vocab_size": "i32",
+            "max_draft_len": "i32",
+        }
+    return {
+        "Logits": elem,
+        "Drafts": "*i64",
+        "DraftLens": "*i64",
+        "DraftProbs": "*fp32",
+        "UAccept": "*fp32",
+        "USample": "*fp32",
+        "NumAccepted": "*i64",
+        "NextToken": "*i64",
+        **dict.fromkeys(
+            [
+                "stride_lb",
+                "stride_lk",
+                "stride_db",
+                "stride_qb",
+                "stride_qk",
+                "stride_ub",
+                "vocab_size",
+                "max_draft_len",
+            ],
+            "i32",
+        ),
+        "temperature": "fp32",
+    }
 
 
 # -------------------------------------------------------------------------------------- benchmark
 
 
-def bench(config: dict, *, kernel: str = "greedy_accept", batch: int, draft_len: int, vocab_size: int,
-          dtype: torch.dtype = torch.float32, launcher=None) -> float:
+def bench(
+    config: dict,
+    *,
+    kernel: str = "greedy_accept",
+    batch: int,
+    draft_len: int,
+    vocab_size: int,
+    dtype: torch.dtype = torch.float32,
+    launcher=None,
+) -> float:
     """Median ms of one call on the current CUDA device, every draft accepted (the longest walk)."""
     g = torch.Generator(device="cpu").manual_seed(0)
     logits = torch.randn((batch, draft_len + 1, vocab_size), generator=g).to("cuda", dtype)
     drafts = logits[:, :draft_len].argmax(-1)  # greedy: all accepted
     lens = torch.full((batch,), draft_len, dtype=torch.long, device="cuda")
     if kernel == "greedy_accept":
-        return triton.testing.do_bench(lambda: greedy_accept(logits, drafts, lens, config=config, launcher=launcher), return_mode="median")
-    u = (torch.zeros((batch, draft_len), device="cuda"), torch.rand((batch,), device="cuda"))  # u = 0 accepts every draft
-    return triton.testing.do_bench(lambda: rejection_sample(logits, drafts, lens, None, 1.0, uniforms=u, config=config, launcher=launcher),
-                                   return_mode="median")
+        return triton.testing.do_bench(
+            lambda: greedy_accept(logits, drafts, lens, config=config, launcher=launcher), return_mode="median"
+        )
+    u = (
+        torch.zeros((batch, draft_len), device="cuda"),
+        torch.rand((batch,), device="cuda"),
+    )  # u = 0 accepts every draft
+    return triton.testing.do_bench(
+        lambda: rejection_sample(logits, drafts, lens, None, 1.0, uniforms=u, config=config, launcher=launcher),
+        return_mode="median",
+    )

@@ -40,8 +40,8 @@ from pathlib import Path
 import torch
 
 from specdec_tune import SpecdecError
-from specdec_tune.kernels.tuning import KernelTable, ModelShapes, ServedShapes, call_shapes, source_hashes, tune_kernels
 from specdec_tune.kernels.buckets import next_pow2
+from specdec_tune.kernels.tuning import KernelTable, ModelShapes, ServedShapes, call_shapes, source_hashes, tune_kernels
 from specdec_tune.records import read_json, sha256_file, write_json
 
 KERNEL_MANIFEST_SCHEMA_VERSION = 1
@@ -58,11 +58,17 @@ FUNCTIONS = {
     "rejection_sample_kernel": "specdec_tune.kernels.acceptance",
 }
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-_POINTER_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64"}
+_POINTER_TYPES = {
+    torch.float16: "*fp16",
+    torch.bfloat16: "*bf16",
+    torch.float32: "*fp32",
+    torch.int32: "*i32",
+    torch.int64: "*i64",
+}
 
 
 def capability_of(arch: str) -> int:
-    """"sm_90" -> 90."""
+    """ "sm_90" -> 90."""
     if not arch.startswith("sm_") or not arch[3:].rstrip("a").isdigit():
         raise SpecdecError(f"unknown GPU architecture {arch!r}", "name it like sm_90 or sm_100")
     return int(arch[3:].rstrip("a"))
@@ -100,7 +106,10 @@ class Variant:
     num_stages: int
 
     def ident(self) -> str:
-        return json.dumps([self.function, self.constexprs, self.signature, list(self.aligned), self.num_warps, self.num_stages], sort_keys=True)
+        return json.dumps(
+            [self.function, self.constexprs, self.signature, list(self.aligned), self.num_warps, self.num_stages],
+            sort_keys=True,
+        )
 
 
 def _fn(function: str):
@@ -110,7 +119,9 @@ def _fn(function: str):
 def _jit_fn(function: str):
     """The kernel as a compilable JITFunction, also when this process runs kernels in the interpreter."""
     fn = _fn(function)
-    return getattr(_compilable_module(FUNCTIONS[function]), function) if type(fn).__name__ == "InterpretedFunction" else fn
+    return (
+        getattr(_compilable_module(FUNCTIONS[function]), function) if type(fn).__name__ == "InterpretedFunction" else fn
+    )
 
 
 @contextlib.contextmanager
@@ -128,7 +139,9 @@ def _not_interpreting():
 def _compilable_module(module_name: str):
     """A private copy of a kernel module decorated for compilation: the interpreter's stand-ins (the kernel and the
     jit functions it calls) cannot be compiled."""
-    spec = importlib.util.spec_from_file_location(f"{module_name}__compilable", importlib.import_module(module_name).__file__)
+    spec = importlib.util.spec_from_file_location(
+        f"{module_name}__compilable", importlib.import_module(module_name).__file__
+    )
     module = importlib.util.module_from_spec(spec)
     with _not_interpreting():
         spec.loader.exec_module(module)
@@ -149,13 +162,37 @@ def _attention_variants(key: dict, config: dict, dtype: torch.dtype, page_size: 
     out = []
     for paged in (False, True):
         for split in (False, True):
-            constexprs = {"HEAD_DIM": hd, "BLOCK_D": block_d, "BLOCK_M": config["BLOCK_M"], "BLOCK_N": config["BLOCK_N"],
-                          "PAGE_SIZE": page_size if paged else 1, "PAGED": paged, "SPLIT_KV": split, "DOT_FP32": dtype == torch.float32}
-            out.append(Variant("verify_attention_kernel", constexprs, sig, tuple(_pointers(sig) + strides), config["num_warps"],
-                               config["num_stages"]))
+            constexprs = {
+                "HEAD_DIM": hd,
+                "BLOCK_D": block_d,
+                "BLOCK_M": config["BLOCK_M"],
+                "BLOCK_N": config["BLOCK_N"],
+                "PAGE_SIZE": page_size if paged else 1,
+                "PAGED": paged,
+                "SPLIT_KV": split,
+                "DOT_FP32": dtype == torch.float32,
+            }
+            out.append(
+                Variant(
+                    "verify_attention_kernel",
+                    constexprs,
+                    sig,
+                    tuple(_pointers(sig) + strides),
+                    config["num_warps"],
+                    config["num_stages"],
+                )
+            )
     combine = va.signature(va.verify_attention_combine_kernel, dtype)
-    out.append(Variant("verify_attention_combine_kernel", {"HEAD_DIM": hd, "BLOCK_D": block_d, "BLOCK_S": va.MAX_KV_SPLITS}, combine,
-                       tuple(_pointers(combine) + ([n for n in combine if n.startswith("stride_")] if hd % 16 == 0 else [])), 4, 1))
+    out.append(
+        Variant(
+            "verify_attention_combine_kernel",
+            {"HEAD_DIM": hd, "BLOCK_D": block_d, "BLOCK_S": va.MAX_KV_SPLITS},
+            combine,
+            tuple(_pointers(combine) + ([n for n in combine if n.startswith("stride_")] if hd % 16 == 0 else [])),
+            4,
+            1,
+        )
+    )
     return out
 
 
@@ -163,16 +200,33 @@ def _greedy_variants(key: dict, config: dict, dtype: torch.dtype, page_size: int
     from specdec_tune.kernels import acceptance
 
     sig = acceptance.signature(acceptance.greedy_accept_kernel, torch.float32)
-    return [Variant("greedy_accept_kernel", {"BLOCK_V": config["BLOCK_V"]}, sig,
-                    tuple(_pointers(sig)), config["num_warps"], config["num_stages"])]
+    return [
+        Variant(
+            "greedy_accept_kernel",
+            {"BLOCK_V": config["BLOCK_V"]},
+            sig,
+            tuple(_pointers(sig)),
+            config["num_warps"],
+            config["num_stages"],
+        )
+    ]
 
 
 def _rejection_variants(key: dict, config: dict, dtype: torch.dtype, page_size: int) -> list[Variant]:
     from specdec_tune.kernels import acceptance
 
     sig = acceptance.signature(acceptance.rejection_sample_kernel, torch.float32)
-    return [Variant("rejection_sample_kernel", {"HAS_DRAFT_PROBS": probs, "BLOCK_V": config["BLOCK_V"]}, sig,
-                    tuple(_pointers(sig)), config["num_warps"], config["num_stages"]) for probs in (False, True)]
+    return [
+        Variant(
+            "rejection_sample_kernel",
+            {"HAS_DRAFT_PROBS": probs, "BLOCK_V": config["BLOCK_V"]},
+            sig,
+            tuple(_pointers(sig)),
+            config["num_warps"],
+            config["num_stages"],
+        )
+        for probs in (False, True)
+    ]
 
 
 # kernel (table name) -> its shipped specialisations; logits stay fp32 (the model's head returns fp32)
@@ -188,7 +242,9 @@ def _full_signature(fn, variant: Variant) -> tuple[dict, dict]:
     signature = {name: variant.signature.get(name, "constexpr") for name in fn.arg_names}
     missing = [n for n in fn.arg_names if n not in variant.signature and n not in variant.constexprs]
     if missing:
-        raise SpecdecError(f"{variant.function}: no type or value for {missing}", "the kernel's signature() is out of date")
+        raise SpecdecError(
+            f"{variant.function}: no type or value for {missing}", "the kernel's signature() is out of date"
+        )
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in variant.aligned}
     return signature, attrs
 
@@ -210,8 +266,10 @@ def compile_variant(variant: Variant, arch: str):
         return triton.compile(source, target=GPUTarget("cuda", capability_of(arch), 32), options=options)
     except Exception as e:  # noqa: BLE001 - ptxas and lowering errors: name the variant
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise SpecdecError(f"compiling {variant.function} {variant.constexprs} for {arch} failed: {first[:200]}",
-                           "report this with the plan.json") from None
+        raise SpecdecError(
+            f"compiling {variant.function} {variant.constexprs} for {arch} failed: {first[:200]}",
+            "report this with the plan.json",
+        ) from None
 
 
 def _interpreting() -> bool:
@@ -238,7 +296,12 @@ def compile_to(jobs: list[tuple[Variant, str]], out_dir: Path) -> list[dict]:
     import triton
 
     request = {"jobs": [[dataclasses.asdict(v), arch] for v, arch in jobs]}
-    cached = _compile_cache() / hashlib.sha256(json.dumps([request, triton.__version__, source_hashes()], sort_keys=True).encode()).hexdigest()
+    cached = (
+        _compile_cache()
+        / hashlib.sha256(
+            json.dumps([request, triton.__version__, source_hashes()], sort_keys=True).encode()
+        ).hexdigest()
+    )
     if not (cached / "records.json").is_file():
         _compile_in_child(request | {"out_dir": str(cached / "out")})
         write_json(cached / "records.json", json.loads((cached / "out" / "records.json").read_text()))
@@ -253,11 +316,21 @@ def _compile_cache() -> Path:
 
 def _compile_in_child(request: dict) -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-m", "specdec_tune.kernels.aot"], input=json.dumps(request), capture_output=True, text=True, env=env,
-                          check=False, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    done = subprocess.run(
+        [sys.executable, "-m", "specdec_tune.kernels.aot"],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+    )
     if done.returncode != 0:
         lines = done.stderr.strip().splitlines() or ["no output"]
-        raise SpecdecError(f"the kernel compiler process failed: {lines[-1][:300]}", "run `specdec-tune export --debug` for the full error")
+        raise SpecdecError(
+            f"the kernel compiler process failed: {lines[-1][:300]}",
+            "run `specdec-tune export --debug` for the full error",
+        )
 
 
 def _compile_worker() -> None:
@@ -303,17 +376,39 @@ def build_bundle_kernels(
         shutil.copyfile(Path(__file__).resolve().parent / f"{name}.py", out_dir / rel)
         sources[rel] = sha256_file(out_dir / rel)
 
-    uses = [(entry, variant, arch) for entry in table.entries
-            for variant in VARIANTS[entry.kernel](entry.key, entry.config, _DTYPES[dtype], page_size) for arch in archs]
-    jobs = list({(v.ident(), arch): (v, arch) for _, v, arch in uses}.values())  # one compile per distinct specialisation
+    uses = [
+        (entry, variant, arch)
+        for entry in table.entries
+        for variant in VARIANTS[entry.kernel](entry.key, entry.config, _DTYPES[dtype], page_size)
+        for arch in archs
+    ]
+    jobs = list(
+        {(v.ident(), arch): (v, arch) for _, v, arch in uses}.values()
+    )  # one compile per distinct specialisation
     records = dict(zip(((v.ident(), arch) for v, arch in jobs), compile_to(jobs, out_dir)))
-    binaries = [{"kernel": entry.kernel, "key": entry.key, "config": entry.config, "config_source": entry.source,
-                 **records[(variant.ident(), arch)]} for entry, variant, arch in uses]
+    binaries = [
+        {
+            "kernel": entry.kernel,
+            "key": entry.key,
+            "config": entry.config,
+            "config_source": entry.source,
+            **records[(variant.ident(), arch)],
+        }
+        for entry, variant, arch in uses
+    ]
     import triton
 
-    manifest = {"schema_version": KERNEL_MANIFEST_SCHEMA_VERSION, "triton_version": triton.__version__, "archs": list(archs),
-                "dtype": dtype, "page_size": page_size, "table": f"{KERNEL_DIR}/kernel_table.json",
-                "table_sha256": sha256_file(root / "kernel_table.json"), "sources": sources, "binaries": binaries}
+    manifest = {
+        "schema_version": KERNEL_MANIFEST_SCHEMA_VERSION,
+        "triton_version": triton.__version__,
+        "archs": list(archs),
+        "dtype": dtype,
+        "page_size": page_size,
+        "table": f"{KERNEL_DIR}/kernel_table.json",
+        "table_sha256": sha256_file(root / "kernel_table.json"),
+        "sources": sources,
+        "binaries": binaries,
+    }
     write_json(root / "manifest.json", manifest)
     return manifest
 
@@ -326,10 +421,23 @@ def _write_binary(kernel, variant: Variant, arch: str, out_dir: Path) -> dict:
     (out_dir / f"{stem}.cubin").write_bytes(cubin)
     metadata = next(Path(p) for name, p in kernel.metadata_group.items() if name.endswith(".json"))
     shutil.copyfile(metadata, out_dir / f"{stem}.json")
-    return {"function": variant.function, "arch": arch, "target": f"sm_{kernel.metadata.target.arch}", "constexprs": variant.constexprs,
-            "signature": variant.signature, "aligned": list(variant.aligned), "num_warps": variant.num_warps, "num_stages": variant.num_stages,
-            "path": f"{stem}.cubin", "sha256": digest, "bytes": len(cubin), "metadata_path": f"{stem}.json",
-            "metadata_sha256": sha256_file(out_dir / f"{stem}.json"), "shared_bytes": kernel.metadata.shared, "name": kernel.metadata.name}
+    return {
+        "function": variant.function,
+        "arch": arch,
+        "target": f"sm_{kernel.metadata.target.arch}",
+        "constexprs": variant.constexprs,
+        "signature": variant.signature,
+        "aligned": list(variant.aligned),
+        "num_warps": variant.num_warps,
+        "num_stages": variant.num_stages,
+        "path": f"{stem}.cubin",
+        "sha256": digest,
+        "bytes": len(cubin),
+        "metadata_path": f"{stem}.json",
+        "metadata_sha256": sha256_file(out_dir / f"{stem}.json"),
+        "shared_bytes": kernel.metadata.shared,
+        "name": kernel.metadata.name,
+    }
 
 
 # ------------------------------------------------------------------------------ validation
@@ -337,7 +445,12 @@ def _write_binary(kernel, variant: Variant, arch: str, out_dir: Path) -> dict:
 
 def _inside(bundle_dir: Path, rel: str) -> Path | None:
     path = bundle_dir / rel
-    if Path(rel).is_absolute() or ".." in Path(rel).parts or path.is_symlink() or not path.resolve().is_relative_to(bundle_dir.resolve()):
+    if (
+        Path(rel).is_absolute()
+        or ".." in Path(rel).parts
+        or path.is_symlink()
+        or not path.resolve().is_relative_to(bundle_dir.resolve())
+    ):
         return None
     return path
 
@@ -392,7 +505,10 @@ def check_kernel_manifest(bundle_dir: Path, entries: dict) -> list[str]:
             if entry is None or entry.config != b.get("config"):
                 errors.append(f"{label}: its config is not the kernel table's for key {b.get('key')}")
     if table is not None:
-        have = {(b.get("kernel"), json.dumps(b.get("key"), sort_keys=True), b.get("arch")) for b in entries.get("binaries", [])}
+        have = {
+            (b.get("kernel"), json.dumps(b.get("key"), sort_keys=True), b.get("arch"))
+            for b in entries.get("binaries", [])
+        }
         for e in table.entries:
             for arch in entries.get("archs", []):
                 if (e.kernel, json.dumps(e.key, sort_keys=True), arch) not in have:
@@ -448,9 +564,15 @@ class Launcher:
         """The binary for this specialisation on this GPU, or None."""
         want = json.dumps(constexprs, sort_keys=True)
         for b in self.manifest.get("binaries", []):
-            if (b["function"] == function and json.dumps(b["constexprs"], sort_keys=True) == want and b["signature"] == signature
-                    and b["num_warps"] == config["num_warps"] and b["num_stages"] == config["num_stages"]
-                    and self.device_arch is not None and capability_of(b["arch"]) == capability_of(self.device_arch)):
+            if (
+                b["function"] == function
+                and json.dumps(b["constexprs"], sort_keys=True) == want
+                and b["signature"] == signature
+                and b["num_warps"] == config["num_warps"]
+                and b["num_stages"] == config["num_stages"]
+                and self.device_arch is not None
+                and capability_of(b["arch"]) == capability_of(self.device_arch)
+            ):
                 return b
         return None
 
@@ -459,8 +581,10 @@ class Launcher:
         from triton.compiler import ASTSource, CompiledKernel
 
         if self.device_arch is None or capability_of(entry["arch"]) != capability_of(self.device_arch):
-            raise SpecdecError(f"{entry['path']} is built for {entry['arch']}, this machine's GPU is {self.device_arch or 'absent'}",
-                               "export the bundle for this GPU's architecture, or run the kernels JIT-compiled")
+            raise SpecdecError(
+                f"{entry['path']} is built for {entry['arch']}, this machine's GPU is {self.device_arch or 'absent'}",
+                "export the bundle for this GPU's architecture, or run the kernels JIT-compiled",
+            )
         if entry["path"] in self._loaded:
             return self._loaded[entry["path"]]
         path = _inside(self.bundle_dir, entry["path"])
@@ -472,11 +596,19 @@ class Launcher:
             raise SpecdecError(f"cubin {entry['path']} does not match its sha256", "re-export the bundle")
         built = cubin_arch(cubin)
         if capability_of(built) != capability_of(self.device_arch):
-            raise SpecdecError(f"{entry['path']} is a {built} cubin (its entry says {entry['arch']}); this GPU is {self.device_arch}",
-                               "re-export the bundle")
+            raise SpecdecError(
+                f"{entry['path']} is a {built} cubin (its entry says {entry['arch']}); this GPU is {self.device_arch}",
+                "re-export the bundle",
+            )
         fn = _jit_fn(entry["function"])
-        variant = Variant(entry["function"], entry["constexprs"], entry["signature"], tuple(entry["aligned"]), entry["num_warps"],
-                          entry["num_stages"])
+        variant = Variant(
+            entry["function"],
+            entry["constexprs"],
+            entry["signature"],
+            tuple(entry["aligned"]),
+            entry["num_warps"],
+            entry["num_stages"],
+        )
         signature, attrs = _full_signature(fn, variant)
         source = ASTSource(fn, signature, constexprs=dict(entry["constexprs"]), attrs=attrs)
         kernel = CompiledKernel(source, {path.name: str(path), meta.name: str(meta)}, entry["sha256"])

@@ -6,7 +6,9 @@ from __future__ import annotations
 import torch
 
 
-def verify_greedy(logits: torch.Tensor, drafts: torch.Tensor, draft_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def verify_greedy(
+    logits: torch.Tensor, drafts: torch.Tensor, draft_lens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy acceptance.
 
     logits: [B, 1+K, V]; drafts: [B, K] (padding past draft_lens is ignored); draft_lens: [B].

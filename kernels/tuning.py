@@ -93,19 +93,41 @@ def call_shapes(served: ServedShapes, shapes: ModelShapes) -> list[dict]:
     speculation on (D > 0) the two acceptance kernels over [B, 1+D, V] logits.
     """
     if shapes.num_heads % shapes.num_kv_heads:
-        raise SpecdecError(f"{shapes.num_heads} query heads over {shapes.num_kv_heads} KV heads", "query heads must be a multiple of KV heads")
-    from specdec_tune.kernels import acceptance, verify_attention  # imported on use: they need triton (kernels/__init__.py)
+        raise SpecdecError(
+            f"{shapes.num_heads} query heads over {shapes.num_kv_heads} KV heads",
+            "query heads must be a multiple of KV heads",
+        )
+    from specdec_tune.kernels import (
+        acceptance,
+        verify_attention,
+    )  # imported on use: they need triton (kernels/__init__.py)
 
     ctx, out = served.ctx, []
     for B, D in served.buckets:
         T = 1 + D
-        out.append({"kernel": "verify_attention", "key": verify_attention.key_for(shapes.group, T, shapes.head_dim, ctx + T, served.tile_rows),
-                    "shape": {"batch": B, "num_heads": shapes.num_heads, "num_kv_heads": shapes.num_kv_heads, "head_dim": shapes.head_dim,
-                              "num_tokens": T, "kv_len": ctx + T}})
+        out.append(
+            {
+                "kernel": "verify_attention",
+                "key": verify_attention.key_for(shapes.group, T, shapes.head_dim, ctx + T, served.tile_rows),
+                "shape": {
+                    "batch": B,
+                    "num_heads": shapes.num_heads,
+                    "num_kv_heads": shapes.num_kv_heads,
+                    "head_dim": shapes.head_dim,
+                    "num_tokens": T,
+                    "kv_len": ctx + T,
+                },
+            }
+        )
         if D > 0:
             for kernel in acceptance.KERNELS:
-                out.append({"kernel": kernel, "key": acceptance.key_for(shapes.vocab_size),
-                            "shape": {"kernel": kernel, "batch": B, "draft_len": D, "vocab_size": shapes.vocab_size}})
+                out.append(
+                    {
+                        "kernel": kernel,
+                        "key": acceptance.key_for(shapes.vocab_size),
+                        "shape": {"kernel": kernel, "batch": B, "draft_len": D, "vocab_size": shapes.vocab_size},
+                    }
+                )
     return out
 
 
@@ -146,16 +168,35 @@ class KernelTable:
         return dict(entry.config) if entry else kernel_module(kernel).tile_rule(key)
 
     def to_json(self) -> dict:
-        return {"schema_version": self.schema_version, "factors": self.factors, "tile_rows": self.tile_rows,
-                "entries": [dataclasses.asdict(e) | {"timings": list(e.timings), "shapes": list(e.shapes)} for e in self.entries]}
+        return {
+            "schema_version": self.schema_version,
+            "factors": self.factors,
+            "tile_rows": self.tile_rows,
+            "entries": [
+                dataclasses.asdict(e) | {"timings": list(e.timings), "shapes": list(e.shapes)} for e in self.entries
+            ],
+        }
 
     @classmethod
     def from_json(cls, data: dict) -> KernelTable:
         if not isinstance(data, dict) or data.get("schema_version") != KERNEL_TABLE_SCHEMA_VERSION:
-            raise SpecdecError(f"not a version-{KERNEL_TABLE_SCHEMA_VERSION} kernel table", "re-run `specdec-tune export` to tune the kernels again")
+            raise SpecdecError(
+                f"not a version-{KERNEL_TABLE_SCHEMA_VERSION} kernel table",
+                "re-run `specdec-tune export` to tune the kernels again",
+            )
         try:
-            entries = tuple(KernelEntry(e["kernel"], e["key"], e["config"], e["source"], e.get("median_ms"), tuple(e.get("timings", ())),
-                                        tuple(e.get("shapes", ()))) for e in data["entries"])
+            entries = tuple(
+                KernelEntry(
+                    e["kernel"],
+                    e["key"],
+                    e["config"],
+                    e["source"],
+                    e.get("median_ms"),
+                    tuple(e.get("timings", ())),
+                    tuple(e.get("shapes", ())),
+                )
+                for e in data["entries"]
+            )
             return cls(factors=data["factors"], tile_rows=int(data["tile_rows"]), entries=entries)
         except (KeyError, TypeError) as e:
             raise SpecdecError(f"kernel table entry is malformed ({e})", "re-run `specdec-tune export`") from None
@@ -225,11 +266,28 @@ def tune_kernels(calls: list[dict], *, device=None, tile_rows: int = DEFAULT_TIL
         import torch
 
         with torch.cuda.device(device):
-            timings = [{"config": c, "median_ms": _time_config(module, c, list(shapes))} for c in module.prune(module.CONFIGS, key)]
+            timings = [
+                {"config": c, "median_ms": _time_config(module, c, list(shapes))}
+                for c in module.prune(module.CONFIGS, key)
+            ]
         best = min(timings, key=lambda t: t["median_ms"])
         if math.isinf(best["median_ms"]):
-            raise SpecdecError(f"no {kernel} config ran for key {key}", "check the CUDA install; `specdec-tune export --debug` shows the error")
-        entries.append(KernelEntry(kernel, key, best["config"], "measured", best["median_ms"],
-                                   tuple({"config": t["config"], "median_ms": None if math.isinf(t["median_ms"]) else t["median_ms"]}
-                                         for t in timings), shapes))
+            raise SpecdecError(
+                f"no {kernel} config ran for key {key}",
+                "check the CUDA install; `specdec-tune export --debug` shows the error",
+            )
+        entries.append(
+            KernelEntry(
+                kernel,
+                key,
+                best["config"],
+                "measured",
+                best["median_ms"],
+                tuple(
+                    {"config": t["config"], "median_ms": None if math.isinf(t["median_ms"]) else t["median_ms"]}
+                    for t in timings
+                ),
+                shapes,
+            )
+        )
     return KernelTable(factors=current_factors(device if timed else None), tile_rows=tile_rows, entries=tuple(entries))

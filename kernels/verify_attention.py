@@ -72,23 +72,43 @@ def interpreting() -> bool:
 @triton.jit
 def verify_attention_kernel(
     # Pointers: q [B, H, T, hd]; k, v (contiguous or paged, see the module docstring); out [B, H, T, hd]
-    Q, K, V, Out,
+    Q,
+    K,
+    V,
+    Out,
     KVLens,  # [B] int32: keys per sequence, the T new ones included
     BlockTable,  # [B, max_blocks] int32 (paged only)
-    OPart, LsePart,  # split partials: [B, H_kv, num_splits, G·T, BLOCK_D] and [B, H_kv, num_splits, G·T] fp32
+    OPart,
+    LsePart,  # split partials: [B, H_kv, num_splits, G·T, BLOCK_D] and [B, H_kv, num_splits, G·T] fp32
     # Strides (the last dim of every tensor is contiguous)
-    stride_qb, stride_qh, stride_qt,
-    stride_kb, stride_kh, stride_kn,  # contiguous: (sequence, KV head, position); paged: (page, KV head, slot)
-    stride_vb, stride_vh, stride_vn,
-    stride_ob, stride_oh, stride_ot,
+    stride_qb,
+    stride_qh,
+    stride_qt,
+    stride_kb,
+    stride_kh,
+    stride_kn,  # contiguous: (sequence, KV head, position); paged: (page, KV head, slot)
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_ob,
+    stride_oh,
+    stride_ot,
     stride_bt,  # block table row stride
     # Sizes
-    num_kv_heads, group, num_tokens, num_splits,  # H_kv, G, T = 1+D, key ranges per sequence
+    num_kv_heads,
+    group,
+    num_tokens,
+    num_splits,  # H_kv, G, T = 1+D, key ranges per sequence
     qk_scale,  # log2(e) / sqrt(hd)
     # Meta-parameters
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, SPLIT_KV: tl.constexpr, DOT_FP32: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    PAGED: tl.constexpr,
+    SPLIT_KV: tl.constexpr,
+    DOT_FP32: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)  # sequence b, KV head h
     pid_m = tl.program_id(1)  # block of packed query rows
@@ -107,8 +127,11 @@ def verify_attention_kernel(
     head = h * group + g  # query head
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
-    q = tl.load(Q + b64 * stride_qb + head[:, None] * stride_qh + t[:, None] * stride_qt + offs_d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
+    q = tl.load(
+        Q + b64 * stride_qb + head[:, None] * stride_qh + t[:, None] * stride_qt + offs_d[None, :],
+        mask=row_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )  # [BLOCK_M, BLOCK_D]
     if DOT_FP32:
         q = q.to(tl.float32)
     last_key = kv_len - num_tokens + t  # [BLOCK_M]
@@ -133,7 +156,9 @@ def verify_attention_kernel(
             k_rows = b64 * stride_kb + offs_n * stride_kn
             v_rows = b64 * stride_vb + offs_n * stride_vn
         kv_mask = n_ok[:, None] & d_ok[None, :]
-        k = tl.load(K + h * stride_kh + k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+        k = tl.load(
+            K + h * stride_kh + k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0
+        )  # [BLOCK_N, BLOCK_D]
         v = tl.load(V + h * stride_vh + v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         if DOT_FP32:
             s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
@@ -162,16 +187,28 @@ def verify_attention_kernel(
         tl.store(OPart + part[:, None] * BLOCK_D + offs_d[None, :], acc / l_safe[:, None], mask=row_ok[:, None])
     else:
         o = acc / l_i[:, None]
-        tl.store(Out + b64 * stride_ob + head[:, None] * stride_oh + t[:, None] * stride_ot + offs_d[None, :],
-                 o.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(
+            Out + b64 * stride_ob + head[:, None] * stride_oh + t[:, None] * stride_ot + offs_d[None, :],
+            o.to(Out.dtype.element_ty),
+            mask=row_ok[:, None] & d_ok[None, :],
+        )
 
 
 @triton.jit
 def verify_attention_combine_kernel(
-    OPart, LsePart, Out,  # partials as above; out [B, H, T, hd]
-    stride_ob, stride_oh, stride_ot,
-    num_kv_heads, group, num_tokens, num_splits,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    OPart,
+    LsePart,
+    Out,  # partials as above; out [B, H, T, hd]
+    stride_ob,
+    stride_oh,
+    stride_ot,
+    num_kv_heads,
+    group,
+    num_tokens,
+    num_splits,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
 ):
     pid = tl.program_id(0)  # one packed row of one (sequence, KV head)
     num_rows = group * num_tokens
@@ -193,15 +230,24 @@ def verify_attention_combine_kernel(
     out = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)
     g = r // num_tokens
     t = r % num_tokens
-    tl.store(Out + b.to(tl.int64) * stride_ob + (h * group + g) * stride_oh + t * stride_ot + offs_d, out.to(Out.dtype.element_ty),
-             mask=offs_d < HEAD_DIM)
+    tl.store(
+        Out + b.to(tl.int64) * stride_ob + (h * group + g) * stride_oh + t * stride_ot + offs_d,
+        out.to(Out.dtype.element_ty),
+        mask=offs_d < HEAD_DIM,
+    )
 
 
 # -------------------------------------------------------------------------------- torch reference
 
 
-def verify_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_lens: torch.Tensor,
-                         block_table: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def verify_attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_lens: torch.Tensor,
+    block_table: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
     """The same attention in fp32 torch, one sequence at a time; returns [B, H, T, hd] in out_dtype (default q's).
 
     q: [B, H, T, hd]; contiguous k, v: [B, H_kv, capacity, hd]; paged k, v: [num_blocks, page_size, H_kv, hd]
@@ -234,7 +280,11 @@ def verify_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_l
 
 def key_for(group: int, num_tokens: int, head_dim: int, kv_len: int, tile_rows: int = 128) -> dict:
     """The tuning key of one call shape: G·T rows bucketed against the tile, head dim, KV length bucket."""
-    return {"rows_bucket": rows_bucket(group * num_tokens, tile_rows), "head_dim": head_dim, "kv_bucket": kv_bucket(kv_len)}
+    return {
+        "rows_bucket": rows_bucket(group * num_tokens, tile_rows),
+        "head_dim": head_dim,
+        "kv_bucket": kv_bucket(kv_len),
+    }
 
 
 def tile_rule(key: dict) -> dict:
@@ -254,7 +304,12 @@ def tile_rule(key: dict) -> dict:
         block_n = 128
     else:
         block_n = 64
-    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": 8 if block_m == 128 else 4, "num_stages": 3 if hd <= 64 else 2}
+    return {
+        "BLOCK_M": block_m,
+        "BLOCK_N": block_n,
+        "num_warps": 8 if block_m == 128 else 4,
+        "num_stages": 3 if hd <= 64 else 2,
+    }
 
 
 def prune(configs: list[dict], key: dict) -> list[dict]:
@@ -293,20 +348,32 @@ def _num_sms(device: torch.device) -> int:
 
 def _check(q, k, v, kv_lens, block_table) -> None:
     if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
-        raise SpecdecError(f"verify attention shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}",
-                           "q is [B, H, T, hd]; k, v are [B, H_kv, capacity, hd] or paged [num_blocks, page_size, H_kv, hd]")
+        raise SpecdecError(
+            f"verify attention shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}",
+            "q is [B, H, T, hd]; k, v are [B, H_kv, capacity, hd] or paged [num_blocks, page_size, H_kv, hd]",
+        )
     if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise SpecdecError(f"verify attention dtypes q {q.dtype}, k {k.dtype}, v {v.dtype}", "use one of fp16, bf16, fp32 for all three")
+        raise SpecdecError(
+            f"verify attention dtypes q {q.dtype}, k {k.dtype}, v {v.dtype}",
+            "use one of fp16, bf16, fp32 for all three",
+        )
     if any(x.stride(-1) != 1 for x in (q, k, v)):
         raise SpecdecError("verify attention needs the head dim contiguous in q, k and v", "pass .contiguous() tensors")
     H_kv = k.shape[2] if block_table is not None else k.shape[1]
     if k.shape[-1] != q.shape[-1] or q.shape[1] % H_kv:
-        raise SpecdecError(f"{q.shape[1]} query heads over {H_kv} KV heads, head dims {q.shape[-1]}/{k.shape[-1]}",
-                           "query heads must be a multiple of KV heads, with one head dim")
+        raise SpecdecError(
+            f"{q.shape[1]} query heads over {H_kv} KV heads, head dims {q.shape[-1]}/{k.shape[-1]}",
+            "query heads must be a multiple of KV heads, with one head dim",
+        )
     if kv_lens.shape != (q.shape[0],) or kv_lens.dtype != torch.int32:
         raise SpecdecError(f"kv_lens is {tuple(kv_lens.shape)} {kv_lens.dtype}", "pass kv_lens as [B] int32")
-    if block_table is not None and (block_table.dim() != 2 or block_table.shape[0] != q.shape[0] or block_table.dtype != torch.int32):
-        raise SpecdecError(f"block_table is {tuple(block_table.shape)} {block_table.dtype}", "pass block_table as [B, max_blocks] int32")
+    if block_table is not None and (
+        block_table.dim() != 2 or block_table.shape[0] != q.shape[0] or block_table.dtype != torch.int32
+    ):
+        raise SpecdecError(
+            f"block_table is {tuple(block_table.shape)} {block_table.dtype}",
+            "pass block_table as [B, max_blocks] int32",
+        )
 
 
 def verify_attention(
@@ -346,16 +413,51 @@ def verify_attention(
     # paged k is [num_blocks, page_size, H_kv, hd]: (page, KV head, slot) strides are (0, 2, 1)
     k_strides = (k.stride(0), k.stride(2), k.stride(1)) if paged else (k.stride(0), k.stride(1), k.stride(2))
     v_strides = (v.stride(0), v.stride(2), v.stride(1)) if paged else (v.stride(0), v.stride(1), v.stride(2))
-    args = (q, k, v, out, kv_lens, table, o_part, lse_part,
-            q.stride(0), q.stride(1), q.stride(2), *k_strides, *v_strides, out.stride(0), out.stride(1), out.stride(2),
-            table.stride(0), H_kv, G, T, num_splits, 1.4426950408889634 / math.sqrt(hd))
-    constexprs = {"HEAD_DIM": hd, "BLOCK_D": block_d, "BLOCK_M": block_m, "BLOCK_N": block_n, "PAGE_SIZE": k.shape[1] if paged else 1,
-                  "PAGED": paged, "SPLIT_KV": split, "DOT_FP32": q.dtype == torch.float32 or interpreting()}
+    args = (
+        q,
+        k,
+        v,
+        out,
+        kv_lens,
+        table,
+        o_part,
+        lse_part,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        *k_strides,
+        *v_strides,
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        table.stride(0),
+        H_kv,
+        G,
+        T,
+        num_splits,
+        1.4426950408889634 / math.sqrt(hd),
+    )
+    constexprs = {
+        "HEAD_DIM": hd,
+        "BLOCK_D": block_d,
+        "BLOCK_M": block_m,
+        "BLOCK_N": block_n,
+        "PAGE_SIZE": k.shape[1] if paged else 1,
+        "PAGED": paged,
+        "SPLIT_KV": split,
+        "DOT_FP32": q.dtype == torch.float32 or interpreting(),
+    }
     _launch(launcher, verify_attention_kernel, (B * H_kv, m_blocks, num_splits), args, constexprs, config)
     if split:
         combine_args = (o_part, lse_part, out, out.stride(0), out.stride(1), out.stride(2), H_kv, G, T, num_splits)
-        _launch(launcher, verify_attention_combine_kernel, (B * H_kv * G * T, 1, 1), combine_args,
-                {"HEAD_DIM": hd, "BLOCK_D": block_d, "BLOCK_S": MAX_KV_SPLITS}, {"num_warps": 4, "num_stages": 1})
+        _launch(
+            launcher,
+            verify_attention_combine_kernel,
+            (B * H_kv * G * T, 1, 1),
+            combine_args,
+            {"HEAD_DIM": hd, "BLOCK_D": block_d, "BLOCK_S": MAX_KV_SPLITS},
+            {"num_warps": 4, "num_stages": 1},
+        )
     return out
 
 
@@ -370,9 +472,35 @@ def signature(kernel, dtype: torch.dtype) -> dict[str, str]:
     """Triton types of the runtime arguments, for compiling ahead of time (kernels.aot)."""
     elem = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32"}[dtype]
     if kernel is verify_attention_kernel:
-        ptrs = {"Q": elem, "K": elem, "V": elem, "Out": elem, "KVLens": "*i32", "BlockTable": "*i32", "OPart": "*fp32", "LsePart": "*fp32"}
-        ints = ["stride_qb", "stride_qh", "stride_qt", "stride_kb", "stride_kh", "stride_kn", "stride_vb", "stride_vh", "stride_vn",
-                "stride_ob", "stride_oh", "stride_ot", "stride_bt", "num_kv_heads", "group", "num_tokens", "num_splits"]
+        ptrs = {
+            "Q": elem,
+            "K": elem,
+            "V": elem,
+            "Out": elem,
+            "KVLens": "*i32",
+            "BlockTable": "*i32",
+            "OPart": "*fp32",
+            "LsePart": "*fp32",
+        }
+        ints = [
+            "stride_qb",
+            "stride_qh",
+            "stride_qt",
+            "stride_kb",
+            "stride_kh",
+            "stride_kn",
+            "stride_vb",
+            "stride_vh",
+            "stride_vn",
+            "stride_ob",
+            "stride_oh",
+            "stride_ot",
+            "stride_bt",
+            "num_kv_heads",
+            "group",
+            "num_tokens",
+            "num_splits",
+        ]
         return {**ptrs, **dict.fromkeys(ints, "i32"), "qk_scale": "fp32"}
     ints = ["stride_ob", "stride_oh", "stride_ot", "num_kv_heads", "group", "num_tokens", "num_splits"]
     return {"OPart": "*fp32", "LsePart": "*fp32", "Out": elem, **dict.fromkeys(ints, "i32")}
@@ -381,8 +509,19 @@ def signature(kernel, dtype: torch.dtype) -> dict[str, str]:
 # -------------------------------------------------------------------------------------- benchmark
 
 
-def make_inputs(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, num_tokens: int, kv_len: int, *, dtype: torch.dtype,
-                device: torch.device | str, page_size: int = 0, seed: int = 0):
+def make_inputs(
+    batch: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    num_tokens: int,
+    kv_len: int,
+    *,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    page_size: int = 0,
+    seed: int = 0,
+):
     """Random q, k, v, kv_lens (all sequences at kv_len) and block table (page_size > 0: a paged cache, pages shuffled)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     q = torch.randn((batch, num_heads, num_tokens, head_dim), generator=g).to(device=device, dtype=dtype)
@@ -400,11 +539,25 @@ def make_inputs(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, nu
     return q, k, v, kv_lens, block_table
 
 
-def bench(config: dict, *, batch: int, num_heads: int, num_kv_heads: int, head_dim: int, num_tokens: int, kv_len: int,
-          dtype: torch.dtype = torch.bfloat16, page_size: int = 0, launcher=None) -> float:
+def bench(
+    config: dict,
+    *,
+    batch: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    num_tokens: int,
+    kv_len: int,
+    dtype: torch.dtype = torch.bfloat16,
+    page_size: int = 0,
+    launcher=None,
+) -> float:
     """Median ms of one call with this config on the current CUDA device (triton.testing.do_bench)."""
-    q, k, v, kv_lens, table = make_inputs(batch, num_heads, num_kv_heads, head_dim, num_tokens, kv_len, dtype=dtype, device="cuda",
-                                          page_size=page_size)
+    q, k, v, kv_lens, table = make_inputs(
+        batch, num_heads, num_kv_heads, head_dim, num_tokens, kv_len, dtype=dtype, device="cuda", page_size=page_size
+    )
     out = torch.empty_like(q)
-    return triton.testing.do_bench(lambda: verify_attention(q, k, v, kv_lens, block_table=table, config=config, out=out,
-                                                            launcher=launcher), return_mode="median")
+    return triton.testing.do_bench(
+        lambda: verify_attention(q, k, v, kv_lens, block_table=table, config=config, out=out, launcher=launcher),
+        return_mode="median",
+    )

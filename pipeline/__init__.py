@@ -4,7 +4,13 @@ render; only the CLI imports this package."""
 
 from specdec_tune import lazy_entry_points
 
-_ENTRY_POINTS = {"export": "export", "validate_bundle": "bundle_checks", "lossless_gate": "lossless", "throughput_check": "throughput_check",
-                 "engine_throughput": "engine_check", "repair_throughput": "repair"}
+_ENTRY_POINTS = {
+    "export": "export",
+    "validate_bundle": "bundle_checks",
+    "lossless_gate": "lossless",
+    "throughput_check": "throughput_check",
+    "engine_throughput": "engine_check",
+    "repair_throughput": "repair",
+}
 __all__ = sorted(_ENTRY_POINTS)
 __getattr__ = lazy_entry_points(__name__, _ENTRY_POINTS)

@@ -52,10 +52,16 @@ BUCKET_TOKENS = 48  # per request: tens of steady rounds per bucket even where d
 TIMEOUT_S = 1800.0
 
 
-def held_back_prompts(profile: Profile, ctx: int, new_tokens: int, max_draft: int, whole: bool = False) -> list[tuple[list[int], str]]:
+def held_back_prompts(
+    profile: Profile, ctx: int, new_tokens: int, max_draft: int, whole: bool = False
+) -> list[tuple[list[int], str]]:
     """The held-back prompts cut to (or, `whole`, fitting) the context, with the target's tokenizer alone (no weights loaded)."""
-    _, tokenizer, config = describe_model(profile.target["path"], profile.target.get("dtype", "auto"), resolve_device("cpu"))
-    prompts = prompts_by_domain(tokenizer, int(config.get("max_position_embeddings") or 2048), 1000, new_tokens, max_draft, "held_back")
+    _, tokenizer, config = describe_model(
+        profile.target["path"], profile.target.get("dtype", "auto"), resolve_device("cpu")
+    )
+    prompts = prompts_by_domain(
+        tokenizer, int(config.get("max_position_embeddings") or 2048), 1000, new_tokens, max_draft, "held_back"
+    )
     return cut_to_context(prompts, ctx, new_tokens, whole)
 
 
@@ -69,19 +75,45 @@ def decoded_prompts(profile, ctx: int, max_draft: int, needed: int) -> tuple[lis
     return held_back_prompts(profile, ctx, BUCKET_TOKENS, max_draft), "cut"
 
 
-def run_buckets(engine, profile, batches: list[int], pool: list[list[int]], rows: int, max_num_seqs: int, *,
-                config: dict | None = None, config_file: Path | None = None, cwd: Path | None = None) -> dict:
+def run_buckets(
+    engine,
+    profile,
+    batches: list[int],
+    pool: list[list[int]],
+    rows: int,
+    max_num_seqs: int,
+    *,
+    config: dict | None = None,
+    config_file: Path | None = None,
+    cwd: Path | None = None,
+) -> dict:
     """One engine (the config given, or read from `config_file` as written; neither: no speculation) running each batch
     size at its concurrency over `pool`, `BUCKET_TOKENS` per request: the runner's raw result."""
     runs = [{"name": "warmup", "prompts": pool[:1], "concurrency": 1, "max_tokens": 4, "ignore_eos": True}]
-    runs += [{"name": f"bucket/{B}", "prompts": [pool[i % len(pool)] for i in range(B * max(2, -(-rows // B)))], "concurrency": B,
-              "max_tokens": BUCKET_TOKENS, "ignore_eos": True} for B in batches]
+    runs += [
+        {
+            "name": f"bucket/{B}",
+            "prompts": [pool[i % len(pool)] for i in range(B * max(2, -(-rows // B)))],
+            "concurrency": B,
+            "max_tokens": BUCKET_TOKENS,
+            "ignore_eos": True,
+        }
+        for B in batches
+    ]
     with tempfile.TemporaryDirectory(prefix="specdec-engine-") as tmp:
         view = engine_model_view(model_folder(profile.target["path"])[1], Path(tmp) / "target")
-        job = {"model_dir": str(view), "max_num_seqs": max_num_seqs, "runs": runs, "speculative_config": config,
-               "probe": (profile.engine.get("speed_probe") or {}).get("spec"),  # timed around and within each run
-               "engine": {"dtype": profile.target.get("dtype", "auto"), "max_model_len": profile.engine.get("max_model_len"),
-                          **profile.engine.get("options", {})}}
+        job = {
+            "model_dir": str(view),
+            "max_num_seqs": max_num_seqs,
+            "runs": runs,
+            "speculative_config": config,
+            "probe": (profile.engine.get("speed_probe") or {}).get("spec"),  # timed around and within each run
+            "engine": {
+                "dtype": profile.target.get("dtype", "auto"),
+                "max_model_len": profile.engine.get("max_model_len"),
+                **profile.engine.get("options", {}),
+            },
+        }
         if config_file is not None:
             job["speculative_config_file"] = str(config_file.resolve())
         return engine.run(job, TIMEOUT_S, cwd=cwd)
@@ -102,11 +134,20 @@ def steady_figures(runs: list[dict | None], batch: int, between: dict | None = N
     tokens = requests + sum(st["num_accepted_tokens"] for st in steady)
     step = with_engines(Timing.of([st["ms"] for st in steady]), between or {}, len(runs))
     per_round = tokens / requests
-    return {"draft_len_applied": round(max(drafting)) if drafting else 0, "drafting_steps": len(drafting), "steady_steps": len(steady),
-            "tokens_per_round": per_round, "step_ms": step.median_ms, "step_ms_interval": [step.ci_low_ms, step.ci_high_ms],
-            "measured_raw_tokens_per_s": 1e3 * tokens / sum(st["ms"] for st in steady),
-            "measured_tokens_per_s": 1e3 * batch * per_round / step.median_ms,
-            "measured_interval_tokens_per_s": [1e3 * batch * per_round / step.ci_high_ms, 1e3 * batch * per_round / step.ci_low_ms]}
+    return {
+        "draft_len_applied": round(max(drafting)) if drafting else 0,
+        "drafting_steps": len(drafting),
+        "steady_steps": len(steady),
+        "tokens_per_round": per_round,
+        "step_ms": step.median_ms,
+        "step_ms_interval": [step.ci_low_ms, step.ci_high_ms],
+        "measured_raw_tokens_per_s": 1e3 * tokens / sum(st["ms"] for st in steady),
+        "measured_tokens_per_s": 1e3 * batch * per_round / step.median_ms,
+        "measured_interval_tokens_per_s": [
+            1e3 * batch * per_round / step.ci_high_ms,
+            1e3 * batch * per_round / step.ci_low_ms,
+        ],
+    }
 
 
 def engine_throughput(plan: Plan, profile: Profile, bundle: Path, s: MeasureSettings, engine=None) -> dict:
@@ -119,25 +160,64 @@ def engine_throughput(plan: Plan, profile: Profile, bundle: Path, s: MeasureSett
     held, prompts = decoded_prompts(profile, plan.ctx, plan.max_draft_len, max(s.rows, plan.max_batch))
     pool = [ids for ids, _ in held]
     if not pool:
-        return {"checked": False, "engine": "vllm", "why": f"no held-back prompt reaches the plan's context of {plan.ctx} tokens"}
-    raw = run_buckets(engine, profile, [b.batch for b in plan.buckets], pool, s.rows, plan.max_batch,
-                      config_file=config_file if config_file.is_file() else None, cwd=bundle)
+        return {
+            "checked": False,
+            "engine": "vllm",
+            "why": f"no held-back prompt reaches the plan's context of {plan.ctx} tokens",
+        }
+    raw = run_buckets(
+        engine,
+        profile,
+        [b.batch for b in plan.buckets],
+        pool,
+        s.rows,
+        plan.max_batch,
+        config_file=config_file if config_file.is_file() else None,
+        cwd=bundle,
+    )
     if not raw.get("ok"):
-        return {"checked": True, "engine": "vllm", "passed": False, "tolerance_pct": s.tolerance_pct, "buckets": [],
-                "error": f"vLLM did not start on the bundle's config: {raw.get('error')}"}
+        return {
+            "checked": True,
+            "engine": "vllm",
+            "passed": False,
+            "tolerance_pct": s.tolerance_pct,
+            "buckets": [],
+            "error": f"vLLM did not start on the bundle's config: {raw.get('error')}",
+        }
     by_name = {r.get("name"): r for r in raw["runs"]}
     speed = profile.engine.get("speed_probe")
     between = profile.engine.get("between_engines")
-    rows = [bucket_row(b, steady_figures([run := by_name.get(f"bucket/{b.batch}")], b.batch, between), s.tolerance_pct,
-                       speed_ratio(probe_median_ms([run]), speed)) for b in plan.buckets]
+    rows = [
+        bucket_row(
+            b,
+            steady_figures([run := by_name.get(f"bucket/{b.batch}")], b.batch, between),
+            s.tolerance_pct,
+            speed_ratio(probe_median_ms([run]), speed),
+        )
+        for b in plan.buckets
+    ]
     timed = [r for r in rows if "error_pct" in r]
-    return {"checked": True, "engine": "vllm", "vllm_version": raw.get("vllm_version"), "config_file": "vllm/speculative_config.json",
-            "kv_capacity": kv_capacity(plan, profile, raw.get("kv_cache")),
-            "max_num_seqs": plan.max_batch, "tolerance_pct": s.tolerance_pct, "tokens_per_request": BUCKET_TOKENS, "prompts": prompts, "buckets": rows,
-            "passed": all(r["passed"] for r in rows), "throughput_within": all(r.get("throughput_within", False) for r in rows),
-            "worst": max(({"batch": r["batch"], "error_pct": r["error_pct"]} for r in timed), key=lambda w: abs(w["error_pct"]), default=None),
-            "rule": "a bucket passes when vLLM ran the plan's D (and was timed); its throughput is flagged, not refused, where the error "
-                    f"is beyond {s.tolerance_pct:g}% and outside the noise (the prediction's 95% interval and the measurement's do not overlap)"}
+    return {
+        "checked": True,
+        "engine": "vllm",
+        "vllm_version": raw.get("vllm_version"),
+        "config_file": "vllm/speculative_config.json",
+        "kv_capacity": kv_capacity(plan, profile, raw.get("kv_cache")),
+        "max_num_seqs": plan.max_batch,
+        "tolerance_pct": s.tolerance_pct,
+        "tokens_per_request": BUCKET_TOKENS,
+        "prompts": prompts,
+        "buckets": rows,
+        "passed": all(r["passed"] for r in rows),
+        "throughput_within": all(r.get("throughput_within", False) for r in rows),
+        "worst": max(
+            ({"batch": r["batch"], "error_pct": r["error_pct"]} for r in timed),
+            key=lambda w: abs(w["error_pct"]),
+            default=None,
+        ),
+        "rule": "a bucket passes when vLLM ran the plan's D (and was timed); its throughput is flagged, not refused, where the error "
+        f"is beyond {s.tolerance_pct:g}% and outside the noise (the prediction's 95% interval and the measurement's do not overlap)",
+    }
 
 
 def kv_capacity(plan: Plan, profile: Profile, reported: dict | None) -> dict | None:
@@ -150,10 +230,17 @@ def kv_capacity(plan: Plan, profile: Profile, reported: dict | None) -> dict | N
     engine_tokens = int(reported["num_blocks"]) * int(reported["block_size"])
     predicted = memory.kv_capacity_tokens(plan.mechanism, plan.quant, plan.max_batch, plan.max_draft_len)
     error_pct = 100 * (predicted / engine_tokens - 1)
-    return {"engine_tokens": engine_tokens, "num_blocks": reported["num_blocks"], "block_size": reported["block_size"], "predicted_tokens": predicted,
-            "kv_bytes_per_token": memory.kv_bytes_per_token(plan.mechanism if plan.max_draft_len else "none"),
-            "pool_bytes": memory.kv_pool_bytes,
-            "error_pct": error_pct, "within": abs(error_pct) <= KV_CAPACITY_TOLERANCE_PCT, "tolerance_pct": KV_CAPACITY_TOLERANCE_PCT}
+    return {
+        "engine_tokens": engine_tokens,
+        "num_blocks": reported["num_blocks"],
+        "block_size": reported["block_size"],
+        "predicted_tokens": predicted,
+        "kv_bytes_per_token": memory.kv_bytes_per_token(plan.mechanism if plan.max_draft_len else "none"),
+        "pool_bytes": memory.kv_pool_bytes,
+        "error_pct": error_pct,
+        "within": abs(error_pct) <= KV_CAPACITY_TOLERANCE_PCT,
+        "tolerance_pct": KV_CAPACITY_TOLERANCE_PCT,
+    }
 
 
 def bucket_row(bucket: Bucket, measured: dict, tolerance_pct: float, ratio: float | None = None) -> dict:
@@ -167,18 +254,35 @@ def bucket_row(bucket: Bucket, measured: dict, tolerance_pct: float, ratio: floa
     error_pct = 100 * (figure.value / measured["measured_tokens_per_s"] - 1)
     inside_noise = p_low <= high and low <= p_high
     d_ok = measured["draft_len_applied"] == D and (D > 0 or not measured["drafting_steps"])
-    return row | measured | {
-        "draft_len_ok": d_ok, "predicted_tokens_per_forward": bucket.predicted.tokens_per_forward.value,
-        "predicted_tokens_per_s": figure.value, "predicted_source": figure.source, "predicted_interval_tokens_per_s": [p_low, p_high],
-        "error_pct": error_pct, "inside_noise": inside_noise, "throughput_within": abs(error_pct) <= tolerance_pct or inside_noise, "passed": d_ok,
-        "device_speed_ratio": ratio,
-        "scaled_error_pct": None if ratio is None else 100 * (figure.value / (measured["measured_tokens_per_s"] * ratio) - 1),
-    }
+    return (
+        row
+        | measured
+        | {
+            "draft_len_ok": d_ok,
+            "predicted_tokens_per_forward": bucket.predicted.tokens_per_forward.value,
+            "predicted_tokens_per_s": figure.value,
+            "predicted_source": figure.source,
+            "predicted_interval_tokens_per_s": [p_low, p_high],
+            "error_pct": error_pct,
+            "inside_noise": inside_noise,
+            "throughput_within": abs(error_pct) <= tolerance_pct or inside_noise,
+            "passed": d_ok,
+            "device_speed_ratio": ratio,
+            "scaled_error_pct": None
+            if ratio is None
+            else 100 * (figure.value / (measured["measured_tokens_per_s"] * ratio) - 1),
+        }
+    )
 
 
 def engine_refusal(tp: dict) -> SpecdecError:
     if tp.get("error"):
-        return SpecdecError(f"vLLM check of the bundle failed: {tp['error']}", "check the bundle's vllm/speculative_config.json runs in this vLLM")
+        return SpecdecError(
+            f"vLLM check of the bundle failed: {tp['error']}",
+            "check the bundle's vllm/speculative_config.json runs in this vLLM",
+        )
     bad = "; ".join(describe_row(r) for r in tp["buckets"] if not r["passed"])
-    return SpecdecError(f"vLLM does not run the plan's schedule from the bundle's config: {bad}",
-                        "report this with the plan.json: the vLLM config and vLLM's per-batch lookup disagree")
+    return SpecdecError(
+        f"vLLM does not run the plan's schedule from the bundle's config: {bad}",
+        "report this with the plan.json: the vLLM config and vLLM's per-batch lookup disagree",
+    )

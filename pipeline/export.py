@@ -24,8 +24,16 @@ from pathlib import Path
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.plan_schema import Plan, load_plan
 from specdec_tune.exporters.artifacts import needs_drafter_network
-from specdec_tune.exporters.bundle import (Staged, recover_interrupted, refuse_foreign_folder, resolve_versions, stage, staging_folder,
-                                           swap_into_place, write_bundle)
+from specdec_tune.exporters.bundle import (
+    Staged,
+    recover_interrupted,
+    refuse_foreign_folder,
+    resolve_versions,
+    stage,
+    staging_folder,
+    swap_into_place,
+    write_bundle,
+)
 from specdec_tune.exporters.validation_text import describe_kv, describe_row, describe_throughput_row, lossless_text
 from specdec_tune.pipeline.engine_check import engine_refusal, engine_throughput
 from specdec_tune.pipeline.lossless import lossless_gate_or_refuse, plan_drafter
@@ -59,11 +67,17 @@ class Check:
     refusal: Callable[[dict], SpecdecError] | None = None
 
 
-def _loop_check(plan: Plan, profile: Profile, bundle: Path, measure: MeasureSettings, step: Callable[[str], None]) -> dict:
-    return throughput_check(plan, profile, measure, on_row=lambda row: step(f"throughput {describe_throughput_row(row)}"))
+def _loop_check(
+    plan: Plan, profile: Profile, bundle: Path, measure: MeasureSettings, step: Callable[[str], None]
+) -> dict:
+    return throughput_check(
+        plan, profile, measure, on_row=lambda row: step(f"throughput {describe_throughput_row(row)}")
+    )
 
 
-def _vllm_check(plan: Plan, profile: Profile, bundle: Path, measure: MeasureSettings, step: Callable[[str], None]) -> dict:
+def _vllm_check(
+    plan: Plan, profile: Profile, bundle: Path, measure: MeasureSettings, step: Callable[[str], None]
+) -> dict:
     """The bundle's vLLM config in vLLM (pipeline/engine_check.py)."""
     tp = engine_throughput(plan, profile, bundle, measure)
     for row in tp.get("buckets", []):
@@ -75,7 +89,10 @@ def _vllm_check(plan: Plan, profile: Profile, bundle: Path, measure: MeasureSett
 
 # by the profile's backend (profiles/backends.py): this tool's loop, or the serving engine the profile was measured in,
 # where vLLM running another D than the plan's is refused (the bundle would not run the plan)
-CHECKS: dict[str, Check] = {"torch": Check(_loop_check, repaired=True), "vllm": Check(_vllm_check, repaired=False, refusal=engine_refusal)}
+CHECKS: dict[str, Check] = {
+    "torch": Check(_loop_check, repaired=True),
+    "vllm": Check(_vllm_check, repaired=False, refusal=engine_refusal),
+}
 
 
 def _draft_lens(plan: Plan) -> tuple:
@@ -83,7 +100,9 @@ def _draft_lens(plan: Plan) -> tuple:
     return plan.mechanism, plan.quant, sorted({d for _, d in plan.schedule if d > 0})
 
 
-def export(s: ExportSettings, on_repair: Callable[[dict], None] | None = None, on_step: Callable[[str], None] | None = None) -> dict:
+def export(
+    s: ExportSettings, on_repair: Callable[[dict], None] | None = None, on_step: Callable[[str], None] | None = None
+) -> dict:
     """Stage, validate and swap the bundle into place (module docstring). `on_repair` receives each repair round's
     record as it ends, `on_step` a line for each check as it ends (the lossless gate, each bucket of the throughput
     check). Returns the manifest."""
@@ -92,7 +111,10 @@ def export(s: ExportSettings, on_repair: Callable[[dict], None] | None = None, o
     plan = load_plan(s.plan)
     profile = load_profile(s.profile)
     if sha256_file(s.profile) != plan.profile.sha256:
-        raise SpecdecError(f"{s.plan} was searched on another profile than {s.profile}", "pass the profile the plan was made from, or re-run search")
+        raise SpecdecError(
+            f"{s.plan} was searched on another profile than {s.profile}",
+            "pass the profile the plan was made from, or re-run search",
+        )
     versions = resolve_versions(s.versions)
     refuse_foreign_folder(s.out)
     staging = staging_folder(s.out)
@@ -118,8 +140,13 @@ def export(s: ExportSettings, on_repair: Callable[[dict], None] | None = None, o
                         gate = lossless_gate_or_refuse(checked.plan, checked.profile, s.measure)
                     plan, profile = checked.plan, checked.profile
                     staged = _stage(plan, profile, s, versions)
-        validation: dict = {"configs": staged.configs, "schedule_safety": staged.safety, "lossless": gate, "throughput": tp,
-                            **({"repairs": repairs} if repairs else {})}
+        validation: dict = {
+            "configs": staged.configs,
+            "schedule_safety": staged.safety,
+            "lossless": gate,
+            "throughput": tp,
+            **({"repairs": repairs} if repairs else {}),
+        }
         manifest = write_bundle(staging, s, plan, profile, versions, staged, validation)
         swap_into_place(staging, s.out)
     finally:

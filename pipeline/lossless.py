@@ -18,7 +18,9 @@ def profile_drafter(profile: Profile, mechanism: str, quant: str, target: Loaded
     """A drafter the profile measured, over `target`, from the profile's record of it, in weight format `quant`."""
     info = next((d for d in profile.drafters if d.name == mechanism), None)
     if info is None:
-        raise SpecdecError(f"the profile has no drafter {mechanism!r}", "export with the profile the plan was searched on")
+        raise SpecdecError(
+            f"the profile has no drafter {mechanism!r}", "export with the profile the plan was searched on"
+        )
     options = {k: str(v) for k, v in info.options.items() if v not in ("", None)}
     drafter = create(mechanism, target, options)
     return drafter.with_quantized_weights(quant) if quant != "none" else drafter
@@ -40,8 +42,12 @@ def lossless_gate(plan: Plan, profile: Profile, s: MeasureSettings) -> dict:
         return {"applicable": False, "passed": None, "draft_lens": [], "note": "the plan never speculates"}
     target = load_model(profile.target["path"], dtype="float32")
     drafter = plan_drafter(plan, profile, target)
-    ids = [ids for ids, _ in prompts_by_domain(target.tokenizer, target.model.config.max_position_embeddings, s.prompts, s.new_tokens,
-                                                 max(ds), "held_back")]
+    ids = [
+        ids
+        for ids, _ in prompts_by_domain(
+            target.tokenizer, target.model.config.max_position_embeddings, s.prompts, s.new_tokens, max(ds), "held_back"
+        )
+    ]
     stop = list(target.model.config.eos_token_ids)
     kwargs = dict(max_new_tokens=s.new_tokens, temperature=0.0, seed=s.seed, stop_token_ids=stop)
     plain, _, _ = decode_prompts(target, ids, len(ids), **kwargs)
@@ -50,8 +56,13 @@ def lossless_gate(plan: Plan, profile: Profile, s: MeasureSettings) -> dict:
         spec, _, _ = decode_prompts(target, ids, len(ids), drafter=drafter, num_draft_tokens=D, **kwargs)
         same = sum(a == b for a, b in zip(spec, plain))
         runs.append({"draft_len": D, "prompts": len(ids), "identical": same})
-    return {"applicable": True, "passed": all(r["identical"] == r["prompts"] for r in runs), "dtype": "float32", "split": "held_back",
-            "runs": runs}
+    return {
+        "applicable": True,
+        "passed": all(r["identical"] == r["prompts"] for r in runs),
+        "dtype": "float32",
+        "split": "held_back",
+        "runs": runs,
+    }
 
 
 def lossless_failed(gate: dict) -> bool:
@@ -65,7 +76,9 @@ def lossless_gate_or_refuse(plan: Plan, profile: Profile, s: MeasureSettings) ->
     gate = lossless_gate(plan, profile, s)
     if lossless_failed(gate):
         bad_run = next(r for r in gate["runs"] if r["identical"] != r["prompts"])
-        raise SpecdecError(f"lossless gate failed: {plan.mechanism} at D={bad_run['draft_len']} changed the greedy output of "
-                           f"{bad_run['prompts'] - bad_run['identical']} of {bad_run['prompts']} held-back prompts",
-                           "the drafter or the loop is broken; nothing was exported")
+        raise SpecdecError(
+            f"lossless gate failed: {plan.mechanism} at D={bad_run['draft_len']} changed the greedy output of "
+            f"{bad_run['prompts'] - bad_run['identical']} of {bad_run['prompts']} held-back prompts",
+            "the drafter or the loop is broken; nothing was exported",
+        )
     return gate

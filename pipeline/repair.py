@@ -21,7 +21,7 @@ from specdec_tune.autotune.cost_model import CostModel
 from specdec_tune.autotune.plan_schema import Plan
 from specdec_tune.autotune.search import search
 from specdec_tune.autotune.study import IN_MEMORY
-from specdec_tune.exporters.validation_text import ms_text, describe_throughput_row, schedule_of, schedule_text
+from specdec_tune.exporters.validation_text import describe_throughput_row, ms_text, schedule_of, schedule_text
 from specdec_tune.pipeline.throughput_check import throughput_check
 from specdec_tune.profiles.backends import backend_of
 from specdec_tune.profiles.schema import Profile, load_profile
@@ -29,12 +29,15 @@ from specdec_tune.profiles.verify_curve import remeasure
 from specdec_tune.records import sha256_file
 from specdec_tune.settings import ExportSettings, SearchSettings
 
+
 def failing_rows(tp: dict) -> list[dict]:
     """The timed buckets of a throughput check outside its tolerance and outside the noise (none where the check did
     not run)."""
     if not tp.get("checked"):
         return []
-    return [r for r in tp["buckets"] if "error_pct" in r and not r.get("within", abs(r["error_pct"]) <= tp["tolerance_pct"])]
+    return [
+        r for r in tp["buckets"] if "error_pct" in r and not r.get("within", abs(r["error_pct"]) <= tp["tolerance_pct"])
+    ]
 
 
 def round_widths(cost, mechanism: str, quant: str, batch: int, draft_len: int) -> list[int]:
@@ -78,18 +81,31 @@ def _worst_error_pct(tp: dict) -> float | None:
 
 
 def _bucket_figures(r: dict) -> dict:
-    return {"batch": r["batch"], "draft_len": r["draft_len"], "predicted_tokens_per_s": r["predicted_tokens_per_s"],
-            "predicted_at_current_speed_tokens_per_s": r["predicted_at_current_speed_tokens_per_s"],
-            "measured_tokens_per_s": r["measured_tokens_per_s"], "error_pct": r["error_pct"]}
+    return {
+        "batch": r["batch"],
+        "draft_len": r["draft_len"],
+        "predicted_tokens_per_s": r["predicted_tokens_per_s"],
+        "predicted_at_current_speed_tokens_per_s": r["predicted_at_current_speed_tokens_per_s"],
+        "measured_tokens_per_s": r["measured_tokens_per_s"],
+        "error_pct": r["error_pct"],
+    }
 
 
-def repair_record(round_number: int, plan_before: Plan, tp_before: dict, cells: list[dict], plan_after: Plan, tp_after: dict) -> dict:
+def repair_record(
+    round_number: int, plan_before: Plan, tp_before: dict, cells: list[dict], plan_after: Plan, tp_after: dict
+) -> dict:
     """One round of repair as validation.json keeps it: the buckets that failed, the cells re-measured (ms before and
     after), the schedule before and after the re-plan, and the worst error before and after."""
-    return {"round": round_number, "failing": [_bucket_figures(r) for r in failing_rows(tp_before)], "cells": cells,
-            "before": schedule_of(plan_before), "after": schedule_of(plan_after),
-            "worst_error_pct_before": _worst_error_pct(tp_before), "worst_error_pct_after": _worst_error_pct(tp_after),
-            "passed": bool(tp_after.get("checked") and tp_after.get("passed"))}
+    return {
+        "round": round_number,
+        "failing": [_bucket_figures(r) for r in failing_rows(tp_before)],
+        "cells": cells,
+        "before": schedule_of(plan_before),
+        "after": schedule_of(plan_after),
+        "worst_error_pct_before": _worst_error_pct(tp_before),
+        "worst_error_pct_after": _worst_error_pct(tp_after),
+        "passed": bool(tp_after.get("checked") and tp_after.get("passed")),
+    }
 
 
 def _first_before_ms(repairs: list[dict]) -> dict[tuple[int, int, int], float | None]:
@@ -108,21 +124,29 @@ def _cells_text(plan: Plan, profile: Profile, r: dict, first_ms: dict) -> str:
     parts = []
     for cell in cells:
         now = ms_text(cell_ms(profile, cell))
-        parts.append(f"1+D={cell[1]} {ms_text(first_ms[cell])} -> {now} ms" if cell in first_ms else f"1+D={cell[1]} {now} ms")
+        parts.append(
+            f"1+D={cell[1]} {ms_text(first_ms[cell])} -> {now} ms" if cell in first_ms else f"1+D={cell[1]} {now} ms"
+        )
     return f"verify cells at B={r['batch']}, ctx {plan.ctx}: " + ", ".join(parts)
 
 
-def throughput_refusal(plan: Plan, profile: Profile, tp: dict, repairs: list[dict], not_repaired: str | None = None) -> SpecdecError:
+def throughput_refusal(
+    plan: Plan, profile: Profile, tp: dict, repairs: list[dict], not_repaired: str | None = None
+) -> SpecdecError:
     """The one-line error of a throughput check that still fails: each failing bucket with its predicted and measured
     tokens/s and the verify cells (ms) its prediction rests on, after how many rounds of re-measuring."""
     first_ms = _first_before_ms(repairs)
-    buckets = "; ".join(f"batch {r['batch']}, D={r['draft_len']}: predicted {r['predicted_at_current_speed_tokens_per_s']:.1f} tokens/s, "
-                        f"measured {r['measured_tokens_per_s']:.1f} ({r['error_pct']:+.1f}%), {_cells_text(plan, profile, r, first_ms)}"
-                        for r in failing_rows(tp))
+    buckets = "; ".join(
+        f"batch {r['batch']}, D={r['draft_len']}: predicted {r['predicted_at_current_speed_tokens_per_s']:.1f} tokens/s, "
+        f"measured {r['measured_tokens_per_s']:.1f} ({r['error_pct']:+.1f}%), {_cells_text(plan, profile, r, first_ms)}"
+        for r in failing_rows(tp)
+    )
     if repairs:
         when = f"after {len(repairs)} round(s) of re-measuring the cells and re-planning"
-        fix = ("the disagreement is not a slow spell in those cells: re-profile on a quiet machine (specdec-tune profile --force), "
-               "or raise --tolerance; profile.json and plan.json keep the re-measured cells and the re-plan")
+        fix = (
+            "the disagreement is not a slow spell in those cells: re-profile on a quiet machine (specdec-tune profile --force), "
+            "or raise --tolerance; profile.json and plan.json keep the re-measured cells and the re-plan"
+        )
     else:
         when = f"not repaired: {not_repaired}" if not_repaired else "not repaired"
         fix = "re-profile on this machine, or raise --tolerance"
@@ -148,8 +172,14 @@ def _check_failed(tp: dict) -> bool:
     return bool(tp.get("checked")) and not tp.get("passed")
 
 
-def repair_throughput(s: ExportSettings, plan: Plan, profile: Profile, tp: dict, on_repair: Callable[[dict], None] | None = None,
-                      on_step: Callable[[str], None] | None = None) -> Checked:
+def repair_throughput(
+    s: ExportSettings,
+    plan: Plan,
+    profile: Profile,
+    tp: dict,
+    on_repair: Callable[[dict], None] | None = None,
+    on_step: Callable[[str], None] | None = None,
+) -> Checked:
     """Up to `repair_rounds` rounds while the check fails: re-measure the verify cells the failing buckets' predictions
     rest on (profile.json is rewritten), re-plan with the plan's own search settings (plan.json is rewritten), check again
     the buckets that failed or whose D or prediction the re-plan changed (the others' rows stand). `on_step` receives a
@@ -165,16 +195,25 @@ def repair_throughput(s: ExportSettings, plan: Plan, profile: Profile, tp: dict,
         if why:
             return Checked(plan, profile, tp, repairs, why)
         round_number = len(repairs) + 1
-        cells = sorted({cell for r in failing_rows(tp) for cell in prediction_cells(plan, profile, r["batch"], r["draft_len"])})
+        cells = sorted(
+            {cell for r in failing_rows(tp) for cell in prediction_cells(plan, profile, r["batch"], r["draft_len"])}
+        )
         _, changes = remeasure(s.profile, cells)
-        step(f"repair round {round_number}: re-measured {len(cells)} verify cell(s) at batch "
-             + ", ".join(str(B) for B in sorted({c[0] for c in cells})))
+        step(
+            f"repair round {round_number}: re-measured {len(cells)} verify cell(s) at batch "
+            + ", ".join(str(B) for B in sorted({c[0] for c in cells}))
+        )
         profile = load_profile(s.profile)
         replanned = replan(s.plan, s.profile, profile, settings)
         step(f"repair round {round_number}: re-planned, {schedule_text(schedule_of(replanned))}")
         standing = {r["batch"]: r for r in tp["buckets"] if r.get("within")}
-        checked = throughput_check(replanned, profile, s.measure, keep=standing,
-                                   on_row=lambda row: step(f"repair round {round_number}: throughput {describe_throughput_row(row)}"))
+        checked = throughput_check(
+            replanned,
+            profile,
+            s.measure,
+            keep=standing,
+            on_row=lambda row: step(f"repair round {round_number}: throughput {describe_throughput_row(row)}"),
+        )
         record = repair_record(round_number, plan, tp, changes, replanned, checked)
         repairs.append(record)
         if on_repair:
@@ -196,7 +235,9 @@ def replan(plan_path: Path, profile_path: Path, profile: Profile, settings: Sear
     """Search again on the re-measured profile with the plan's own settings, in a fresh study (the plan's own scored its
     trials on the cells before they were re-measured); the search stage writes the plan over plan_path."""
     with tempfile.TemporaryDirectory(prefix="specdec-replan-", dir=plan_path.parent) as folder:
-        plan = search(profile, sha256_file(profile_path), dataclasses.replace(settings, out_dir=Path(folder), storage=IN_MEMORY))
+        plan = search(
+            profile, sha256_file(profile_path), dataclasses.replace(settings, out_dir=Path(folder), storage=IN_MEMORY)
+        )
         (Path(folder) / "plan.json").replace(plan_path)  # a rename: plan_path holds the old plan or the new one
     return plan
 

@@ -30,12 +30,16 @@ PROBE_REPEATS = 5  # timed calls of a speed probe (median): the gate scales its 
 WARMUP_TOKENS = 8  # a decode's warm-up: the first batch, this many tokens (allocator and caches; not timed)
 
 
-def context_prompts_by_domain(target, ctx: int, new_tokens: int, max_draft: int, split: str, whole: bool = False) -> list[tuple[list[int], str]]:
+def context_prompts_by_domain(
+    target, ctx: int, new_tokens: int, max_draft: int, split: str, whole: bool = False
+) -> list[tuple[list[int], str]]:
     """(ids, domain) of the calibration prompts at least ctx − new_tokens/2 tokens long, cut to that length from the
     left (the chat template's reply header stays last), so that the KV cache averages `ctx` over the decode. The
     length filter favours the domains of long prompts (HumanEval, extraction): the domains say what was decoded.
     `whole`: the prompts between half that length and all of it, uncut (`cut_to_context`)."""
-    every = prompts_by_domain(target.tokenizer, target.model.config.max_position_embeddings, 1000, new_tokens, max_draft, split)
+    every = prompts_by_domain(
+        target.tokenizer, target.model.config.max_position_embeddings, 1000, new_tokens, max_draft, split
+    )
     return cut_to_context(every, ctx, new_tokens, whole)
 
 
@@ -43,8 +47,17 @@ def context_prompts(target, ctx: int, new_tokens: int, max_draft: int, split: st
     return [ids for ids, _ in context_prompts_by_domain(target, ctx, new_tokens, max_draft, split)]
 
 
-def measure_decode(target, drafter, ids: list[list[int]], D: int, new_tokens: int, repeats: int, seed: int = 0,
-                   batch_size: int | None = None, between: Callable[[], None] = lambda: None) -> dict:
+def measure_decode(
+    target,
+    drafter,
+    ids: list[list[int]],
+    D: int,
+    new_tokens: int,
+    repeats: int,
+    seed: int = 0,
+    batch_size: int | None = None,
+    between: Callable[[], None] = lambda: None,
+) -> dict:
     """Decode tokens/s over `ids` in batches of `batch_size` (default: one batch), median of `repeats` after a
     warm-up (the first batch, a few tokens), each run's figure, and the tokens per target forward of the last run.
     `between` is called before the first timed run and after each (`DeviceSpeed` probes the device there).
@@ -56,7 +69,14 @@ def measure_decode(target, drafter, ids: list[list[int]], D: int, new_tokens: in
     B = batch_size or len(ids)
     if len(ids) % B:
         raise SpecdecError(f"{len(ids)} prompts do not split into batches of {B}", "pass a multiple of the batch size")
-    kwargs = dict(drafter=drafter if D else None, num_draft_tokens=D, max_new_tokens=new_tokens, temperature=0.0, seed=seed, stop_token_ids=())
+    kwargs = dict(
+        drafter=drafter if D else None,
+        num_draft_tokens=D,
+        max_new_tokens=new_tokens,
+        temperature=0.0,
+        seed=seed,
+        stop_token_ids=(),
+    )
     generate(target.model, ids[:B], **(kwargs | {"max_new_tokens": min(new_tokens, WARMUP_TOKENS)}))  # warm-up
     rates = []
     between()
@@ -64,11 +84,19 @@ def measure_decode(target, drafter, ids: list[list[int]], D: int, new_tokens: in
         tokens, seconds, counters = 0, 0.0, []
         for start in range(0, len(ids), B):
             out = generate(target.model, ids[start : start + B], **kwargs)
-            tokens, seconds, counters = tokens + out.full_batch_tokens, seconds + out.full_batch_s, counters + out.per_prompt
+            tokens, seconds, counters = (
+                tokens + out.full_batch_tokens,
+                seconds + out.full_batch_s,
+                counters + out.per_prompt,
+            )
         rates.append(tokens / seconds)
         between()
-    return {"tokens_per_s": statistics.median(rates), "tokens_per_s_range": [min(rates), max(rates)], "tokens_per_s_runs": rates,
-            "tokens_per_forward": SpecCounters.total(counters).tokens_per_target_forward}
+    return {
+        "tokens_per_s": statistics.median(rates),
+        "tokens_per_s_range": [min(rates), max(rates)],
+        "tokens_per_s_runs": rates,
+        "tokens_per_forward": SpecCounters.total(counters).tokens_per_target_forward,
+    }
 
 
 class DeviceSpeed:
@@ -86,8 +114,11 @@ class DeviceSpeed:
 
     def __init__(self, target, profile, ctx: int, seed: int = 0) -> None:
         self.target, self.ctx, self.seed = target, ctx, seed
-        self.profiled_ms = {p.batch: p.median_ms for p in profile.verify
-                            if (p.tokens, p.ctx) == (1, ctx) and p.source in ("measured", "fitted") and p.median_ms}
+        self.profiled_ms = {
+            p.batch: p.median_ms
+            for p in profile.verify
+            if (p.tokens, p.ctx) == (1, ctx) and p.source in ("measured", "fitted") and p.median_ms
+        }
         self.why = None if self.profiled_ms else f"the profile has no measured verify step with one token at ctx {ctx}"
         self.probes: dict[int, Callable[[], float]] = {}
 
@@ -115,9 +146,14 @@ class DeviceSpeed:
 
 def _another_device(profiled: dict) -> str:
     """How this device differs from the profiled one in what sets its speed ('' when it is the same kind)."""
-    here = device_fingerprint(resolve_device("cuda" if profiled.get("kind") == "cuda" and torch.cuda.is_available() else "cpu"), torch.float32)
-    return "; ".join(f"{key} {profiled.get(key)!r} there, {here.get(key)!r} here" for key in ("kind", "name", "threads")
-                     if key in profiled and profiled.get(key) != here.get(key))
+    here = device_fingerprint(
+        resolve_device("cuda" if profiled.get("kind") == "cuda" and torch.cuda.is_available() else "cpu"), torch.float32
+    )
+    return "; ".join(
+        f"{key} {profiled.get(key)!r} there, {here.get(key)!r} here"
+        for key in ("kind", "name", "threads")
+        if key in profiled and profiled.get(key) != here.get(key)
+    )
 
 
 def at_profile_speed_tokens_per_s(decoded: dict, ratios: list[float]) -> tuple[float, list[float]]:
@@ -135,10 +171,10 @@ def at_profile_speed_tokens_per_s(decoded: dict, ratios: list[float]) -> tuple[f
 def bucket_row(bucket: Bucket, decoded: dict, ratios: list[float], tolerance_pct: float) -> dict:
     """One bucket of the throughput check: its prediction against its measurement at profile-time speed.
 
-        at profile speed   c_i = r_i x ratio_i  (run i's tokens/s r_i; ratio_i probed on either side of it)
-        error              predicted / median_i(c_i) - 1,  the same as the prediction at the current speed
-                           (predicted x m / median(c), m the median raw tokens/s) against m
-        inside the noise   the prediction's 95% interval overlaps [min_i c_i, max_i c_i]
+    at profile speed   c_i = r_i x ratio_i  (run i's tokens/s r_i; ratio_i probed on either side of it)
+    error              predicted / median_i(c_i) - 1,  the same as the prediction at the current speed
+                       (predicted x m / median(c), m the median raw tokens/s) against m
+    inside the noise   the prediction's 95% interval overlaps [min_i c_i, max_i c_i]
     """
     figure = bucket.predicted.tokens_per_s
     predicted, measured = figure.value, decoded["tokens_per_s"]
@@ -147,22 +183,37 @@ def bucket_row(bucket: Bucket, decoded: dict, ratios: list[float], tolerance_pct
     low, high = figure.low or predicted, figure.high or predicted
     inside_noise = low <= max(at_profile_speed) and min(at_profile_speed) <= high
     error_pct = 100 * (predicted / corrected - 1)
-    return {"batch": bucket.batch, "draft_len": bucket.draft_len, "predicted_tokens_per_s": predicted, "predicted_source": figure.source,
-            "device_speed_ratio": 1 / scale, "device_speed_ratio_runs": ratios, "predicted_at_current_speed_tokens_per_s": predicted * scale,
-            "predicted_interval_tokens_per_s": [low, high], "predicted_interval_at_current_speed_tokens_per_s": [low * scale, high * scale],
-            "measured_tokens_per_s": measured,
-            "measured_range_tokens_per_s": decoded.get("tokens_per_s_range", [measured, measured]),
-            "measured_at_profile_speed_range_tokens_per_s": [min(at_profile_speed), max(at_profile_speed)],
-            "raw_error_pct": 100 * (predicted - measured) / measured, "error_pct": error_pct, "inside_noise": inside_noise,
-            "within": abs(error_pct) <= tolerance_pct or inside_noise}
+    return {
+        "batch": bucket.batch,
+        "draft_len": bucket.draft_len,
+        "predicted_tokens_per_s": predicted,
+        "predicted_source": figure.source,
+        "device_speed_ratio": 1 / scale,
+        "device_speed_ratio_runs": ratios,
+        "predicted_at_current_speed_tokens_per_s": predicted * scale,
+        "predicted_interval_tokens_per_s": [low, high],
+        "predicted_interval_at_current_speed_tokens_per_s": [low * scale, high * scale],
+        "measured_tokens_per_s": measured,
+        "measured_range_tokens_per_s": decoded.get("tokens_per_s_range", [measured, measured]),
+        "measured_at_profile_speed_range_tokens_per_s": [min(at_profile_speed), max(at_profile_speed)],
+        "raw_error_pct": 100 * (predicted - measured) / measured,
+        "error_pct": error_pct,
+        "inside_noise": inside_noise,
+        "within": abs(error_pct) <= tolerance_pct or inside_noise,
+    }
 
 
 def _close(kept: float | None, now: float) -> bool:
     return kept is not None and abs(kept - now) <= 0.01 * abs(now)
 
 
-def throughput_check(plan: Plan, profile: Profile, s: MeasureSettings, on_row: Callable[[dict], None] | None = None,
-                     keep: dict[int, dict] | None = None) -> dict:
+def throughput_check(
+    plan: Plan,
+    profile: Profile,
+    s: MeasureSettings,
+    on_row: Callable[[dict], None] | None = None,
+    keep: dict[int, dict] | None = None,
+) -> dict:
     """Measured decode tokens/s per bucket against the plan, at the plan's context length (this device); `on_row`
     receives each bucket's row as it is measured. `keep` maps a batch to a row of an earlier check that stands
     (a repair re-checks only what failed or was re-planned): it is kept where the bucket's D is the same and its
@@ -177,7 +228,10 @@ def throughput_check(plan: Plan, profile: Profile, s: MeasureSettings, on_row: C
         return {"checked": False, "why": f"the plan is for {plan.device.name} (modeled), not this device"}
     other = _another_device(profile.device)
     if other:
-        return {"checked": False, "why": f"the profile was measured on another device ({other}): throughput is checked where it was measured"}
+        return {
+            "checked": False,
+            "why": f"the profile was measured on another device ({other}): throughput is checked where it was measured",
+        }
     target = load_model(profile.target["path"], dtype=profile.device.get("dtype") or "auto")
     drafter = plan_drafter(plan, profile, target)
     pool = context_prompts(target, plan.ctx, s.new_tokens, plan.max_draft_len, "all")
@@ -188,14 +242,29 @@ def throughput_check(plan: Plan, profile: Profile, s: MeasureSettings, on_row: C
     for b in plan.buckets:
         B, D = b.batch, b.draft_len
         kept = (keep or {}).get(B)
-        if kept is not None and kept["draft_len"] == D and _close(kept.get("predicted_tokens_per_s"), b.predicted.tokens_per_s.value):
+        if (
+            kept is not None
+            and kept["draft_len"] == D
+            and _close(kept.get("predicted_tokens_per_s"), b.predicted.tokens_per_s.value)
+        ):
             rows.append(kept | {"kept_from_the_previous_check": True})
             continue
         n = B * -(-s.rows // B)  # small batches decode several batches, so that AL is not one or two prompts'
         try:
-            decoded, ratios = speed.measure(lambda between: measure_decode(target, drafter, [pool[i % len(pool)] for i in range(n)], D,
-                                                                           s.new_tokens, s.repeats, s.seed, batch_size=B, between=between),
-                                            batch=B)
+            decoded, ratios = speed.measure(
+                lambda between: measure_decode(
+                    target,
+                    drafter,
+                    [pool[i % len(pool)] for i in range(n)],
+                    D,
+                    s.new_tokens,
+                    s.repeats,
+                    s.seed,
+                    batch_size=B,
+                    between=between,
+                ),
+                batch=B,
+            )
         except (torch.OutOfMemoryError, RuntimeError) as e:
             if not is_out_of_memory(e):
                 raise
@@ -209,19 +278,27 @@ def throughput_check(plan: Plan, profile: Profile, s: MeasureSettings, on_row: C
         return {"checked": False, "why": "every bucket ran out of memory on this device", "buckets": rows}
     worst = max(timed, key=lambda r: abs(r["error_pct"]))
     drift = max(abs(r["device_speed_ratio"] - 1) for r in timed) * 100
-    result = {"checked": True, "tolerance_pct": s.tolerance_pct, "new_tokens": s.new_tokens, "buckets": rows,
-              "measured_rounds": "rounds with every row of the batch decoding (a continuously batched server's steady state)",
-              "passed": all(r["within"] for r in timed), "worst": {"batch": worst["batch"], "error_pct": worst["error_pct"]},
-              "rule": f"a bucket passes when its error at the current speed is within {s.tolerance_pct:g}%, or when the prediction's "
-                      "95% interval and the range of the timed runs at profile-time speed overlap (a difference inside the noise)",
-              "speed_scaling": "each timed run's tokens/s times the speed ratio probed on either side of it (the probed step's time now "
-                               "over its profile time), median over the runs",
-              "device_drift_pct": drift}
+    result = {
+        "checked": True,
+        "tolerance_pct": s.tolerance_pct,
+        "new_tokens": s.new_tokens,
+        "buckets": rows,
+        "measured_rounds": "rounds with every row of the batch decoding (a continuously batched server's steady state)",
+        "passed": all(r["within"] for r in timed),
+        "worst": {"batch": worst["batch"], "error_pct": worst["error_pct"]},
+        "rule": f"a bucket passes when its error at the current speed is within {s.tolerance_pct:g}%, or when the prediction's "
+        "95% interval and the range of the timed runs at profile-time speed overlap (a difference inside the noise)",
+        "speed_scaling": "each timed run's tokens/s times the speed ratio probed on either side of it (the probed step's time now "
+        "over its profile time), median over the runs",
+        "device_drift_pct": drift,
+    }
     if speed.why:
         result["device_speed"] = f"not probed: {speed.why}"
     if len(timed) < len(rows):
         result["infeasible_batches"] = [r["batch"] for r in rows if "infeasible" in r]
     if drift > s.tolerance_pct:
-        result["warning"] = (f"this device runs the target {drift:.0f}% away from its speed at profile time: "
-                             "re-profile on a quiet machine before trusting absolute figures")
+        result["warning"] = (
+            f"this device runs the target {drift:.0f}% away from its speed at profile time: "
+            "re-profile on a quiet machine before trusting absolute figures"
+        )
     return result

@@ -3,7 +3,14 @@ sets, and the two measurement backends that write profile.json (profiles/backend
 
 from specdec_tune import lazy_entry_points
 
-_ENTRY_POINTS = {"run_profile": "backends", "backend_of": "backends", "Profile": "schema", "load_profile": "schema",
-                 "summary": "profile_summary", "remeasure": "verify_curve", "load_calibration": "calibration"}
+_ENTRY_POINTS = {
+    "run_profile": "backends",
+    "backend_of": "backends",
+    "Profile": "schema",
+    "load_profile": "schema",
+    "summary": "profile_summary",
+    "remeasure": "verify_curve",
+    "load_calibration": "calibration",
+}
 __all__ = sorted(_ENTRY_POINTS)
 __getattr__ = lazy_entry_points(__name__, _ENTRY_POINTS)

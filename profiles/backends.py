@@ -45,10 +45,13 @@ class Backend:
     remeasurable_cells: bool
 
 
-BACKENDS: dict[str, Backend] = {b.name: b for b in (
-    Backend("torch", _torch, serving_engine=None, remeasurable_cells=True),
-    Backend("vllm", _vllm, serving_engine="vllm", remeasurable_cells=False),
-)}
+BACKENDS: dict[str, Backend] = {
+    b.name: b
+    for b in (
+        Backend("torch", _torch, serving_engine=None, remeasurable_cells=True),
+        Backend("vllm", _vllm, serving_engine="vllm", remeasurable_cells=False),
+    )
+}
 
 
 def backend_of(profile: Profile) -> Backend:
@@ -56,8 +59,10 @@ def backend_of(profile: Profile) -> Backend:
     try:
         return BACKENDS[profile.backend]
     except KeyError:
-        raise SpecdecError(f"the profile was measured with an unknown backend {profile.backend!r}",
-                           f"profile again with --engine {' or '.join(BACKENDS)}") from None
+        raise SpecdecError(
+            f"the profile was measured with an unknown backend {profile.backend!r}",
+            f"profile again with --engine {' or '.join(BACKENDS)}",
+        ) from None
 
 
 def run_profile(settings: ProfileSettings, progress: Progress | None = None, started: float | None = None) -> Profile:

@@ -21,8 +21,8 @@ import importlib.util
 import json
 import math
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from specdec_tune import SpecdecError
 

@@ -16,7 +16,6 @@ from specdec_tune.profiles.train_drafter import cached_demo_head  # noqa: F401  
 from specdec_tune.settings import DecodeSettings
 
 
-
 def decode_prompts(target: LoadedModel, token_ids: list[list[int]], batch_size: int, **kwargs):
     """`generate` over consecutive batches; returns (tokens per prompt, counters per prompt, decode seconds)."""
     tokens, counters, seconds = [], [], 0.0
@@ -31,18 +30,36 @@ def decode_prompts(target: LoadedModel, token_ids: list[list[int]], batch_size: 
 def run(settings: DecodeSettings) -> dict:
     settings.validate()
     if settings.drafter is not None and settings.drafter not in available():  # before the target loads
-        raise SpecdecError(f"unknown drafter mechanism {settings.drafter!r}", f"choose one of: {', '.join(available())}")
+        raise SpecdecError(
+            f"unknown drafter mechanism {settings.drafter!r}", f"choose one of: {', '.join(available())}"
+        )
     torch.manual_seed(settings.seed)
-    dtype = "float32" if settings.check_lossless else settings.dtype  # losslessness is a property of the algorithm: check it in fp32
+    dtype = (
+        "float32" if settings.check_lossless else settings.dtype
+    )  # losslessness is a property of the algorithm: check it in fp32
     target = load_model(settings.target, dtype=dtype, trust_remote_code=settings.trust_remote_code)
     drafter = create(settings.drafter, target, settings.drafter_options) if settings.drafter else None
     chosen = select_prompts(settings.prompts, settings.split, settings.num_prompts)
     D = settings.num_draft_tokens if drafter else 0
-    ids = encode_prompts(target.tokenizer, chosen, context_tokens=target.model.config.max_position_embeddings,
-                         max_new_tokens=settings.max_new_tokens, max_draft_tokens=D)
-    stop = list(target.model.config.eos_token_ids) or ([target.tokenizer.eos_token_id] if target.tokenizer.eos_token_id is not None else [])
-    kwargs = dict(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, seed=settings.seed, stop_token_ids=stop)
-    tokens, counters, seconds = decode_prompts(target, ids, settings.batch_size, drafter=drafter, num_draft_tokens=D, **kwargs)
+    ids = encode_prompts(
+        target.tokenizer,
+        chosen,
+        context_tokens=target.model.config.max_position_embeddings,
+        max_new_tokens=settings.max_new_tokens,
+        max_draft_tokens=D,
+    )
+    stop = list(target.model.config.eos_token_ids) or (
+        [target.tokenizer.eos_token_id] if target.tokenizer.eos_token_id is not None else []
+    )
+    kwargs = dict(
+        max_new_tokens=settings.max_new_tokens,
+        temperature=settings.temperature,
+        seed=settings.seed,
+        stop_token_ids=stop,
+    )
+    tokens, counters, seconds = decode_prompts(
+        target, ids, settings.batch_size, drafter=drafter, num_draft_tokens=D, **kwargs
+    )
 
     by_domain: dict[str, list[int]] = {}
     for i, p in enumerate(chosen.prompts):
@@ -58,7 +75,8 @@ def run(settings: DecodeSettings) -> dict:
         "prompts": chosen.name,
         "all": summarize(counters, len(chosen), sum(len(t) for t in tokens), seconds),
         "per_domain": {
-            d: summarize([counters[i] for i in idx], len(idx), sum(len(tokens[i]) for i in idx), None) for d, idx in by_domain.items()
+            d: summarize([counters[i] for i in idx], len(idx), sum(len(tokens[i]) for i in idx), None)
+            for d, idx in by_domain.items()
         },
     }
     if settings.check_lossless:
@@ -67,8 +85,10 @@ def run(settings: DecodeSettings) -> dict:
         result["lossless"] = {"prompts": len(ids), "identical_prompts": same}
         if same != len(ids):
             first = next(chosen.prompts[i].id for i, (a, b) in enumerate(zip(tokens, plain)) if a != b)
-            raise SpecdecError(f"speculative output differs from plain greedy output on {len(ids) - same} prompts (first: {first})",
-                               "this is a bug in the drafter or the loop; rerun with --debug and report it")
+            raise SpecdecError(
+                f"speculative output differs from plain greedy output on {len(ids) - same} prompts (first: {first})",
+                "this is a bug in the drafter or the loop; rerun with --debug and report it",
+            )
     return result
 
 

@@ -24,7 +24,7 @@ import dataclasses
 import functools
 import math
 import statistics
-from typing import Hashable, Sequence
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 
@@ -46,10 +46,13 @@ class Corrected:
 
     def summary(self) -> dict:
         """What profile.json records of the correction."""
-        return {"method": "per visit, the median level of the visits either side of it (other cells) against their cells' "
-                          f"medians, alternated {ROUNDS}x with the cells' medians (profiles/drift.py); samples divided by it",
-                "window_visits": WINDOW, "applied": self.applied,
-                "level_range": [min(self.levels), max(self.levels)] if self.levels else None}
+        return {
+            "method": "per visit, the median level of the visits either side of it (other cells) against their cells' "
+            f"medians, alternated {ROUNDS}x with the cells' medians (profiles/drift.py); samples divided by it",
+            "window_visits": WINDOW,
+            "applied": self.applied,
+            "level_range": [min(self.levels), max(self.levels)] if self.levels else None,
+        }
 
 
 def levels(visits: Sequence[tuple[Hashable, Sequence[float]]]) -> tuple[np.ndarray, bool]:

@@ -26,7 +26,18 @@ from specdec_tune import SpecdecError
 # in, e.g. "vllm 0.32.0"; absent from a torch profile). Memory size, CPU flags, the
 # Python version and the OS string are recorded for the reader but do not change the timings enough
 # (or are implied by the name) to invalidate them.
-STALENESS_FACTORS = ("kind", "name", "capability", "driver", "cuda_runtime", "torch", "triton", "dtype", "threads", "engine")
+STALENESS_FACTORS = (
+    "kind",
+    "name",
+    "capability",
+    "driver",
+    "cuda_runtime",
+    "torch",
+    "triton",
+    "dtype",
+    "threads",
+    "engine",
+)
 
 CPU_FLAGS_OF_NOTE = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
@@ -123,7 +134,10 @@ def _driver_from_nvidia_smi() -> str | None:
         return None
     done = subprocess.run(
         [exe, "--query-gpu=driver_version", "--format=csv,noheader"],
-        capture_output=True, text=True, timeout=_NVIDIA_SMI_TIMEOUT_S, check=False,
+        capture_output=True,
+        text=True,
+        timeout=_NVIDIA_SMI_TIMEOUT_S,
+        check=False,
     )
     lines = done.stdout.strip().splitlines() if done.returncode == 0 else []
     return lines[0].strip() if lines else None
@@ -180,7 +194,7 @@ def device_factors(fp: dict) -> dict:
 
 
 def diff_factors(old: dict, new: dict) -> list[str]:
-    """"name: old -> new" for each staleness factor that differs; empty when nothing that matters changed."""
+    """ "name: old -> new" for each staleness factor that differs; empty when nothing that matters changed."""
     before, after = device_factors(old), device_factors(new)
     return [f"{name}: {before[name]} -> {after[name]}" for name in STALENESS_FACTORS if before[name] != after[name]]
 
@@ -189,7 +203,7 @@ def diff_factors(old: dict, new: dict) -> list[str]:
 
 
 def resolve_device(name: str) -> torch.device:
-    """"auto" (CUDA when available, else CPU), "cpu", "cuda" or "cuda:N" -> a torch.device."""
+    """ "auto" (CUDA when available, else CPU), "cpu", "cuda" or "cuda:N" -> a torch.device."""
     text = name.strip().lower()
     if text == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -216,8 +230,14 @@ def resolve_device(name: str) -> torch.device:
 
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     """'auto' is bf16 where the device computes it natively (CUDA, AVX-512-BF16/AMX CPUs), else fp32."""
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16}
+    table = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
     if name == "auto":
         if device.type == "cuda":
             return torch.bfloat16

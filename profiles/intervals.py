@@ -20,7 +20,7 @@ import math
 import statistics
 import warnings
 from collections import Counter
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -143,8 +143,10 @@ def widened_by(low: float, median: float, high: float, sd: float, groups: int) -
     """A median's 95% interval (low, high) with a between-group term of `sd` (log scale) over `groups` groups added:
     each side's log distance from the median and 1.96·sd/√groups taken together as independent errors."""
     extra = Z95 * sd / math.sqrt(max(groups, 1))
-    return (median * math.exp(-math.hypot(math.log(median / low), extra)),
-            median * math.exp(math.hypot(math.log(high / median), extra)))
+    return (
+        median * math.exp(-math.hypot(math.log(median / low), extra)),
+        median * math.exp(math.hypot(math.log(high / median), extra)),
+    )
 
 
 def pooled_half_width(n: float, rel_sd: float, median: float) -> float:
@@ -326,8 +328,9 @@ def moved_beyond_interval(raw: float, fitted: float, low: float, high: float) ->
 # ---------------------------------------------------------------------------- acceptance over prompts
 
 
-def draws(sums: dict[str, np.ndarray], domains: Sequence[str], weights: dict[str, float], *, resamples: int = 0,
-          seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def draws(
+    sums: dict[str, np.ndarray], domains: Sequence[str], weights: dict[str, float], *, resamples: int = 0, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """Tokens per forward and vLLM's mean AL per D for a mix of domains: [1, D_max + 1] each on the prompts as they are
     (resamples = 0), else [resamples, D_max + 1], one row per bootstrap resample of the prompts.
 
@@ -348,7 +351,9 @@ def draws(sums: dict[str, np.ndarray], domains: Sequence[str], weights: dict[str
     total_w = sum(weights[d] for d in names)
     for d in names:
         idx = np.flatnonzero(domains == d)
-        counts = rng.multinomial(len(idx), np.full(len(idx), 1 / len(idx)), size=R) if resamples else np.ones((1, len(idx)))
+        counts = (
+            rng.multinomial(len(idx), np.full(len(idx), 1 / len(idx)), size=R) if resamples else np.ones((1, len(idx)))
+        )
         e, r = counts @ sums["emitted"][idx], counts @ sums["rounds"][idx]  # [R, D+1]
         a, q = counts @ sums["accepted"][idx], counts @ sums["drafts"][idx]
         w = weights[d] / total_w
@@ -372,9 +377,13 @@ def t_quantile(p: float, df: float) -> float:
     if df <= 2:
         return (2 * p - 1) * math.sqrt(2 / (4 * p * (1 - p)))
     z = statistics.NormalDist().inv_cdf(p)
-    return (z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
-            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
-            + (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / (92160 * df**4))
+    return (
+        z
+        + (z**3 + z) / (4 * df)
+        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
+        + (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / (92160 * df**4)
+    )
 
 
 def widening(domains: Sequence[str], weights: dict[str, float], confidence: float = 0.95) -> float:
@@ -404,7 +413,11 @@ def widening(domains: Sequence[str], weights: dict[str, float], confidence: floa
 
 def half_width_text(rel_half_width: float) -> str:
     """A relative 95% half-width as the notes say it; a domain of one prompt has none."""
-    return f"within ±{rel_half_width:.1%} (95%)" if math.isfinite(rel_half_width) else "without an interval (one prompt: no spread to bootstrap)"
+    return (
+        f"within ±{rel_half_width:.1%} (95%)"
+        if math.isfinite(rel_half_width)
+        else "without an interval (one prompt: no spread to bootstrap)"
+    )
 
 
 def widened(center: np.ndarray, resampled: np.ndarray, factor: float, confidence: float = 0.95, cap=None) -> np.ndarray:
@@ -420,8 +433,9 @@ def widened(center: np.ndarray, resampled: np.ndarray, factor: float, confidence
     return out if cap is None else np.clip(out, 1.0, cap)
 
 
-def figures(sums: dict[str, np.ndarray], domains: Sequence[str], weights: dict[str, float], *, resamples: int = 0,
-            seed: int = 0) -> tuple[np.ndarray, np.ndarray] | tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def figures(
+    sums: dict[str, np.ndarray], domains: Sequence[str], weights: dict[str, float], *, resamples: int = 0, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray] | tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Tokens per forward and vLLM's mean AL per D for a mix of domains (`draws` on the prompts as they are), and with
     `resamples` their 95% bootstrap intervals (the 2.5 / 97.5 percentiles of `draws`' resamples, `widened` for the
     prompts' count)."""

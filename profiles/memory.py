@@ -40,12 +40,24 @@ def shape_of(config: dict, layers: int | None = None) -> dict:
     head_dim = int(config.get("head_dim") or hidden // heads)
     kv_heads = int(config.get("num_key_value_heads") or heads)
     experts = int(_first(config, "num_local_experts", "num_experts", "n_routed_experts") or 0)
-    intermediate = _first(config, "moe_intermediate_size", "intermediate_size") if experts else _first(config, "intermediate_size", "n_inner")
-    return {"layers": int(layers if layers is not None else _first(config, "num_hidden_layers", "n_layer")), "hidden": hidden,
-            "q_width": heads * head_dim, "kv_width": kv_heads * head_dim, "kv_heads": kv_heads, "head_dim": head_dim,
-            "intermediate": int(intermediate or 4 * hidden), "vocab": int(config["vocab_size"]),
-            "tied": bool(config.get("tie_word_embeddings", False)), "experts": experts,
-            "experts_per_token": int(config.get("num_experts_per_tok") or 1) if experts else 1}
+    intermediate = (
+        _first(config, "moe_intermediate_size", "intermediate_size")
+        if experts
+        else _first(config, "intermediate_size", "n_inner")
+    )
+    return {
+        "layers": int(layers if layers is not None else _first(config, "num_hidden_layers", "n_layer")),
+        "hidden": hidden,
+        "q_width": heads * head_dim,
+        "kv_width": kv_heads * head_dim,
+        "kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "intermediate": int(intermediate or 4 * hidden),
+        "vocab": int(config["vocab_size"]),
+        "tied": bool(config.get("tie_word_embeddings", False)),
+        "experts": experts,
+        "experts_per_token": int(config.get("num_experts_per_tok") or 1) if experts else 1,
+    }
 
 
 def layer_linear_shapes(s: dict) -> list[tuple[int, int]]:
@@ -56,7 +68,9 @@ def layer_linear_shapes(s: dict) -> list[tuple[int, int]]:
     return [(q, h), (kv, h), (kv, h), (h, q)] + (mlp * experts + [(experts, h)] if experts else mlp)
 
 
-def param_counts(s: dict, *, embeddings: bool = True, head_rows: int | None = None, extra_linear: list | None = None) -> dict:
+def param_counts(
+    s: dict, *, embeddings: bool = True, head_rows: int | None = None, extra_linear: list | None = None
+) -> dict:
     """Linear (quantizable) and dense parameters of `s`'s layers, + embeddings, + an LM head of `head_rows` rows
     (default: the vocabulary, none where tied)."""
     linear = layer_linear_shapes(s) * s["layers"] + list(extra_linear or [])
@@ -72,8 +86,10 @@ def weight_bytes(counts: dict, fmt: str, dtype_bytes: float) -> float:
 
 
 def weights_record(counts: dict, dtype_bytes: int) -> dict:
-    return counts | {"params": counts["linear_params"] + counts["dense_params"],
-                     "weights_bytes": {fmt: int(weight_bytes(counts, fmt, dtype_bytes)) for fmt in WEIGHT_FORMATS}}
+    return counts | {
+        "params": counts["linear_params"] + counts["dense_params"],
+        "weights_bytes": {fmt: int(weight_bytes(counts, fmt, dtype_bytes)) for fmt in WEIGHT_FORMATS},
+    }
 
 
 def kv_bytes_per_token(s: dict, dtype_bytes: int) -> int:
@@ -81,7 +97,9 @@ def kv_bytes_per_token(s: dict, dtype_bytes: int) -> int:
 
 
 def activation_bytes_per_row(s: dict, dtype_bytes: int) -> int:
-    gate_up = 2 * s["intermediate"] * s.get("experts_per_token", 1)  # a token's gate and up outputs, in each expert it routes to
+    gate_up = (
+        2 * s["intermediate"] * s.get("experts_per_token", 1)
+    )  # a token's gate and up outputs, in each expert it routes to
     return 4 * s["vocab"] + dtype_bytes * (2 * s["hidden"] + s["q_width"] + 2 * s["kv_width"] + gate_up)
 
 
@@ -89,43 +107,87 @@ def drafter_memory(info: dict, target: dict, target_config: dict, dtype_bytes: i
     """A drafter's weights per format and KV bytes per token (module docstring); `info` is the profile's DrafterInfo."""
     model = info.get("model")
     if info["kind"] == "model_free" or not model:
-        return weights_record({"linear_params": 0, "dense_params": 0}, dtype_bytes) | {"kv_bytes_per_token": 0, "source": "a lookup: nothing on the device"}
+        return weights_record({"linear_params": 0, "dense_params": 0}, dtype_bytes) | {
+            "kv_bytes_per_token": 0,
+            "source": "a lookup: nothing on the device",
+        }
     layers = int(model.get("layers") or 1)
     if "hidden_layers" not in model:  # a draft model: its own checkpoint's config, or the target's first layers
         s = shape_of(own_config, layers) if own_config else shape_of(target_config, layers)
-        source = "its config.json" if own_config else f"the target's config cut to {layers} layers (a separate copy in the engine)"
-        return weights_record(param_counts(s), dtype_bytes) | {"kv_bytes_per_token": kv_bytes_per_token(s, dtype_bytes), "source": f"computed from {source}"}
+        source = (
+            "its config.json"
+            if own_config
+            else f"the target's config cut to {layers} layers (a separate copy in the engine)"
+        )
+        return weights_record(param_counts(s), dtype_bytes) | {
+            "kv_bytes_per_token": kv_bytes_per_token(s, dtype_bytes),
+            "source": f"computed from {source}",
+        }
     s = dict(target, layers=layers)
-    fuse = [(target["hidden"], target["hidden"] * len(model["hidden_layers"]))] if len(model["hidden_layers"]) > 1 else []
+    fuse = (
+        [(target["hidden"], target["hidden"] * len(model["hidden_layers"]))] if len(model["hidden_layers"]) > 1 else []
+    )
     vocab = int(model.get("draft_vocab_size") or target["vocab"])
     head_rows = vocab if vocab != target["vocab"] else 0  # a full-vocabulary head reads the target's
     return weights_record(param_counts(s, embeddings=False, head_rows=head_rows, extra_linear=fuse), dtype_bytes) | {
         "kv_bytes_per_token": kv_bytes_per_token(s, dtype_bytes),
         "source": f"computed from {layers} layer(s) at the target's layer shapes, the fc over {len(model['hidden_layers'])} "
-                  f"target layer(s) and {'its own ' + str(vocab) + '-row LM head' if head_rows else 'the target LM head (shared)'}"}
+        f"target layer(s) and {'its own ' + str(vocab) + '-row LM head' if head_rows else 'the target LM head (shared)'}",
+    }
 
 
-def memory_record(config: dict, dtype: str, drafters: list[dict], device_fp: dict, batches: list[int], max_draft_len: int,
-                  drafter_configs: dict[str, dict] | None = None, kv_cache_bytes: int | None = None,
-                  measured_activation: dict[tuple[int, int], int] | None = None) -> dict:
+def memory_record(
+    config: dict,
+    dtype: str,
+    drafters: list[dict],
+    device_fp: dict,
+    batches: list[int],
+    max_draft_len: int,
+    drafter_configs: dict[str, dict] | None = None,
+    kv_cache_bytes: int | None = None,
+    measured_activation: dict[tuple[int, int], int] | None = None,
+) -> dict:
     """The profile's `memory` record (module docstring). `measured_activation`: (B, T) -> allocator peak bytes."""
     b = DTYPE_BYTES.get(dtype, 2)
     s = shape_of(config)
     per_row = activation_bytes_per_row(s, b)
     measured = measured_activation or {}
-    activation = [{"batch": B, "tokens": T, "bytes": measured.get((B, T), B * T * per_row), "source": "measured" if (B, T) in measured else "modeled"}
-                  for B in batches for T in range(1, max_draft_len + 2)]
+    activation = [
+        {
+            "batch": B,
+            "tokens": T,
+            "bytes": measured.get((B, T), B * T * per_row),
+            "source": "measured" if (B, T) in measured else "modeled",
+        }
+        for B in batches
+        for T in range(1, max_draft_len + 2)
+    ]
     gpu = device_fp.get("kind") == "cuda"
     return {
-        "dtype": dtype, "dtype_bytes": b,
-        "target": {"shape": s, **weights_record(param_counts(s), b), "kv_bytes_per_token": kv_bytes_per_token(s, b),
-                   "source": "computed from config.json"},
-        "drafters": {d["name"]: drafter_memory(d, s, config, b, (drafter_configs or {}).get(d["name"])) for d in drafters},
-        "activation_bytes_per_row": per_row, "activation": activation,
+        "dtype": dtype,
+        "dtype_bytes": b,
+        "target": {
+            "shape": s,
+            **weights_record(param_counts(s), b),
+            "kv_bytes_per_token": kv_bytes_per_token(s, b),
+            "source": "computed from config.json",
+        },
+        "drafters": {
+            d["name"]: drafter_memory(d, s, config, b, (drafter_configs or {}).get(d["name"])) for d in drafters
+        },
+        "activation_bytes_per_row": per_row,
+        "activation": activation,
         "lookahead_slots_per_request": "1 + D",
-        "device": {"usable_bytes": int(device_fp.get("memory_bytes") or 0), "kv_cache_bytes": kv_cache_bytes,
-                   "source": ("torch.cuda total memory" if gpu else "the host's MemTotal") +
-                             (f"; vLLM's KV cache pool on this CPU: {kv_cache_bytes} bytes (VLLM_CPU_KVCACHE_SPACE)" if kv_cache_bytes else "")},
+        "device": {
+            "usable_bytes": int(device_fp.get("memory_bytes") or 0),
+            "kv_cache_bytes": kv_cache_bytes,
+            "source": ("torch.cuda total memory" if gpu else "the host's MemTotal")
+            + (
+                f"; vLLM's KV cache pool on this CPU: {kv_cache_bytes} bytes (VLLM_CPU_KVCACHE_SPACE)"
+                if kv_cache_bytes
+                else ""
+            ),
+        },
     }
 
 

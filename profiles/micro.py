@@ -29,7 +29,9 @@ DEFAULT_MAX_M_POINTS = 24
 # ---------------------------------------------------------------- attention
 
 
-def _randn(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, generator: torch.Generator) -> torch.Tensor:
+def _randn(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, generator: torch.Generator
+) -> torch.Tensor:
     return torch.randn(shape, generator=generator, device=device, dtype=torch.float32).to(dtype)
 
 
@@ -81,16 +83,18 @@ def attention_curve(
         q, k, v, mask = verify_attention_inputs(config, batch, ctx_tokens, T, dtype, device)
         with torch.inference_mode():
             timing = time_call(lambda: verify_attention(q, k, v, mask), device=device, repeats=repeats)
-        points.append({
-            "kind": "attention",
-            "batch": batch,
-            "draft_len": D,
-            "tokens": T,
-            "rows_per_kv_head": G * T,
-            "ctx": ctx_tokens,
-            **timing.as_dict(),
-            "source": "measured",
-        })
+        points.append(
+            {
+                "kind": "attention",
+                "batch": batch,
+                "draft_len": D,
+                "tokens": T,
+                "rows_per_kv_head": G * T,
+                "ctx": ctx_tokens,
+                **timing.as_dict(),
+                "source": "measured",
+            }
+        )
         del q, k, v, mask
     return points
 
@@ -126,17 +130,19 @@ def linear_curve(
             with torch.inference_mode():
                 timing = time_call(lambda: F.linear(x, w), device=device, repeats=repeats)
             gflop = 2 * m * in_features * out_features / 1e9
-            points.append({
-                "kind": "linear",
-                "layer": layer,
-                "m": m,
-                "in_features": in_features,
-                "out_features": out_features,
-                "gflop": gflop,
-                **timing.as_dict(),
-                "achieved_gflops": gflop / (timing.median_ms / 1e3) if timing.median_ms > 0 else None,
-                "source": "measured",
-            })
+            points.append(
+                {
+                    "kind": "linear",
+                    "layer": layer,
+                    "m": m,
+                    "in_features": in_features,
+                    "out_features": out_features,
+                    "gflop": gflop,
+                    **timing.as_dict(),
+                    "achieved_gflops": gflop / (timing.median_ms / 1e3) if timing.median_ms > 0 else None,
+                    "source": "measured",
+                }
+            )
         del w
     return points
 
@@ -160,7 +166,10 @@ def default_m_values(batch_buckets: list[int], max_tokens: int, max_points: int 
     `max_points` geometrically spaced targets between the smallest and the largest; both ends stay.
     """
     if not batch_buckets or any(b < 1 for b in batch_buckets) or max_tokens < 1:
-        raise SpecdecError(f"bad GEMM grid: batch buckets {batch_buckets}, max tokens {max_tokens}", "need buckets >= 1 and max_tokens >= 1")
+        raise SpecdecError(
+            f"bad GEMM grid: batch buckets {batch_buckets}, max tokens {max_tokens}",
+            "need buckets >= 1 and max_tokens >= 1",
+        )
     products = sorted({b * t for b in batch_buckets for t in range(1, max_tokens + 1)})
     if len(products) <= max_points:
         return products

@@ -20,7 +20,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 MIN_CHARS = 400  # shorter files are mostly licences, stubs and changelog fragments
-SKIP_NAMES = ("license", "licence", "copying", "notice", "authors", "record", "top_level", "entry_points", "requirements")
+SKIP_NAMES = (
+    "license",
+    "licence",
+    "copying",
+    "notice",
+    "authors",
+    "record",
+    "top_level",
+    "entry_points",
+    "requirements",
+)
 
 
 def _ordered(paths: list[Path]) -> list[Path]:
@@ -38,7 +48,10 @@ def text_files() -> dict[str, list[Path]]:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     code = [p for p in stdlib.glob("*.py") if not p.name.startswith("_")] + list(stdlib.glob("*/[!_]*.py"))
     keep = lambda p: p.is_file() and not any(s in p.name.lower() for s in SKIP_NAMES)  # noqa: E731
-    return {"prose": _ordered([p for p in prose if keep(p)]), "code": _ordered([p for p in code if keep(p) and "test" not in str(p.parent.name)])}
+    return {
+        "prose": _ordered([p for p in prose if keep(p)]),
+        "code": _ordered([p for p in code if keep(p) and "test" not in str(p.parent.name)]),
+    }
 
 
 def _windows(tokenizer, path: Path, chunk_tokens: int, max_chunks: int) -> Iterator[list[int]]:
@@ -55,8 +68,9 @@ def _windows(tokenizer, path: Path, chunk_tokens: int, max_chunks: int) -> Itera
             yield window
 
 
-def package_text(tokenizer, total_tokens: int, chunk_tokens: int = 512, max_chunks_per_file: int = 4,
-                 prose_share: float = 0.7) -> list[list[int]]:
+def package_text(
+    tokenizer, total_tokens: int, chunk_tokens: int = 512, max_chunks_per_file: int = 4, prose_share: float = 0.7
+) -> list[list[int]]:
     """About `total_tokens` tokens as windows of at most `chunk_tokens`, `prose_share` of them prose, the rest code."""
     files = text_files()
     want = {"prose": int(total_tokens * prose_share), "code": total_tokens - int(total_tokens * prose_share)}

@@ -35,7 +35,9 @@ def parse_drafter_spec(spec: str) -> tuple[str, dict[str, str]]:
     for pair in filter(None, rest.split(",")):
         key, sep, value = pair.partition("=")
         if not sep:
-            raise SpecdecError(f"drafter option {pair!r} in {spec!r} is not KEY=VALUE", "write --drafter draft_model:layers=6")
+            raise SpecdecError(
+                f"drafter option {pair!r} in {spec!r} is not KEY=VALUE", "write --drafter draft_model:layers=6"
+            )
         options[key] = value
     return name, options
 
@@ -70,10 +72,18 @@ class Budget:
 def workload_record(s: ProfileSettings, calibration, pool, domains: list[str], acceptance_batch: int) -> dict:
     """The profile's `workload`: what was measured, on which prompts (both backends)."""
     return {
-        "calibration": calibration.name, "calibration_fingerprint": pool.fingerprint(), "split": "profile",
-        "domains": domains, "prompts_per_domain": s.prompts_per_domain, "new_tokens": s.new_tokens,
-        "temperatures": list(s.temperatures), "batch_buckets": list(s.batch_buckets), "ctx_buckets": list(s.ctx_buckets),
-        "max_draft_len": s.max_draft_len, "acceptance_batch": acceptance_batch, "acceptance_half_width": s.acceptance_half_width,
+        "calibration": calibration.name,
+        "calibration_fingerprint": pool.fingerprint(),
+        "split": "profile",
+        "domains": domains,
+        "prompts_per_domain": s.prompts_per_domain,
+        "new_tokens": s.new_tokens,
+        "temperatures": list(s.temperatures),
+        "batch_buckets": list(s.batch_buckets),
+        "ctx_buckets": list(s.ctx_buckets),
+        "max_draft_len": s.max_draft_len,
+        "acceptance_batch": acceptance_batch,
+        "acceptance_half_width": s.acceptance_half_width,
     }
 
 
@@ -84,7 +94,9 @@ class ProfileRun:
     fingerprint: str = ""
     device_fp: dict = {}
 
-    def __init__(self, settings: ProfileSettings, progress: Progress | None = None, started: float | None = None) -> None:
+    def __init__(
+        self, settings: ProfileSettings, progress: Progress | None = None, started: float | None = None
+    ) -> None:
         # the budget counts from `started` (time.monotonic(); default: now): loading the models is part of the profile's time
         self.started = time.monotonic() if started is None else started
         settings.validate()
@@ -92,7 +104,9 @@ class ProfileRun:
         self.s = settings.for_device(self.device.type)
         self.progress = progress or Progress()
         self.calibration = load_calibration(self.s.prompts)
-        self.pool, _ = self.calibration.split()  # the profiling split: acceptance grows into it, never the held-back part
+        self.pool, _ = (
+            self.calibration.split()
+        )  # the profiling split: acceptance grows into it, never the held-back part
 
     def _tick(self, phase: str, done: int, total: int, unit: str = "") -> None:
         self.progress.tick(phase, done, total, unit)
@@ -102,9 +116,14 @@ class ProfileRun:
         raise NotImplementedError
 
     def record_header(self) -> dict:
-        return {"schema_version": SCHEMA_VERSION, "tool_version": __version__,
-                "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "fingerprint": self.fingerprint, "backend": self.backend, "device": self.device_fp}
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "tool_version": __version__,
+            "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "fingerprint": self.fingerprint,
+            "backend": self.backend,
+            "device": self.device_fp,
+        }
 
     def run(self) -> Profile:
         """OUT/profile.json: the finished one with this fingerprint where there is one, else measured (resuming the log)."""
@@ -112,7 +131,9 @@ class ProfileRun:
         old = None if self.s.force else finished_profile(out, self.fingerprint)
         if old is not None:
             return old
-        fields = self.measure(MeasurementLog(self.s.out_dir, self.fingerprint), Budget(self.s.budget_minutes, self.started))
+        fields = self.measure(
+            MeasurementLog(self.s.out_dir, self.fingerprint), Budget(self.s.budget_minutes, self.started)
+        )
         profile = Profile.model_validate(self.record_header() | fields)
         write_json(out, profile.model_dump(mode="json"))
         return profile

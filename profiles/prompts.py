@@ -6,20 +6,35 @@ from specdec_tune import SpecdecError
 from specdec_tune.profiles.calibration import CalibrationSet, select_prompts
 
 
-def encode_fitting(tokenizer, prompts: CalibrationSet, *, context_tokens: int, max_new_tokens: int, max_draft_tokens: int) -> dict[str, list[int]]:
+def encode_fitting(
+    tokenizer, prompts: CalibrationSet, *, context_tokens: int, max_new_tokens: int, max_draft_tokens: int
+) -> dict[str, list[int]]:
     """Token ids of the prompts that fit the context with the generation, by prompt id (the others are left out)."""
     out = {}
     for p in prompts:
         try:
-            [ids] = encode_prompts(tokenizer, CalibrationSet("one", (p,)), context_tokens=context_tokens, max_new_tokens=max_new_tokens,
-                                   max_draft_tokens=max_draft_tokens)
+            [ids] = encode_prompts(
+                tokenizer,
+                CalibrationSet("one", (p,)),
+                context_tokens=context_tokens,
+                max_new_tokens=max_new_tokens,
+                max_draft_tokens=max_draft_tokens,
+            )
         except SpecdecError:
             continue
         out[p.id] = ids
     return out
 
 
-def encode_prompts(tokenizer, prompts: CalibrationSet, *, chat: bool = True, context_tokens: int, max_new_tokens: int, max_draft_tokens: int = 0) -> list[list[int]]:
+def encode_prompts(
+    tokenizer,
+    prompts: CalibrationSet,
+    *,
+    chat: bool = True,
+    context_tokens: int,
+    max_new_tokens: int,
+    max_draft_tokens: int = 0,
+) -> list[list[int]]:
     """Token ids per prompt: the chat template's user turn when the tokenizer has one, else raw text.
 
     A prompt that leaves no room for `max_new_tokens` plus one round's draft within `context_tokens` is refused.
@@ -30,7 +45,9 @@ def encode_prompts(tokenizer, prompts: CalibrationSet, *, chat: bool = True, con
     out = []
     for p in prompts:
         if use_chat:
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": p.text}], add_generation_prompt=True, tokenize=True)
+            ids = tokenizer.apply_chat_template(
+                [{"role": "user", "content": p.text}], add_generation_prompt=True, tokenize=True
+            )
             ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
         else:
             ids = tokenizer(p.text)["input_ids"]
@@ -46,14 +63,20 @@ def encode_prompts(tokenizer, prompts: CalibrationSet, *, chat: bool = True, con
     return out
 
 
-def prompts_by_domain(tokenizer, context_tokens: int, n: int, new_tokens: int, max_draft: int, split: str) -> list[tuple[list[int], str]]:
+def prompts_by_domain(
+    tokenizer, context_tokens: int, n: int, new_tokens: int, max_draft: int, split: str
+) -> list[tuple[list[int], str]]:
     """(token ids, domain) of the first n prompts of the default calibration set's split."""
     chosen = select_prompts("default", split, n)
-    ids = encode_prompts(tokenizer, chosen, context_tokens=context_tokens, max_new_tokens=new_tokens, max_draft_tokens=max_draft)
+    ids = encode_prompts(
+        tokenizer, chosen, context_tokens=context_tokens, max_new_tokens=new_tokens, max_draft_tokens=max_draft
+    )
     return list(zip(ids, [p.domain for p in chosen.prompts]))
 
 
-def cut_to_context(prompts: list[tuple[list[int], str]], ctx: int, new_tokens: int, whole: bool = False) -> list[tuple[list[int], str]]:
+def cut_to_context(
+    prompts: list[tuple[list[int], str]], ctx: int, new_tokens: int, whole: bool = False
+) -> list[tuple[list[int], str]]:
     """The prompts of a decode at context `ctx`: each long enough cut to its last ctx − new_tokens/2 tokens, or (`whole`)
     only those between half that length and all of it, as they are. A cut drops text a lookup drafter would copy from
     (the document an extraction prompt asks about), while the profile measures acceptance on whole prompts; whole

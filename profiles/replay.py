@@ -28,9 +28,8 @@ counters in fp32, a mismatch fails the profile.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-
 import functools
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -50,8 +49,14 @@ def trajectories(target: CausalLM, prompts: Sequence[Sequence[int]], new_tokens:
     return out
 
 
-def replay(trajectory: Sequence[int], propose: Proposer, draft_lens: Sequence[int], max_new_tokens: int, stop: set[int],
-           max_draft_len: int) -> list[SpecCounters]:
+def replay(
+    trajectory: Sequence[int],
+    propose: Proposer,
+    draft_lens: Sequence[int],
+    max_new_tokens: int,
+    stop: set[int],
+    max_draft_len: int,
+) -> list[SpecCounters]:
     """The loop's counters for one prompt at each D in `draft_lens` (rule in the module docstring).
 
     The rounds of all D advance together, position by position, so that the proposer is asked in
@@ -79,7 +84,9 @@ def replay(trajectory: Sequence[int], propose: Proposer, draft_lens: Sequence[in
     return [counters[D] for D in draft_lens]
 
 
-def prefix_proposer(drafter: Drafter, prompt: Sequence[int], trajectory: Sequence[int], target: CausalLM, max_draft_len: int) -> Proposer:
+def prefix_proposer(
+    drafter: Drafter, prompt: Sequence[int], trajectory: Sequence[int], target: CausalLM, max_draft_len: int
+) -> Proposer:
     """Ask a token-only drafter from each prefix prompt + g[:i], for i non-decreasing (cached per (i, k))."""
     drafter.start([list(prompt)])
     cache: dict[tuple[int, int], list[int]] = {}
@@ -107,8 +114,9 @@ def teacher_forced_tokens(model: CausalLM, prompt: Sequence[int], trajectory: Se
     return model.lm_head(last).argmax(-1).tolist()
 
 
-def teacher_forced_proposer(drafter: Drafter, prompt: Sequence[int], trajectory: Sequence[int], target: CausalLM,
-                            max_draft_len: int) -> Proposer:
+def teacher_forced_proposer(
+    drafter: Drafter, prompt: Sequence[int], trajectory: Sequence[int], target: CausalLM, max_draft_len: int
+) -> Proposer:
     """A draft model's proposals (`drafter.model`, greedy chain): see the module docstring."""
     t = teacher_forced_tokens(drafter.model, prompt, trajectory)
     return lambda i, k: t[i : i + k]
@@ -120,17 +128,26 @@ def target_states(target: CausalLM, sequence: tuple[int, ...], layers: tuple[int
     """The target's hidden states at `layers` for positions 0..len(sequence)-2, one teacher-forced pass:
     [1, len(sequence) - 1, len(layers) * hidden] (what the loop's verify passes hand a head, position by position)."""
     ids = torch.tensor([sequence[:-1]], dtype=torch.long, device=target.device)  # [1, S]
-    _, states = target.forward_capture(ids, target.new_cache(1, ids.shape[1]), torch.zeros(1, dtype=torch.long, device=target.device),
-                                       layers, logits="none")
+    _, states = target.forward_capture(
+        ids,
+        target.new_cache(1, ids.shape[1]),
+        torch.zeros(1, dtype=torch.long, device=target.device),
+        layers,
+        logits="none",
+    )
     return states
 
 
-def head_proposer(drafter: Drafter, prompt: Sequence[int], trajectory: Sequence[int], target: CausalLM, max_draft_len: int) -> Proposer:
+def head_proposer(
+    drafter: Drafter, prompt: Sequence[int], trajectory: Sequence[int], target: CausalLM, max_draft_len: int
+) -> Proposer:
     """A learned head's greedy drafts for every round at once (see the module docstring); a round with fewer than two
     tokens known has no target state yet and drafts nothing, as in the loop."""
     sequence = tuple(prompt) + tuple(trajectory)
     known = [N for N in range(len(prompt), len(sequence)) if N >= 2]
-    chains = drafter.replay_proposals(list(sequence), target_states(target, sequence, tuple(drafter.hidden_layers)), known, max_draft_len)
+    chains = drafter.replay_proposals(
+        list(sequence), target_states(target, sequence, tuple(drafter.hidden_layers)), known, max_draft_len
+    )
     by_start = dict(zip((N - len(prompt) for N in known), chains))
     return lambda i, k: by_start.get(i, [])[:k]
 
@@ -143,7 +160,9 @@ PROPOSERS: dict[str, Callable[[Drafter, Sequence[int], Sequence[int], CausalLM, 
 }
 
 
-def proposer(drafter: Drafter, prompt: Sequence[int], trajectory: Sequence[int], target: CausalLM, max_draft_len: int) -> Proposer:
+def proposer(
+    drafter: Drafter, prompt: Sequence[int], trajectory: Sequence[int], target: CausalLM, max_draft_len: int
+) -> Proposer:
     """How `drafter` proposes at every round of `trajectory` (its PROPOSERS entry)."""
     return PROPOSERS[drafter.replay](drafter, prompt, trajectory, target, max_draft_len)
 

@@ -53,13 +53,13 @@ class DeviceRecord(Described):
     the profile was measured in one (`engine`)."""
 
     kind: Literal["cpu", "cuda"]
-    name: Optional[str] = None
-    dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None
-    threads: Optional[int] = Field(default=None, ge=1)
-    memory_bytes: Optional[int] = Field(default=None, ge=1)
-    capability: Optional[list[int]] = None
-    engine: Optional[str] = None
-    projected_from: Optional[str] = None  # a profile projected onto a hardware-table device (autotune/projection.py)
+    name: str | None = None
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    threads: int | None = Field(default=None, ge=1)
+    memory_bytes: int | None = Field(default=None, ge=1)
+    capability: list[int] | None = None
+    engine: str | None = None
+    projected_from: str | None = None  # a profile projected onto a hardware-table device (autotune/projection.py)
 
 
 class SpeedProbe(Described):
@@ -71,7 +71,9 @@ class SpeedProbe(Described):
 
 
 class BetweenEngines(Described):
-    sd: Optional[float] = Field(default=None, ge=0)  # of ln(step ms) between engines of one unit, beyond their steps' noise
+    sd: float | None = Field(
+        default=None, ge=0
+    )  # of ln(step ms) between engines of one unit, beyond their steps' noise
 
 
 class EngineRecord(Described):
@@ -80,11 +82,11 @@ class EngineRecord(Described):
     name: str = Field(min_length=1)
     version: str = Field(min_length=1)
     options: dict = {}
-    max_model_len: Optional[int] = Field(default=None, ge=1)
-    max_num_seqs: Optional[int] = Field(default=None, ge=1)
+    max_model_len: int | None = Field(default=None, ge=1)
+    max_num_seqs: int | None = Field(default=None, ge=1)
     mechanisms: dict[str, dict] = {}
-    speed_probe: Optional[SpeedProbe] = None
-    between_engines: Optional[BetweenEngines] = None
+    speed_probe: SpeedProbe | None = None
+    between_engines: BetweenEngines | None = None
 
 
 class ModelShape(Described):
@@ -106,7 +108,7 @@ class ModelShape(Described):
 class ModelMemory(Described):
     """The memory one model holds (profiles/memory.py): parameters, weights per format, KV bytes per token."""
 
-    shape: Optional[ModelShape] = None  # the target's (a drafter's where it has layers of its own)
+    shape: ModelShape | None = None  # the target's (a drafter's where it has layers of its own)
     params: int = Field(ge=0)
     dense_params: int = Field(ge=0)
     linear_params: int = Field(ge=0)
@@ -118,7 +120,7 @@ class ModelMemory(Described):
     @classmethod
     def _non_negative(cls, value: dict[str, float]) -> dict[str, float]:
         if "none" not in value or any(v < 0 for v in value.values()):
-            raise ValueError("weights_bytes needs a non-negative figure per format, \"none\" among them")
+            raise ValueError('weights_bytes needs a non-negative figure per format, "none" among them')
         return value
 
 
@@ -135,7 +137,7 @@ class ActivationPoint(Record):
 
 class DeviceMemory(Described):
     usable_bytes: float = Field(gt=0)
-    kv_cache_bytes: Optional[float] = Field(default=None, gt=0)  # a serving engine's own KV pool (vLLM on a CPU)
+    kv_cache_bytes: float | None = Field(default=None, gt=0)  # a serving engine's own KV pool (vLLM on a CPU)
     source: str = Field(min_length=1)
 
 
@@ -211,13 +213,15 @@ class RoundPoint(Timed):
     batch: Positive
     draft_len: Count
     ctx: Positive
-    tokens_per_round: Optional[float] = Field(default=None, ge=1)  # tokens a row emitted per timed round (the timing prompts' own acceptance)
+    tokens_per_round: float | None = Field(
+        default=None, ge=1
+    )  # tokens a row emitted per timed round (the timing prompts' own acceptance)
     # A lookup drafter proposes in some rounds and not in others, and a round costs more the more tokens it verifies:
     # the draft tokens per row of the timed rounds, and the least-squares slope of a step's ms on them, one per (batch,
     # context) over the mechanism's cells (>= 0; 0 where every round drafted alike), so that the cost model can move
     # the time to the workload's own drafting rate
-    draft_tokens_per_row: Optional[float] = Field(default=None, ge=0)
-    ms_per_draft_token: Optional[float] = Field(default=None, ge=0)
+    draft_tokens_per_row: float | None = Field(default=None, ge=0)
+    ms_per_draft_token: float | None = Field(default=None, ge=0)
     # the median of the steps as timed, before they were brought to the profile's reference speed (engine.speed_probe)
     raw_median_ms: Ms = None
 
@@ -243,7 +247,7 @@ class PromptSums(Record):
     drafts: list[list[int]]
 
     @model_validator(mode="after")
-    def _one_row_per_prompt(self) -> "PromptSums":
+    def _one_row_per_prompt(self) -> PromptSums:
         tables = (self.emitted, self.rounds, self.accepted, self.drafts)
         if any(len(t) != len(self.domains) for t in tables) or len({len(row) for t in tables for row in t}) > 1:
             raise ValueError("per-prompt sums need one row per prompt and one column per draft length in every table")
@@ -266,7 +270,7 @@ class AcceptanceRecord(Record):
     num_reached_per_pos: list[Count]
     num_rounds: Count
     rounds: list[list[Count]]  # [L][n]: rounds that proposed L tokens with n accepted
-    conditional_acceptance: list[Optional[Rate]]  # a_k; None where position k was never reached
+    conditional_acceptance: list[Rate | None]  # a_k; None where position k was never reached
     tokens_per_forward: list[AtLeastOne]  # [D] for D = 0..max_draft_len (index 0 = 1.0)
     mean_al_vllm: list[AtLeastOne]  # [D] vLLM's mean acceptance length (rounds with a draft only)
     checks: list[ALCheck] = []
@@ -276,19 +280,31 @@ class AcceptanceRecord(Record):
     # [D] 95% interval over prompts (bootstrap; the prompt is the unit that varies); [] in version-1 profiles
     tokens_per_forward_ci: list[list[float]] = []
     mean_al_vllm_ci: list[list[float]] = []
-    per_prompt: Optional[PromptSums] = None  # the "all" record's prompts, for comparisons between draft lengths (paired)
+    per_prompt: PromptSums | None = (
+        None  # the "all" record's prompts, for comparisons between draft lengths (paired)
+    )
 
     @model_validator(mode="after")
-    def _one_figure_per_draft_length(self) -> "AcceptanceRecord":
+    def _one_figure_per_draft_length(self) -> AcceptanceRecord:
         D = self.max_draft_len
-        per_d = (self.tokens_per_forward, self.mean_al_vllm) + tuple(t for t in (self.tokens_per_forward_ci, self.mean_al_vllm_ci) if t)
-        if any(len(t) != D + 1 for t in per_d) or any(len(pair) != 2 or pair[0] > pair[1] for t in per_d[2:] for pair in t):
+        per_d = (self.tokens_per_forward, self.mean_al_vllm) + tuple(
+            t for t in (self.tokens_per_forward_ci, self.mean_al_vllm_ci) if t
+        )
+        if any(len(t) != D + 1 for t in per_d) or any(
+            len(pair) != 2 or pair[0] > pair[1] for t in per_d[2:] for pair in t
+        ):
             raise ValueError(f"tokens_per_forward, mean_al_vllm and their intervals need one figure per D = 0..{D}")
-        if any(len(t) != D for t in (self.num_accepted_tokens_per_pos, self.num_reached_per_pos, self.conditional_acceptance)):
+        if any(
+            len(t) != D
+            for t in (self.num_accepted_tokens_per_pos, self.num_reached_per_pos, self.conditional_acceptance)
+        ):
             raise ValueError(f"the per-position counts need one figure per position 1..{D}")
         if any(tpf > 1 + d + 1e-9 for d, tpf in enumerate(self.tokens_per_forward)):
             raise ValueError("tokens per forward at D is at most 1 + D")
-        if self.per_prompt is not None and len(self.per_prompt.emitted[0] if self.per_prompt.emitted else []) not in (0, D + 1):
+        if self.per_prompt is not None and len(self.per_prompt.emitted[0] if self.per_prompt.emitted else []) not in (
+            0,
+            D + 1,
+        ):
             raise ValueError(f"per-prompt sums need one column per D = 0..{D}")
         return self
 
@@ -314,12 +330,16 @@ class MicroPoint(Record):
 
 class DrafterInfo(Record):
     name: str = Field(min_length=1)
-    kind: Literal["model_free", "serial", "parallel"]  # how it costs: lookups, D serial model steps, or one parallel pass
+    kind: Literal[
+        "model_free", "serial", "parallel"
+    ]  # how it costs: lookups, D serial model steps, or one parallel pass
     options: dict
-    model: Optional[dict] = None  # ModelRef of a draft model, when it has its own weights
+    model: dict | None = None  # ModelRef of a draft model, when it has its own weights
     quant_formats: list[Literal[WEIGHT_FORMATS]] = ["none"]  # type: ignore[valid-type]
     draft_len_multiple: Positive = 1  # D must be a multiple of this (MTP: the checkpoint's layer count)
-    max_draft_len: Optional[Positive] = None  # the longest draft it makes (DFlash / DSpark: its block); None = the workload's D_max
+    max_draft_len: Positive | None = (
+        None  # the longest draft it makes (DFlash / DSpark: its block); None = the workload's D_max
+    )
 
 
 class Workload(Record):
@@ -335,10 +355,12 @@ class Workload(Record):
     max_draft_len: Positive
     acceptance_batch: Positive
     prompts_by_domain: dict[str, Count] = {}  # greedy acceptance prompts per domain (grown until the interval is tight)
-    acceptance_half_width: float = Field(default=0.0, ge=0, lt=1)  # target relative half-width of tokens per forward (95%); 0 in version-1 profiles
+    acceptance_half_width: float = Field(
+        default=0.0, ge=0, lt=1
+    )  # target relative half-width of tokens per forward (95%); 0 in version-1 profiles
 
     @model_validator(mode="after")
-    def _increasing_buckets(self) -> "Workload":
+    def _increasing_buckets(self) -> Workload:
         for name, values in (("batch_buckets", self.batch_buckets), ("ctx_buckets", self.ctx_buckets)):
             if values != sorted(set(values)):
                 raise ValueError(f"{name} {values} must be distinct and increasing")
@@ -364,7 +386,9 @@ class Profile(Record):
     schema_version: int
     tool_version: str
     created_at: str  # the one timestamp; everything else is deterministic given the measurements
-    fingerprint: str = Field(pattern=r"^[0-9a-f]{64}$")  # hash of what makes this profile reusable: device, models, drafters, workload
+    fingerprint: str = Field(
+        pattern=r"^[0-9a-f]{64}$"
+    )  # hash of what makes this profile reusable: device, models, drafters, workload
     backend: Literal[MEASUREMENT_BACKENDS]  # type: ignore[valid-type]  # profiles/backends.py
     device: dict  # DeviceRecord
     target: dict  # ModelRefRecord
@@ -389,11 +413,13 @@ class Profile(Record):
     moe: dict = {}
 
     @model_validator(mode="after")
-    def _whole(self) -> "Profile":
+    def _whole(self) -> Profile:
         """What every profile holds, whatever its budget skipped: the times its backend measures (verify steps, or the
         engine's rounds), greedy acceptance over all domains, and a memory figure for each drafter it records."""
         if not (self.rounds if self.backend == "vllm" else self.verify):
-            raise ValueError(f"a {self.backend} profile needs its {'rounds' if self.backend == 'vllm' else 'verify'} times")
+            raise ValueError(
+                f"a {self.backend} profile needs its {'rounds' if self.backend == 'vllm' else 'verify'} times"
+            )
         if not any(a.domain == "all" and a.temperature == 0.0 for a in self.acceptance):
             raise ValueError("the profile has no greedy acceptance over all domains")
         missing = [d.name for d in self.drafters if self.memory and d.name not in self.memory.get("drafters", {})]
@@ -438,7 +464,10 @@ def load_profile(path: Path) -> Profile:
     """Read and validate a profile; every failure is one line naming the file and the fix."""
     raw = read_json(path, "profile")
     if not isinstance(raw, dict) or "schema_version" not in raw:
-        raise SpecdecError(f"{path} is not a specdec-tune profile (no schema_version)", "pass the profile.json that `specdec-tune profile` wrote")
+        raise SpecdecError(
+            f"{path} is not a specdec-tune profile (no schema_version)",
+            "pass the profile.json that `specdec-tune profile` wrote",
+        )
     if raw["schema_version"] not in READABLE_VERSIONS:
         raise SpecdecError(
             f"{path} has profile schema version {raw['schema_version']}, this tool reads versions {list(READABLE_VERSIONS)}",
@@ -449,7 +478,10 @@ def load_profile(path: Path) -> Profile:
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
-        raise SpecdecError(f"{path} is not a valid profile: {where}: {err['msg']} ({e.error_count()} problems)", "re-run `specdec-tune profile`") from None
+        raise SpecdecError(
+            f"{path} is not a valid profile: {where}: {err['msg']} ({e.error_count()} problems)",
+            "re-run `specdec-tune profile`",
+        ) from None
 
 
 def finished_profile(path: Path, fingerprint: str) -> Profile | None:

@@ -48,8 +48,12 @@ class SpecCounters:
     num_drafts: int = 0  # row-rounds that had ≥ 1 draft token
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
-    num_accepted_tokens_per_pos: list[int] = dataclasses.field(default_factory=list)  # [i]: drafts with d_1..d_{i+1} accepted
-    num_reached_per_pos: list[int] = dataclasses.field(default_factory=list)  # [i]: drafts that proposed d_{i+1} with d_1..d_i accepted
+    num_accepted_tokens_per_pos: list[int] = dataclasses.field(
+        default_factory=list
+    )  # [i]: drafts with d_1..d_{i+1} accepted
+    num_reached_per_pos: list[int] = dataclasses.field(
+        default_factory=list
+    )  # [i]: drafts that proposed d_{i+1} with d_1..d_i accepted
     num_rounds: int = 0  # row-rounds, with or without a draft (= target forwards per row)
     num_emitted_tokens: int = 0  # tokens appended to the outputs
     # rounds[L][n]: row-rounds that proposed L tokens and had n accepted (L, n in 0..max_draft_len)
@@ -88,7 +92,7 @@ class SpecCounters:
 
         def add_rows(a: list[list[int]], b: list[list[int]]) -> list[list[int]]:
             pad = [[]] * (n + 1)
-            return [add(x, y, n + 1) for x, y in zip(a + pad[len(a):], b + pad[len(b):])]
+            return [add(x, y, n + 1) for x, y in zip(a + pad[len(a) :], b + pad[len(b) :])]
 
         return SpecCounters(
             max_draft_len=n,
@@ -257,7 +261,9 @@ def _prefill(target: CausalLM, prompts: Sequence[Sequence[int]], cache, layers: 
         part = target.new_cache(len(group), width)
         start = torch.zeros(len(group), dtype=torch.long, device=device)
         if layers:
-            _, hidden = target.forward_capture(ids, part, start, layers, logits="none")  # [G, width, len(layers) * hidden]
+            _, hidden = target.forward_capture(
+                ids, part, start, layers, logits="none"
+            )  # [G, width, len(layers) * hidden]
             for g, b in enumerate(group):
                 pending[b] = hidden[g, : len(prompts[b]) - 1]
         else:
@@ -294,7 +300,9 @@ def generate(
     if len(row_d) != len(prompts):
         raise SpecdecError(f"{len(row_d)} draft lengths for {len(prompts)} prompts", "give one D, or one per prompt")
     if drafter is not None and min(row_d) < 1:
-        raise SpecdecError(f"draft length D = {min(row_d)} is invalid with a drafter", "use D ≥ 1, or no drafter for plain decoding")
+        raise SpecdecError(
+            f"draft length D = {min(row_d)} is invalid with a drafter", "use D ≥ 1, or no drafter for plain decoding"
+        )
     if temperature < 0:
         raise SpecdecError(f"temperature {temperature} is negative", "use 0 for greedy or a positive value")
     row_d = row_d if drafter is not None else [0] * len(prompts)
@@ -400,7 +408,12 @@ def _pad_hidden(rows: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
 
 def _check_draft(draft: Draft, max_tokens: list[int]) -> None:
     if len(draft.tokens) != len(max_tokens):
-        raise SpecdecError(f"drafter returned {len(draft.tokens)} rows for {len(max_tokens)}", "fix the drafter's propose()")
+        raise SpecdecError(
+            f"drafter returned {len(draft.tokens)} rows for {len(max_tokens)}", "fix the drafter's propose()"
+        )
     for b, (d, m) in enumerate(zip(draft.tokens, max_tokens)):
         if len(d) > max(m, 0):
-            raise SpecdecError(f"drafter proposed {len(d)} tokens for row {b}, more than the {m} allowed", "fix the drafter's propose()")
+            raise SpecdecError(
+                f"drafter proposed {len(d)} tokens for row {b}, more than the {m} allowed",
+                "fix the drafter's propose()",
+            )

@@ -35,8 +35,15 @@ class Timing:
         """The summary of pooled samples (several visits of one cell)."""
         ordered = sorted(samples_ms)
         low, high = median_interval(ordered)
-        return Timing(statistics.median(ordered), _quantile(ordered, 0.1), _quantile(ordered, 0.9), len(ordered), low, high,
-                      tuple(samples_ms))
+        return Timing(
+            statistics.median(ordered),
+            _quantile(ordered, 0.1),
+            _quantile(ordered, 0.9),
+            len(ordered),
+            low,
+            high,
+            tuple(samples_ms),
+        )
 
 
 def _quantile(sorted_ms: list[float], q: float) -> float:
@@ -45,8 +52,15 @@ def _quantile(sorted_ms: list[float], q: float) -> float:
     return statistics.quantiles(sorted_ms, n=10, method="inclusive")[int(q * 10) - 1]
 
 
-def time_call(fn: Callable[[], object], *, device: torch.device, warmup: int = 2, repeats: int = 7,
-              min_total_ms: float = 0.0, max_total_ms: float = float("inf")) -> Timing:
+def time_call(
+    fn: Callable[[], object],
+    *,
+    device: torch.device,
+    warmup: int = 2,
+    repeats: int = 7,
+    min_total_ms: float = 0.0,
+    max_total_ms: float = float("inf"),
+) -> Timing:
     """Median over `repeats` calls after `warmup` calls; repeats grow until they span `min_total_ms`, and stop
     early (after at least 3) once they span `max_total_ms`: a call of seconds needs fewer repeats for a median."""
     for _ in range(warmup):
@@ -55,8 +69,9 @@ def time_call(fn: Callable[[], object], *, device: torch.device, warmup: int = 2
     use_events = device.type == "cuda"
     if use_events:
         torch.cuda.synchronize(device)
-    while (len(samples) < repeats or (sum(samples) < min_total_ms and len(samples) < 10 * repeats)) and \
-            not (len(samples) >= 3 and sum(samples) >= max_total_ms):
+    while (len(samples) < repeats or (sum(samples) < min_total_ms and len(samples) < 10 * repeats)) and not (
+        len(samples) >= 3 and sum(samples) >= max_total_ms
+    ):
         if use_events:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()

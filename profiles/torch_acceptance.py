@@ -48,7 +48,9 @@ TRAJECTORY_BATCH = 64
 # tokens as 2 x 32 in half the time (demo pair, fp32: 3.4 against 5.7 s with n-gram, 10.2 against 20.2 s with the
 # draft model).
 CHECK_NEW_TOKENS = 16
-FINISH_RESERVE_S = 5.0  # growth leaves this much of the budget to the acceptance records (bootstrap intervals) and the writing
+FINISH_RESERVE_S = (
+    5.0  # growth leaves this much of the budget to the acceptance records (bootstrap intervals) and the writing
+)
 
 
 class AcceptancePhases:
@@ -62,8 +64,15 @@ class AcceptancePhases:
             self._quantized[(name, fmt)] = self.drafters[name].with_quantized_weights(fmt)
         return self._quantized[(name, fmt)]
 
-    def run_counters(self, drafter: Drafter, D: int, temperature: float, log: MeasurementLog, key: str,
-                     prompts: list[CalibrationPrompt] | None = None) -> list[SpecCounters]:
+    def run_counters(
+        self,
+        drafter: Drafter,
+        D: int,
+        temperature: float,
+        log: MeasurementLog,
+        key: str,
+        prompts: list[CalibrationPrompt] | None = None,
+    ) -> list[SpecCounters]:
         """Per-prompt counters of the speculative loop over `prompts` (default: the starting set), one logged unit per batch."""
         prompts = list(self.prompt_set.prompts) if prompts is None else prompts
         out: list[SpecCounters] = []
@@ -72,10 +81,24 @@ class AcceptancePhases:
             ids = [self.encoded[p.id] for p in prompts[start : start + B]]
 
             def run_batch():
-                res = generate(self.model, ids, drafter=drafter, num_draft_tokens=D, max_new_tokens=self.s.new_tokens,
-                               temperature=temperature, seed=self.s.seed + start, stop_token_ids=self.stop_ids)
-                return {"counters": [dataclasses.asdict(c) for c in res.per_prompt],
-                        "draft_s": res.draft_s, "verify_s": res.verify_s, "total_s": res.total_s, "forwards": res.target_forwards}
+                res = generate(
+                    self.model,
+                    ids,
+                    drafter=drafter,
+                    num_draft_tokens=D,
+                    max_new_tokens=self.s.new_tokens,
+                    temperature=temperature,
+                    seed=self.s.seed + start,
+                    stop_token_ids=self.stop_ids,
+                )
+                return {
+                    "counters": [dataclasses.asdict(c) for c in res.per_prompt],
+                    "draft_s": res.draft_s,
+                    "verify_s": res.verify_s,
+                    "total_s": res.total_s,
+                    "forwards": res.target_forwards,
+                }
+
             done = log.measure(f"{key}/batch{start}", run_batch)
             out += [SpecCounters(**c) for c in done["counters"]]
         return out
@@ -87,29 +110,42 @@ class AcceptancePhases:
         for start in range(0, len(ordered), batch):  # fixed batches: a resumed run decodes the same rows together
             chunk = ordered[start : start + batch]
             if any(f"trajectory/{p.id}" not in log for p in chunk):
-                for p, t in zip(chunk, replay.trajectories(self.model, [self.encoded[p.id] for p in chunk], self.s.new_tokens, batch)):
+                for p, t in zip(
+                    chunk,
+                    replay.trajectories(self.model, [self.encoded[p.id] for p in chunk], self.s.new_tokens, batch),
+                ):
                     log.measure(f"trajectory/{p.id}", lambda t=t: t)
         for p in prompts:
             self.trajectory[p.id] = log.get(f"trajectory/{p.id}")
 
-    def _replay_prompts(self, log: MeasurementLog, prompts: list[CalibrationPrompt], units: list[tuple[str, str]] | None = None) -> None:
+    def _replay_prompts(
+        self, log: MeasurementLog, prompts: list[CalibrationPrompt], units: list[tuple[str, str]] | None = None
+    ) -> None:
         """The counters of every replayed unit (drafter, weight format) in `units` (default: all) at every D on these
         prompts, the trajectories shared by all."""
         units = self.replay_units if units is None else units
         started = time.monotonic()
         self._trajectories(log, prompts)
-        self.trajectory_s_per_prompt = max(self.trajectory_s_per_prompt, (time.monotonic() - started) / max(1, len(prompts)))
+        self.trajectory_s_per_prompt = max(
+            self.trajectory_s_per_prompt, (time.monotonic() - started) / max(1, len(prompts))
+        )
         stop = set(self.stop_ids)
         spent = dict.fromkeys(units, 0.0)
         for p in prompts:  # prompt by prompt: a head's formats share the target's teacher-forced pass
             for name, fmt in units:
+
                 def run(p=p, name=name, fmt=fmt):
                     drafter, D_max = self._drafter(name, fmt), self.d_max(self.drafters[name])
                     propose = replay.proposer(drafter, self.encoded[p.id], self.trajectory[p.id], self.model, D_max)
-                    counters = replay.replay(self.trajectory[p.id], propose, range(1, D_max + 1), self.s.new_tokens, stop, D_max)
+                    counters = replay.replay(
+                        self.trajectory[p.id], propose, range(1, D_max + 1), self.s.new_tokens, stop, D_max
+                    )
                     return [dataclasses.asdict(c) for c in counters]
+
                 t0 = time.monotonic()
-                self.replayed.setdefault((name, fmt), {})[p.id] = [SpecCounters(**c) for c in log.measure(f"replay/{name}/{fmt}/{p.id}", run)]
+                self.replayed.setdefault((name, fmt), {})[p.id] = [
+                    SpecCounters(**c) for c in log.measure(f"replay/{name}/{fmt}/{p.id}", run)
+                ]
                 spent[(name, fmt)] += time.monotonic() - t0
         replay.target_states.cache_clear()
         for p in prompts:
@@ -129,9 +165,18 @@ class AcceptancePhases:
         """The speculative loop at D_max where replay does not apply: temperatures > 0 (and everything with
         --acceptance loop), smaller D derived from its rounds. Run after the cheaper phases: it is the costliest."""
         s = self.s
-        units = [(name, "none", t) for t in s.temperatures for name in self.drafters if t > 0 or (name, "none") not in self.replay_units]
-        units += [(name, fmt, 0.0) for fmt in s.quant_formats for name, d in self.drafters.items()
-                  if d.kind != "model_free" and (name, fmt) not in self.replay_units]
+        units = [
+            (name, "none", t)
+            for t in s.temperatures
+            for name in self.drafters
+            if t > 0 or (name, "none") not in self.replay_units
+        ]
+        units += [
+            (name, fmt, 0.0)
+            for fmt in s.quant_formats
+            for name, d in self.drafters.items()
+            if d.kind != "model_free" and (name, fmt) not in self.replay_units
+        ]
         for i, (name, fmt, temp) in enumerate(units):
             self._tick("loop acceptance", i, len(units))
             label = f"acceptance {name} quant={fmt} T={temp}"
@@ -146,10 +191,20 @@ class AcceptancePhases:
                 for D in [D for D in s.checks if D < self.d_max(self.drafters[name])]:
                     if not budget.allows(f"AL check {name} D={D}"):
                         continue
-                    direct = SpecCounters.total(self.run_counters(drafter, D, 0.0, log, f"check/{name}/{D}", prompts)).tokens_per_target_forward
+                    direct = SpecCounters.total(
+                        self.run_counters(drafter, D, 0.0, log, f"check/{name}/{D}", prompts)
+                    ).tokens_per_target_forward
                     derived = SpecCounters.total(per_prompt).derived_at(D)[0]
                     rel = (derived - direct) / direct
-                    checks.append({"draft_len": D, "derived": derived, "direct": direct, "rel_diff": rel, "flagged": abs(rel) > FLAG_REL_DIFF})
+                    checks.append(
+                        {
+                            "draft_len": D,
+                            "derived": derived,
+                            "direct": direct,
+                            "rel_diff": rel,
+                            "flagged": abs(rel) > FLAG_REL_DIFF,
+                        }
+                    )
             self.looped[(name, fmt, temp)] = (prompts, per_prompt, checks)
         self._tick("loop acceptance", len(units), len(units))
 
@@ -158,18 +213,48 @@ class AcceptancePhases:
         for (name, fmt), by_prompt in self.replayed.items():
             prompts = [p for p in self.used if p.id in by_prompt]
             rows = [by_prompt[p.id] for p in prompts]
-            records += self._records(name, fmt, 0.0, prompts, [r[-1] for r in rows], replay.per_prompt_rates(rows), "replay",
-                                     self.replay_checks.get(name, []))
+            records += self._records(
+                name,
+                fmt,
+                0.0,
+                prompts,
+                [r[-1] for r in rows],
+                replay.per_prompt_rates(rows),
+                "replay",
+                self.replay_checks.get(name, []),
+            )
         for (name, fmt, temp), (prompts, per_prompt, checks) in self.looped.items():
             sums = replay.derived_rates(per_prompt, self.d_max(self.drafters[name]))
             records += self._records(name, fmt, temp, prompts, per_prompt, sums, "loop", checks)
         order = {name: i for i, name in enumerate(self.drafters)}
-        return sorted(records, key=lambda r: (r["temperature"], r["quant"] != "none", r["quant"], order[r["mechanism"]]))
+        return sorted(
+            records, key=lambda r: (r["temperature"], r["quant"] != "none", r["quant"], order[r["mechanism"]])
+        )
 
-    def _records(self, name: str, fmt: str, temp: float, prompts: list[CalibrationPrompt], at_max: list[SpecCounters],
-                 sums: dict[str, np.ndarray], method: str, checks: list[dict]) -> list[dict]:
-        return acceptance_records(name, fmt, temp, [p.domain for p in prompts], at_max, sums, method, checks,
-                                  max_draft_len=self.d_max(self.drafters[name]), new_tokens=self.s.new_tokens, seed=self.s.seed)
+    def _records(
+        self,
+        name: str,
+        fmt: str,
+        temp: float,
+        prompts: list[CalibrationPrompt],
+        at_max: list[SpecCounters],
+        sums: dict[str, np.ndarray],
+        method: str,
+        checks: list[dict],
+    ) -> list[dict]:
+        return acceptance_records(
+            name,
+            fmt,
+            temp,
+            [p.domain for p in prompts],
+            at_max,
+            sums,
+            method,
+            checks,
+            max_draft_len=self.d_max(self.drafters[name]),
+            new_tokens=self.s.new_tokens,
+            seed=self.s.seed,
+        )
 
     def _check_replay(self, log: MeasurementLog, budget: Budget) -> None:
         """The loop checks the replay on a sample of `check_prompts` prompts, `CHECK_NEW_TOKENS` each: in fp32 the
@@ -192,52 +277,98 @@ class AcceptancePhases:
             def fp32_check():
                 nonlocal exact, trajs
                 if exact is None:  # the profile's own target and trajectories where it already runs in fp32
-                    exact = self.target if self.model.dtype == torch.float32 else load_model(
-                        self.s.target, dtype="float32", device=str(self.device), trust_remote_code=self.s.trust_remote_code)
-                    trajs = ([self.trajectory[p.id] for p in sample] if exact is self.target
-                             else replay.trajectories(exact.model, ids, N, len(ids)))
+                    exact = (
+                        self.target
+                        if self.model.dtype == torch.float32
+                        else load_model(
+                            self.s.target,
+                            dtype="float32",
+                            device=str(self.device),
+                            trust_remote_code=self.s.trust_remote_code,
+                        )
+                    )
+                    trajs = (
+                        [self.trajectory[p.id] for p in sample]
+                        if exact is self.target
+                        else replay.trajectories(exact.model, ids, N, len(ids))
+                    )
                 spec = next(x for x in self.s.drafters if parse_drafter_spec(x)[0] == name)
-                drafter = self.drafters[name] if exact is self.target else create(name, exact, parse_drafter_spec(spec)[1])
+                drafter = (
+                    self.drafters[name] if exact is self.target else create(name, exact, parse_drafter_spec(spec)[1])
+                )
                 # the sample's prompts dealt over the checked D, D_max first, in one batch (each row its own D)
                 row_d = [lens[-1 - j % len(lens)] for j in range(len(sample))]
                 looped, replayed = self._loop_and_replay(exact.model, drafter, ids, trajs, row_d, N)
                 for j, (a, b) in enumerate(zip(replayed, looped)):
                     if dataclasses.asdict(a) != dataclasses.asdict(b):
-                        return {"equal": False, "draft_len": row_d[j], "prompt": sample[j].id,
-                                "replay": [a.num_rounds, a.num_accepted_tokens], "loop": [b.num_rounds, b.num_accepted_tokens]}
-                return {"equal": True, "prompts": len(sample), "new_tokens": N, "draft_lens": lens,
-                        "prompts_at": {str(D): [p.id for p, d in zip(sample, row_d) if d == D] for D in lens},
-                        "tokens_per_forward_at_d_max": SpecCounters.total([c for c, d in zip(looped, row_d) if d == D_max]).tokens_per_target_forward}
+                        return {
+                            "equal": False,
+                            "draft_len": row_d[j],
+                            "prompt": sample[j].id,
+                            "replay": [a.num_rounds, a.num_accepted_tokens],
+                            "loop": [b.num_rounds, b.num_accepted_tokens],
+                        }
+                return {
+                    "equal": True,
+                    "prompts": len(sample),
+                    "new_tokens": N,
+                    "draft_lens": lens,
+                    "prompts_at": {str(D): [p.id for p, d in zip(sample, row_d) if d == D] for D in lens},
+                    "tokens_per_forward_at_d_max": SpecCounters.total(
+                        [c for c, d in zip(looped, row_d) if d == D_max]
+                    ).tokens_per_target_forward,
+                }
 
             result = log.measure(f"replay-check/{name}/fp32/{len(sample)}x{N}", fp32_check)
             if not result["equal"]:
                 raise SpecdecError(
                     f"replayed acceptance of {name} differs from the speculative loop in fp32 on prompt {result['prompt']} at "
                     f"D={result['draft_len']} (rounds, accepted: replay {result['replay']}, loop {result['loop']})",
-                    "profile with --acceptance loop, and report the drafter: its proposals must depend only on the prefix")
+                    "profile with --acceptance loop, and report the drafter: its proposals must depend only on the prefix",
+                )
 
             def in_dtype():  # D_max on every row of the sample, in the profile's own dtype
-                looped, replayed = self._loop_and_replay(self.model, self.drafters[name], ids, [self.trajectory[p.id] for p in sample],
-                                                         [D_max] * len(sample), N)
+                looped, replayed = self._loop_and_replay(
+                    self.model,
+                    self.drafters[name],
+                    ids,
+                    [self.trajectory[p.id] for p in sample],
+                    [D_max] * len(sample),
+                    N,
+                )
                 return [SpecCounters.total(c).tokens_per_target_forward for c in (replayed, looped)]
 
             if self.model.dtype == torch.float32:  # the check above ran in the profile's dtype: equal counters
                 replayed_tpf = direct = result["tokens_per_forward_at_d_max"]
             else:
-                replayed_tpf, direct = log.measure(f"replay-check/{name}/{self.model.dtype}/{len(sample)}x{N}", in_dtype)
+                replayed_tpf, direct = log.measure(
+                    f"replay-check/{name}/{self.model.dtype}/{len(sample)}x{N}", in_dtype
+                )
             rel = (replayed_tpf - direct) / direct
-            self.replay_checks[name] = [{"draft_len": D_max, "derived": replayed_tpf, "direct": direct, "rel_diff": rel,
-                                         "flagged": abs(rel) > FLAG_REL_DIFF}]
+            self.replay_checks[name] = [
+                {
+                    "draft_len": D_max,
+                    "derived": replayed_tpf,
+                    "direct": direct,
+                    "rel_diff": rel,
+                    "flagged": abs(rel) > FLAG_REL_DIFF,
+                }
+            ]
             self.replay_exact[name] = result
         self._tick("replay check", len(names), len(names))
 
-    def _loop_and_replay(self, model, drafter: Drafter, ids: list[list[int]], trajs: list[list[int]], row_d: list[int],
-                         new_tokens: int) -> tuple[list[SpecCounters], list[SpecCounters]]:
+    def _loop_and_replay(
+        self, model, drafter: Drafter, ids: list[list[int]], trajs: list[list[int]], row_d: list[int], new_tokens: int
+    ) -> tuple[list[SpecCounters], list[SpecCounters]]:
         """Per row, the loop's counters (one batch, row b at D = row_d[b]) and the replay's over the row's trajectory."""
-        looped = generate(model, ids, drafter=drafter, num_draft_tokens=row_d, max_new_tokens=new_tokens, stop_token_ids=self.stop_ids).per_prompt
+        looped = generate(
+            model, ids, drafter=drafter, num_draft_tokens=row_d, max_new_tokens=new_tokens, stop_token_ids=self.stop_ids
+        ).per_prompt
         stop = set(self.stop_ids)
-        replayed = [replay.replay(g, replay.proposer(drafter, x, g, model, D), [D], new_tokens, stop, D)[0]
-                    for x, g, D in zip(ids, trajs, row_d)]
+        replayed = [
+            replay.replay(g, replay.proposer(drafter, x, g, model, D), [D], new_tokens, stop, D)[0]
+            for x, g, D in zip(ids, trajs, row_d)
+        ]
         return looped, replayed
 
     def _grow_acceptance(self, log: MeasurementLog, budget: Budget, verify: list[dict]) -> list[str]:
@@ -247,7 +378,9 @@ class AcceptancePhases:
         replay so far says fit in it (widest domains first), so it ends near the deadline, not a round past it.
         Returns the notes that say where it stopped."""
         target = self.s.acceptance_half_width
-        units = [(name, fmt) for name, fmt in self.replay_units if fmt == "none"]  # the FP8 / NVFP4 twins keep the starting set
+        units = [
+            (name, fmt) for name, fmt in self.replay_units if fmt == "none"
+        ]  # the FP8 / NVFP4 twins keep the starting set
         if not units or target <= 0:
             return []
         relevant = sorted(self._relevant_draft_lens(verify))
@@ -258,17 +391,28 @@ class AcceptancePhases:
             self._tick("more prompts", len(widths) - len(wide), len(widths))
             if not wide:
                 return [f"acceptance: tokens per forward within ±{target:.0%} (95%) in every domain at D = {relevant}"]
-            unused = {d: [q for q in self.pool.prompts if q.domain == d and q.id in self.encoded and q not in self.used] for d in wide}
+            unused = {
+                d: [q for q in self.pool.prompts if q.domain == d and q.id in self.encoded and q not in self.used]
+                for d in wide
+            }
             by_width = sorted(wide, key=wide.get, reverse=True)
-            dealt = [unused[d][k] for k in range(max(map(len, unused.values()))) for d in by_width if k < len(unused[d])]  # round-robin, widest first
+            dealt = [
+                unused[d][k] for k in range(max(map(len, unused.values()))) for d in by_width if k < len(unused[d])
+            ]  # round-robin, widest first
             added = dealt[:GROWTH_ROUND_PROMPTS]
             left_s = budget.deadline - FINISH_RESERVE_S - time.monotonic()
             if s_per_prompt > 0:
                 added = added[: int(left_s / s_per_prompt)]
             if not added or left_s <= 0:
-                why = {d: "the time budget ended" if unused[d] else "the profiling split has no more prompts for it" for d in wide}
-                return [f"acceptance: {why[d]}; tokens per forward at D = {relevant} is {intervals.half_width_text(w)} for {d} "
-                        f"({sum(p.domain == d for p in self.used)} prompts), above the ±{target:.0%} target" for d, w in sorted(wide.items())]
+                why = {
+                    d: "the time budget ended" if unused[d] else "the profiling split has no more prompts for it"
+                    for d in wide
+                }
+                return [
+                    f"acceptance: {why[d]}; tokens per forward at D = {relevant} is {intervals.half_width_text(w)} for {d} "
+                    f"({sum(p.domain == d for p in self.used)} prompts), above the ±{target:.0%} target"
+                    for d, w in sorted(wide.items())
+                ]
             self._replay_prompts(log, added, units)
 
     def _half_widths(self, relevant: list[int]) -> dict[str, float]:
@@ -281,6 +425,8 @@ class AcceptancePhases:
             sums = replay.per_prompt_rates([by_prompt[p.id] for p in prompts])
             domains = [p.domain for p in prompts]
             for d in dict.fromkeys(domains):
-                tpf, _, ci, _ = intervals.figures(sums, domains, {d: 1.0}, resamples=BOOTSTRAP_RESAMPLES, seed=self.s.seed)
+                tpf, _, ci, _ = intervals.figures(
+                    sums, domains, {d: 1.0}, resamples=BOOTSTRAP_RESAMPLES, seed=self.s.seed
+                )
                 out[d] = max(out.get(d, 0.0), *((ci[D, 1] - ci[D, 0]) / 2 / tpf[D] for D in relevant if D < len(tpf)))
         return out

@@ -34,10 +34,10 @@ import torch
 
 from specdec_tune import __version__
 from specdec_tune.profiles import intervals, micro, replay
+from specdec_tune.profiles.calibration import CalibrationPrompt
 from specdec_tune.profiles.drafters import Drafter, DraftRequest, create
 from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint
 from specdec_tune.profiles.memory import allocator_peak_bytes, memory_record
-from specdec_tune.profiles.calibration import CalibrationPrompt
 from specdec_tune.profiles.models.folders import model_folder, weights_hash
 from specdec_tune.profiles.models.loading import load_model
 from specdec_tune.profiles.profile_run import Budget, ProfileRun, drafter_specs, workload_record
@@ -48,18 +48,28 @@ from specdec_tune.profiles.store import MeasurementLog
 from specdec_tune.profiles.timing import SpeedGuard
 from specdec_tune.profiles.torch_acceptance import FINISH_RESERVE_S, FLAG_REL_DIFF, AcceptancePhases
 from specdec_tune.profiles.train_drafter import cached_demo_head  # noqa: F401  (registers it: head drafters without model= load it)
-from specdec_tune.profiles.verify_curve import (REFINE_BUDGET_SHARE, REFINE_CANDIDATES, REFINE_TARGET_REL_HALF_WIDTH, VERIFY_BUDGET_SHARE,
-                                                VerifySampler, VerifyStep, adaptive_sample, fill_curve, time_unless_oom, visits_of)
+from specdec_tune.profiles.verify_curve import (
+    REFINE_BUDGET_SHARE,
+    REFINE_CANDIDATES,
+    REFINE_TARGET_REL_HALF_WIDTH,
+    VERIFY_BUDGET_SHARE,
+    VerifySampler,
+    VerifyStep,
+    adaptive_sample,
+    fill_curve,
+    time_unless_oom,
+    visits_of,
+)
+from specdec_tune.progress import Progress
 from specdec_tune.records import sha256_json
 from specdec_tune.settings import ProfileSettings
-from specdec_tune.progress import Progress
 
 DRAFT_CALLS_PER_POINT = 5 * 10  # time_call's repeats (at most 10x when they are short); the catch-up call warms up
 HOST_NEW_TOKENS = 6  # the decode a host-overhead cell runs
-HOST_PROMPT_TOKENS = 32  # of each prompt, its last: the host's work per round does not depend on the context (nor is the prefill timed)
+HOST_PROMPT_TOKENS = (
+    32  # of each prompt, its last: the host's work per round does not depend on the context (nor is the prefill timed)
+)
 DRAFT_POINT_MAX_MS = 500.0  # a draft-cost point stops repeating (after 3) once its calls span this: a serial draft of 7 steps at batch 8 takes half a second on a CPU
-
-
 
 
 class TorchProfiler(AcceptancePhases, ProfileRun):
@@ -67,38 +77,70 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
 
     backend = "torch"
 
-    def __init__(self, settings: ProfileSettings, progress: Progress | None = None, started: float | None = None) -> None:
+    def __init__(
+        self, settings: ProfileSettings, progress: Progress | None = None, started: float | None = None
+    ) -> None:
         super().__init__(settings, progress, started)
         s = self.s
-        self.target = load_model(s.target, dtype=s.dtype, device=str(self.device), trust_remote_code=s.trust_remote_code)
+        self.target = load_model(
+            s.target, dtype=s.dtype, device=str(self.device), trust_remote_code=s.trust_remote_code
+        )
         self.model = self.target.model
-        self.drafters: dict[str, Drafter] = {name: create(name, self.target, options) for name, options in drafter_specs(s.drafters)}
+        self.drafters: dict[str, Drafter] = {
+            name: create(name, self.target, options) for name, options in drafter_specs(s.drafters)
+        }
         self.prompt_set = self.pool.per_domain(s.prompts_per_domain)
         context = self.model.config.max_position_embeddings
-        self.prompt_ids = encode_prompts(self.target.tokenizer, self.prompt_set, context_tokens=context, max_new_tokens=s.new_tokens,
-                                         max_draft_tokens=s.max_draft_len)
+        self.prompt_ids = encode_prompts(
+            self.target.tokenizer,
+            self.prompt_set,
+            context_tokens=context,
+            max_new_tokens=s.new_tokens,
+            max_draft_tokens=s.max_draft_len,
+        )
         self.encoded = {p.id: ids for p, ids in zip(self.prompt_set, self.prompt_ids)} | encode_fitting(
-            self.target.tokenizer, self.pool, context_tokens=context, max_new_tokens=s.new_tokens, max_draft_tokens=s.max_draft_len)
+            self.target.tokenizer,
+            self.pool,
+            context_tokens=context,
+            max_new_tokens=s.new_tokens,
+            max_draft_tokens=s.max_draft_len,
+        )
         self.sampled_prompts = list(self.prompt_set.per_domain(s.sampled_prompts_per_domain).prompts)
         self.stop_ids = list(self.model.config.eos_token_ids)
         # greedy acceptance by replay (profiles/replay.py) for the drafters that declare how, in every weight format
-        self.replay_units = [] if s.acceptance == "loop" else [
-            (name, fmt) for name, d in self.drafters.items() if d.replay for fmt in ("none", *(s.quant_formats if d.kind != "model_free" else ()))]
+        self.replay_units = (
+            []
+            if s.acceptance == "loop"
+            else [
+                (name, fmt)
+                for name, d in self.drafters.items()
+                if d.replay
+                for fmt in ("none", *(s.quant_formats if d.kind != "model_free" else ()))
+            ]
+        )
         self.used: list[CalibrationPrompt] = []  # prompts replayed so far, in order
         # wall seconds per prompt so far (the slowest call): a trajectory, and each unit's replay; growth's cost per prompt
         self.trajectory_s_per_prompt = 0.0
         self.unit_s_per_prompt: dict[tuple[str, str], float] = {}
         self.trajectory: dict[str, list[int]] = {}
-        self.replayed: dict[tuple[str, str], dict[str, list[SpecCounters]]] = {}  # (name, fmt) -> prompt id -> counters at D = 1..D_max
+        self.replayed: dict[
+            tuple[str, str], dict[str, list[SpecCounters]]
+        ] = {}  # (name, fmt) -> prompt id -> counters at D = 1..D_max
         self.looped: dict[tuple[str, str, float], tuple] = {}
         self.replay_checks: dict[str, list[dict]] = {}
         self.replay_exact: dict[str, dict] = {}
         self._quantized: dict[tuple[str, str], Drafter] = {}
         self.device_fp = device_fingerprint(self.device, self.model.dtype)
-        self.fingerprint = sha256_json({
-            "schema": SCHEMA_VERSION, "tool": __version__, "device": device_factors(self.device_fp),
-            "target": dataclasses.asdict(self.target.ref), "drafters": self._drafter_infos(), "workload": self._workload(),
-        })
+        self.fingerprint = sha256_json(
+            {
+                "schema": SCHEMA_VERSION,
+                "tool": __version__,
+                "device": device_factors(self.device_fp),
+                "target": dataclasses.asdict(self.target.ref),
+                "drafters": self._drafter_infos(),
+                "workload": self._workload(),
+            }
+        )
 
     # ------------------------------------------------------------------ records
 
@@ -112,19 +154,33 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
             model = getattr(d, "model", None)
             ref = None
             if model is not None:
-                ref = {"layers": len(model.layers), "shares_target_weights": model.embed_tokens is self.model.embed_tokens}
+                ref = {
+                    "layers": len(model.layers),
+                    "shares_target_weights": model.embed_tokens is self.model.embed_tokens,
+                }
                 if desc["options"].get("model"):  # its own checkpoint: its hash makes a bundle stale when it changes
                     ref["weights_hash"] = weights_hash(model_folder(desc["options"]["model"])[3])
             head = getattr(d, "head", None)
             if head is not None:  # a learned head over the target's hidden states (EAGLE-3, MTP, DFlash, DSpark)
                 layers = len(getattr(head, "layers", None) or getattr(head, "mtp_layers", None) or [head])
-                ref = {"layers": layers, "hidden_layers": list(d.hidden_layers), "shares_target_weights": head.embed_tokens is self.model.embed_tokens,
-                       "weights_hash": getattr(d, "weights_hash", None), "draft_vocab_size": head.lm_head.out_features}
-            infos.append({
-                "name": name, "kind": desc["kind"], "options": desc["options"], "model": ref,
-                "quant_formats": ["none", *self.s.quant_formats] if d.kind != "model_free" else ["none"],
-                "draft_len_multiple": d.draft_len_multiple, "max_draft_len": d.max_draft_len,
-            })
+                ref = {
+                    "layers": layers,
+                    "hidden_layers": list(d.hidden_layers),
+                    "shares_target_weights": head.embed_tokens is self.model.embed_tokens,
+                    "weights_hash": getattr(d, "weights_hash", None),
+                    "draft_vocab_size": head.lm_head.out_features,
+                }
+            infos.append(
+                {
+                    "name": name,
+                    "kind": desc["kind"],
+                    "options": desc["options"],
+                    "model": ref,
+                    "quant_formats": ["none", *self.s.quant_formats] if d.kind != "model_free" else ["none"],
+                    "draft_len_multiple": d.draft_len_multiple,
+                    "max_draft_len": d.max_draft_len,
+                }
+            )
         return infos
 
     def d_max(self, drafter: Drafter) -> int:
@@ -141,7 +197,9 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
     def measure(self, log: MeasurementLog, budget: Budget) -> dict:
         probe = VerifyStep(self.model, 1, self.s.ctx_buckets[0], 1, self.s.seed, self.device)
         self.guard = SpeedGuard(probe=lambda: probe.timing(1, warmup=1, repeats=3).median_ms)
-        phase_s = {"load": time.monotonic() - self.started}  # measured wall seconds per phase (profile.json sorts the keys)
+        phase_s = {
+            "load": time.monotonic() - self.started
+        }  # measured wall seconds per phase (profile.json sorts the keys)
 
         def timed(phase: str, fn, *args):
             t0 = time.monotonic()
@@ -156,9 +214,13 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
         host = timed("host", self._host, log, budget)
         micro_points = timed("micro", self._micro, log, budget)
         timed("acceptance loop", self._acceptance_loops, log, budget)
-        verify, verify_fit = timed("verify refinement", self._refine_verify, budget, verify, verify_fit, REFINE_BUDGET_SHARE)
+        verify, verify_fit = timed(
+            "verify refinement", self._refine_verify, budget, verify, verify_fit, REFINE_BUDGET_SHARE
+        )
         growth_notes = timed("acceptance growth", self._grow_acceptance, log, budget, verify)
-        verify, verify_fit = timed("verify refinement", self._refine_verify, budget, verify, verify_fit, 1.0)  # what growth left
+        verify, verify_fit = timed(
+            "verify refinement", self._refine_verify, budget, verify, verify_fit, 1.0
+        )  # what growth left
         acceptance = timed("acceptance records", self._acceptance_records)
         drafter_infos = self._drafter_infos()
         memory = timed("memory", self._memory, drafter_infos)
@@ -167,11 +229,19 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
         return {
             "target": dataclasses.asdict(self.target.ref),
             "timing_shapes": f"{self.target.ref.path} ({self.model.config.model_type}, {len(self.model.layers)} layers, "
-                             f"hidden {self.model.config.hidden_size}, {self.target.ref.dtype}; real weights)",
-            "drafters": drafter_infos, "memory": memory, "moe": moe,
+            f"hidden {self.model.config.hidden_size}, {self.target.ref.dtype}; real weights)",
+            "drafters": drafter_infos,
+            "memory": memory,
+            "moe": moe,
             "workload": self._workload() | {"prompts_by_domain": self._prompts_by_domain()},
-            "verify": verify, "draft": draft, "host": host, "acceptance": acceptance, "micro": micro_points, "notes": notes,
-            "verify_fit": verify_fit, "phase_s": {k: round(v, 1) for k, v in phase_s.items()},
+            "verify": verify,
+            "draft": draft,
+            "host": host,
+            "acceptance": acceptance,
+            "micro": micro_points,
+            "notes": notes,
+            "verify_fit": verify_fit,
+            "phase_s": {k: round(v, 1) for k, v in phase_s.items()},
         }
 
     def _notes(self, budget: Budget, growth_notes: list[str], acceptance: list[dict], verify_fit: dict) -> list[str]:
@@ -181,29 +251,57 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
         for what in budget.skipped:
             phase, _, cell = what.partition(" B=") if " B=" in what else (what, "", "")
             skipped.setdefault(phase, []).append(f"B={cell}" if cell else "")
-        notes = [f"phase skipped for the time budget: {phase}" + (f" ({len(cells)} cells: {', '.join(cells[:4])}{', ...' if len(cells) > 4 else ''})"
-                                                                   if any(cells) else "") for phase, cells in skipped.items()] + growth_notes
-        notes += [f"{'replayed' if a['method'] == 'replay' else 'derived'} tokens per forward differs from a loop run in "
-                  f"{self.model.dtype} by more than {FLAG_REL_DIFF:.0%}: {a['mechanism']} D={c['draft_len']} "
-                  f"({c['derived']:.3f} against {c['direct']:.3f})" for a in acceptance for c in a["checks"] if c["flagged"]]
+        notes = [
+            f"phase skipped for the time budget: {phase}"
+            + (
+                f" ({len(cells)} cells: {', '.join(cells[:4])}{', ...' if len(cells) > 4 else ''})"
+                if any(cells)
+                else ""
+            )
+            for phase, cells in skipped.items()
+        ] + growth_notes
+        notes += [
+            f"{'replayed' if a['method'] == 'replay' else 'derived'} tokens per forward differs from a loop run in "
+            f"{self.model.dtype} by more than {FLAG_REL_DIFF:.0%}: {a['mechanism']} D={c['draft_len']} "
+            f"({c['derived']:.3f} against {c['direct']:.3f})"
+            for a in acceptance
+            for c in a["checks"]
+            if c["flagged"]
+        ]
         if self.replay_exact:
-            notes.append("acceptance replayed from the target's greedy trajectories for " + ", ".join(sorted(self.replay_exact)) +
-                         "; the loop gave equal counters in fp32 on " + "; ".join(
-                             f"{r['prompts']} prompts dealt over D = {r['draft_lens']}" for r in list(self.replay_exact.values())[:1]))
+            notes.append(
+                "acceptance replayed from the target's greedy trajectories for "
+                + ", ".join(sorted(self.replay_exact))
+                + "; the loop gave equal counters in fp32 on "
+                + "; ".join(
+                    f"{r['prompts']} prompts dealt over D = {r['draft_lens']}"
+                    for r in list(self.replay_exact.values())[:1]
+                )
+            )
         if verify_fit.get("moved_beyond_interval"):
-            notes.append(f"{len(verify_fit['moved_beyond_interval'])} verify cells disagreed with their neighbours beyond their 95% "
-                         "interval; the monotone fit moved them (source 'fitted'): " + ", ".join(
-                             f"B={m['batch']} 1+D={m['tokens']} ctx={m['ctx']} {m['raw_ms']:.1f}->{m['fitted_ms']:.1f} ms"
-                             for m in verify_fit["moved_beyond_interval"][:6]))
+            notes.append(
+                f"{len(verify_fit['moved_beyond_interval'])} verify cells disagreed with their neighbours beyond their 95% "
+                "interval; the monotone fit moved them (source 'fitted'): "
+                + ", ".join(
+                    f"B={m['batch']} 1+D={m['tokens']} ctx={m['ctx']} {m['raw_ms']:.1f}->{m['fitted_ms']:.1f} ms"
+                    for m in verify_fit["moved_beyond_interval"][:6]
+                )
+            )
         if self.guard.repeated:
-            notes.append(f"{self.guard.repeated} timing cells were measured again: the device ran more than "
-                         f"{self.guard.slack - 1:.0%} slower than its quiet speed around them (a shared machine)")
+            notes.append(
+                f"{self.guard.repeated} timing cells were measured again: the device ran more than "
+                f"{self.guard.slack - 1:.0%} slower than its quiet speed around them (a shared machine)"
+            )
         if self.guard.unsettled:
-            notes.append(f"{self.guard.unsettled} timing cells were kept although the device never settled: their times may be inflated")
+            notes.append(
+                f"{self.guard.unsettled} timing cells were kept although the device never settled: their times may be inflated"
+            )
         if self.device.type == "cpu":
             load = os.getloadavg()[0]
             if load > 1.5 * os.cpu_count():
-                notes.append(f"the CPU was busy while profiling (load {load:.1f} on {os.cpu_count()} cores): timings may be inflated")
+                notes.append(
+                    f"the CPU was busy while profiling (load {load:.1f} on {os.cpu_count()} cores): timings may be inflated"
+                )
         return notes
 
     def _memory(self, drafter_infos: list[dict]) -> dict:
@@ -215,12 +313,25 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
                 step = VerifyStep(self.model, B, ctx, self.s.max_draft_len + 1, self.s.seed, self.device)
                 for T in range(1, self.s.max_draft_len + 2):
                     if step.ready:
-                        measured[(B, T)] = allocator_peak_bytes(lambda: step.timing(T, warmup=0, repeats=1), self.device)
+                        measured[(B, T)] = allocator_peak_bytes(
+                            lambda: step.timing(T, warmup=0, repeats=1), self.device
+                        )
                 del step
-        own = {i["name"]: model_folder(i["options"]["model"])[2] for i in drafter_infos
-               if i["options"].get("model") and i["model"] and "hidden_layers" not in i["model"]}
-        return memory_record(model_folder(self.s.target, self.s.trust_remote_code)[2], self.target.ref.dtype, drafter_infos, self.device_fp,
-                             list(self.s.batch_buckets), self.s.max_draft_len, own, measured_activation=measured)
+        own = {
+            i["name"]: model_folder(i["options"]["model"])[2]
+            for i in drafter_infos
+            if i["options"].get("model") and i["model"] and "hidden_layers" not in i["model"]
+        }
+        return memory_record(
+            model_folder(self.s.target, self.s.trust_remote_code)[2],
+            self.target.ref.dtype,
+            drafter_infos,
+            self.device_fp,
+            list(self.s.batch_buckets),
+            self.s.max_draft_len,
+            own,
+            measured_activation=measured,
+        )
 
     @torch.inference_mode()
     def _experts_woken(self) -> dict:
@@ -241,8 +352,13 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
                 with self.model.count_experts() as woke:
                     self.model(rows[:, ctx : ctx + T], cache, start, logits="none")
                 points.append({"batch": B, "tokens": T, "experts_woken": sum(woke) / len(woke), "source": "measured"})
-        return {"num_experts": moe.num_experts, "experts_per_token": moe.experts_per_token, "ctx": ctx,
-                "moe_layers": len(woke), "points": points}
+        return {
+            "num_experts": moe.num_experts,
+            "experts_per_token": moe.experts_per_token,
+            "ctx": ctx,
+            "moe_layers": len(woke),
+            "points": points,
+        }
 
     def _prompts_by_domain(self) -> dict[str, int]:
         prompts = self.used or list(self.prompt_set.prompts)
@@ -253,7 +369,9 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
     def _verify_curve(self, log: MeasurementLog, budget: Budget) -> tuple[list[dict], dict]:
         """T_verif(B, 1+D, ctx) over every cell, interleaved (`VerifySampler`), then fitted monotone (`fit_verify`)."""
         s = self.s
-        sampler = VerifySampler(self.model, s, self.device, log, seeds=[1, 2, 4, 8, 16, 32, 64], t_max=s.max_draft_len + 1)
+        sampler = VerifySampler(
+            self.model, s, self.device, log, seeds=[1, 2, 4, 8, 16, 32, 64], t_max=s.max_draft_len + 1
+        )
         deadline = time.monotonic() + VERIFY_BUDGET_SHARE * max(0.0, budget.deadline - time.monotonic())
         sampler.run(deadline)
         self.verify_sampler = sampler  # the decision cells get more visits once acceptance is known (`_refine_verify`)
@@ -274,13 +392,27 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
             cell = lambda: {str(d): t for d, t in self._draft_cell(drafter, B, ctx).items()}  # noqa: E731
             # a lookup's draft costs a fraction of a millisecond, thousands of times less than a verify step: a slow
             # spell cannot move a decision through it, and guarding it would cost two probes per cell
-            timings = log.measure(f"draft/{name}/{B}/{ctx}", cell if drafter.kind == "model_free" else lambda: self._guarded(cell))
+            timings = log.measure(
+                f"draft/{name}/{B}/{ctx}", cell if drafter.kind == "model_free" else lambda: self._guarded(cell)
+            )
             measured = {int(d): (t["median_ms"] if t else None) for d, t in timings.items()}
             for d, y, source in fill_curve(measured, range(1, self.d_max(self.drafters[name]) + 1)):
                 t = timings.get(str(d)) or {}
-                points.append({"mechanism": name, "batch": B, "draft_len": d, "ctx": ctx, "median_ms": y, "p10_ms": t.get("p10_ms"),
-                               "p90_ms": t.get("p90_ms"), "repeats": t.get("repeats", 0), "source": source,
-                               "ci_low_ms": t.get("ci_low_ms"), "ci_high_ms": t.get("ci_high_ms")})
+                points.append(
+                    {
+                        "mechanism": name,
+                        "batch": B,
+                        "draft_len": d,
+                        "ctx": ctx,
+                        "median_ms": y,
+                        "p10_ms": t.get("p10_ms"),
+                        "p90_ms": t.get("p90_ms"),
+                        "repeats": t.get("repeats", 0),
+                        "source": source,
+                        "ci_low_ms": t.get("ci_low_ms"),
+                        "ci_high_ms": t.get("ci_high_ms"),
+                    }
+                )
         self._tick("draft", len(cells), len(cells))
         return points
 
@@ -299,8 +431,13 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
             return None
         rows = torch.tensor(self._context_rows(B, ctx), device=self.device)
         cache = self.model.new_cache(B, ctx)
-        _, hidden = self.model.forward_capture(rows, cache, torch.zeros(B, dtype=torch.long, device=self.device),
-                                               tuple(drafter.hidden_layers), logits="none")
+        _, hidden = self.model.forward_capture(
+            rows,
+            cache,
+            torch.zeros(B, dtype=torch.long, device=self.device),
+            tuple(drafter.hidden_layers),
+            logits="none",
+        )
         return hidden
 
     def _draft_cell(self, drafter: Drafter, B: int, ctx: int) -> dict[int, dict | None]:
@@ -339,7 +476,14 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
             t = timings.get(D)
             return (t["ci_high_ms"] - t["ci_low_ms"]) / 2 if t else 0.0
 
-        adaptive_sample(measure, 1, self.d_max(drafter), self.s.interp_tolerance, [d for d in (1, 2, 4, 8) if d <= self.d_max(drafter)], noise)
+        adaptive_sample(
+            measure,
+            1,
+            self.d_max(drafter),
+            self.s.interp_tolerance,
+            [d for d in (1, 2, 4, 8) if d <= self.d_max(drafter)],
+            noise,
+        )
         return timings
 
     def _speedup_bounds(self, verify: list[dict]) -> dict[tuple[str, int], dict[int, float]]:
@@ -352,11 +496,18 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
             if fmt != "none":
                 continue
             rows = [by_prompt[p.id] for p in self.used if p.id in by_prompt]
-            tpf, _ = intervals.figures(replay.per_prompt_rates(rows), [p.domain for p in self.used if p.id in by_prompt],
-                                       dict.fromkeys(self.pool.domains(), 1.0))
+            tpf, _ = intervals.figures(
+                replay.per_prompt_rates(rows),
+                [p.domain for p in self.used if p.id in by_prompt],
+                dict.fromkeys(self.pool.domains(), 1.0),
+            )
             for B in self.s.batch_buckets:
                 if (B, 1) in t_verif:
-                    bounds[(name, B)] = {D: tpf[D] * t_verif[(B, 1)] / t_verif[(B, D + 1)] for D in range(1, len(tpf)) if (B, D + 1) in t_verif}
+                    bounds[(name, B)] = {
+                        D: tpf[D] * t_verif[(B, 1)] / t_verif[(B, D + 1)]
+                        for D in range(1, len(tpf))
+                        if (B, D + 1) in t_verif
+                    }
         return bounds
 
     def _relevant_draft_lens(self, verify: list[dict]) -> set[int]:
@@ -385,8 +536,12 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
         self._tick("verify refinement", len(cells), len(cells))
         points, fit = sampler.fit()
         per_cell = {c: visits_of(sampler.timed, c) for c in cells}
-        return points, fit | {"decision_cells": [{"batch": B, "ctx": ctx, "tokens": t, "visits": n} for (B, ctx, t), n in per_cell.items()],
-                              "decision_cells_target_rel_half_width": REFINE_TARGET_REL_HALF_WIDTH}
+        return points, fit | {
+            "decision_cells": [
+                {"batch": B, "ctx": ctx, "tokens": t, "visits": n} for (B, ctx, t), n in per_cell.items()
+            ],
+            "decision_cells_target_rel_half_width": REFINE_TARGET_REL_HALF_WIDTH,
+        }
 
     # ------------------------------------------------------------------ host overhead
 
@@ -397,22 +552,43 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
         decodes at the middle batches, which cost as much as a verify curve on a CPU, are not run."""
         points = []
         batches = sorted({min(self.s.batch_buckets), max(self.s.batch_buckets)})
-        cells = [(name, B, D) for name in ("plain", *self.drafters) for B in batches
-                 for D in ([0] if name == "plain" else sorted({1, self.d_max(self.drafters[name])}))]
+        cells = [
+            (name, B, D)
+            for name in ("plain", *self.drafters)
+            for B in batches
+            for D in ([0] if name == "plain" else sorted({1, self.d_max(self.drafters[name])}))
+        ]
         for i, (name, B, D) in enumerate(cells):
             self._tick("host", i, len(cells))
             if not budget.allows(f"host overhead {name} B={B} D={D}"):
                 continue
 
             def run():
-                ids = [row[-HOST_PROMPT_TOKENS:] for row in (self.prompt_ids * B)[:B]]  # short: the prefill is not what is timed
-                res = generate(self.model, ids, drafter=self.drafters.get(name), num_draft_tokens=D, max_new_tokens=HOST_NEW_TOKENS)
-                return {"draft_s": res.draft_s, "verify_s": res.verify_s, "total_s": res.total_s, "forwards": res.target_forwards}
+                ids = [
+                    row[-HOST_PROMPT_TOKENS:] for row in (self.prompt_ids * B)[:B]
+                ]  # short: the prefill is not what is timed
+                res = generate(
+                    self.model, ids, drafter=self.drafters.get(name), num_draft_tokens=D, max_new_tokens=HOST_NEW_TOKENS
+                )
+                return {
+                    "draft_s": res.draft_s,
+                    "verify_s": res.verify_s,
+                    "total_s": res.total_s,
+                    "forwards": res.target_forwards,
+                }
 
             r = log.measure(f"host/{name}/{B}/{D}", lambda: self._guarded(run))
-            points.append({"mechanism": name, "batch": B, "draft_len": D, "rounds": r["forwards"],
-                           "host_ms_per_round": max(0.0, 1e3 * (r["total_s"] - r["draft_s"] - r["verify_s"]) / r["forwards"]),
-                           "round_ms": 1e3 * r["total_s"] / r["forwards"], "source": "measured"})
+            points.append(
+                {
+                    "mechanism": name,
+                    "batch": B,
+                    "draft_len": D,
+                    "rounds": r["forwards"],
+                    "host_ms_per_round": max(0.0, 1e3 * (r["total_s"] - r["draft_s"] - r["verify_s"]) / r["forwards"]),
+                    "round_ms": 1e3 * r["total_s"] / r["forwards"],
+                    "source": "measured",
+                }
+            )
         self._tick("host", len(cells), len(cells))
         return points
 
@@ -424,11 +600,16 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
         self._tick("micro", 0, 2)
         if budget.allows("attention micro-curve"):
             for ctx in s.ctx_buckets:
-                points += log.measure(f"micro/attention/{ctx}", lambda: micro.attention_curve(
-                    c, self.device, self.model.dtype, ctx_tokens=ctx, draft_lens=list(range(s.max_draft_len + 1))))
+                points += log.measure(
+                    f"micro/attention/{ctx}",
+                    lambda: micro.attention_curve(
+                        c, self.device, self.model.dtype, ctx_tokens=ctx, draft_lens=list(range(s.max_draft_len + 1))
+                    ),
+                )
         if budget.allows("linear micro-curve"):
             m_values = micro.default_m_values(list(s.batch_buckets), s.max_draft_len + 1)
-            points += log.measure("micro/linear", lambda: micro.linear_curve(c, self.device, self.model.dtype, m_values=m_values))
+            points += log.measure(
+                "micro/linear", lambda: micro.linear_curve(c, self.device, self.model.dtype, m_values=m_values)
+            )
         self._tick("micro", 2, 2)
         return [{k: v for k, v in p.items() if k not in ("tokens", "gflop", "achieved_gflops")} for p in points]
-

@@ -56,9 +56,9 @@ from specdec_tune.profiles.drafters.base import registry
 from specdec_tune.profiles.drafters.checkpoints import register_demo_head, save_head
 from specdec_tune.profiles.drafters.dflash import DFlashHead, default_mask_token
 from specdec_tune.profiles.drafters.heads import HEAD_KINDS, DraftHead, DraftVocabulary, default_aux_layers, head_kind
-from specdec_tune.profiles.models.llama import gqa_attention
-from specdec_tune.profiles.models.folders import architectures, cache_root, model_folder
 from specdec_tune.profiles.fingerprint import cpu_has_native_bf16
+from specdec_tune.profiles.models.folders import architectures, cache_root, model_folder
+from specdec_tune.profiles.models.llama import gqa_attention
 from specdec_tune.profiles.models.loading import LoadedModel, load_model
 from specdec_tune.profiles.package_text import package_text
 from specdec_tune.profiles.prompts import encode_prompts
@@ -68,15 +68,24 @@ from specdec_tune.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 MECHANISMS = tuple(HEAD_KINDS)
-SHAPE_FIELDS = ("ttt_steps", "step_decay", "block_size", "draft_layers", "markov_rank", "position_decay")  # each kind reads some
-
-
+SHAPE_FIELDS = (
+    "ttt_steps",
+    "step_decay",
+    "block_size",
+    "draft_layers",
+    "markov_rank",
+    "position_decay",
+)  # each kind reads some
 
 
 def head_key(settings: TrainSettings) -> str:
     """What makes one trained head differ from another (not where it goes, not how it is measured)."""
     other = tuple(f for f in SHAPE_FIELDS if f not in head_kind(settings.mechanism).training_fields)
-    fields = {k: v for k, v in dataclasses.asdict(settings).items() if k not in ("out", "eval_points", "eval_prompts", "eval_new_tokens", *other)}
+    fields = {
+        k: v
+        for k, v in dataclasses.asdict(settings).items()
+        if k not in ("out", "eval_points", "eval_prompts", "eval_new_tokens", *other)
+    }
     return sha256_json(fields)[:12]
 
 
@@ -89,8 +98,12 @@ def cached_demo_head(mechanism: str, target: LoadedModel) -> Path:
     settings = TrainSettings(mechanism=mechanism, target=target.ref.path)
     folder = demo_head_folder(settings, target)
     if not (folder / "config.json").is_file():
-        log.warning("no %s head for this target yet: training one (about %.0f minutes, once; cached in %s)",
-                    mechanism, settings.budget_minutes, folder)
+        log.warning(
+            "no %s head for this target yet: training one (about %.0f minutes, once; cached in %s)",
+            mechanism,
+            settings.budget_minutes,
+            folder,
+        )
         train(settings)
     return folder
 
@@ -123,7 +136,9 @@ def teacher_data(settings: TrainSettings, data_target: LoadedModel, progress: Ca
     chosen = profile_split.take(settings.max_prompts) if settings.max_prompts else profile_split
     base = {"target": data_target.ref.weights_hash, "dtype": data_target.ref.dtype, "layers": layers}
     key = sha256_json({**base, "prompts": chosen.fingerprint(), "new_tokens": settings.new_tokens})[:16]
-    seqs = _continuations(chosen, data_target, settings.new_tokens, cache_root() / "teacher" / f"{key}.sequences.json", progress)
+    seqs = _continuations(
+        chosen, data_target, settings.new_tokens, cache_root() / "teacher" / f"{key}.sequences.json", progress
+    )
     if settings.package_tokens:
         text = package_text(data_target.tokenizer, settings.package_tokens)
         seqs = seqs + text
@@ -132,7 +147,9 @@ def teacher_data(settings: TrainSettings, data_target: LoadedModel, progress: Ca
     return TeacherData(tokens, states, starts, layers, sha256_json({"prompts": chosen.fingerprint(), "data": key}))
 
 
-def _continuations(chosen, data_target: LoadedModel, new_tokens: int, path: Path, progress: Callable[[str], None]) -> list[list[int]]:
+def _continuations(
+    chosen, data_target: LoadedModel, new_tokens: int, path: Path, progress: Callable[[str], None]
+) -> list[list[int]]:
     """Each prompt in the chat template followed by the target's greedy continuation; resumes from `path`."""
     model, tok = data_target.model, data_target.tokenizer
     ids = encode_prompts(tok, chosen, context_tokens=model.config.max_position_embeddings, max_new_tokens=new_tokens)
@@ -140,15 +157,23 @@ def _continuations(chosen, data_target: LoadedModel, new_tokens: int, path: Path
     seqs: list[list[int]] = json.loads(path.read_text()) if path.is_file() else []
     path.parent.mkdir(parents=True, exist_ok=True)
     for start in range(len(seqs), len(ids), 16):
-        out = generate(model, ids[start : start + 16], max_new_tokens=new_tokens, stop_token_ids=list(model.config.eos_token_ids))
+        out = generate(
+            model, ids[start : start + 16], max_new_tokens=new_tokens, stop_token_ids=list(model.config.eos_token_ids)
+        )
         seqs += [p + t for p, t in zip(ids[start : start + 16], out.tokens)]
         write_json(path, seqs)
         progress(f"data: continued {len(seqs)}/{len(ids)} training prompts with the target")
     return seqs
 
 
-def _captured(model, seqs: list[list[int]], layers: tuple[int, ...], prefix: Path, progress: Callable[[str], None],
-              shard: int = 128) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+def _captured(
+    model,
+    seqs: list[list[int]],
+    layers: tuple[int, ...],
+    prefix: Path,
+    progress: Callable[[str], None],
+    shard: int = 128,
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """The target run over `seqs` (teacher-forced), its states at `layers`: ([N] tokens, [N, W] bf16 states, row starts).
     Written as shards of `shard` sequences (prefix.NNNN.safetensors); shards already on disk are read, not recomputed."""
     from safetensors.torch import load_file, save_file
@@ -167,14 +192,25 @@ def _captured(model, seqs: list[list[int]], layers: tuple[int, ...], prefix: Pat
                     for b, s in enumerate(batch):
                         padded[b, : len(s)] = torch.tensor(s)
                     cache = model.new_cache(len(batch), width)
-                    _, hidden = model.forward_capture(padded.to(model.device), cache, torch.zeros(len(batch), dtype=torch.long, device=model.device),
-                                                      layers, logits="none")  # [b, width, len(layers) * hidden]
+                    _, hidden = model.forward_capture(
+                        padded.to(model.device),
+                        cache,
+                        torch.zeros(len(batch), dtype=torch.long, device=model.device),
+                        layers,
+                        logits="none",
+                    )  # [b, width, len(layers) * hidden]
                     for b, s in enumerate(batch):
                         part_tokens.append(torch.tensor(s))
                         part_states.append(hidden[b, : len(s)].to("cpu", torch.bfloat16))
             tmp = path.with_suffix(".tmp")
-            save_file({"tokens": torch.cat(part_tokens), "states": torch.cat(part_states).contiguous(),
-                       "lengths": torch.tensor([len(s) for s in seqs[first : first + shard]])}, str(tmp))
+            save_file(
+                {
+                    "tokens": torch.cat(part_tokens),
+                    "states": torch.cat(part_states).contiguous(),
+                    "lengths": torch.tensor([len(s) for s in seqs[first : first + shard]]),
+                },
+                str(tmp),
+            )
             tmp.rename(path)
             progress(f"data: target states for {min(first + shard, len(seqs))}/{len(seqs)} sequences")
         saved = load_file(str(path))
@@ -237,10 +273,21 @@ def ttt_attend(attn, cos, sin, kv: list, mask: torch.Tensor):
     return attend
 
 
-def ttt_loss(head: DraftHead, batch: dict, vocab: torch.Tensor, label_weight: torch.Tensor, settings: TrainSettings,
-             generator: torch.Generator | None = None) -> tuple[torch.Tensor, list[float]]:
+def ttt_loss(
+    head: DraftHead,
+    batch: dict,
+    vocab: torch.Tensor,
+    label_weight: torch.Tensor,
+    settings: TrainSettings,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, list[float]]:
     """The unrolled loss for one batch and the step-1..K agreement with the target's argmax (a diagnostic)."""
-    tokens, aux, final, lengths = batch["tokens"], batch["aux"], batch["final"], batch["lengths"]  # [B,S], [B,S,W], [B,S,H], [B]
+    tokens, aux, final, lengths = (
+        batch["tokens"],
+        batch["aux"],
+        batch["final"],
+        batch["lengths"],
+    )  # [B,S], [B,S,W], [B,S,H], [B]
     B, S = tokens.shape
     p = torch.arange(S)
     with torch.no_grad():
@@ -258,7 +305,9 @@ def ttt_loss(head: DraftHead, batch: dict, vocab: torch.Tensor, label_weight: to
         features, hidden = head.features_with(token_in, hidden, attend)
         logits = (features @ student_weight.T).float()  # [B, S, v]
         valid = (p[None] + k <= lengths[:, None] - 1) & (p[None] <= lengths[:, None] - 2)  # label p_{p+k} exists
-        label = torch.cat([teacher[:, k:], teacher.new_zeros((B, k, teacher.shape[-1]))], dim=1)  # [B, S, v]: log p_{p+k}
+        label = torch.cat(
+            [teacher[:, k:], teacher.new_zeros((B, k, teacher.shape[-1]))], dim=1
+        )  # [B, S, v]: log p_{p+k}
         kl = (label.exp() * (label - F.log_softmax(logits, dim=-1))).sum(-1)  # [B, S]
         loss = loss + settings.step_decay ** (k - 1) * kl[valid].sum() / valid.sum().clamp_min(1)
         with torch.no_grad():
@@ -268,14 +317,22 @@ def ttt_loss(head: DraftHead, batch: dict, vocab: torch.Tensor, label_weight: to
     return loss, agree
 
 
-def block_loss(head: DFlashHead, batch: dict, vocab: torch.Tensor, label_weight: torch.Tensor, settings: TrainSettings,
-               generator: torch.Generator | None = None) -> tuple[torch.Tensor, list[float]]:
+def block_loss(
+    head: DFlashHead,
+    batch: dict,
+    vocab: torch.Tensor,
+    label_weight: torch.Tensor,
+    settings: TrainSettings,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, list[float]]:
     """The anchored-block loss for one batch and each slot's agreement with the target's argmax (a diagnostic)."""
     tokens, aux, lengths = batch["tokens"], batch["aux"], batch["lengths"]  # [B, S], [B, S, W], [B]
     B, S = tokens.shape
     bs, first, device = head.block_size, head.first_slot, tokens.device
     with torch.no_grad():
-        teacher = F.log_softmax((batch["final"] @ label_weight.T).float(), dim=-1)  # [B, S, v]: log p_t over the shortlist
+        teacher = F.log_softmax(
+            (batch["final"] @ label_weight.T).float(), dim=-1
+        )  # [B, S, v]: log p_t over the shortlist
         greedy = vocab[teacher.argmax(-1)]  # [B, S]: the target's greedy next token (target ids)
     n = max(1, S // bs)  # anchors per sequence: about as many block queries as context positions
     span = (lengths - 2).clamp_min(1).float()  # anchors in 1..len-2
@@ -291,12 +348,16 @@ def block_loss(head: DFlashHead, batch: dict, vocab: torch.Tensor, label_weight:
     sees_ctx = torch.arange(S, device=device)[None, None, :] < q_anchor[:, :, None]  # [B, Q, S]
     sees_block = (q_block[:, None] == q_block[None, :])[None].expand(B, -1, -1)  # [B, Q, Q]
     mask = torch.cat([sees_ctx, sees_block], dim=-1)[:, None]  # [B, 1, Q, S + Q]
-    hidden = head.block_hidden(block_tokens.reshape(B, n * bs), *head.rope(block_pos), context, mask).reshape(B * n, bs, -1)
+    hidden = head.block_hidden(block_tokens.reshape(B, n * bs), *head.rope(block_pos), context, mask).reshape(
+        B * n, bs, -1
+    )
     label_pos = (anchors[:, :, None] + slots[first:] - first).reshape(B * n, bs - first)  # p per slot
     row = torch.arange(B, device=device).repeat_interleave(n)[:, None]
     valid = label_pos <= (lengths.repeat_interleave(n)[:, None] - 1)
     label_pos = label_pos.clamp_max(S - 1)
-    forced = iter(greedy[row, label_pos].T)  # the token slot j "drafts" (what the next slot's Markov bias reads): the target's at p
+    forced = iter(
+        greedy[row, label_pos].T
+    )  # the token slot j "drafts" (what the next slot's Markov bias reads): the target's at p
 
     logits, _ = head.draft_logits(hidden, block_tokens.reshape(B * n, bs)[:, 0], lambda step: next(forced))
     loss, agree = torch.zeros((), device=device), []
@@ -322,14 +383,20 @@ def _batch(data: TeacherData, rows: list[int], n_aux: int, device) -> dict:
         states[b, : z - a] = data.states[a:z].float()
     hidden = width // len(data.layers)
     aux = states[..., : n_aux * hidden] if n_aux else states[..., -hidden:]
-    return {"tokens": tokens.to(device), "aux": aux.to(device), "final": states[..., -hidden:].to(device),
-            "lengths": torch.tensor(lengths, device=device)}
+    return {
+        "tokens": tokens.to(device),
+        "aux": aux.to(device),
+        "final": states[..., -hidden:].to(device),
+        "lengths": torch.tensor(lengths, device=device),
+    }
 
 
 # ---------------------------------------------------------------------------- measuring
 
 
-def measure_al(target: LoadedModel, head: DraftHead, mechanism: str, settings: TrainSettings, by_domain: bool = False) -> dict:
+def measure_al(
+    target: LoadedModel, head: DraftHead, mechanism: str, settings: TrainSettings, by_domain: bool = False
+) -> dict:
     """AL at the mechanism's evaluation D on held-back MT-Bench prompts (greedy; measured with the speculative loop),
     with the per-position acceptance (vLLM's: drafts whose first i+1 tokens were accepted, over drafts) and, when
     asked, the same per domain."""
@@ -338,22 +405,42 @@ def measure_al(target: LoadedModel, head: DraftHead, mechanism: str, settings: T
     drafter = registry()[mechanism].from_head(snapshot)  # type: ignore[attr-defined]
     D = head_kind(mechanism).eval_draft_len
     prompts = select_prompts("mtbench", "held_back", settings.eval_prompts)
-    ids = encode_prompts(target.tokenizer, prompts, context_tokens=target.model.config.max_position_embeddings,
-                         max_new_tokens=settings.eval_new_tokens, max_draft_tokens=D)
+    ids = encode_prompts(
+        target.tokenizer,
+        prompts,
+        context_tokens=target.model.config.max_position_embeddings,
+        max_new_tokens=settings.eval_new_tokens,
+        max_draft_tokens=D,
+    )
     counters: list[SpecCounters] = []
     for start in range(0, len(ids), 8):
-        out = generate(target.model, ids[start : start + 8], drafter=drafter, num_draft_tokens=D,
-                       max_new_tokens=settings.eval_new_tokens, stop_token_ids=list(target.model.config.eos_token_ids))
+        out = generate(
+            target.model,
+            ids[start : start + 8],
+            drafter=drafter,
+            num_draft_tokens=D,
+            max_new_tokens=settings.eval_new_tokens,
+            stop_token_ids=list(target.model.config.eos_token_ids),
+        )
         counters += out.per_prompt
 
     def summary(cs: list[SpecCounters]) -> dict:
         c = SpecCounters.total(cs)
         per_pos = [n / c.num_drafts if c.num_drafts else 0.0 for n in c.num_accepted_tokens_per_pos[:D]]
-        return {"tokens_per_forward": c.tokens_per_target_forward, "mean_al_vllm": c.mean_acceptance_length,
-                "per_position_acceptance": per_pos, "prompts": len(cs)}
+        return {
+            "tokens_per_forward": c.tokens_per_target_forward,
+            "mean_al_vllm": c.mean_acceptance_length,
+            "per_position_acceptance": per_pos,
+            "prompts": len(cs),
+        }
 
-    out = {**summary(counters), "conditional_acceptance": SpecCounters.total(counters).conditional_acceptance(),
-           "split": "mtbench/held_back", "draft_len": D, "source": "measured"}
+    out = {
+        **summary(counters),
+        "conditional_acceptance": SpecCounters.total(counters).conditional_acceptance(),
+        "split": "mtbench/held_back",
+        "draft_len": D,
+        "source": "measured",
+    }
     if by_domain:
         domains: dict[str, list[SpecCounters]] = {}
         for p, c in zip(prompts.prompts, counters):
@@ -368,12 +455,17 @@ def measure_al(target: LoadedModel, head: DraftHead, mechanism: str, settings: T
 def train(settings: TrainSettings, progress: Callable[[str], None] | None = None) -> dict:
     """Prepare data, train within the budget, measure the learning curve, save; returns the training record."""
     if settings.mechanism not in MECHANISMS:
-        raise SpecdecError(f"train-drafter trains {', '.join(MECHANISMS)}, not {settings.mechanism!r}", f"pass --mechanism {' or '.join(MECHANISMS)}")
+        raise SpecdecError(
+            f"train-drafter trains {', '.join(MECHANISMS)}, not {settings.mechanism!r}",
+            f"pass --mechanism {' or '.join(MECHANISMS)}",
+        )
     settings.validate()
     say = progress or (lambda msg: log.info(msg))
     torch.manual_seed(settings.seed)
     t0 = time.perf_counter()
-    target = load_model(settings.target, dtype="float32")  # the head trains in fp32 and shares this target's embedding and head
+    target = load_model(
+        settings.target, dtype="float32"
+    )  # the head trains in fp32 and shares this target's embedding and head
     data_target = load_model(settings.target, dtype="auto") if cpu_has_native_bf16() else target
     data = teacher_data(settings, data_target, say)
     del data_target
@@ -383,9 +475,16 @@ def train(settings: TrainSettings, progress: Callable[[str], None] | None = None
     vocab = vocabulary_shortlist(data, settings.draft_vocab, model.config.vocab_size, eos)
     kind = head_kind(settings.mechanism)
     n_aux = len(data.layers) - 1 if kind.reads_aux_states else 0
-    head = kind.new(model, draft_vocab=vocab.tolist(), aux_layers=data.layers[:-1], seed=settings.seed, draft_layers=settings.draft_layers,
-                    block_size=settings.block_size, mask_token_id=default_mask_token(model.config.vocab_size, target.tokenizer),
-                    markov_rank=settings.markov_rank)
+    head = kind.new(
+        model,
+        draft_vocab=vocab.tolist(),
+        aux_layers=data.layers[:-1],
+        seed=settings.seed,
+        draft_layers=settings.draft_layers,
+        block_size=settings.block_size,
+        mask_token_id=default_mask_token(model.config.vocab_size, target.tokenizer),
+        markov_rank=settings.markov_rank,
+    )
     loss_of = block_loss if head.block else ttt_loss
     label_weight = model.lm_head.weight[vocab].detach()  # [v, hidden]: the target's head restricted to the shortlist
     params = [p for p in head.parameters() if p.requires_grad]
@@ -394,8 +493,10 @@ def train(settings: TrainSettings, progress: Callable[[str], None] | None = None
     evals_at = [budget_s * (i + 1) / settings.eval_points for i in range(settings.eval_points)]
     g = torch.Generator().manual_seed(settings.seed)
     curve, trained_s, tokens_seen, steps, epochs = [], 0.0, 0, 0, 0
-    say(f"data: {data.rows()} sequences, {data.tokens.numel()} tokens (profiling split), ready in {data_s:.0f} s; "
-        f"training {sum(p.numel() for p in params) / 1e6:.1f}M parameters for {settings.budget_minutes:g} min")
+    say(
+        f"data: {data.rows()} sequences, {data.tokens.numel()} tokens (profiling split), ready in {data_s:.0f} s; "
+        f"training {sum(p.numel() for p in params) / 1e6:.1f}M parameters for {settings.budget_minutes:g} min"
+    )
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=cpu_has_native_bf16() and model.device.type == "cpu")
     last_loss, last_agree = float("nan"), []
     while trained_s < budget_s:
@@ -422,30 +523,60 @@ def train(settings: TrainSettings, progress: Callable[[str], None] | None = None
             last_loss, last_agree = float(loss.detach()), agree
             trained_s += time.perf_counter() - t_step
             if steps % 20 == 0:
-                say(f"step {steps}: {tokens_seen} tokens, loss {last_loss:.3f}, argmax agreement per step "
-                    f"{', '.join(f'{a:.2f}' for a in agree)}, {trained_s:.0f}/{budget_s:.0f} s")
+                say(
+                    f"step {steps}: {tokens_seen} tokens, loss {last_loss:.3f}, argmax agreement per step "
+                    f"{', '.join(f'{a:.2f}' for a in agree)}, {trained_s:.0f}/{budget_s:.0f} s"
+                )
             if evals_at and trained_s >= evals_at[0]:
                 evals_at.pop(0)
                 head.eval()
                 t_eval = time.perf_counter()
-                point = {"training_tokens": tokens_seen, "steps": steps, "train_s": round(trained_s, 1),
-                         **measure_al(target, head, settings.mechanism, settings, by_domain=not evals_at)}
+                point = {
+                    "training_tokens": tokens_seen,
+                    "steps": steps,
+                    "train_s": round(trained_s, 1),
+                    **measure_al(target, head, settings.mechanism, settings, by_domain=not evals_at),
+                }
                 point["eval_s"] = round(time.perf_counter() - t_eval, 1)
                 curve.append(point)
-                say(f"AL at D={point['draft_len']} after {tokens_seen} training tokens: {point['tokens_per_forward']:.3f} tokens/forward "
-                    f"(measured on {point['prompts']} held-back MT-Bench prompts)")
+                say(
+                    f"AL at D={point['draft_len']} after {tokens_seen} training tokens: {point['tokens_per_forward']:.3f} tokens/forward "
+                    f"(measured on {point['prompts']} held-back MT-Bench prompts)"
+                )
     head.eval()
     folder = settings.out or demo_head_folder(settings, target)
-    record = {"mechanism": settings.mechanism, "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(settings).items()},
-              "target": dataclasses.asdict(target.ref), "data": {"split": "profile", "prompts_fingerprint": data.prompts_fingerprint,
-              "sequences": data.rows(), "tokens": int(data.tokens.numel()), "prepare_s": round(data_s, 1)},
-              "train": {"steps": steps, "epochs": epochs, "training_tokens": tokens_seen, "train_s": round(trained_s, 1),
-                        "final_loss": last_loss, "argmax_agreement_per_step": last_agree},
-              "learning_curve": curve, "draft_vocab": len(vocab)}
+    record = {
+        "mechanism": settings.mechanism,
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(settings).items()},
+        "target": dataclasses.asdict(target.ref),
+        "data": {
+            "split": "profile",
+            "prompts_fingerprint": data.prompts_fingerprint,
+            "sequences": data.rows(),
+            "tokens": int(data.tokens.numel()),
+            "prepare_s": round(data_s, 1),
+        },
+        "train": {
+            "steps": steps,
+            "epochs": epochs,
+            "training_tokens": tokens_seen,
+            "train_s": round(trained_s, 1),
+            "final_loss": last_loss,
+            "argmax_agreement_per_step": last_agree,
+        },
+        "learning_curve": curve,
+        "draft_vocab": len(vocab),
+    }
     _, verifier, verifier_config, _ = model_folder(settings.target)
-    save_head(head, settings.mechanism, Path(folder), verifier=str(verifier),
-              verifier_architectures=architectures(verifier_config, f"{verifier}/config.json"),
-              speculative_tokens=head.max_drafts if head.block else settings.ttt_steps, extra=record)
+    save_head(
+        head,
+        settings.mechanism,
+        Path(folder),
+        verifier=str(verifier),
+        verifier_architectures=architectures(verifier_config, f"{verifier}/config.json"),
+        speculative_tokens=head.max_drafts if head.block else settings.ttt_steps,
+        extra=record,
+    )
     record["folder"] = str(folder)
     return record
 
@@ -453,4 +584,6 @@ def train(settings: TrainSettings, progress: Callable[[str], None] | None = None
 __all__ = ["TrainSettings", "block_loss", "cached_demo_head", "demo_head_folder", "measure_al", "train", "ttt_mask"]
 
 
-register_demo_head(cached_demo_head)  # head drafters given neither model= nor random= load it (trained here on first use)
+register_demo_head(
+    cached_demo_head
+)  # head drafters given neither model= nor random= load it (trained here on first use)

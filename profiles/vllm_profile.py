@@ -69,23 +69,23 @@ import numpy as np
 
 from specdec_tune import SpecdecError, __version__
 from specdec_tune.profiles import intervals, replay
+from specdec_tune.profiles.acceptance_records import BOOTSTRAP_RESAMPLES, acceptance_records
 from specdec_tune.profiles.drafters.base import describe_spec
 from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint
 from specdec_tune.profiles.intervals import between_group_sd, monotone_fit, moved_beyond_interval, widened_by
 from specdec_tune.profiles.memory import memory_record
-from specdec_tune.profiles.vllm_engine import CPU_KV_CACHE_BYTES, speed_probe_spec
 from specdec_tune.profiles.models.folders import model_folder, weights_hash
 from specdec_tune.profiles.models.loading import describe_model
 from specdec_tune.profiles.models.views import engine_model_view, write_cut_draft
-from specdec_tune.profiles.acceptance_records import BOOTSTRAP_RESAMPLES, acceptance_records
 from specdec_tune.profiles.profile_run import Budget, ProfileRun, drafter_specs, workload_record
 from specdec_tune.profiles.prompts import encode_fitting
 from specdec_tune.profiles.schema import SCHEMA_VERSION
 from specdec_tune.profiles.specdec import SpecCounters
 from specdec_tune.profiles.store import MeasurementLog
 from specdec_tune.profiles.timing import Timing
-from specdec_tune.records import sha256_json
+from specdec_tune.profiles.vllm_engine import CPU_KV_CACHE_BYTES, speed_probe_spec
 from specdec_tune.progress import Progress
+from specdec_tune.records import sha256_json
 from specdec_tune.settings import ProfileSettings
 from specdec_tune.vllm_spelling import VLLM, speculative_config
 
@@ -112,54 +112,96 @@ class VllmProfiler(ProfileRun):
 
     backend = "vllm"
 
-    def __init__(self, settings: ProfileSettings, progress: Progress | None = None, started: float | None = None, engine=None) -> None:
+    def __init__(
+        self, settings: ProfileSettings, progress: Progress | None = None, started: float | None = None, engine=None
+    ) -> None:
         from specdec_tune.profiles.vllm_engine import VllmEngine
 
         super().__init__(settings, progress, started)
         settings = self.s
         self.engine = engine or VllmEngine.locate()
-        self.target_ref, tokenizer, self.hf_config = describe_model(settings.target, settings.dtype, self.device, settings.trust_remote_code)
+        self.target_ref, tokenizer, self.hf_config = describe_model(
+            settings.target, settings.dtype, self.device, settings.trust_remote_code
+        )
         if tokenizer is None:
             raise SpecdecError(f"{settings.target} has no tokenizer files", "give a model folder with its tokenizer")
         self.mechanisms: dict[str, Mechanism] = {}
         for name, options in drafter_specs(settings.drafters):
             if name not in VLLM:
-                raise SpecdecError(f"vLLM has no method for drafter {name!r}", f"profile one of {', '.join(VLLM)} with --engine vllm")
+                raise SpecdecError(
+                    f"vLLM has no method for drafter {name!r}", f"profile one of {', '.join(VLLM)} with --engine vllm"
+                )
             described = describe_spec(name, options)
             limit = described["max_draft_len"]
             own, model = described["options"].get("model"), None
             if own:  # its own checkpoint (a draft model's, or a trained head's): its hash makes a bundle stale when it changes
                 model = {"weights_hash": weights_hash(model_folder(own)[3]), "shares_target_weights": False}
             elif described["kind"] != "model_free" and not VLLM[name].needs_head:  # a draft model cut from the target
-                model = {"layers": described["options"].get("layers") or max(1, self.target_ref.num_layers // 3), "shares_target_weights": True}
-            self.mechanisms[name] = Mechanism(name, described["kind"], described["options"],
-                                              settings.max_draft_len if limit is None else min(settings.max_draft_len, limit), model)
+                model = {
+                    "layers": described["options"].get("layers") or max(1, self.target_ref.num_layers // 3),
+                    "shares_target_weights": True,
+                }
+            self.mechanisms[name] = Mechanism(
+                name,
+                described["kind"],
+                described["options"],
+                settings.max_draft_len if limit is None else min(settings.max_draft_len, limit),
+                model,
+            )
         context = int(self.hf_config.get("max_position_embeddings") or 2048)
-        self.encoded = encode_fitting(tokenizer, self.pool, context_tokens=context, max_new_tokens=settings.new_tokens,
-                                      max_draft_tokens=settings.max_draft_len)
+        self.encoded = encode_fitting(
+            tokenizer,
+            self.pool,
+            context_tokens=context,
+            max_new_tokens=settings.new_tokens,
+            max_draft_tokens=settings.max_draft_len,
+        )
         self.fitting = fitting = [p for p in self.pool if p.id in self.encoded]
         self.prompt_domain = {p.id: p.domain for p in fitting}
-        self.acceptance_prompts = [p for i, p in enumerate(fitting)
-                                   if sum(q.domain == p.domain for q in fitting[:i]) < ACCEPTANCE_PROMPTS_PER_DOMAIN]
-        self.check_prompts = [p for i, p in enumerate(self.acceptance_prompts)
-                              if sum(q.domain == p.domain for q in self.acceptance_prompts[:i]) < settings.prompts_per_domain]
+        self.acceptance_prompts = [
+            p
+            for i, p in enumerate(fitting)
+            if sum(q.domain == p.domain for q in fitting[:i]) < ACCEPTANCE_PROMPTS_PER_DOMAIN
+        ]
+        self.check_prompts = [
+            p
+            for i, p in enumerate(self.acceptance_prompts)
+            if sum(q.domain == p.domain for q in self.acceptance_prompts[:i]) < settings.prompts_per_domain
+        ]
         self.sampled_prompts = self.check_prompts
         self.timing_rows = {ctx: self._timing_rows(ctx) for ctx in settings.ctx_buckets}
-        longest = max([len(self.encoded[p.id]) + settings.new_tokens for p in fitting] + [c + TIMING_TOKENS for c in settings.ctx_buckets])
+        longest = max(
+            [len(self.encoded[p.id]) + settings.new_tokens for p in fitting]
+            + [c + TIMING_TOKENS for c in settings.ctx_buckets]
+        )
         self.max_model_len = min(context, longest + settings.max_draft_len + 8)
         self.max_num_seqs = max(max(settings.batch_buckets), settings.acceptance_batch)
         self.engine_options = dict(settings.engine_options)
         self.dtype = self.target_ref.dtype
         self.probe = speed_probe_spec(self.hf_config, self.dtype)
-        self.device_fp = device_fingerprint(self.device, _torch_dtype(self.dtype)) | {"engine": f"vllm {self.engine.version}"}
-        self.fingerprint = sha256_json({
-            "schema": SCHEMA_VERSION, "tool": __version__, "device": device_factors(self.device_fp), "target": dataclasses.asdict(self.target_ref),
-            "drafters": [dataclasses.asdict(m) for m in self.mechanisms.values()], "workload": self._workload(),
-            "engine": {"name": "vllm", "version": self.engine.version, "options": self.engine_options},
-        })
-        self.supported: dict[str, dict] = {m.name: {"runs": False, "reason": f"vLLM runs {m.name} from a trained head's checkpoint: pass "
-                                                    f"--drafter {m.name}:model=FOLDER (a speculators-format head)"}
-                                           for m in self.mechanisms.values() if VLLM[m.name].needs_head and not m.options.get("model")}
+        self.device_fp = device_fingerprint(self.device, _torch_dtype(self.dtype)) | {
+            "engine": f"vllm {self.engine.version}"
+        }
+        self.fingerprint = sha256_json(
+            {
+                "schema": SCHEMA_VERSION,
+                "tool": __version__,
+                "device": device_factors(self.device_fp),
+                "target": dataclasses.asdict(self.target_ref),
+                "drafters": [dataclasses.asdict(m) for m in self.mechanisms.values()],
+                "workload": self._workload(),
+                "engine": {"name": "vllm", "version": self.engine.version, "options": self.engine_options},
+            }
+        )
+        self.supported: dict[str, dict] = {
+            m.name: {
+                "runs": False,
+                "reason": f"vLLM runs {m.name} from a trained head's checkpoint: pass "
+                f"--drafter {m.name}:model=FOLDER (a speculators-format head)",
+            }
+            for m in self.mechanisms.values()
+            if VLLM[m.name].needs_head and not m.options.get("model")
+        }
 
     # ------------------------------------------------------------------ inputs
 
@@ -184,50 +226,105 @@ class VllmProfiler(ProfileRun):
         """The target as vLLM loads it, and each draft model cut from it, in the dtype the engine runs."""
         _, folder, _, _ = model_folder(self.s.target, self.s.trust_remote_code)
         target = engine_model_view(folder, work / "target")
-        drafts = {m.name: write_cut_draft(self.s.target, int(m.model["layers"]), work / f"draft-{m.name}", self.dtype)
-                  for m in self.mechanisms.values() if m.model and m.model.get("shares_target_weights")}
+        drafts = {
+            m.name: write_cut_draft(self.s.target, int(m.model["layers"]), work / f"draft-{m.name}", self.dtype)
+            for m in self.mechanisms.values()
+            if m.model and m.model.get("shares_target_weights")
+        }
         return target, drafts
 
-    def _job(self, mechanism: str, draft_len: int, pass_index: int, accept: dict[str, tuple[float, list]], target: Path,
-             drafts: dict[str, Path]) -> dict:
+    def _job(
+        self,
+        mechanism: str,
+        draft_len: int,
+        pass_index: int,
+        accept: dict[str, tuple[float, list]],
+        target: Path,
+        drafts: dict[str, Path],
+    ) -> dict:
         """One engine of a unit: every (B, ctx) cell timed once, in an order shuffled per pass, then the acceptance runs
         `accept` (run name: temperature and prompts)."""
         m = self.mechanisms.get(mechanism)
         config = None
         if draft_len:
             own = m.options.get("model")
-            config = speculative_config(mechanism, draft_len, m.options, model=str(drafts[mechanism]) if mechanism in drafts else
-                                        str(Path(own).resolve()) if own else None)
+            config = speculative_config(
+                mechanism,
+                draft_len,
+                m.options,
+                model=str(drafts[mechanism]) if mechanism in drafts else str(Path(own).resolve()) if own else None,
+            )
         cells = [(B, ctx) for ctx in self.s.ctx_buckets for B in self.s.batch_buckets]
         random.Random(f"{self.s.seed}/{mechanism}/{draft_len}/{pass_index}").shuffle(cells)
-        runs = [{"name": "warmup", "prompts": self.timing_rows[self.s.ctx_buckets[0]][:1], "concurrency": 1, "max_tokens": WARMUP_TOKENS,
-                 "ignore_eos": True}]
-        runs += [{"name": f"time/{B}/{ctx}", "prompts": self.timing_rows[ctx][:B], "concurrency": B, "max_tokens": TIMING_TOKENS,
-                  "ignore_eos": True} for B, ctx in cells]
-        runs += [{"name": name, "prompts": [self.encoded[q.id] for q in prompts], "concurrency": self.max_num_seqs, "max_tokens": self.s.new_tokens,
-                  "temperature": t} | ({"seed": self.s.seed} if t > 0 else {}) for name, (t, prompts) in accept.items()]
+        runs = [
+            {
+                "name": "warmup",
+                "prompts": self.timing_rows[self.s.ctx_buckets[0]][:1],
+                "concurrency": 1,
+                "max_tokens": WARMUP_TOKENS,
+                "ignore_eos": True,
+            }
+        ]
+        runs += [
+            {
+                "name": f"time/{B}/{ctx}",
+                "prompts": self.timing_rows[ctx][:B],
+                "concurrency": B,
+                "max_tokens": TIMING_TOKENS,
+                "ignore_eos": True,
+            }
+            for B, ctx in cells
+        ]
+        runs += [
+            {
+                "name": name,
+                "prompts": [self.encoded[q.id] for q in prompts],
+                "concurrency": self.max_num_seqs,
+                "max_tokens": self.s.new_tokens,
+                "temperature": t,
+            }
+            | ({"seed": self.s.seed} if t > 0 else {})
+            for name, (t, prompts) in accept.items()
+        ]
         engine = {"dtype": self.dtype, "max_model_len": self.max_model_len, **self.engine_options}
-        return {"model_dir": str(target), "max_num_seqs": self.max_num_seqs, "speculative_config": config, "engine": engine, "runs": runs,
-                "trust_remote_code": self.s.trust_remote_code, "probe": self.probe}
+        return {
+            "model_dir": str(target),
+            "max_num_seqs": self.max_num_seqs,
+            "speculative_config": config,
+            "engine": engine,
+            "runs": runs,
+            "trust_remote_code": self.s.trust_remote_code,
+            "probe": self.probe,
+        }
 
-    def _accept_runs(self, mechanism: str, draft_len: int, pass_index: int, first: dict | None, budget: Budget) -> dict[str, tuple[float, list]]:
+    def _accept_runs(
+        self, mechanism: str, draft_len: int, pass_index: int, first: dict | None, budget: Budget
+    ) -> dict[str, tuple[float, list]]:
         """What a unit's pass measures of acceptance (module docstring); `first`: the unit's first pass, for the second's."""
         if not draft_len:
             return {}
         at_max = draft_len == self.mechanisms[mechanism].max_draft_len
         if pass_index == 0:
             runs = {"accept/0.0": (0.0, self.acceptance_prompts if at_max else self.check_prompts)}
-            return runs | ({f"accept/{t}": (t, self.sampled_prompts) for t in self.s.temperatures if t > 0} if at_max else {})
+            return runs | (
+                {f"accept/{t}": (t, self.sampled_prompts) for t in self.s.temperatures if t > 0} if at_max else {}
+            )
         if pass_index > 1 or not at_max or not first or not first["ok"] or self.s.acceptance_half_width <= 0:
             return {}
         counters = [counters_of(r, draft_len) for r in first["accept"].get("0.0", [])]
         domains = [self.prompt_domain[i] for i in first["accept_ids"].get("0.0", [])]
         if not counters:
             return {}
-        wide = [d for d, w in half_widths(counters, domains, draft_len, self.s.seed).items() if w > self.s.acceptance_half_width]
+        wide = [
+            d
+            for d, w in half_widths(counters, domains, draft_len, self.s.seed).items()
+            if w > self.s.acceptance_half_width
+        ]
         ran = set(first["accept_ids"]["0.0"])
         unused = {d: [q for q in self.fitting if q.domain == d and q.id not in ran] for d in wide}
-        dealt = [unused[d][k] for k in range(max(map(len, unused.values()), default=0)) for d in wide if k < len(unused[d])]
+        dealt = [
+            unused[d][k] for k in range(max(map(len, unused.values()), default=0)) for d in wide if k < len(unused[d])
+        ]
         s_per_prompt = first["accept_s"].get("0.0", 0.0) / len(counters)
         left_s = max(budget.deadline - time.monotonic(), EXTRA_ACCEPTANCE_S)
         if s_per_prompt > 0:
@@ -236,7 +333,9 @@ class VllmProfiler(ProfileRun):
 
     # ------------------------------------------------------------------ one unit
 
-    def _units(self, log: MeasurementLog, keys: list[tuple[str, int]], budget: Budget, work: list, required: bool) -> dict[tuple[str, int], dict]:
+    def _units(
+        self, log: MeasurementLog, keys: list[tuple[str, int]], budget: Budget, work: list, required: bool
+    ) -> dict[tuple[str, int], dict]:
         """Each unit of `keys` measured by PASSES engines, the units interleaved (module docstring), each pass's summary
         logged; a unit the engine refused in its first pass is not started again. `required`: whatever the budget (what
         that will cost is said once the first engine has run, where it is more than the budget has left)."""
@@ -248,13 +347,20 @@ class VllmProfiler(ProfileRun):
                 random.Random(f"{self.s.seed}/pass/{p}").shuffle(order)
             for key in order:
                 done, top = passes[key], passes.get((key[0], self.mechanisms[key[0]].max_draft_len) if key[1] else key)
-                if len(done) < p or (top and not top[0]["ok"]):  # a refused mechanism is not started again (nor at another D)
+                if len(done) < p or (
+                    top and not top[0]["ok"]
+                ):  # a refused mechanism is not started again (nor at another D)
                     continue
                 if not (required or budget.allows(f"engine unit {key[0]} D={key[1]} pass {p + 1}")):
                     continue
                 done.append(self._unit(log, *key, p, done[0] if done else None, budget, work))
                 finished = sum(map(len, passes.values()))
-                self._tick("engine units", finished, total, f"{key[0]} D={key[1]} pass {p + 1}: {done[-1]['engine_s'] or 0:.0f} s")
+                self._tick(
+                    "engine units",
+                    finished,
+                    total,
+                    f"{key[0]} D={key[1]} pass {p + 1}: {done[-1]['engine_s'] or 0:.0f} s",
+                )
                 if required and finished == 1:
                     self._say_required_cost(done[-1]["engine_s"], total - 1, budget)
         return {k: merged(v) for k, v in passes.items() if v}
@@ -265,21 +371,36 @@ class VllmProfiler(ProfileRun):
             return
         needed_s = engine_s * engines_left
         if needed_s > budget.left_s():
-            self.progress.note(f"the required engine units (plain decoding and every mechanism at D = 1 and its longest draft, "
-                               f"{PASSES} engines each) need {engines_left} more engines, about {needed_s / 60:.1f} min at "
-                               f"{engine_s:.0f} s an engine: past the {self.s.budget_minutes:g}-minute budget "
-                               f"({budget.left_s() / 60:.1f} min left); they run to the end, the optional units are skipped")
+            self.progress.note(
+                f"the required engine units (plain decoding and every mechanism at D = 1 and its longest draft, "
+                f"{PASSES} engines each) need {engines_left} more engines, about {needed_s / 60:.1f} min at "
+                f"{engine_s:.0f} s an engine: past the {self.s.budget_minutes:g}-minute budget "
+                f"({budget.left_s() / 60:.1f} min left); they run to the end, the optional units are skipped"
+            )
 
-    def _unit(self, log: MeasurementLog, mechanism: str, draft_len: int, pass_index: int, first: dict | None, budget: Budget, work: list) -> dict:
+    def _unit(
+        self,
+        log: MeasurementLog,
+        mechanism: str,
+        draft_len: int,
+        pass_index: int,
+        first: dict | None,
+        budget: Budget,
+        work: list,
+    ) -> dict:
         """One engine run, summarised and logged (what the profile needs of it, not the raw steps)."""
+
         def measure():
             if not work:
-                work.append(self._model_dir((self.s.out_dir / "engine-models").resolve()))  # each engine runs in a folder of its own
+                work.append(
+                    self._model_dir((self.s.out_dir / "engine-models").resolve())
+                )  # each engine runs in a folder of its own
             t0 = time.monotonic()
             accept = self._accept_runs(mechanism, draft_len, pass_index, first, budget)
             raw = self.engine.run(self._job(mechanism, draft_len, pass_index, accept, *work[0]), UNIT_TIMEOUT_S)
-            return summarise(raw, {name.split("/")[1]: [q.id for q in prompts] for name, (_, prompts) in accept.items()}) \
-                | {"engine_s": time.monotonic() - t0}
+            return summarise(
+                raw, {name.split("/")[1]: [q.id for q in prompts] for name, (_, prompts) in accept.items()}
+            ) | {"engine_s": time.monotonic() - t0}
 
         return log.measure(f"vllm/{mechanism}/{draft_len}/{pass_index}", measure)
 
@@ -291,13 +412,23 @@ class VllmProfiler(ProfileRun):
         work: list = []
         t0 = time.monotonic()
         runnable = [m for m in self.mechanisms.values() if m.name not in self.supported]
-        first = [("none", 0)] + [(m.name, m.max_draft_len) for m in runnable] + [(m.name, 1) for m in runnable if m.max_draft_len > 1]
-        self.progress.note(f"engine units: {len(first)} required (plain, and each mechanism at its longest draft and at D = 1), "
-                           f"{PASSES} engines each; more where the curve in D bends, while the budget lasts")
-        units = self._units(log, first, budget, work, required=True)  # what a plan cannot do without: both ends of every curve
+        first = (
+            [("none", 0)]
+            + [(m.name, m.max_draft_len) for m in runnable]
+            + [(m.name, 1) for m in runnable if m.max_draft_len > 1]
+        )
+        self.progress.note(
+            f"engine units: {len(first)} required (plain, and each mechanism at its longest draft and at D = 1), "
+            f"{PASSES} engines each; more where the curve in D bends, while the budget lasts"
+        )
+        units = self._units(
+            log, first, budget, work, required=True
+        )  # what a plan cannot do without: both ends of every curve
         if not units[("none", 0)]["ok"]:
-            raise SpecdecError(f"vLLM {self.engine.version} did not run the target: {units[('none', 0)]['error']}",
-                               "check the target loads in vLLM (`vllm serve` it once), or profile with --engine torch")
+            raise SpecdecError(
+                f"vLLM {self.engine.version} did not run the target: {units[('none', 0)]['error']}",
+                "check the target loads in vLLM (`vllm serve` it once), or profile with --engine torch",
+            )
         running = [m for m in runnable if units[(m.name, m.max_draft_len)]["ok"]]
         for m in runnable:
             u = units[(m.name, m.max_draft_len)]
@@ -314,43 +445,89 @@ class VllmProfiler(ProfileRun):
         load_s = time.monotonic() - self.started
         units, engine_s = self._measure_units(log, budget)
         speed = self._speed_probe(units)
-        between = between_engines_sd([(at_reference(c, speed), c["step_pass"]) for u in units.values() if u["ok"] for c in u["cells"].values()])
+        between = between_engines_sd(
+            [(at_reference(c, speed), c["step_pass"]) for u in units.values() if u["ok"] for c in u["cells"].values()]
+        )
         rounds, moved = self._rounds(units, speed, between)
         greedy_ids = {i for u in units.values() for i in u["accept_ids"].get("0.0", [])}
-        drafters = [{"name": m.name, "kind": m.kind, "options": m.options, "model": m.model, "quant_formats": ["none"],
-                     "max_draft_len": m.max_draft_len if m.max_draft_len < self.s.max_draft_len else None} for m in self.mechanisms.values()]
+        drafters = [
+            {
+                "name": m.name,
+                "kind": m.kind,
+                "options": m.options,
+                "model": m.model,
+                "quant_formats": ["none"],
+                "max_draft_len": m.max_draft_len if m.max_draft_len < self.s.max_draft_len else None,
+            }
+            for m in self.mechanisms.values()
+        ]
         acceptance, checks_notes = self._acceptance(units)
         return {
             "target": dataclasses.asdict(self.target_ref),
             "timing_shapes": f"{self.target_ref.path} in vLLM {self.engine.version} ({self.target_ref.arch}, {self.target_ref.num_layers} layers, "
-                             f"{self.dtype}; real weights)",
+            f"{self.dtype}; real weights)",
             "drafters": drafters,
-            "workload": self._workload() | {"prompts_by_domain": {d: sum(self.prompt_domain[i] == d for i in greedy_ids) for d in self.pool.domains()}},
-            "verify": [], "draft": [], "host": [], "micro": [], "acceptance": acceptance, "rounds": rounds,
-            "notes": self._notes(units, budget, checks_notes, speed, between, moved), "memory": self._memory(drafters),
+            "workload": self._workload()
+            | {
+                "prompts_by_domain": {
+                    d: sum(self.prompt_domain[i] == d for i in greedy_ids) for d in self.pool.domains()
+                }
+            },
+            "verify": [],
+            "draft": [],
+            "host": [],
+            "micro": [],
+            "acceptance": acceptance,
+            "rounds": rounds,
+            "notes": self._notes(units, budget, checks_notes, speed, between, moved),
+            "memory": self._memory(drafters),
             "phase_s": {"load": round(load_s, 1), "engine units": round(engine_s, 1)},
-            "engine": {"name": "vllm", "version": self.engine.version, "python": self.engine.python, "options": self.engine_options,
-                       "max_num_seqs": self.max_num_seqs, "max_model_len": self.max_model_len, "mechanisms": self.supported,
-                       "passes": PASSES, "speed_probe": speed, "between_engines": between,
-                       "units": {f"{name}/{D}": {"ok": u["ok"], "init_s": u["init_s"], "error": u["error"]} for (name, D), u in units.items()}},
+            "engine": {
+                "name": "vllm",
+                "version": self.engine.version,
+                "python": self.engine.python,
+                "options": self.engine_options,
+                "max_num_seqs": self.max_num_seqs,
+                "max_model_len": self.max_model_len,
+                "mechanisms": self.supported,
+                "passes": PASSES,
+                "speed_probe": speed,
+                "between_engines": between,
+                "units": {
+                    f"{name}/{D}": {"ok": u["ok"], "init_s": u["init_s"], "error": u["error"]}
+                    for (name, D), u in units.items()
+                },
+            },
         }
 
-    def _notes(self, units: dict, budget: Budget, checks_notes: list[str], speed: dict | None, between: dict, moved: list[str]) -> list[str]:
-        notes = [f"measured in vLLM {self.engine.version}: every time is an engine step as vLLM runs it (draft, verify and host together); "
-                 "acceptance from vLLM's own per-request counters"]
-        notes += [f"vLLM does not run {name} here: {v['reason']}" for name, v in self.supported.items() if not v["runs"]]
+    def _notes(
+        self, units: dict, budget: Budget, checks_notes: list[str], speed: dict | None, between: dict, moved: list[str]
+    ) -> list[str]:
+        notes = [
+            f"measured in vLLM {self.engine.version}: every time is an engine step as vLLM runs it (draft, verify and host together); "
+            "acceptance from vLLM's own per-request counters"
+        ]
+        notes += [
+            f"vLLM does not run {name} here: {v['reason']}" for name, v in self.supported.items() if not v["runs"]
+        ]
         notes += [f"engine unit skipped for the time budget: {what}" for what in budget.skipped]
         notes += checks_notes
         if speed:
-            notes.append(f"engine rounds brought to the reference speed (the speed probe's median, {speed['median_ms']:.1f} ms): each pass's "
-                         f"steps x (reference / the pass's probe)^{speed['elasticity']:.2f}, the elasticity fitted over every cell; "
-                         "each round keeps its raw median beside (raw_median_ms)")
+            notes.append(
+                f"engine rounds brought to the reference speed (the speed probe's median, {speed['median_ms']:.1f} ms): each pass's "
+                f"steps x (reference / the pass's probe)^{speed['elasticity']:.2f}, the elasticity fitted over every cell; "
+                "each round keeps its raw median beside (raw_median_ms)"
+            )
         if between["sd"] is not None:
-            notes.append(f"engines of one unit differed by {between['sd']:.1%} (sd at reference speed, estimated from the passes) beyond their "
-                         f"steps' own noise, over {between['cells']} cells; each round's interval holds that term (engine.between_engines)")
+            notes.append(
+                f"engines of one unit differed by {between['sd']:.1%} (sd at reference speed, estimated from the passes) beyond their "
+                f"steps' own noise, over {between['cells']} cells; each round's interval holds that term (engine.between_engines)"
+            )
         if moved:
-            notes.append(f"{len(moved)} engine round cells disagreed with their neighbours beyond their 95% interval; the monotone fit "
-                         "moved them (source 'fitted'): " + ", ".join(moved[:6]))
+            notes.append(
+                f"{len(moved)} engine round cells disagreed with their neighbours beyond their 95% interval; the monotone fit "
+                "moved them (source 'fitted'): " + ", ".join(moved[:6])
+            )
         failed = [f"{name} D={D}: {u['error']}" for (name, D), u in units.items() if u["ok"] and u.get("failed_cells")]
         return notes + [f"engine run failed part-way, its remaining cells infeasible: {f}" for f in failed]
 
@@ -364,17 +541,33 @@ class VllmProfiler(ProfileRun):
             return None
         tm = Timing.of(samples)
         cells = [(c["step_ms"], c["step_probe_ms"]) for u in units.values() if u["ok"] for c in u["cells"].values()]
-        return {"spec": self.probe, "median_ms": tm.median_ms, "ci_ms": [tm.ci_low_ms, tm.ci_high_ms], "samples": len(samples),
-                "elasticity": speed_elasticity(cells),
-                "what": "the target's linear layers of one decode forward at the probe's rows, timed in the engine's process around "
-                        "and within every run (profiles/vllm_runner.py Probe); the rounds are brought to this median's speed"}
+        return {
+            "spec": self.probe,
+            "median_ms": tm.median_ms,
+            "ci_ms": [tm.ci_low_ms, tm.ci_high_ms],
+            "samples": len(samples),
+            "elasticity": speed_elasticity(cells),
+            "what": "the target's linear layers of one decode forward at the probe's rows, timed in the engine's process around "
+            "and within every run (profiles/vllm_runner.py Probe); the rounds are brought to this median's speed",
+        }
 
     def _memory(self, drafters: list[dict]) -> dict:
         """The memory record (profiles/memory.py) for the target in vLLM's dtype; on a CPU vLLM's KV cache is its own pool."""
-        own = {d["name"]: model_folder(d["options"]["model"])[2] for d in drafters
-               if d["options"].get("model") and d["model"] and "hidden_layers" not in d["model"]}
-        return memory_record(self.hf_config, self.dtype, drafters, self.device_fp, list(self.s.batch_buckets), self.s.max_draft_len, own,
-                             kv_cache_bytes=CPU_KV_CACHE_BYTES if self.device.type == "cpu" else None)
+        own = {
+            d["name"]: model_folder(d["options"]["model"])[2]
+            for d in drafters
+            if d["options"].get("model") and d["model"] and "hidden_layers" not in d["model"]
+        }
+        return memory_record(
+            self.hf_config,
+            self.dtype,
+            drafters,
+            self.device_fp,
+            list(self.s.batch_buckets),
+            self.s.max_draft_len,
+            own,
+            kv_cache_bytes=CPU_KV_CACHE_BYTES if self.device.type == "cpu" else None,
+        )
 
     def _rounds(self, units: dict, speed: dict | None, between: dict) -> tuple[list[dict], list[str]]:
         """Round points per mechanism (plain as "none"): medians at the reference speed (`speed`, module docstring) with
@@ -397,13 +590,26 @@ class VllmProfiler(ProfileRun):
                         cell = by_len[D]["cells"].get(f"{B}/{ctx}")
                         samples = at_reference(cell, speed) if cell else None
                         if samples:
-                            timings[(D, B, ctx)] = tm = with_engines(Timing.of(samples), between, len(set(cell["step_pass"])))
+                            timings[(D, B, ctx)] = tm = with_engines(
+                                Timing.of(samples), between, len(set(cell["step_pass"]))
+                            )
                             grid[di, bi, ci] = tm.median_ms
-                            weight[di, bi, ci] = 1.0 / max((tm.ci_high_ms - tm.ci_low_ms) / 2, 0.005 * tm.median_ms) ** 2
+                            weight[di, bi, ci] = (
+                                1.0 / max((tm.ci_high_ms - tm.ci_low_ms) / 2, 0.005 * tm.median_ms) ** 2
+                            )
             if not timings:
                 continue
-            slopes = {(B, ctx): drafting_slope([(at_reference(c, speed), c.get("step_draft_tokens", [])) for u in by_len.values()
-                                                if (c := u["cells"].get(f"{B}/{ctx}"))]) for B in batches for ctx in ctxs}
+            slopes = {
+                (B, ctx): drafting_slope(
+                    [
+                        (at_reference(c, speed), c.get("step_draft_tokens", []))
+                        for u in by_len.values()
+                        if (c := u["cells"].get(f"{B}/{ctx}"))
+                    ]
+                )
+                for B in batches
+                for ctx in ctxs
+            }
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 fitted = monotone_fit(grid, weight, max_iter=FIT_MAX_SWEEPS)
@@ -411,15 +617,30 @@ class VllmProfiler(ProfileRun):
                 for bi, B in enumerate(batches):
                     for ci, ctx in enumerate(ctxs):
                         cell = by_len[D]["cells"].get(f"{B}/{ctx}", {})
-                        point = {"mechanism": name, "batch": B, "draft_len": D, "ctx": ctx, "median_ms": None, "source": "infeasible"}
+                        point = {
+                            "mechanism": name,
+                            "batch": B,
+                            "draft_len": D,
+                            "ctx": ctx,
+                            "median_ms": None,
+                            "source": "infeasible",
+                        }
                         tm = timings.get((D, B, ctx))
                         if tm is not None:
                             y = float(fitted[di, bi, ci])
                             is_moved = moved_beyond_interval(tm.median_ms, y, tm.ci_low_ms, tm.ci_high_ms)
-                            point |= {"median_ms": y, "raw_median_ms": float(np.median(cell["step_ms"])), "p10_ms": tm.p10_ms, "p90_ms": tm.p90_ms, "repeats": tm.repeats,
-                                      "ci_low_ms": min(tm.ci_low_ms, y), "ci_high_ms": max(tm.ci_high_ms, y),
-                                      "source": "fitted" if is_moved else "measured", "tokens_per_round": cell.get("tokens_per_round"),
-                                      **_drafting(cell, slopes.get((B, ctx), 0.0))}
+                            point |= {
+                                "median_ms": y,
+                                "raw_median_ms": float(np.median(cell["step_ms"])),
+                                "p10_ms": tm.p10_ms,
+                                "p90_ms": tm.p90_ms,
+                                "repeats": tm.repeats,
+                                "ci_low_ms": min(tm.ci_low_ms, y),
+                                "ci_high_ms": max(tm.ci_high_ms, y),
+                                "source": "fitted" if is_moved else "measured",
+                                "tokens_per_round": cell.get("tokens_per_round"),
+                                **_drafting(cell, slopes.get((B, ctx), 0.0)),
+                            }
                             if is_moved:
                                 moved.append(f"{name} D={D} B={B} ctx={ctx} {tm.median_ms:.1f}->{y:.1f} ms")
                         points.append(point)
@@ -432,29 +653,46 @@ class VllmProfiler(ProfileRun):
             top = units.get((m.name, m.max_draft_len))
             if not top or not top["ok"]:
                 continue
-            counters = {t: [counters_of(r, m.max_draft_len) for r in rows] for t, rows in top["accept"].items()}  # per prompt, by temperature
+            counters = {
+                t: [counters_of(r, m.max_draft_len) for r in rows] for t, rows in top["accept"].items()
+            }  # per prompt, by temperature
             greedy = dict(zip(top["accept_ids"].get("0.0", []), counters.get("0.0", [])))
             checks = []
-            for D in sorted(D for (name, D) in units if name == m.name and 0 < D < m.max_draft_len and units[(name, D)]["ok"]):
+            for D in sorted(
+                D for (name, D) in units if name == m.name and 0 < D < m.max_draft_len and units[(name, D)]["ok"]
+            ):
                 direct_rows = units[(m.name, D)]["accept"].get("0.0")
                 if not direct_rows or not greedy:
                     continue
                 direct = SpecCounters.total([counters_of(r, D) for r in direct_rows]).tokens_per_target_forward
                 derived = SpecCounters.total([greedy[p.id] for p in self.check_prompts]).derived_at(D)[0]
                 rel = (derived - direct) / direct
-                checks.append({"draft_len": D, "derived": derived, "direct": direct, "rel_diff": rel, "flagged": abs(rel) > 0.05})
+                checks.append(
+                    {"draft_len": D, "derived": derived, "direct": direct, "rel_diff": rel, "flagged": abs(rel) > 0.05}
+                )
                 if abs(rel) > 0.05:
-                    notes.append(f"{m.name}: tokens per forward derived at D={D} from the D_max run differs from vLLM's own run at D={D} "
-                                 f"by {rel:+.1%} ({derived:.3f} against {direct:.3f})")
+                    notes.append(
+                        f"{m.name}: tokens per forward derived at D={D} from the D_max run differs from vLLM's own run at D={D} "
+                        f"by {rel:+.1%} ({derived:.3f} against {direct:.3f})"
+                    )
             notes += self._width_notes(m, top)
             for temp_key, per_prompt in counters.items():
                 temp = float(temp_key)
                 sums = replay.derived_rates(per_prompt, m.max_draft_len)
-                records += acceptance_records(m.name, "none", temp, [self.prompt_domain[i] for i in top["accept_ids"][temp_key]], per_prompt, sums, "loop",
-                                              checks if temp == 0.0 else [], max_draft_len=m.max_draft_len, new_tokens=self.s.new_tokens,
-                                              seed=self.s.seed)
+                records += acceptance_records(
+                    m.name,
+                    "none",
+                    temp,
+                    [self.prompt_domain[i] for i in top["accept_ids"][temp_key]],
+                    per_prompt,
+                    sums,
+                    "loop",
+                    checks if temp == 0.0 else [],
+                    max_draft_len=m.max_draft_len,
+                    new_tokens=self.s.new_tokens,
+                    seed=self.s.seed,
+                )
         return records, notes
-
 
     def _width_notes(self, m: Mechanism, top: dict) -> list[str]:
         """Where greedy tokens per forward at D_max stayed wider than the target, and why (the split or the time ran out)."""
@@ -467,9 +705,15 @@ class VllmProfiler(ProfileRun):
         for d, w in half_widths(counters, [self.prompt_domain[i] for i in ids], m.max_draft_len, self.s.seed).items():
             if w > target:
                 used = sum(self.prompt_domain[i] == d for i in ids)
-                why = "the profiling split has no more prompts for it" if used >= sum(q.domain == d for q in self.fitting) else "the time allowed no more"
-                out.append(f"acceptance: {m.name} tokens per forward at D={m.max_draft_len} is {intervals.half_width_text(w)} for {d} ({used} prompts), "
-                           f"above the ±{target:.0%} target: {why}")
+                why = (
+                    "the profiling split has no more prompts for it"
+                    if used >= sum(q.domain == d for q in self.fitting)
+                    else "the time allowed no more"
+                )
+                out.append(
+                    f"acceptance: {m.name} tokens per forward at D={m.max_draft_len} is {intervals.half_width_text(w)} for {d} ({used} prompts), "
+                    f"above the ±{target:.0%} target: {why}"
+                )
         return out
 
 
@@ -496,7 +740,10 @@ def at_reference(cell: dict, speed: dict | None) -> list[float]:
     """A merged cell's steps brought to the profile's reference speed (module docstring, "Speed")."""
     if not speed:
         return cell["step_ms"]
-    return [ms * (speed["median_ms"] / pr) ** speed["elasticity"] if pr else ms for ms, pr in zip(cell["step_ms"], cell["step_probe_ms"])]
+    return [
+        ms * (speed["median_ms"] / pr) ** speed["elasticity"] if pr else ms
+        for ms, pr in zip(cell["step_ms"], cell["step_probe_ms"])
+    ]
 
 
 def between_engines_sd(cells: list[tuple[list[float], list[int]]]) -> dict:
@@ -510,8 +757,12 @@ def between_engines_sd(cells: list[tuple[list[float], list[int]]]) -> dict:
             by_pass.setdefault(p, []).append(ms)
         groups.append(list(by_pass.values()))
     sd, used = between_group_sd(groups)
-    return {"sd": sd, "cells": used, "what": "sd of ln(step ms) between the engines of one unit beyond their steps' noise, estimated "
-            "from the profile's passes at reference speed; each round's 95% interval is widened by 1.96·sd/√(its engines) on the log scale"}
+    return {
+        "sd": sd,
+        "cells": used,
+        "what": "sd of ln(step ms) between the engines of one unit beyond their steps' noise, estimated "
+        "from the profile's passes at reference speed; each round's 95% interval is widened by 1.96·sd/√(its engines) on the log scale",
+    }
 
 
 def with_engines(tm: Timing, between: dict, engines: int) -> Timing:
@@ -556,7 +807,11 @@ def _drafting(cell: dict, ms_per_draft_token: float) -> dict:
     """A cell's draft tokens per row over its timed steps and its (B, ctx)'s slope (`drafting_slope`); none where its
     steps kept no draft counts."""
     k = cell.get("step_draft_tokens", [])
-    return {"draft_tokens_per_row": float(np.mean(k)), "ms_per_draft_token": ms_per_draft_token} if len(k) == len(cell["step_ms"]) and len(k) >= 3 else {}
+    return (
+        {"draft_tokens_per_row": float(np.mean(k)), "ms_per_draft_token": ms_per_draft_token}
+        if len(k) == len(cell["step_ms"]) and len(k) >= 3
+        else {}
+    )
 
 
 def steady_steps(run: dict, batch: int) -> list[dict]:
@@ -569,8 +824,16 @@ def summarise(raw: dict, accept_ids: dict[str, list[str]]) -> dict:
     """What the profile keeps of one engine run: per (B, ctx) the steady steps' times and what they drafted and accepted,
     per temperature each request's counters (with its prompt's id, from `accept_ids`: temperature -> ids) and the run's
     engine seconds; the engine's error where it did not start or stopped part-way."""
-    out = {"ok": bool(raw.get("ok")), "error": raw.get("error"), "init_s": raw.get("init_s"), "cells": {}, "accept": {}, "accept_ids": {},
-           "accept_s": {}, "probe_ms": []}
+    out = {
+        "ok": bool(raw.get("ok")),
+        "error": raw.get("error"),
+        "init_s": raw.get("init_s"),
+        "cells": {},
+        "accept": {},
+        "accept_ids": {},
+        "accept_s": {},
+        "probe_ms": [],
+    }
     for run in raw.get("runs", []):
         name = run.get("name") or ""
         out["probe_ms"] += [ms for ms in run.get("probe_ms") or [] if ms]
@@ -580,14 +843,24 @@ def summarise(raw: dict, accept_ids: dict[str, list[str]]) -> dict:
         if name.startswith("time/"):
             _, B, ctx = name.split("/")
             steady = steady_steps(run, int(B))
-            out["cells"][f"{B}/{ctx}"] = {"step_ms": [s["ms"] for s in steady], "step_draft_tokens": [s["num_draft_tokens"] / int(B) for s in steady],
-                                          "rows": int(B) * len(steady), "accepted": sum(s["num_accepted_tokens"] for s in steady)}
+            out["cells"][f"{B}/{ctx}"] = {
+                "step_ms": [s["ms"] for s in steady],
+                "step_draft_tokens": [s["num_draft_tokens"] / int(B) for s in steady],
+                "rows": int(B) * len(steady),
+                "accepted": sum(s["num_accepted_tokens"] for s in steady),
+            }
         elif name.startswith("accept/"):
             temp = name.split("/")[1]
             out["accept"].setdefault(temp, []).extend(
-                {"output_tokens": len(r["output_ids"]), "rounds": r["rounds"], "drafted": (r.get("spec") or {}).get("per_step_drafted", []),
-                 "accepted": (r.get("spec") or {}).get("per_step_accepted", [])} for r in run["requests"])
-            out["accept_ids"].setdefault(temp, []).extend(accept_ids[temp][:len(run["requests"])])
+                {
+                    "output_tokens": len(r["output_ids"]),
+                    "rounds": r["rounds"],
+                    "drafted": (r.get("spec") or {}).get("per_step_drafted", []),
+                    "accepted": (r.get("spec") or {}).get("per_step_accepted", []),
+                }
+                for r in run["requests"]
+            )
+            out["accept_ids"].setdefault(temp, []).extend(accept_ids[temp][: len(run["requests"])])
             out["accept_s"][temp] = out["accept_s"].get(temp, 0.0) + sum(s["ms"] for s in run.get("steps", [])) / 1e3
     return out
 
@@ -595,16 +868,34 @@ def summarise(raw: dict, accept_ids: dict[str, list[str]]) -> dict:
 def merged(passes: list[dict]) -> dict:
     """A unit's passes as one: each cell's steps pooled (tokens per round over all of them), the acceptance runs in the
     order they ran; not ok where the first pass was not (a later pass's failure marks the unit's cells as `failed_cells`)."""
-    out = {"ok": passes[0]["ok"], "error": next((p["error"] for p in passes if p["error"]), None), "init_s": [p["init_s"] for p in passes],
-           "passes": len(passes), "cells": {}, "accept": {}, "accept_ids": {}, "accept_s": {},
-           "probe_ms": [ms for p in passes for ms in p.get("probe_ms", [])],  # a unit logged before probes has none
-           "engine_s": None if any(p.get("engine_s") is None for p in passes) else sum(p["engine_s"] for p in passes)}
+    out = {
+        "ok": passes[0]["ok"],
+        "error": next((p["error"] for p in passes if p["error"]), None),
+        "init_s": [p["init_s"] for p in passes],
+        "passes": len(passes),
+        "cells": {},
+        "accept": {},
+        "accept_ids": {},
+        "accept_s": {},
+        "probe_ms": [ms for p in passes for ms in p.get("probe_ms", [])],  # a unit logged before probes has none
+        "engine_s": None if any(p.get("engine_s") is None for p in passes) else sum(p["engine_s"] for p in passes),
+    }
     if any(p.get("failed_cells") for p in passes):
         out["failed_cells"] = True
     for index, p in enumerate(passes):
         pass_probe_ms = float(np.median(p["probe_ms"])) if p.get("probe_ms") else None  # the pass's speed
         for key, cell in p["cells"].items():
-            into = out["cells"].setdefault(key, {"step_ms": [], "step_draft_tokens": [], "rows": 0, "accepted": 0, "step_probe_ms": [], "step_pass": []})
+            into = out["cells"].setdefault(
+                key,
+                {
+                    "step_ms": [],
+                    "step_draft_tokens": [],
+                    "rows": 0,
+                    "accepted": 0,
+                    "step_probe_ms": [],
+                    "step_pass": [],
+                },
+            )
             for k in ("step_ms", "step_draft_tokens", "rows", "accepted"):
                 into[k] += cell[k]
             into["step_probe_ms"] += [pass_probe_ms] * len(cell["step_ms"])

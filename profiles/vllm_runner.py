@@ -115,7 +115,11 @@ class Probe:
 
         dtype = getattr(torch, spec["dtype"])
         h, i = int(spec["hidden"]), int(spec["intermediate"])
-        shapes = [(h, 2 * h), (h, 2 * i), (i, h)]  # a dense product's time does not depend on the values: constants are quick to make
+        shapes = [
+            (h, 2 * h),
+            (h, 2 * i),
+            (i, h),
+        ]  # a dense product's time does not depend on the values: constants are quick to make
         self.weights = [[torch.full((a, b), 0.01, dtype=dtype) for a, b in shapes] for _ in range(int(spec["layers"]))]
         self.x_h = torch.full((int(spec["rows"]), h), 0.5, dtype=dtype)
         self.x_i = torch.full((int(spec["rows"]), i), 0.5, dtype=dtype)
@@ -140,7 +144,9 @@ def engine_args(job: dict) -> dict:
     kwargs.setdefault("seed", 0)
     kwargs.setdefault("enforce_eager", True)  # no torch.compile on a CPU: start-up in seconds; a GPU run passes False
     kwargs |= dict(
-        model=job["model_dir"], tokenizer=job["model_dir"], max_num_seqs=int(job["max_num_seqs"]),
+        model=job["model_dir"],
+        tokenizer=job["model_dir"],
+        max_num_seqs=int(job["max_num_seqs"]),
         disable_log_stats=False,  # the counters need stat logging on
         enable_prefix_caching=False,  # every prompt prefilled from scratch
         speculative_config=job.get("speculative_config"),
@@ -157,8 +163,12 @@ def run_one(engine, run: dict, counter, probe: Probe | None = None) -> dict:
     an empty engine) and is raised."""
     from vllm import SamplingParams
 
-    params = SamplingParams(temperature=float(run.get("temperature", 0.0)), max_tokens=int(run["max_tokens"]),
-                            ignore_eos=bool(run.get("ignore_eos", False)), seed=run.get("seed"))
+    params = SamplingParams(
+        temperature=float(run.get("temperature", 0.0)),
+        max_tokens=int(run["max_tokens"]),
+        ignore_eos=bool(run.get("ignore_eos", False)),
+        seed=run.get("seed"),
+    )
     prompts = list(enumerate(run["prompts"]))
     concurrency = int(run.get("concurrency", len(prompts)))
     name = run.get("name", "run")
@@ -204,9 +214,17 @@ def run_one(engine, run: dict, counter, probe: Probe | None = None) -> dict:
                     if prompts:
                         add_next()
                         added = True
-            steps.append({"ms": ms, "running": running, "decoding": decoding, "prefill": prefilled,
-                          "num_drafts": delta["num_drafts"], "num_draft_tokens": delta["num_draft_tokens"],
-                          "num_accepted_tokens": delta["num_accepted_tokens"]})
+            steps.append(
+                {
+                    "ms": ms,
+                    "running": running,
+                    "decoding": decoding,
+                    "prefill": prefilled,
+                    "num_drafts": delta["num_drafts"],
+                    "num_draft_tokens": delta["num_draft_tokens"],
+                    "num_accepted_tokens": delta["num_accepted_tokens"],
+                }
+            )
             if probe and probe.every_steps and len(steps) % probe.every_steps == 0:
                 probe_ms.append(probe.ms(1))
     except Exception:
@@ -215,8 +233,13 @@ def run_one(engine, run: dict, counter, probe: Probe | None = None) -> dict:
         except Exception:  # the engine itself is gone: the next run says so
             pass
         raise
-    return {"name": name, "steps": steps, "requests": [requests[i] for i in sorted(requests)],
-            "counters": counters_delta(read_counters(engine), before), "probe_ms": probe_ms}
+    return {
+        "name": name,
+        "steps": steps,
+        "requests": [requests[i] for i in sorted(requests)],
+        "counters": counters_delta(read_counters(engine), before),
+        "probe_ms": probe_ms,
+    }
 
 
 def run(job: dict) -> dict:

@@ -35,13 +35,27 @@ TINY = dict(
 # mask is exercised; gemma2 soft-caps attention scores and final logits; mixtral and qwen3_moe route over experts.
 OTHER_FAMILIES = {
     "gemma2": ("Gemma2Config", dict(head_dim=8, sliding_window=6, query_pre_attn_scalar=8)),
-    "gemma3_text": ("Gemma3TextConfig", dict(head_dim=8, sliding_window=6, query_pre_attn_scalar=8, num_hidden_layers=4,
-                                             layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"])),
+    "gemma3_text": (
+        "Gemma3TextConfig",
+        dict(
+            head_dim=8,
+            sliding_window=6,
+            query_pre_attn_scalar=8,
+            num_hidden_layers=4,
+            layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        ),
+    ),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None)),
-    "qwen3_moe": ("Qwen3MoeConfig", dict(head_dim=8, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1)),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        dict(head_dim=8, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1),
+    ),
     "phi3": ("Phi3Config", dict(pad_token_id=0, eos_token_id=1, bos_token_id=1, sliding_window=None)),
     "olmo2": ("Olmo2Config", dict(pad_token_id=0, eos_token_id=1)),
-    "granite": ("GraniteConfig", dict(logits_scaling=4.0, embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.3)),
+    "granite": (
+        "GraniteConfig",
+        dict(logits_scaling=4.0, embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.3),
+    ),
 }
 
 
@@ -124,19 +138,65 @@ def build_plan(buckets: list[dict], *, mechanism: str = "ngram", quant: str = "n
     digest = "0" * 64
     schedule = [bucket(b) for b in buckets]
     record = {
-        "schema_version": 2, "tool_version": "test", "created_at": "", "notes": [], "excluded_buckets": [], "mix": None,
-        "profile": {"fingerprint": digest, "sha256": digest, "device": "cpu", "target": {
-            "path": "x", "format": "hf", "arch": "llama", "dtype": "float32", "config_hash": digest, "weights_hash": digest, "num_layers": 1}},
-        "device": {"name": "cpu", "times": "modeled"}, "objective": {"kind": "speedup"}, "mechanism": mechanism, "quant": quant,
-        "max_draft_len": max(b["draft_len"] for b in buckets), "max_batch": buckets[-1]["batch"], "ctx": ctx,
-        "tile": {"policy": "free", "rows": 1, "group": 1}, "buckets": schedule,
-        "single_draft_len": {"draft_len": 0, "mean_speedup": 1.0, "schedule_mean_speedup": 1.0}, "pareto": {"exact": [], "method": "test"},
-        "study": {"storage": "memory", "name": "test", "seed": 0, "space_size": 1, "trials": 0, "trial_budget": 0, "exhaustive_value": 1.0,
-                  "strict_optimum_value": 1.0, "tie_tolerance": 0.02},
+        "schema_version": 2,
+        "tool_version": "test",
+        "created_at": "",
+        "notes": [],
+        "excluded_buckets": [],
+        "mix": None,
+        "profile": {
+            "fingerprint": digest,
+            "sha256": digest,
+            "device": "cpu",
+            "target": {
+                "path": "x",
+                "format": "hf",
+                "arch": "llama",
+                "dtype": "float32",
+                "config_hash": digest,
+                "weights_hash": digest,
+                "num_layers": 1,
+            },
+        },
+        "device": {"name": "cpu", "times": "modeled"},
+        "objective": {"kind": "speedup"},
+        "mechanism": mechanism,
+        "quant": quant,
+        "max_draft_len": max(b["draft_len"] for b in buckets),
+        "max_batch": buckets[-1]["batch"],
+        "ctx": ctx,
+        "tile": {"policy": "free", "rows": 1, "group": 1},
+        "buckets": schedule,
+        "single_draft_len": {"draft_len": 0, "mean_speedup": 1.0, "schedule_mean_speedup": 1.0},
+        "pareto": {"exact": [], "method": "test"},
+        "study": {
+            "storage": "memory",
+            "name": "test",
+            "seed": 0,
+            "space_size": 1,
+            "trials": 0,
+            "trial_budget": 0,
+            "exhaustive_value": 1.0,
+            "strict_optimum_value": 1.0,
+            "tie_tolerance": 0.02,
+        },
         "settings_hash": digest,
-        "search_settings": {"objective": "speedup", "trials": 0, "seed": 0, "min_user_tokens_per_s": 0.0, "min_tokens_per_s": 0.0,
-                            "mechanisms": [], "quant_formats": ["none"], "tile_rows": 0, "tie_tolerance": 0.02, "study_name": "test",
-                            "device": None, "mix": [], "memory_fraction": 0.9, "tensor_parallel": 0},
+        "search_settings": {
+            "objective": "speedup",
+            "trials": 0,
+            "seed": 0,
+            "min_user_tokens_per_s": 0.0,
+            "min_tokens_per_s": 0.0,
+            "mechanisms": [],
+            "quant_formats": ["none"],
+            "tile_rows": 0,
+            "tie_tolerance": 0.02,
+            "study_name": "test",
+            "device": None,
+            "mix": [],
+            "memory_fraction": 0.9,
+            "tensor_parallel": 0,
+        },
     }
     return Plan.model_validate(record | fields)
 

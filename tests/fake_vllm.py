@@ -23,10 +23,26 @@ class FakeVllm:
     version = "0.32.0"
     python = "fake-python"
 
-    def __init__(self, accept: float = 0.6, base_ms: float = 40.0, per_token_ms: float = 1.5, draft_ms_per_token: float = 0.0,
-                 refuse: dict[str, str] | None = None, fail_run: str | None = None, ignore_schedule: bool = False, jitter: float = 0.05,
-                 slowdown: float | tuple[float, ...] = 1.0, probe_ms: float = 20.0, luck: tuple[float, ...] = (1.0,)) -> None:
-        self.accept, self.base_ms, self.per_token_ms, self.draft_ms_per_token = accept, base_ms, per_token_ms, draft_ms_per_token
+    def __init__(
+        self,
+        accept: float = 0.6,
+        base_ms: float = 40.0,
+        per_token_ms: float = 1.5,
+        draft_ms_per_token: float = 0.0,
+        refuse: dict[str, str] | None = None,
+        fail_run: str | None = None,
+        ignore_schedule: bool = False,
+        jitter: float = 0.05,
+        slowdown: float | tuple[float, ...] = 1.0,
+        probe_ms: float = 20.0,
+        luck: tuple[float, ...] = (1.0,),
+    ) -> None:
+        self.accept, self.base_ms, self.per_token_ms, self.draft_ms_per_token = (
+            accept,
+            base_ms,
+            per_token_ms,
+            draft_ms_per_token,
+        )
         self.refuse, self.fail_run, self.ignore_schedule, self.jitter = refuse or {}, fail_run, ignore_schedule, jitter
         self.slowdowns, self.probe_ms = slowdown if isinstance(slowdown, tuple) else (slowdown,), probe_ms
         self.slowdown, self.lucks, self.luck = self.slowdowns[0], luck, luck[0]
@@ -37,7 +53,9 @@ class FakeVllm:
             return 0
         ranges = config.get("num_speculative_tokens_per_batch_size")
         if ranges and not self.ignore_schedule:
-            return min(next((k for lo, hi, k in ranges if lo <= batch <= hi), ranges[-1][2]), config["num_speculative_tokens"])
+            return min(
+                next((k for lo, hi, k in ranges if lo <= batch <= hi), ranges[-1][2]), config["num_speculative_tokens"]
+            )
         return config["num_speculative_tokens"]
 
     def run(self, job: dict, timeout_s: float, cwd=None) -> dict:
@@ -51,16 +69,30 @@ class FakeVllm:
             config = json.loads(Path(job["speculative_config_file"]).read_text())
         method = (config or {}).get("method")
         if not Path(job["model_dir"]).is_absolute() and cwd is None:  # the runner starts in a folder of its own
-            return {"ok": False, "error": f"HFValidationError: Repo id must be in the form 'repo_name': {job['model_dir']!r}", "runs": []}
+            return {
+                "ok": False,
+                "error": f"HFValidationError: Repo id must be in the form 'repo_name': {job['model_dir']!r}",
+                "runs": [],
+            }
         if method in self.refuse:
             return {"ok": False, "error": self.refuse[method], "runs": []}
         rng = random.Random(len(self.jobs))
-        out = {"ok": True, "error": None, "vllm_version": self.version, "init_s": 1.0, "runs": [], "kv_cache": self._kv_cache(job, config)}
+        out = {
+            "ok": True,
+            "error": None,
+            "vllm_version": self.version,
+            "init_s": 1.0,
+            "runs": [],
+            "kv_cache": self._kv_cache(job, config),
+        }
         for spec in job["runs"]:
             if spec["name"] == self.fail_run:
                 out["runs"].append({"name": spec["name"], "error": "OutOfMemoryError: simulated"})
                 continue
-            out["runs"].append(self._run(spec, config, rng) | ({"probe_ms": [self.probe_ms * self.slowdown] * 2} if job.get("probe") else {}))
+            out["runs"].append(
+                self._run(spec, config, rng)
+                | ({"probe_ms": [self.probe_ms * self.slowdown] * 2} if job.get("probe") else {})
+            )
         return out
 
     @staticmethod
@@ -84,7 +116,10 @@ class FakeVllm:
     def _run(self, spec: dict, config: dict | None, rng: random.Random) -> dict:
         pending = list(range(len(spec["prompts"])))
         conc = spec.get("concurrency", len(pending))
-        requests = {i: {"output_ids": [], "rounds": 0, "finish_reason": None, "spec": None, "drafted": [], "accepted": []} for i in pending}
+        requests = {
+            i: {"output_ids": [], "rounds": 0, "finish_reason": None, "spec": None, "drafted": [], "accepted": []}
+            for i in pending
+        }
         live: list[int] = []
         fresh: set[int] = set()
         steps = []
@@ -115,9 +150,30 @@ class FakeVllm:
                 if len(requests[i]["output_ids"]) >= spec["max_tokens"]:
                     requests[i]["output_ids"] = requests[i]["output_ids"][: spec["max_tokens"]]
                     live.remove(i)
-            ms = (self.base_ms + self.per_token_ms * running * (1 + k) + self.draft_ms_per_token * k) * (1 + self.jitter * rng.random()) * self.slowdown * self.luck
-            steps.append({"ms": ms, "running": running, "decoding": decoding, "prefill": decoding < running,
-                          "num_drafts": drafts, "num_draft_tokens": drafted_tokens, "num_accepted_tokens": accepted_total})
+            ms = (
+                (self.base_ms + self.per_token_ms * running * (1 + k) + self.draft_ms_per_token * k)
+                * (1 + self.jitter * rng.random())
+                * self.slowdown
+                * self.luck
+            )
+            steps.append(
+                {
+                    "ms": ms,
+                    "running": running,
+                    "decoding": decoding,
+                    "prefill": decoding < running,
+                    "num_drafts": drafts,
+                    "num_draft_tokens": drafted_tokens,
+                    "num_accepted_tokens": accepted_total,
+                }
+            )
         for r in requests.values():
-            r["spec"] = {"per_step_drafted": r.pop("drafted"), "per_step_accepted": r.pop("accepted")} if config else None
-        return {"name": spec["name"], "steps": steps, "requests": [requests[i] for i in range(len(spec["prompts"]))], "counters": {}}
+            r["spec"] = (
+                {"per_step_drafted": r.pop("drafted"), "per_step_accepted": r.pop("accepted")} if config else None
+            )
+        return {
+            "name": spec["name"],
+            "steps": steps,
+            "requests": [requests[i] for i in range(len(spec["prompts"]))],
+            "counters": {},
+        }

@@ -77,7 +77,15 @@ def plan_outcomes(plan: dict, profile: str, batch: list[tuple[Place, str, object
             path.write_text(json.dumps(broken(plan, place, value)))
             try:
                 load_plan(path)
-                export(ExportSettings(plan=path, profile=Path(profile), out=Path(tmp) / "bundle", skip_measure=True, onnx_drafter=False))
+                export(
+                    ExportSettings(
+                        plan=path,
+                        profile=Path(profile),
+                        out=Path(tmp) / "bundle",
+                        skip_measure=True,
+                        onnx_drafter=False,
+                    )
+                )
                 out.append("exported")
             except SpecdecError as e:
                 out.append(_one_line(e))
@@ -104,9 +112,20 @@ def profile_outcomes(profile: dict, batch: list[tuple[Place, str, object]]) -> l
         for place, how, value in batch:
             path.write_text(json.dumps(broken(profile, place, value)))
             try:
-                search(load_profile(path), sha256_file(path), SearchSettings(seed=0, trials=5, out_dir=Path(tmp), storage="memory"))
-                export(ExportSettings(plan=Path(tmp) / "plan.json", profile=path, out=Path(tmp) / "bundle", skip_measure=True,
-                                      onnx_drafter=False))
+                search(
+                    load_profile(path),
+                    sha256_file(path),
+                    SearchSettings(seed=0, trials=5, out_dir=Path(tmp), storage="memory"),
+                )
+                export(
+                    ExportSettings(
+                        plan=Path(tmp) / "plan.json",
+                        profile=path,
+                        out=Path(tmp) / "bundle",
+                        skip_measure=True,
+                        onnx_drafter=False,
+                    )
+                )
                 out.append("exported")
             except SpecdecError as e:
                 out.append(_one_line(e))

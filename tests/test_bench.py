@@ -18,17 +18,22 @@ from specdec_tune import SpecdecError
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-import common  # noqa: E402  (bench/ is a folder of scripts)
 import decision_quality  # noqa: E402
 import tuning_cost  # noqa: E402
+
+import common  # noqa: E402  (bench/ is a folder of scripts)
 
 # the device ran within this factor of its profile-time speed: raw figures measure the plan and the model, not the load
 STEADY = (0.8, 1.25)
 
 
 def _run(script: str, out: Path, *extra: str, ok: bool = True) -> dict | subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--quick", "--out", str(out), *extra], capture_output=True,
-                          text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), "--quick", "--out", str(out), *extra],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if not ok:
         return done
     assert done.returncode == 0, done.stderr[-2000:]
@@ -52,17 +57,39 @@ def test_decision_quality_quick(tmp_path):
         assert row["tokens_per_s"]["oracle"] == max(p["measured_tokens_per_s"] for p in here)
         assert row["scaled"]["tokens_per_s"]["oracle"] == max(p["scaled_measured_tokens_per_s"] for p in here)
     assert "probe ms now / probe ms at profile time" in r["scaling"]["method"]
-    assert r["mix"] and sum(r["mix"].values()) == pytest.approx(1.0)  # the plan's and the predictions' mix: the decoded prompts'
-    assert r["cost"]["oracle_sweep_target_forwards"] > 0 and set(r["cost"]["oracle_sweep_drafter_forwards"]) <= set(mechanisms)
-    assert len(r["sweep_settings_hash"]) == 64 and r["settings"]["held_back_prompts_sha256"] and r["sweep_reused_from"] is None
+    assert r["mix"] and sum(r["mix"].values()) == pytest.approx(
+        1.0
+    )  # the plan's and the predictions' mix: the decoded prompts'
+    assert r["cost"]["oracle_sweep_target_forwards"] > 0 and set(r["cost"]["oracle_sweep_drafter_forwards"]) <= set(
+        mechanisms
+    )
+    assert (
+        len(r["sweep_settings_hash"]) == 64
+        and r["settings"]["held_back_prompts_sha256"]
+        and r["sweep_reused_from"] is None
+    )
     again = r["confirmation"]  # --quick: one more run of each bucket's plan and oracle where they differ
     assert again["repeats"] == 1 and [b["batch"] for b in again["buckets"]] == [b["batch"] for b in r["buckets"]]
-    assert all(b["same_config"] or len(b["plan_runs_tokens_per_s"]) == len(b["oracle_runs_tokens_per_s"]) == 1 for b in again["buckets"])
+    assert all(
+        b["same_config"] or len(b["plan_runs_tokens_per_s"]) == len(b["oracle_runs_tokens_per_s"]) == 1
+        for b in again["buckets"]
+    )
     md = (tmp_path / "dq.md").read_text()
-    assert md.startswith("decision quality, oracle over every profiled mechanism x D") and "| plan tok/s | oracle tok/s |" in md
+    assert (
+        md.startswith("decision quality, oracle over every profiled mechanism x D")
+        and "| plan tok/s | oracle tok/s |" in md
+    )
 
     # the reuse of a sweep made with other settings is refused, naming the setting, before anything is measured
-    refused = _run("decision_quality.py", tmp_path / "other.json", "--reuse-sweep", str(tmp_path / "dq.json"), "--seed", "1", ok=False)
+    refused = _run(
+        "decision_quality.py",
+        tmp_path / "other.json",
+        "--reuse-sweep",
+        str(tmp_path / "dq.json"),
+        "--seed",
+        "1",
+        ok=False,
+    )
     assert refused.returncode == 1 and refused.stderr.strip().count("\n") == 0 and "seed" in refused.stderr
     assert not (tmp_path / "other.json").exists()
 
@@ -90,7 +117,10 @@ def test_decision_quality_sweeps_every_profiled_mechanism_once_per_d():
     assert list(two) == ["suffix", max(["ngram", "draft_model"], key=rated)]
     assert list(decision_quality.swept_mechanisms(profile, cost, plan, [1, 2], "plan", 99, 4)) == ["suffix"]
     points = decision_quality.sweep_points([1, 2], every)
-    assert len(points) == 2 * (1 + 3 * 4) and [p for p in points if p[3] == 0] == [(1, "none", "none", 0), (2, "none", "none", 0)]
+    assert len(points) == 2 * (1 + 3 * 4) and [p for p in points if p[3] == 0] == [
+        (1, "none", "none", 0),
+        (2, "none", "none", 0),
+    ]
     assert len(set(points)) == len(points)
     # the timed runs: every point `repeats` times, a bucket's points interleaved round by round, bucket after bucket
     order = decision_quality.interleaved_runs(points, 3, seed=0)
@@ -101,14 +131,34 @@ def test_decision_quality_sweeps_every_profiled_mechanism_once_per_d():
 
 
 def _point(B: int, mech: str, D: int, tps: float, predicted: float | None = None, ratio: float = 1.0) -> dict:
-    return {"batch": B, "mechanism": mech, "quant": "none", "draft_len": D, "measured_tokens_per_s": tps, "measured_tokens_per_forward": 1 + 0.2 * D,
-            "device_speed_ratio": ratio, "scaled_measured_tokens_per_s": tps * ratio, "predicted_tokens_per_s": predicted or tps,
-            "predicted_tokens_per_forward": 1 + 0.2 * D, "predicted_source": "measured"}
+    return {
+        "batch": B,
+        "mechanism": mech,
+        "quant": "none",
+        "draft_len": D,
+        "measured_tokens_per_s": tps,
+        "measured_tokens_per_forward": 1 + 0.2 * D,
+        "device_speed_ratio": ratio,
+        "scaled_measured_tokens_per_s": tps * ratio,
+        "predicted_tokens_per_s": predicted or tps,
+        "predicted_tokens_per_forward": 1 + 0.2 * D,
+        "predicted_source": "measured",
+    }
 
 
 # measured tokens/s per (batch, mechanism, D): at batch 1 ngram D=2 is best and D=1 worst, at batch 2 suffix D=1 is best
-SWEEP = {(1, "none", 0): 50.0, (1, "ngram", 1): 40.0, (1, "ngram", 2): 70.0, (1, "suffix", 1): 60.0, (1, "suffix", 2): 65.0,
-         (2, "none", 0): 100.0, (2, "ngram", 1): 110.0, (2, "ngram", 2): 60.0, (2, "suffix", 1): 120.0, (2, "suffix", 2): 115.0}
+SWEEP = {
+    (1, "none", 0): 50.0,
+    (1, "ngram", 1): 40.0,
+    (1, "ngram", 2): 70.0,
+    (1, "suffix", 1): 60.0,
+    (1, "suffix", 2): 65.0,
+    (2, "none", 0): 100.0,
+    (2, "ngram", 1): 110.0,
+    (2, "ngram", 2): 60.0,
+    (2, "suffix", 1): 120.0,
+    (2, "suffix", 2): 115.0,
+}
 
 
 def _result(schedule: list[list[int]], plan_mech: str, predicted_x: float = 1.0) -> dict:
@@ -119,12 +169,21 @@ def _result(schedule: list[list[int]], plan_mech: str, predicted_x: float = 1.0)
 def test_decision_quality_decisions_and_bounds_on_a_known_sweep():
     r = _result([[1, 2], [2, 2]], "ngram")
     b1, b2 = r["buckets"]
-    assert (b1["oracle_mechanism"], b1["oracle_draft_len"], b2["oracle_mechanism"], b2["oracle_draft_len"]) == ("ngram", 2, "suffix", 1)
+    assert (b1["oracle_mechanism"], b1["oracle_draft_len"], b2["oracle_mechanism"], b2["oracle_draft_len"]) == (
+        "ngram",
+        2,
+        "suffix",
+        1,
+    )
     assert b2["d_only_oracle_draft_len"] == 1 and b2["vs_oracle"]["plan"] == pytest.approx(60 / 120)
     # the best single config over both buckets, by mean speedup: suffix D=2 (1.3, 1.15) over suffix D=1 (1.2, 1.2), ngram D=2 (1.4, 0.6)
     assert (b1["single_mechanism"], b1["single_draft_len"], b2["tokens_per_s"]["single_d"]) == ("suffix", 2, 115.0)
-    assert r["fidelity"]["by_mechanism"]["none"]["tokens_per_forward_median_err_pct"] is None  # D = 0 is 1 by construction
-    good = _result([[1, 2], [2, 1]], "suffix")  # suffix D=2 at batch 1 is 65/70 of the oracle, D=1 at batch 2 the oracle
+    assert (
+        r["fidelity"]["by_mechanism"]["none"]["tokens_per_forward_median_err_pct"] is None
+    )  # D = 0 is 1 by construction
+    good = _result(
+        [[1, 2], [2, 1]], "suffix"
+    )  # suffix D=2 at batch 1 is 65/70 of the oracle, D=1 at batch 2 the oracle
     assert decision_quality.check_bounds(good) == []
 
 
@@ -133,14 +192,22 @@ def test_decision_quality_measures_the_untied_schedule_where_it_was_swept():
     plan = {"mechanism": "ngram", "study": {"untied_schedule": [[1, 2], [2, 3]]}}
     one, two = decision_quality.untied_measured(plan, r["sweep"], r["buckets"])
     assert one == {"batch": 1, "draft_len": 2, "measured_tokens_per_s": 70.0, "vs_oracle": pytest.approx(1.0)}
-    assert two["draft_len"] == 3 and two["measured_tokens_per_s"] is None and two["vs_oracle"] is None  # D = 3 was not swept
+    assert (
+        two["draft_len"] == 3 and two["measured_tokens_per_s"] is None and two["vs_oracle"] is None
+    )  # D = 3 was not swept
 
 
 def test_decision_quality_states_the_sweeps_own_noise_around_plan_over_oracle():
     """Runs spread ±10% (log sd 0.1 about each point's median): plan / oracle carries the interval two medians of 3
     runs at that noise allow; the bucket whose plan is the oracle has none; a sweep without runs states nothing."""
-    spread = [math.exp(-0.1), 1.0, math.exp(0.1)]  # |ln| deviations 0.1 (the median's 0 left out): pooled sd 1.4826 x 0.1
-    points = [_point(B, m, D, tps) | {"runs_tokens_per_s": [tps * f for f in spread]} for (B, m, D), tps in SWEEP.items()]
+    spread = [
+        math.exp(-0.1),
+        1.0,
+        math.exp(0.1),
+    ]  # |ln| deviations 0.1 (the median's 0 left out): pooled sd 1.4826 x 0.1
+    points = [
+        _point(B, m, D, tps) | {"runs_tokens_per_s": [tps * f for f in spread]} for (B, m, D), tps in SWEEP.items()
+    ]
     noise = decision_quality.summarize(points, [[1, 1], [2, 1]], "suffix", default_k=1)["sweep_noise"]
     assert noise["run_rel_sd"] == pytest.approx(0.14826)
     one, two = noise["buckets"]
@@ -148,7 +215,12 @@ def test_decision_quality_states_the_sweeps_own_noise_around_plan_over_oracle():
     assert one["plan_vs_oracle"] == pytest.approx(60 / 70) and one["low"] == pytest.approx(60 / 70 * math.exp(-h))
     assert one["high"] == pytest.approx(60 / 70 * math.exp(h)) and one["high"] > 1  # inside the sweep's noise
     assert two == {"batch": 2, "plan_vs_oracle": 1.0, "low": 1.0, "high": 1.0}
-    assert decision_quality.summarize(points[:1] + [_point(1, "ngram", 1, 40.0)], [[1, 1]], "ngram", default_k=1)["sweep_noise"] is None
+    assert (
+        decision_quality.summarize(points[:1] + [_point(1, "ngram", 1, 40.0)], [[1, 1]], "ngram", default_k=1)[
+            "sweep_noise"
+        ]
+        is None
+    )
 
 
 def test_decision_quality_measures_plan_and_oracle_again_and_judges_the_bounds_on_that():
@@ -158,7 +230,9 @@ def test_decision_quality_measures_plan_and_oracle_again_and_judges_the_bounds_o
     pairs = decision_quality.confirmation_points(r["buckets"], {"ngram": "none", "suffix": "none"})
     assert pairs == [(1, "suffix", "none", 1), (1, "ngram", "none", 2)]
     spread = [math.exp(-0.1), 1.0, math.exp(0.1)]
-    again = decision_quality.confirmed(r["buckets"], {(1, "suffix", 1): [66 * f for f in spread], (1, "ngram", 2): [67 * f for f in spread]}, 3)
+    again = decision_quality.confirmed(
+        r["buckets"], {(1, "suffix", 1): [66 * f for f in spread], (1, "ngram", 2): [67 * f for f in spread]}, 3
+    )
     one, two = again["buckets"]
     h = math.sqrt(2) * 1.96 * math.sqrt(math.pi / 2) * 0.14826 / math.sqrt(3)
     assert one["plan_vs_oracle"] == pytest.approx(66 / 67) and one["low"] == pytest.approx(66 / 67 * math.exp(-h))
@@ -168,7 +242,12 @@ def test_decision_quality_measures_plan_and_oracle_again_and_judges_the_bounds_o
     assert decision_quality.check_bounds(r | {"confirmation": again}, min_vs_oracle=0.9) == []
     planted = decision_quality.confirmed(r["buckets"], {(1, "suffix", 1): [50.0] * 3, (1, "ngram", 2): [70.0] * 3}, 3)
     violations = decision_quality.check_bounds(r | {"confirmation": planted}, min_vs_oracle=0.9)
-    assert len(violations) == 1 and "batch 1" in violations[0] and "71.4%" in violations[0] and "measured again" in violations[0]
+    assert (
+        len(violations) == 1
+        and "batch 1" in violations[0]
+        and "71.4%" in violations[0]
+        and "measured again" in violations[0]
+    )
     assert "71.4% in every bucket" in decision_quality.confirmation_line(planted)
 
 
@@ -198,7 +277,13 @@ def test_decision_quality_scaled_figures_sit_beside_the_raw_ones():
 
 
 def test_decision_quality_reuse_refuses_other_settings():
-    settings = {"profile_sha256": "a" * 64, "new_tokens": 8, "repeats": 1, "seed": 0, "mechanisms": {"ngram": {"quant": "none", "max_draft_len": 2}}}
+    settings = {
+        "profile_sha256": "a" * 64,
+        "new_tokens": 8,
+        "repeats": 1,
+        "seed": 0,
+        "mechanisms": {"ngram": {"quant": "none", "max_draft_len": 2}},
+    }
     decision_quality.check_reuse({"settings": dict(settings)}, settings, "old.json")  # the same: taken
     changed = settings | {"repeats": 2, "mechanisms": {"suffix": {"quant": "none", "max_draft_len": 2}}}
     with pytest.raises(SpecdecError, match="old.json was swept with repeats = 1, this run has 2"):
@@ -223,14 +308,29 @@ def test_learned_heads_extrapolation_and_draft_curves(tmp_path):
     come out of a profile per mechanism and batch with their last-to-first ratio."""
     import learned_heads
 
-    curve = [{"training_tokens": n, "tokens_per_forward": 1.0 + 0.1 * __import__("math").log(n / 1000)} for n in (1000, 10_000, 100_000)]
+    curve = [
+        {"training_tokens": n, "tokens_per_forward": 1.0 + 0.1 * __import__("math").log(n / 1000)}
+        for n in (1000, 10_000, 100_000)
+    ]
     e = learned_heads.extrapolate(curve, 1.5, tokens_per_s=1000.0)
-    assert e["source"] == "modeled" and abs(e["tokens_needed"] / (1000 * 2.718281828 ** 5) - 1) < 1e-6
+    assert e["source"] == "modeled" and abs(e["tokens_needed"] / (1000 * 2.718281828**5) - 1) < 1e-6
     assert abs(e["train_hours_at_run_throughput"] - e["tokens_needed"] / 1000 / 3600) < 1e-9
     falling = [dict(p, tokens_per_forward=2 - p["tokens_per_forward"]) for p in curve]
     assert "does not grow" in learned_heads.extrapolate(falling, 1.5, 1.0)["note"]
-    profile = {"draft": [{"mechanism": "dflash", "quant": "none", "batch": 1, "draft_len": d, "median_ms": 10.0 + 0.1 * d, "source": "measured"}
-                         for d in (1, 7)] + [{"mechanism": "ngram", "quant": "none", "batch": 1, "draft_len": 1, "median_ms": 1.0, "source": "measured"}]}
+    profile = {
+        "draft": [
+            {
+                "mechanism": "dflash",
+                "quant": "none",
+                "batch": 1,
+                "draft_len": d,
+                "median_ms": 10.0 + 0.1 * d,
+                "source": "measured",
+            }
+            for d in (1, 7)
+        ]
+        + [{"mechanism": "ngram", "quant": "none", "batch": 1, "draft_len": 1, "median_ms": 1.0, "source": "measured"}]
+    }
     (tmp_path / "p.json").write_text(json.dumps(profile))
     curves = learned_heads.draft_curves(tmp_path / "p.json")
     assert set(curves) == {"dflash"} and abs(curves["dflash"]["1"]["ratio_last_to_first"] - 10.7 / 10.1) < 1e-9
@@ -243,14 +343,20 @@ def test_learned_heads_extrapolation_and_draft_curves(tmp_path):
 def test_tuning_cost_quick(tmp_path):
     r = _run("tuning_cost.py", tmp_path / "tc.json")
     assert r["target_forwards"] > 0 and r["profile_s"] > 0 and r["search_s"] > 0
-    assert r["drafters"] == ["ngram"] and r["drafter_forwards"] == {}  # the quick profile's n-gram drafter runs no network
+    assert (
+        r["drafters"] == ["ngram"] and r["drafter_forwards"] == {}
+    )  # the quick profile's n-gram drafter runs no network
     assert set(r["forwards_counted"]) >= {"target", "draft_model"}
     assert tuning_cost.check_bounds(r) == []
 
 
 def test_tuning_cost_bounds_fail_on_planted_results():
-    good = {"target_forwards": 4444, "drafters": ["ngram", "draft_model"], "drafter_forwards": {"draft_model": 18636},
-            "oracle": {"target_forwards": 20436, "from": "bench/results/decision_quality.json"}}
+    good = {
+        "target_forwards": 4444,
+        "drafters": ["ngram", "draft_model"],
+        "drafter_forwards": {"draft_model": 18636},
+        "oracle": {"target_forwards": 20436, "from": "bench/results/decision_quality.json"},
+    }
     assert tuning_cost.check_bounds(good) == []
     swapped = good | {"target_forwards": 20436, "oracle": good["oracle"] | {"target_forwards": 4444}}
     (v,) = tuning_cost.check_bounds(swapped)
@@ -271,12 +377,24 @@ def test_tuning_cost_reads_an_oracle_result_from_before_every_mechanism_was_swep
 
 
 def _tiny_target(layers: int = 6):
-    from specdec_tune.profiles.models.llama import CausalLM, ModelConfig, init_random
     from specdec_tune.profiles.models.folders import ModelRef
+    from specdec_tune.profiles.models.llama import CausalLM, ModelConfig, init_random
     from specdec_tune.profiles.models.loading import LoadedModel
 
-    c = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=layers, num_heads=4, num_kv_heads=2,
-                    head_dim=8, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=512, tie_word_embeddings=False)
+    c = ModelConfig(
+        model_type="llama",
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=layers,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     model = init_random(CausalLM(c), seed=0).eval().requires_grad_(False)
     return LoadedModel(model=model, tokenizer=None, ref=ModelRef("tiny", "hf", "llama", "float32", "c", "w", layers))
@@ -291,7 +409,9 @@ def test_forward_counter_counts_the_target_and_each_drafter_apart(mechanism):
 
     target = _tiny_target()
     drafter = create(mechanism, target, {"layers": "2"} if mechanism == "draft_model" else {"random": "true"})
-    out, counter, _ = common.counted(lambda: generate(target.model, [[1, 2, 3, 4, 5]], drafter=drafter, num_draft_tokens=3, max_new_tokens=9))
+    out, counter, _ = common.counted(
+        lambda: generate(target.model, [[1, 2, 3, 4, 5]], drafter=drafter, num_draft_tokens=3, max_new_tokens=9)
+    )
     c = out.counters
     assert c.num_drafts > 1
     expected = c.num_drafts if mechanism in ("dflash", "dspark") else c.num_draft_tokens
@@ -306,8 +426,13 @@ def test_forward_counter_counts_a_generic_path_target_and_its_cut_draft(hf_varia
     monkeypatch.setenv("SPECDEC_TUNE_CACHE", str(tmp_path / "cache"))
     target = load_model(str(hf_variant_dir("gemma2")), dtype="float32")
     drafter = create("draft_model", target, {"layers": "1"})
-    out, counter, _ = common.counted(lambda: generate(target.model, [[1, 2, 3, 4, 5]], drafter=drafter, num_draft_tokens=3, max_new_tokens=9))
-    assert counter.summary(3) == {"target_forwards": out.target_forwards + 1, "drafter_forwards": {"draft_model": out.counters.num_draft_tokens}}
+    out, counter, _ = common.counted(
+        lambda: generate(target.model, [[1, 2, 3, 4, 5]], drafter=drafter, num_draft_tokens=3, max_new_tokens=9)
+    )
+    assert counter.summary(3) == {
+        "target_forwards": out.target_forwards + 1,
+        "drafter_forwards": {"draft_model": out.counters.num_draft_tokens},
+    }
 
 
 def test_forward_counter_leaves_out_what_runs_paused():
@@ -352,10 +477,19 @@ def test_acceptance_coverage_subsamples_a_large_domain_and_widening_restores_cov
     rounds = np.concatenate([emitted[:, :1], 60.0 / tpf[:, None].repeat(D, 1)], axis=1)
     drafts = rounds.copy()
     drafts[:, 0] = 0
-    per_prompt = types.SimpleNamespace(domains=["big"] * n + ["small"] * 3, **{
-        k: np.concatenate([v, v[:3]]).tolist() for k, v in {"emitted": emitted, "rounds": rounds, "accepted": emitted - rounds, "drafts": drafts}.items()})
-    record = types.SimpleNamespace(domain="all", quant="none", temperature=0.0, per_prompt=per_prompt, max_draft_len=D, mechanism="m")
-    [seven, twenty] = acceptance_coverage.subsample_coverage(types.SimpleNamespace(acceptance=[record]), D, seed=0, draws=400)
+    per_prompt = types.SimpleNamespace(
+        domains=["big"] * n + ["small"] * 3,
+        **{
+            k: np.concatenate([v, v[:3]]).tolist()
+            for k, v in {"emitted": emitted, "rounds": rounds, "accepted": emitted - rounds, "drafts": drafts}.items()
+        },
+    )
+    record = types.SimpleNamespace(
+        domain="all", quant="none", temperature=0.0, per_prompt=per_prompt, max_draft_len=D, mechanism="m"
+    )
+    [seven, twenty] = acceptance_coverage.subsample_coverage(
+        types.SimpleNamespace(acceptance=[record]), D, seed=0, draws=400
+    )
     assert seven["domain"] == "big" and seven["prompts"] == 7 and twenty["prompts"] == 20
     assert 0.88 <= seven["coverage_widened"] <= 0.99 and seven["coverage_plain"] < seven["coverage_widened"] - 0.03
 
@@ -365,8 +499,12 @@ def test_prompt_cut_replays_the_same_prompts_cut_and_whole(tmp_path):
     r = _run("prompt_cut.py", tmp_path / "cut.json")
     assert [x["domain"] for x in r["prompts"]] and len(r["prompts"]) == 2 and r["draft_len"] == 3
     assert all(x["prompt_tokens"] >= x["cut_to"] == r["prompts"][0]["cut_to"] for x in r["prompts"])
-    assert all(1.0 <= x[f"{k}_tokens_per_forward"] <= 1 + r["draft_len"] for x in r["prompts"] for k in ("cut", "whole"))
-    assert set(r["pooled_tokens_per_forward"]) == {"cut", "whole"} and (tmp_path / "cut.md").read_text().startswith("ngram tokens per forward")
+    assert all(
+        1.0 <= x[f"{k}_tokens_per_forward"] <= 1 + r["draft_len"] for x in r["prompts"] for k in ("cut", "whole")
+    )
+    assert set(r["pooled_tokens_per_forward"]) == {"cut", "whole"} and (tmp_path / "cut.md").read_text().startswith(
+        "ngram tokens per forward"
+    )
 
 
 def test_the_benches_prompts_cut_to_the_context_or_whole_where_they_fit():
@@ -374,6 +512,8 @@ def test_the_benches_prompts_cut_to_the_context_or_whole_where_they_fit():
 
     prompts = [(list(range(n)), f"d{n}") for n in (10, 40, 60, 100, 200)]
     cut = cut_to_context(prompts, ctx=64, new_tokens=16)  # 56 tokens each: the long ones' last 56
-    assert [(len(ids), d) for ids, d in cut] == [(56, "d60"), (56, "d100"), (56, "d200")] and cut[-1][0] == list(range(144, 200))
+    assert [(len(ids), d) for ids, d in cut] == [(56, "d60"), (56, "d100"), (56, "d200")] and cut[-1][0] == list(
+        range(144, 200)
+    )
     whole = cut_to_context(prompts, ctx=64, new_tokens=16, whole=True)  # between 28 and 56 tokens, as they are
     assert whole == [(list(range(40)), "d40")]

@@ -63,8 +63,11 @@ def test_usage_errors_exit_2(capsys, argv):
 
 
 def test_debug_flag_shows_the_traceback():
-    proc = subprocess.run([sys.executable, "-m", "specdec_tune.cli", "--debug", "decode", "--drafter", "nope"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "specdec_tune.cli", "--debug", "decode", "--drafter", "nope"],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode != 0 and "Traceback" in proc.stderr and "SpecdecError" in proc.stderr
 
 

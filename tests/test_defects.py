@@ -29,7 +29,13 @@ def _refuse_loading(monkeypatch) -> None:
     def load_model(*args, **kwargs):
         raise AssertionError(f"a model was loaded: {args} {kwargs}")
 
-    for where in ("profiles.decode_run", "profiles.models.loading", "pipeline.lossless", "pipeline.throughput_check", "pipeline.export"):
+    for where in (
+        "profiles.decode_run",
+        "profiles.models.loading",
+        "pipeline.lossless",
+        "pipeline.throughput_check",
+        "pipeline.export",
+    ):
         monkeypatch.setattr(f"specdec_tune.{where}.load_model", load_model)
 
 
@@ -72,7 +78,11 @@ def never_speculates(tmp_path_factory) -> tuple[Path, Path]:
         a["tokens_per_forward_ci"] = [[1.0, 1.0] for _ in a.get("tokens_per_forward_ci", [])]
     profile = folder / "profile.json"
     profile.write_text(json.dumps(doc))
-    search(load_profile(profile), sha256_file(profile), SearchSettings(seed=0, trials=20, mechanisms=("ngram",), out_dir=folder))
+    search(
+        load_profile(profile),
+        sha256_file(profile),
+        SearchSettings(seed=0, trials=20, mechanisms=("ngram",), out_dir=folder),
+    )
     plan = folder / "plan.json"
     assert all(b["draft_len"] == 0 for b in json.loads(plan.read_text())["buckets"])
     return plan, profile
@@ -88,14 +98,18 @@ def test_lossless_gate_is_not_applicable_when_the_plan_never_speculates(monkeypa
     assert gate["note"] == "the plan never speculates"
 
 
-def test_a_plan_that_never_speculates_exports_with_the_gate_not_applicable(never_speculates, tmp_path, monkeypatch, capsys):
+def test_a_plan_that_never_speculates_exports_with_the_gate_not_applicable(
+    never_speculates, tmp_path, monkeypatch, capsys
+):
     from specdec_tune.exporters import bundle as bundle_module
     from specdec_tune.pipeline import export as export_module
 
     plan, profile = never_speculates
     _refuse_loading(monkeypatch)
     monkeypatch.setattr(bundle_module, "ship_kernels", lambda *a: {"skipped": "kernels are not what this test checks"})
-    monkeypatch.setattr(export_module, "throughput_check", lambda *a, **k: {"checked": False, "why": "not measured in this test"})
+    monkeypatch.setattr(
+        export_module, "throughput_check", lambda *a, **k: {"checked": False, "why": "not measured in this test"}
+    )
     out = tmp_path / "bundle"
     assert main(["export", "--plan", str(plan), "--profile", str(profile), "--out", str(out), "--no-onnx"]) == 0
     printed = capsys.readouterr().out
@@ -147,13 +161,24 @@ def tiny_target(vocab: int = 1024, layers: int = 4):
     """A tiny random target of our own model class, wrapped as a loaded model."""
     import torch
 
-    from specdec_tune.profiles.models.llama import CausalLM, ModelConfig, init_random
     from specdec_tune.profiles.models.folders import ModelRef
+    from specdec_tune.profiles.models.llama import CausalLM, ModelConfig, init_random
     from specdec_tune.profiles.models.loading import LoadedModel
 
-    c = ModelConfig(model_type="llama", vocab_size=vocab, hidden_size=32, intermediate_size=64, num_layers=layers, num_heads=4,
-                    num_kv_heads=2, head_dim=8, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=512,
-                    tie_word_embeddings=False)
+    c = ModelConfig(
+        model_type="llama",
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=layers,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     model = init_random(CausalLM(c), seed=0).eval().requires_grad_(False)
     return LoadedModel(model=model, tokenizer=None, ref=ModelRef("tiny", "hf", "llama", "float32", "c", "w", layers))
@@ -186,9 +211,15 @@ def test_a_fresh_profile_times_no_quantized_drafter(tmp_path):
 
     target = tiny_target()
     profiler = tiny_profiler(target, {"draft_model": create("draft_model", target, {"layers": "1"})})
-    points = [DraftPoint.model_validate(p) for p in profiler._draft_costs(MeasurementLog(tmp_path, "f" * 64), Budget(10.0))]
+    points = [
+        DraftPoint.model_validate(p) for p in profiler._draft_costs(MeasurementLog(tmp_path, "f" * 64), Budget(10.0))
+    ]
     assert points and {p.quant for p in points} == {"none"}
-    assert profiler._drafter_infos()[0]["quant_formats"] == ["none", "fp8", "nvfp4"]  # acceptance is what the formats get
+    assert profiler._drafter_infos()[0]["quant_formats"] == [
+        "none",
+        "fp8",
+        "nvfp4",
+    ]  # acceptance is what the formats get
 
 
 # ---------------------------------------------------------------------------- projection of learned heads
@@ -204,17 +235,48 @@ def learned_heads_profile(draft_vocab: int | None = 8192) -> Profile:
     if draft_vocab is not None:
         model["draft_vocab_size"] = draft_vocab
     doc["drafters"] += [
-        {"name": "dflash", "kind": "parallel", "options": {"model": "/heads/dflash", "random": False}, "model": {**model, "layers": 2},
-         "quant_formats": ["none"], "draft_len_multiple": 1, "max_draft_len": 7},
-        {"name": "eagle3", "kind": "serial", "options": {"model": "/heads/eagle3", "random": False}, "model": {**model, "layers": 1},
-         "quant_formats": ["none"], "draft_len_multiple": 1, "max_draft_len": None},
+        {
+            "name": "dflash",
+            "kind": "parallel",
+            "options": {"model": "/heads/dflash", "random": False},
+            "model": {**model, "layers": 2},
+            "quant_formats": ["none"],
+            "draft_len_multiple": 1,
+            "max_draft_len": 7,
+        },
+        {
+            "name": "eagle3",
+            "kind": "serial",
+            "options": {"model": "/heads/eagle3", "random": False},
+            "model": {**model, "layers": 1},
+            "quant_formats": ["none"],
+            "draft_len_multiple": 1,
+            "max_draft_len": None,
+        },
     ]
-    for name in ("dflash", "eagle3"):  # a profile records every drafter's memory: here the draft model's figures stand in
+    for name in (
+        "dflash",
+        "eagle3",
+    ):  # a profile records every drafter's memory: here the draft model's figures stand in
         doc["memory"]["drafters"][name] = doc["memory"]["drafters"]["draft_model"]
     batch, ctx = doc["workload"]["batch_buckets"][0], doc["workload"]["ctx_buckets"][0]
-    for name, ms_at in (("dflash", lambda D: 3.5), ("eagle3", lambda D: 1.2 * D)):  # as measured on the 2-core CPU, roughly
-        doc["draft"] += [{"mechanism": name, "quant": "none", "batch": batch, "draft_len": D, "ctx": ctx, "median_ms": ms_at(D),
-                          "repeats": 5, "source": "measured"} for D in range(1, 8)]
+    for name, ms_at in (
+        ("dflash", lambda D: 3.5),
+        ("eagle3", lambda D: 1.2 * D),
+    ):  # as measured on the 2-core CPU, roughly
+        doc["draft"] += [
+            {
+                "mechanism": name,
+                "quant": "none",
+                "batch": batch,
+                "draft_len": D,
+                "ctx": ctx,
+                "median_ms": ms_at(D),
+                "repeats": 5,
+                "source": "measured",
+            }
+            for D in range(1, 8)
+        ]
     return Profile.model_validate(doc)
 
 
@@ -224,7 +286,9 @@ def projected_draft_ms(profile: Profile, device: str = "h200") -> dict[tuple[str
     from specdec_tune.autotune.projection import project
 
     projected = project(profile, get_device_spec(device))
-    return {(p.mechanism, p.batch, p.draft_len): p.median_ms for p in projected.draft if p.quant == "none"}, projected.notes
+    return {
+        (p.mechanism, p.batch, p.draft_len): p.median_ms for p in projected.draft if p.quant == "none"
+    }, projected.notes
 
 
 @pytest.mark.parametrize("batch", [1, 16, 256])
@@ -242,10 +306,17 @@ def test_projected_learned_head_pays_for_its_draft_vocabulary_not_the_targets():
     for mechanism in ("eagle3", "dflash"):
         for batch in (1, 64):
             assert small[(mechanism, batch, 3)] < full[(mechanism, batch, 3)]
-            assert unrecorded[(mechanism, batch, 3)] == pytest.approx(full[(mechanism, batch, 3)])  # the fallback: target vocabulary
+            assert unrecorded[(mechanism, batch, 3)] == pytest.approx(
+                full[(mechanism, batch, 3)]
+            )  # the fallback: target vocabulary
     assert not any("draft vocabulary" in n for n in notes)
     fallback = [n for n in old_notes if "draft vocabulary" in n]
-    assert len(fallback) == 1 and "dflash" in fallback[0] and "eagle3" in fallback[0] and "target's vocabulary" in fallback[0]
+    assert (
+        len(fallback) == 1
+        and "dflash" in fallback[0]
+        and "eagle3" in fallback[0]
+        and "target's vocabulary" in fallback[0]
+    )
     # the draft model (the target's own first layers) keeps the target's head
     assert small[("draft_model", 1, 3)] == pytest.approx(full[("draft_model", 1, 3)])
 
@@ -256,11 +327,19 @@ def test_profile_records_each_heads_draft_vocabulary():
     from specdec_tune.profiles.drafters.mtp import MtpDrafter, new_mtp_head
 
     target = tiny_target(vocab=1024)
-    drafters = {"eagle3": Eagle3Drafter.from_head(new_eagle3_head(target.model, draft_vocab=list(range(0, 1024, 4)), seed=1)),
-                "dflash": DFlashDrafter.from_head(new_dflash_head(target.model, draft_vocab=list(range(0, 1024, 2)), block_size=4, seed=1)),
-                "mtp": MtpDrafter.from_head(new_mtp_head(target.model, seed=1))}
+    drafters = {
+        "eagle3": Eagle3Drafter.from_head(new_eagle3_head(target.model, draft_vocab=list(range(0, 1024, 4)), seed=1)),
+        "dflash": DFlashDrafter.from_head(
+            new_dflash_head(target.model, draft_vocab=list(range(0, 1024, 2)), block_size=4, seed=1)
+        ),
+        "mtp": MtpDrafter.from_head(new_mtp_head(target.model, seed=1)),
+    }
     infos = {i["name"]: i for i in tiny_profiler(target, drafters)._drafter_infos()}
-    assert {name: i["model"]["draft_vocab_size"] for name, i in infos.items()} == {"eagle3": 256, "dflash": 512, "mtp": 1024}
+    assert {name: i["model"]["draft_vocab_size"] for name, i in infos.items()} == {
+        "eagle3": 256,
+        "dflash": 512,
+        "mtp": 1024,
+    }
 
 
 # ---------------------------------------------------------------------------- README figures against the results
@@ -282,7 +361,8 @@ def test_readme_property_case_count_is_the_tests_own():
     _, _, cases, what, _ = row.split("|")
     parts = [int(n) for n in re.findall(r"\((\d+)\b", what)]
     counted = _max_examples(TESTS / "test_properties.py") + _max_examples(
-        TESTS / "test_export.py", "test_engine_schedules_give_the_same_draft_length_at_every_batch_size")
+        TESTS / "test_export.py", "test_engine_schedules_give_the_same_draft_length_at_every_batch_size"
+    )
     assert sorted(parts) == sorted(counted)
     assert int(cases.strip().replace(",", "")) == sum(counted) == sum(parts)
 
@@ -302,8 +382,11 @@ def test_every_test_that_runs_the_demo_target_is_marked_demo():
     for path in sorted(TESTS.glob("test_*.py")):
         source = path.read_text()
         tree = ast.parse(source)
-        module_marks = " ".join(ast.get_source_segment(source, n) or "" for n in tree.body
-                                if isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in n.targets))
+        module_marks = " ".join(
+            ast.get_source_segment(source, n) or ""
+            for n in tree.body
+            if isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in n.targets)
+        )
         for node in ast.walk(tree):
             if not isinstance(node, ast.FunctionDef) or not node.name.startswith("test_"):
                 continue

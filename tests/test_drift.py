@@ -72,7 +72,9 @@ def test_a_cell_slow_in_every_visit_stays_slow():
     for seed in range(5):
         samples = drift.corrected(simulate(seed)).samples
         neighbour = statistics.median(samples[(2, 128, 2)])
-        assert 1.8 < statistics.median(samples[SLOW_SHAPE]) / neighbour * (1.2 / 1.3) < 2.2  # 2 in truth; 1.08 if taken out
+        assert (
+            1.8 < statistics.median(samples[SLOW_SHAPE]) / neighbour * (1.2 / 1.3) < 2.2
+        )  # 2 in truth; 1.08 if taken out
 
 
 def test_too_few_visits_leave_the_samples_as_timed():
@@ -106,7 +108,9 @@ def test_the_design_effect_of_independent_samples_is_one_and_of_copies_their_cou
     independent = [[[math.exp(rng.gauss(0, 0.05)) for _ in range(3)] for _ in range(8)] for _ in range(20)]
     assert design_effect(independent) == pytest.approx(1.0, abs=0.25)
     copies = [[[x] * 3 for x in (math.exp(rng.gauss(0, 0.05)) for _ in range(8))] for _ in range(20)]
-    assert design_effect([[[y * (1 + 1e-9 * i) for i, y in enumerate(v)] for v in c] for c in copies]) == pytest.approx(3.0, abs=1e-3)
+    assert design_effect([[[y * (1 + 1e-9 * i) for i, y in enumerate(v)] for v in c] for c in copies]) == pytest.approx(
+        3.0, abs=1e-3
+    )
     assert design_effect([[[1.0, 1.1, 0.9]]]) == 1.0  # one visit: nothing says
 
 

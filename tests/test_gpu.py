@@ -12,8 +12,20 @@ pytestmark = pytest.mark.gpu
 
 
 def tiny() -> CausalLM:
-    c = ModelConfig(model_type="llama", vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                    num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=1e4, max_position_embeddings=512, tie_word_embeddings=False)
+    c = ModelConfig(
+        model_type="llama",
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        rope_theta=1e4,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
     return init_random(CausalLM(c)).eval()
 
 
@@ -40,12 +52,24 @@ def test_small_profile_on_cuda(tmp_path):
     from specdec_tune.profiles.torch_profile import TorchProfiler
     from specdec_tune.settings import ProfileSettings
 
-    settings = ProfileSettings(device="cuda", batch_buckets=(1, 4), ctx_buckets=(64,), max_draft_len=3, prompts_per_domain=1,
-                               new_tokens=8, temperatures=(0.0,), drafters=("ngram",), quant_formats=(), out_dir=tmp_path)
+    settings = ProfileSettings(
+        device="cuda",
+        batch_buckets=(1, 4),
+        ctx_buckets=(64,),
+        max_draft_len=3,
+        prompts_per_domain=1,
+        new_tokens=8,
+        temperatures=(0.0,),
+        drafters=("ngram",),
+        quant_formats=(),
+        out_dir=tmp_path,
+    )
     profile = TorchProfiler(settings).run()
     assert profile.device["kind"] == "cuda" and profile.device["capability"]
     assert all(p.median_ms and p.median_ms > 0 for p in profile.verify if p.source == "measured")
-    measured = {(a["batch"], a["tokens"]): a["bytes"] for a in profile.memory["activation"] if a["source"] == "measured"}
+    measured = {
+        (a["batch"], a["tokens"]): a["bytes"] for a in profile.memory["activation"] if a["source"] == "measured"
+    }
     assert set(measured) == {(B, T) for B in (1, 4) for T in range(1, 5)} and measured[(4, 4)] > measured[(1, 1)] > 0
 
 
@@ -76,7 +100,9 @@ def test_generic_path_on_cuda_matches_cpu_and_stays_lossless(hf_variant_dir, tmp
     torch.testing.assert_close(got.cpu(), want, atol=1e-3, rtol=1e-3)
     prompts = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 7]]
     plain = generate(gpu.model, prompts, max_new_tokens=16).tokens
-    spec = generate(gpu.model, prompts, drafter=NgramDrafter(None, NgramDrafter.Options()), num_draft_tokens=3, max_new_tokens=16).tokens
+    spec = generate(
+        gpu.model, prompts, drafter=NgramDrafter(None, NgramDrafter.Options()), num_draft_tokens=3, max_new_tokens=16
+    ).tokens
     assert spec == plain
 
 

@@ -12,17 +12,31 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("profiles", "autotune", "exporters", "kernels", "pipeline", "bench")
-FORBIDDEN = {"profiles": {"autotune", "exporters", "pipeline", "cli", "bench"}, "autotune": {"exporters", "pipeline", "cli", "bench"},
-             "exporters": {"pipeline", "cli", "bench"}, "kernels": {"profiles", "autotune", "exporters", "pipeline", "cli", "bench"},
-             "pipeline": {"cli", "bench"}}
+FORBIDDEN = {
+    "profiles": {"autotune", "exporters", "pipeline", "cli", "bench"},
+    "autotune": {"exporters", "pipeline", "cli", "bench"},
+    "exporters": {"pipeline", "cli", "bench"},
+    "kernels": {"profiles", "autotune", "exporters", "pipeline", "cli", "bench"},
+    "pipeline": {"cli", "bench"},
+}
 # the torch-free modules every stage shares import no stage
-FORBIDDEN |= dict.fromkeys(("root", "settings", "records", "formats", "progress", "vllm_spelling"),
-                           {"profiles", "autotune", "exporters", "kernels", "pipeline", "bench", "cli"})
+FORBIDDEN |= dict.fromkeys(
+    ("root", "settings", "records", "formats", "progress", "vllm_spelling"),
+    {"profiles", "autotune", "exporters", "kernels", "pipeline", "bench", "cli"},
+)
 # what measures (loads a model and times or decodes it) or searches: a plan followed through export touches none of them
-MEASURING_OR_SEARCHING = {"specdec_tune.profiles.torch_profile", "specdec_tune.profiles.torch_acceptance", "specdec_tune.profiles.vllm_profile",
-                          "specdec_tune.profiles.verify_curve", "specdec_tune.profiles.profile_run", "specdec_tune.profiles.decode_run",
-                          "specdec_tune.profiles.backends", "specdec_tune.profiles.models.loading", "specdec_tune.autotune.search",
-                          "specdec_tune.autotune.study"}
+MEASURING_OR_SEARCHING = {
+    "specdec_tune.profiles.torch_profile",
+    "specdec_tune.profiles.torch_acceptance",
+    "specdec_tune.profiles.vllm_profile",
+    "specdec_tune.profiles.verify_curve",
+    "specdec_tune.profiles.profile_run",
+    "specdec_tune.profiles.decode_run",
+    "specdec_tune.profiles.backends",
+    "specdec_tune.profiles.models.loading",
+    "specdec_tune.autotune.search",
+    "specdec_tune.autotune.study",
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -40,15 +54,22 @@ def _bench_name(name: str, module: str) -> str:
 
 
 def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(path: Path, module: str, known: set[str]) -> set[str]:
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     out = set()
     tree = ast.parse(path.read_text())
-    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and _is_type_checking(block.test)
-                   for stmt in block.body for n in ast.walk(stmt)}  # annotations' imports: never run
+    typing_only = {
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and _is_type_checking(block.test)
+        for stmt in block.body
+        for n in ast.walk(stmt)
+    }  # annotations' imports: never run
     for node in ast.walk(tree):
         if id(node) in typing_only:
             continue
@@ -141,9 +162,14 @@ def test_the_walk_sees_a_bench_scripts_neighbours():
     assert "specdec_tune.bench.common" in graph["specdec_tune.bench.decision_quality"]
 
 
-@pytest.mark.parametrize("planted, floor", [("specdec_tune.profiles.specdec", "specdec_tune.exporters.bundle"),
-                                            ("specdec_tune.kernels.greedy", "specdec_tune.profiles.schema"),
-                                            ("specdec_tune.exporters.report", "specdec_tune.pipeline.export")])
+@pytest.mark.parametrize(
+    "planted, floor",
+    [
+        ("specdec_tune.profiles.specdec", "specdec_tune.exporters.bundle"),
+        ("specdec_tune.kernels.greedy", "specdec_tune.profiles.schema"),
+        ("specdec_tune.exporters.report", "specdec_tune.pipeline.export"),
+    ],
+)
 def test_the_walk_sees_an_upward_import_and_a_circle(planted, floor):
     graph = _graph()
     graph[planted] = graph[planted] | {floor}

@@ -43,9 +43,7 @@ def brute_force_fit(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
     y = np.array([values[c] for c in cells])
     w = np.array([weights[c] for c in cells])
     pairs = [
-        (i, j)
-        for (i, a), (j, b) in itertools.permutations(enumerate(cells), 2)
-        if all(x <= z for x, z in zip(a, b))
+        (i, j) for (i, a), (j, b) in itertools.permutations(enumerate(cells), 2) if all(x <= z for x, z in zip(a, b))
     ]
     rows = np.zeros((len(pairs), len(cells)))
     for r, (i, j) in enumerate(pairs):
@@ -129,9 +127,7 @@ def test_median_interval_rejects_bad_input():
 def test_monotone_fit_1d_by_hand():
     np.testing.assert_allclose(monotone_fit(np.array([1.0, 3.0, 2.0, 4.0]), np.ones(4)), [1.0, 2.5, 2.5, 4.0])
     # weighted pooling: (1 * 3 + 3 * 1) / 4 = 1.5
-    np.testing.assert_allclose(
-        monotone_fit(np.array([0.0, 3.0, 1.0]), np.array([1.0, 1.0, 3.0])), [0.0, 1.5, 1.5]
-    )
+    np.testing.assert_allclose(monotone_fit(np.array([0.0, 3.0, 1.0]), np.array([1.0, 1.0, 3.0])), [0.0, 1.5, 1.5])
 
 
 def test_monotone_fit_1d_matches_scipy_isotonic_regression():
@@ -161,7 +157,7 @@ def test_monotone_fit_pulls_down_a_spike():
     assert table[spike] < fit[spike] < 0.5 * values[spike]
     # Only the spike and cells above it in the order can change; everything else stays where it was.
     above = np.zeros(table.shape, dtype=bool)
-    above[spike[0]:, spike[1]:, spike[2]:] = True
+    above[spike[0] :, spike[1] :, spike[2] :] = True
     np.testing.assert_allclose(fit[~above], table[~above], rtol=0, atol=1e-8)
     assert weighted_sse(fit, values, np.ones_like(values)) < weighted_sse(table, values, np.ones_like(values))
 

@@ -20,9 +20,14 @@ import torch
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: CPU tensors run in the interpreter
 triton = pytest.importorskip("triton")
-if type(triton.language.standard.cdiv).__name__ != "InterpretedFunction":  # triton's own jit functions were made for a GPU
-    pytest.fail("triton was imported before TRITON_INTERPRET=1 was set (an earlier module imported torch._dynamo or triton): "
-                "set TRITON_INTERPRET=1 in conftest.py, or run this file alone", pytrace=False)
+if (
+    type(triton.language.standard.cdiv).__name__ != "InterpretedFunction"
+):  # triton's own jit functions were made for a GPU
+    pytest.fail(
+        "triton was imported before TRITON_INTERPRET=1 was set (an earlier module imported torch._dynamo or triton): "
+        "set TRITON_INTERPRET=1 in conftest.py, or run this file alone",
+        pytrace=False,
+    )
 
 from scipy.stats import chisquare
 
@@ -40,8 +45,11 @@ ROOT = Path(__file__).resolve().parent.parent
 HEAD_DIM = 16
 NUM_KV_HEADS = 2
 PAGE_SIZE = 8
-TOLERANCE = {torch.float32: {"atol": 1e-5, "rtol": 1e-5}, torch.float16: {"atol": 1e-3, "rtol": 2 ** -10},
-             torch.bfloat16: {"atol": 8e-3, "rtol": 2 ** -7}}  # a half-ulp of the output dtype over the fp32 reference
+TOLERANCE = {
+    torch.float32: {"atol": 1e-5, "rtol": 1e-5},
+    torch.float16: {"atol": 1e-3, "rtol": 2**-10},
+    torch.bfloat16: {"atol": 8e-3, "rtol": 2**-7},
+}  # a half-ulp of the output dtype over the fp32 reference
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 GRID = [(G, D) for G in (1, 3, 4, 8) for D in (0, 1, 3, 7, 15)]
 
@@ -56,7 +64,9 @@ def attention_case(G: int, D: int, dtype: torch.dtype, paged: bool, seed: int, p
     q = torch.randn((B, H, T, HEAD_DIM), generator=g).to(dtype)
     if paged:
         pages = -(-capacity // PAGE_SIZE)
-        table = torch.randperm(B * pages + 2, generator=g)[: B * pages].view(B, pages).to(torch.int32)  # shuffled, two spare pages
+        table = (
+            torch.randperm(B * pages + 2, generator=g)[: B * pages].view(B, pages).to(torch.int32)
+        )  # shuffled, two spare pages
         shape = (B * pages + 2, PAGE_SIZE, NUM_KV_HEADS, HEAD_DIM)
     else:
         table, shape = None, (B, NUM_KV_HEADS, capacity, HEAD_DIM)
@@ -65,8 +75,12 @@ def attention_case(G: int, D: int, dtype: torch.dtype, paged: bool, seed: int, p
     for b, L in enumerate(lens.tolist()):  # real keys and values at unit scale, garbage elsewhere
         if paged:
             slots = torch.arange(L)
-            k[table[b, slots // PAGE_SIZE].long(), slots % PAGE_SIZE] = torch.randn((L, NUM_KV_HEADS, HEAD_DIM), generator=g).to(dtype)
-            v[table[b, slots // PAGE_SIZE].long(), slots % PAGE_SIZE] = torch.randn((L, NUM_KV_HEADS, HEAD_DIM), generator=g).to(dtype)
+            k[table[b, slots // PAGE_SIZE].long(), slots % PAGE_SIZE] = torch.randn(
+                (L, NUM_KV_HEADS, HEAD_DIM), generator=g
+            ).to(dtype)
+            v[table[b, slots // PAGE_SIZE].long(), slots % PAGE_SIZE] = torch.randn(
+                (L, NUM_KV_HEADS, HEAD_DIM), generator=g
+            ).to(dtype)
         else:
             k[b, :, :L] = torch.randn((NUM_KV_HEADS, L, HEAD_DIM), generator=g).to(dtype)
             v[b, :, :L] = torch.randn((NUM_KV_HEADS, L, HEAD_DIM), generator=g).to(dtype)
@@ -104,7 +118,9 @@ def test_verify_attention_split_kv_and_row_blocks(dtype, paged):
     ref = va.verify_attention_ref(q, k, v, lens, table, out_dtype=torch.float32)
     small = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2}  # 24 rows -> 2 row blocks
     for splits in (2, 5):
-        torch.testing.assert_close(run_attention(q, k, v, lens, table, num_splits=splits, config=small).float(), ref, **TOLERANCE[dtype])
+        torch.testing.assert_close(
+            run_attention(q, k, v, lens, table, num_splits=splits, config=small).float(), ref, **TOLERANCE[dtype]
+        )
 
 
 def test_verify_attention_equals_the_models_attention():
@@ -128,7 +144,9 @@ def test_reference_mask_matters():
     ref = va.verify_attention_ref(q, k, v, lens)
     full = gqa_attention(q, k[:, :, :L], v[:, :, :L], torch.ones((B, 1, T, L), dtype=torch.bool))
     assert not torch.allclose(ref, full, atol=1e-3)
-    torch.testing.assert_close(ref[:, :, -1], full[:, :, -1], atol=1e-5, rtol=1e-5)  # the last new token sees every key anyway
+    torch.testing.assert_close(
+        ref[:, :, -1], full[:, :, -1], atol=1e-5, rtol=1e-5
+    )  # the last new token sees every key anyway
     one_more = run_attention(q, k, v, lens + 1, None)  # the extra slot holds garbage
     assert not torch.allclose(one_more, ref, atol=1e-2)
 
@@ -161,7 +179,9 @@ def acceptance_case(B: int, K: int, V: int, seed: int, dtype=torch.float32):
 
 
 def int_outputs(B: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.full((B,), -7, dtype=torch.long), torch.full((B,), -7, dtype=torch.long)  # poison: no valid count or token
+    return torch.full((B,), -7, dtype=torch.long), torch.full(
+        (B,), -7, dtype=torch.long
+    )  # poison: no valid count or token
 
 
 @pytest.mark.parametrize("K", [0, 1, 3, 7, 15])
@@ -169,7 +189,9 @@ def test_greedy_accept_equals_verify_greedy(K):
     for seed, dtype in enumerate(DTYPES):
         logits, drafts, lens = acceptance_case(9, K, 77, seed=10 * K + seed, dtype=dtype)
         out = int_outputs(9)
-        n, token = acceptance.greedy_accept(logits, drafts, lens, config={"BLOCK_V": 16, "num_warps": 4, "num_stages": 1}, out=out)
+        n, token = acceptance.greedy_accept(
+            logits, drafts, lens, config={"BLOCK_V": 16, "num_warps": 4, "num_stages": 1}, out=out
+        )
         expected = verify_greedy(logits.float(), drafts, lens)
         assert torch.equal(n, expected[0]) and torch.equal(token, expected[1])
     if K:
@@ -184,8 +206,9 @@ def test_greedy_accept_ties_take_the_first_index():
     drafts[::3, 1] = 39  # some rows stop at the second draft
     lens = torch.full((16,), 3)
     for block_v in (16, 64):
-        n, token = acceptance.greedy_accept(logits, drafts, lens, config={"BLOCK_V": block_v, "num_warps": 4, "num_stages": 1},
-                                            out=int_outputs(16))
+        n, token = acceptance.greedy_accept(
+            logits, drafts, lens, config={"BLOCK_V": block_v, "num_warps": 4, "num_stages": 1}, out=int_outputs(16)
+        )
         expected = verify_greedy(logits, drafts, lens)
         assert torch.equal(n, expected[0]) and torch.equal(token, expected[1])
 
@@ -201,8 +224,16 @@ def test_rejection_sample_equals_reference_for_the_same_uniforms(K, with_probs):
         probs[0, 0] = torch.softmax(logits[0, 0] / 0.8, -1)  # q == p: the residual has no mass, p itself is sampled
         lens[0] = K
     u = (torch.rand((B, K), generator=g) * 0.7, torch.rand((B,), generator=g))  # u < 0.7: a good share of acceptances
-    n, token = acceptance.rejection_sample(logits, drafts, lens, probs, 0.8, uniforms=u, out=int_outputs(B),
-                                           config={"BLOCK_V": 16, "num_warps": 4, "num_stages": 1})
+    n, token = acceptance.rejection_sample(
+        logits,
+        drafts,
+        lens,
+        probs,
+        0.8,
+        uniforms=u,
+        out=int_outputs(B),
+        config={"BLOCK_V": 16, "num_warps": 4, "num_stages": 1},
+    )
     expected = acceptance.rejection_sample_ref(logits, drafts, lens, probs, 0.8, *u)
     assert torch.equal(n, expected[0]) and torch.equal(token, expected[1])
     assert ((0 <= token) & (token < V)).all()
@@ -242,7 +273,12 @@ def test_rejection_sampling_is_distributed_as_the_reference_loop():
         return torch.bincount(n * V + token, minlength=(K + 1) * V).double()
 
     N = 600
-    rows = (logits.expand(N, -1, -1).contiguous(), drafts.expand(N, -1).contiguous(), torch.full((N,), K), probs.expand(N, -1, -1).contiguous())
+    rows = (
+        logits.expand(N, -1, -1).contiguous(),
+        drafts.expand(N, -1).contiguous(),
+        torch.full((N,), K),
+        probs.expand(N, -1, -1).contiguous(),
+    )
     n, token = acceptance.rejection_sample(*rows, T, torch.Generator().manual_seed(1), out=int_outputs(N))
     kernel_counts = counts(n, token)
     assert kernel_counts[~keep].sum() == 0
@@ -290,16 +326,28 @@ DEMO_SHAPES = tuning.ModelShapes(num_heads=9, num_kv_heads=3, head_dim=64, vocab
 
 def test_buckets_step_at_tile_multiples():
     assert [tuning.rows_bucket(r) for r in (3, 12, 16, 17, 128, 129, 256, 257)] == [4, 16, 16, 32, 128, 256, 256, 384]
-    assert tuning.rows_bucket(100, tile_rows=64) == 128 and tuning.kv_bucket(516) == 1024 and tuning.vocab_bucket(49152) == 65536
+    assert (
+        tuning.rows_bucket(100, tile_rows=64) == 128
+        and tuning.kv_bucket(516) == 1024
+        and tuning.vocab_bucket(49152) == 65536
+    )
     rule = [va.tile_rule(va.key_for(3, 1 + D, 64, 4096))["BLOCK_M"] for D in (0, 3, 7, 42, 60)]
-    assert rule == [16, 16, 32, 128, 128]  # G·(1+D) = 3, 12, 24, 129, 183: one 128-row tile holds D up to 128/G - 1 = 41
+    assert rule == [
+        16,
+        16,
+        32,
+        128,
+        128,
+    ]  # G·(1+D) = 3, 12, 24, 129, 183: one 128-row tile holds D up to 128/G - 1 = 41
 
 
 def test_model_shapes_from_a_target_folder(tiny_hf_dir, make_plan):
     from specdec_tune.exporters.artifacts import served_shapes, target_shapes
 
     assert target_shapes(str(tiny_hf_dir)) == tuning.ModelShapes(4, 2, 8, 64)
-    plan = make_plan(DEMO_SCHEDULE, ctx=512, mechanism="draft_model", tile={"policy": "aligned", "rows": 128, "group": 3})
+    plan = make_plan(
+        DEMO_SCHEDULE, ctx=512, mechanism="draft_model", tile={"policy": "aligned", "rows": 128, "group": 3}
+    )
     assert served_shapes(plan) == DEMO_SERVED
     cpu = make_plan(DEMO_SCHEDULE, ctx=512, mechanism="draft_model")
     assert served_shapes(cpu).tile_rows == tuning.DEFAULT_TILE_ROWS  # a CPU plan: the NVIDIA tile
@@ -310,7 +358,9 @@ def test_model_shapes_from_a_target_folder(tiny_hf_dir, make_plan):
 def test_call_shapes_and_modeled_table(tmp_path):
     calls = tuning.call_shapes(DEMO_SERVED, DEMO_SHAPES)
     attention = [c for c in calls if c["kernel"] == "verify_attention"]
-    assert [c["key"]["rows_bucket"] for c in attention] == [16, 8, 4] and {c["key"]["kv_bucket"] for c in attention} == {1024}
+    assert [c["key"]["rows_bucket"] for c in attention] == [16, 8, 4] and {
+        c["key"]["kv_bucket"] for c in attention
+    } == {1024}
     assert sum(c["kernel"] == "greedy_accept" for c in calls) == 2  # buckets with D > 0
     table = tuning.tune_kernels(calls)  # no GPU: tile rules, recorded as modeled
     assert {e.source for e in table.entries} == {"modeled"} and len(table.entries) == 5
@@ -359,7 +409,9 @@ def bundle(tmp_path_factory):
 
 def test_cubins_for_sm90_and_sm100(bundle):
     out, manifest = bundle
-    assert (out / "kernels" / "manifest.json").is_file() and json.loads((out / "kernels" / "manifest.json").read_text()) == manifest
+    assert (out / "kernels" / "manifest.json").is_file() and json.loads(
+        (out / "kernels" / "manifest.json").read_text()
+    ) == manifest
     binaries = manifest["binaries"]
     assert {b["arch"] for b in binaries} == {"sm_90", "sm_100"}
     for b in binaries:
@@ -367,9 +419,17 @@ def test_cubins_for_sm90_and_sm100(bundle):
         assert aot.cubin_arch(cubin) == b["arch"] and b["bytes"] == len(cubin) > 1000
     keys = {(b["kernel"], json.dumps(b["key"], sort_keys=True)) for b in binaries}
     assert len(keys) == 5  # three attention keys, two acceptance kernels
-    per_attention_key = [b for b in binaries if b["kernel"] == "verify_attention" and b["arch"] == "sm_90" and b["key"]["rows_bucket"] == 16]
-    assert sorted((b["function"], b["constexprs"].get("PAGED"), b["constexprs"].get("SPLIT_KV")) for b in per_attention_key) == [
-        ("verify_attention_combine_kernel", None, None), *[("verify_attention_kernel", p, s) for p in (False, True) for s in (False, True)]]
+    per_attention_key = [
+        b
+        for b in binaries
+        if b["kernel"] == "verify_attention" and b["arch"] == "sm_90" and b["key"]["rows_bucket"] == 16
+    ]
+    assert sorted(
+        (b["function"], b["constexprs"].get("PAGED"), b["constexprs"].get("SPLIT_KV")) for b in per_attention_key
+    ) == [
+        ("verify_attention_combine_kernel", None, None),
+        *[("verify_attention_kernel", p, s) for p in (False, True) for s in (False, True)],
+    ]
     assert aot.check_kernel_manifest(out, manifest) == []
 
 
@@ -391,7 +451,9 @@ def test_kernel_manifest_check_catches_tampering(bundle, tmp_path):
     assert any("does not match its sha256" in e for e in errors)
     assert any("cubin but its entry says" in e for e in errors)
     assert any("is missing" in e for e in errors)
-    assert aot.check_kernel_manifest(copy, manifest | {"binaries": [b | {"path": "../x.cubin"} for b in manifest["binaries"][:1]]})
+    assert aot.check_kernel_manifest(
+        copy, manifest | {"binaries": [b | {"path": "../x.cubin"} for b in manifest["binaries"][:1]]}
+    )
     thin = manifest | {"binaries": [b for b in manifest["binaries"] if b["arch"] == "sm_90"]}
     assert any(e.startswith("no sm_100 cubin") for e in aot.check_kernel_manifest(out, thin))
 
@@ -422,9 +484,17 @@ def test_loader_refuses_another_arch_and_falls_back_to_jit(bundle):
 def test_gpu_benchmark_quick(tmp_path):
     """On a GPU: the kernels compiled for it match the reference and the benchmark runs (in a fresh interpreter-free process)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "verify_attention_gpu.py"), "--quick", "--out", str(tmp_path / "v.json")],
-                          capture_output=True, text=True, timeout=600, env=env, check=False)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "verify_attention_gpu.py"), "--quick", "--out", str(tmp_path / "v.json")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads((tmp_path / "v.json").read_text())
     assert all(c["passed"] for c in result["check"]) and result["tile_steps"]
-    assert result["aot"]["passed"] and result["aot"]["launched"]["verify_attention_kernel"] >= 1  # shipped cubins ran, not the JIT
+    assert (
+        result["aot"]["passed"] and result["aot"]["launched"]["verify_attention_kernel"] >= 1
+    )  # shipped cubins ran, not the JIT

@@ -19,23 +19,36 @@ from specdec_tune.profiles.drafters.dflash import DFlashDrafter, DSparkDrafter, 
 from specdec_tune.profiles.drafters.eagle3 import Eagle3Drafter, new_eagle3_head
 from specdec_tune.profiles.drafters.heads import HeadDrafter
 from specdec_tune.profiles.drafters.mtp import MtpDrafter, new_mtp_head
-from specdec_tune.profiles.models.llama import CausalLM, ModelConfig, init_random
 from specdec_tune.profiles.models.folders import ModelRef
+from specdec_tune.profiles.models.llama import CausalLM, ModelConfig, init_random
 from specdec_tune.profiles.models.loading import LoadedModel
 from specdec_tune.profiles.specdec import generate
 from specdec_tune.profiles.train_drafter import TeacherData, TrainSettings, ttt_loss, ttt_mask
 
 
 def tiny_model(vocab: int = 64, layers: int = 6, seed: int = 0) -> CausalLM:
-    c = ModelConfig(model_type="llama", vocab_size=vocab, hidden_size=32, intermediate_size=64, num_layers=layers,
-                    num_heads=4, num_kv_heads=2, head_dim=8, rms_norm_eps=1e-6, rope_theta=10000.0,
-                    max_position_embeddings=512, tie_word_embeddings=False)
+    c = ModelConfig(
+        model_type="llama",
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=layers,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(seed)
     return init_random(CausalLM(c), seed=seed).eval().requires_grad_(False)
 
 
 def loaded(model: CausalLM) -> LoadedModel:
-    return LoadedModel(model=model, tokenizer=None, ref=ModelRef("tiny", "hf", "llama", "float32", "c", "w", model.config.num_layers))
+    return LoadedModel(
+        model=model, tokenizer=None, ref=ModelRef("tiny", "hf", "llama", "float32", "c", "w", model.config.num_layers)
+    )
 
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 7, 7], [9, 3, 9, 3, 9, 3, 9], [4]]
@@ -57,7 +70,9 @@ def target():
 def states(model, tokens: list[int], layers) -> torch.Tensor:
     """The target's states at `layers` for every position of `tokens`, from scratch: [len, W]."""
     cache = model.new_cache(1, len(tokens) + 1)
-    _, hidden = model.forward_capture(torch.tensor([tokens]), cache, torch.zeros(1, dtype=torch.long), tuple(layers), logits="none")
+    _, hidden = model.forward_capture(
+        torch.tensor([tokens]), cache, torch.zeros(1, dtype=torch.long), tuple(layers), logits="none"
+    )
     return hidden[0]
 
 
@@ -76,7 +91,9 @@ def test_forward_capture_matches_forward_and_names_layers_as_hugging_face_does(t
     final = target(tokens, target.new_cache(1, 8), start, logits="hidden")
     assert torch.equal(hidden[..., 2 * H :], final)  # id num_layers: the final-normed state
     three = target.truncated(3)  # the state entering layer 2 depends on layers 0 and 1 only
-    assert torch.equal(hidden[..., H : 2 * H], three.forward_capture(tokens, three.new_cache(1, 8), start, (2,), logits="none")[1])
+    assert torch.equal(
+        hidden[..., H : 2 * H], three.forward_capture(tokens, three.new_cache(1, 8), start, (2,), logits="none")[1]
+    )
     with pytest.raises(SpecdecError, match="not in 0..6"):
         target.forward_capture(tokens, target.new_cache(1, 8), start, (7,))
 
@@ -161,14 +178,24 @@ def test_unrolled_training_steps_compute_what_drafting_computes(target, mechanis
 
     head.features_with = spy
     vocab = torch.arange(64) if mechanism == "mtp" else head.to_target_ids(torch.arange(head.draft_vocab_size))
-    batch = {"tokens": torch.tensor([seq]), "aux": full[None, :, :W], "final": full[None, :, W:], "lengths": torch.tensor([len(seq)])}
+    batch = {
+        "tokens": torch.tensor([seq]),
+        "aux": full[None, :, :W],
+        "final": full[None, :, W:],
+        "lengths": torch.tensor([len(seq)]),
+    }
     with torch.no_grad():
         ttt_loss(head, batch, vocab, target.lm_head.weight[vocab], TrainSettings(ttt_steps=3))
     del head.features_with
     p = 4  # the sequence x_0..x_{p+1}: catch-up over positions 0..p, then drafts
     cache = head.new_cache(1, 16)
     with torch.no_grad():
-        logits, carry = head.step(torch.tensor([seq[1 : p + 2]]), head.combine(full[None, : p + 1, :W]), cache, torch.zeros(1, dtype=torch.long))
+        logits, carry = head.step(
+            torch.tensor([seq[1 : p + 2]]),
+            head.combine(full[None, : p + 1, :W]),
+            cache,
+            torch.zeros(1, dtype=torch.long),
+        )
         step_logits, c, pos = logits[:, -1], carry[:, -1:], torch.tensor([p + 1])
         for k in range(3):
             assert torch.allclose(step_logits[0], captured[k][0, p], atol=1e-4), f"step {k + 1} differs"
@@ -185,7 +212,12 @@ def test_ttt_loss_falls_when_training_on_tiny_data(target):
     W = len(head.hidden_layers) * target.config.hidden_size
     st = [states(target, s.tolist(), layers) for s in seqs]
     data = TeacherData(torch.cat(seqs), torch.cat(st), [0, 24, 48, 72, 96], layers, "x")
-    batch = {"tokens": torch.stack(seqs), "aux": torch.stack(st)[..., :W], "final": torch.stack(st)[..., W:], "lengths": torch.tensor([24] * 4)}
+    batch = {
+        "tokens": torch.stack(seqs),
+        "aux": torch.stack(st)[..., :W],
+        "final": torch.stack(st)[..., W:],
+        "lengths": torch.tensor([24] * 4),
+    }
     vocab = torch.arange(64)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=3e-3)
@@ -226,9 +258,21 @@ def test_anchored_block_training_computes_what_drafting_computes(target, mechani
 
     head.block_hidden, head.rope = spy, rope_spy
     vocab = head.to_target_ids(torch.arange(head.draft_vocab_size))
-    batch = {"tokens": torch.tensor([seq]), "aux": full[None, :, :W], "final": full[None, :, W:], "lengths": torch.tensor([len(seq)])}
+    batch = {
+        "tokens": torch.tensor([seq]),
+        "aux": full[None, :, :W],
+        "final": full[None, :, W:],
+        "lengths": torch.tensor([len(seq)]),
+    }
     with torch.no_grad():
-        block_loss(head, batch, vocab, target.lm_head.weight[vocab], TrainSettings(mechanism=mechanism), torch.Generator().manual_seed(0))
+        block_loss(
+            head,
+            batch,
+            vocab,
+            target.lm_head.weight[vocab],
+            TrainSettings(mechanism=mechanism),
+            torch.Generator().manual_seed(0),
+        )
     positions, trained = captured.pop()
     bs = head.block_size
     anchors = positions[0, ::bs].tolist()
@@ -236,17 +280,25 @@ def test_anchored_block_training_computes_what_drafting_computes(target, mechani
     for i, a in enumerate(anchors):
         drafter = DRAFTERS[mechanism].from_head(head)
         drafter.start([seq[: a + 1]])
-        drafter.propose(DraftRequest([seq[: a + 1]], [drafter.max_draft_len], 0.0, hidden_states=full[None, :a, :W], num_hidden=[a]))
+        drafter.propose(
+            DraftRequest([seq[: a + 1]], [drafter.max_draft_len], 0.0, hidden_states=full[None, :a, :W], num_hidden=[a])
+        )
         _, drafted = captured.pop()
-        assert torch.allclose(drafted[0], trained[0, i * bs : (i + 1) * bs], atol=1e-4), f"the block at anchor {a} differs"
+        assert torch.allclose(drafted[0], trained[0, i * bs : (i + 1) * bs], atol=1e-4), (
+            f"the block at anchor {a} differs"
+        )
     del head.block_hidden, head.rope
 
-    params = [p.requires_grad_(True) for n, p in head.named_parameters() if not n.startswith("embed_tokens")]  # the target's stays frozen
+    params = [
+        p.requires_grad_(True) for n, p in head.named_parameters() if not n.startswith("embed_tokens")
+    ]  # the target's stays frozen
     opt = torch.optim.AdamW(params, lr=3e-3)
     g = torch.Generator().manual_seed(1)
     losses = []
     for _ in range(30):
-        loss, agree = block_loss(head, batch, vocab, target.lm_head.weight[vocab].detach(), TrainSettings(mechanism=mechanism), g)
+        loss, agree = block_loss(
+            head, batch, vocab, target.lm_head.weight[vocab].detach(), TrainSettings(mechanism=mechanism), g
+        )
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -261,27 +313,48 @@ def test_anchored_block_training_computes_what_drafting_computes(target, mechani
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_saved_head_loads_back_and_drafts_the_same(tmp_path, target, mechanism):
     head = HEADS[mechanism](target)
-    folder = save_head(head, mechanism, tmp_path / mechanism, verifier="tiny", verifier_architectures=["LlamaForCausalLM"], speculative_tokens=3, extra={"x": 1})
+    folder = save_head(
+        head,
+        mechanism,
+        tmp_path / mechanism,
+        verifier="tiny",
+        verifier_architectures=["LlamaForCausalLM"],
+        speculative_tokens=3,
+        extra={"x": 1},
+    )
     config = json.loads((folder / "config.json").read_text())
     assert config["speculators_model_type"] == mechanism
     assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
     assert config["transformer_layer_config"]["hidden_size"] == target.config.hidden_size
     if mechanism == "eagle3":
-        assert config["draft_vocab_size"] == 22 and config["eagle_aux_hidden_state_layer_ids"] == list(head.hidden_layers)
+        assert config["draft_vocab_size"] == 22 and config["eagle_aux_hidden_state_layer_ids"] == list(
+            head.hidden_layers
+        )
     elif mechanism == "mtp":
         assert config["num_nextn_predict_layers"] == 1
     else:
-        assert config["block_size"] == head.block_size and config["aux_hidden_state_layer_ids"] == list(head.hidden_layers)
+        assert config["block_size"] == head.block_size and config["aux_hidden_state_layer_ids"] == list(
+            head.hidden_layers
+        )
         assert config["mask_token_id"] == head.mask_token_id and config["sample_from_anchor"] == (mechanism == "dspark")
         assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
         if mechanism == "dspark":
-            assert (config["markov_rank"], config["markov_head_type"], config["enable_confidence_head"]) == (8, "rnn", True)
+            assert (config["markov_rank"], config["markov_head_type"], config["enable_confidence_head"]) == (
+                8,
+                "rnn",
+                True,
+            )
     back = load_head(folder, loaded(target), expect=mechanism)
     assert back.format == "speculators" and len(back.weights_hash) == 64
     plain = generate(target, PROMPTS, max_new_tokens=16).tokens
     a = generate(target, PROMPTS, drafter=DRAFTERS[mechanism].from_head(head), num_draft_tokens=3, max_new_tokens=16)
-    b = generate(target, PROMPTS, drafter=DRAFTERS[mechanism](loaded(target), DRAFTERS[mechanism].Options(model=str(folder))),
-                 num_draft_tokens=3, max_new_tokens=16)
+    b = generate(
+        target,
+        PROMPTS,
+        drafter=DRAFTERS[mechanism](loaded(target), DRAFTERS[mechanism].Options(model=str(folder))),
+        num_draft_tokens=3,
+        max_new_tokens=16,
+    )
     assert a.tokens == b.tokens == plain
     assert [c.num_accepted_tokens for c in a.per_prompt] == [c.num_accepted_tokens for c in b.per_prompt]
     if mechanism == "mtp":  # the target's embedding and head are shared, not stored
@@ -289,7 +362,14 @@ def test_saved_head_loads_back_and_drafts_the_same(tmp_path, target, mechanism):
 
 
 def _eagle3_folder(tmp_path, target, edit_config=None, edit_state=None) -> Path:
-    folder = save_head(HEADS["eagle3"](target), "eagle3", tmp_path / "h", verifier="tiny", verifier_architectures=["LlamaForCausalLM"], speculative_tokens=3)
+    folder = save_head(
+        HEADS["eagle3"](target),
+        "eagle3",
+        tmp_path / "h",
+        verifier="tiny",
+        verifier_architectures=["LlamaForCausalLM"],
+        speculative_tokens=3,
+    )
     if edit_config:
         config = json.loads((folder / "config.json").read_text())
         edit_config(config)
@@ -300,7 +380,10 @@ def _eagle3_folder(tmp_path, target, edit_config=None, edit_state=None) -> Path:
 @pytest.mark.parametrize(
     "edit, match",
     [
-        (lambda c: c.update(target_hidden_size=48), "reads target states of width 48, but the target's hidden size is 32"),
+        (
+            lambda c: c.update(target_hidden_size=48),
+            "reads target states of width 48, but the target's hidden size is 32",
+        ),
         (lambda c: c["transformer_layer_config"].update(vocab_size=100), "100-token vocabulary, the target 64"),
         (lambda c: c.update(eagle_aux_hidden_state_layer_ids=[2, 3, 7]), r"\[7\] do not exist in the 6-layer target"),
         (lambda c: c.update(draft_vocab_size=30), "does not map 30 draft ids"),
@@ -334,13 +417,26 @@ def test_model_optimizer_eagle3_export_loads(tmp_path, target):
     c = target.config
     folder = tmp_path / "modelopt"
     folder.mkdir()
-    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": c.hidden_size,
-              "intermediate_size": c.intermediate_size, "num_hidden_layers": 1, "num_attention_heads": c.num_heads,
-              "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim, "vocab_size": c.vocab_size, "rms_norm_eps": c.rms_norm_eps,
-              "draft_vocab_size": head.draft_vocab_size,
-              "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(head.hidden_layers), "use_aux_hidden_state": True}}
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": 1,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "vocab_size": c.vocab_size,
+        "rms_norm_eps": c.rms_norm_eps,
+        "draft_vocab_size": head.draft_vocab_size,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(head.hidden_layers), "use_aux_hidden_state": True},
+    }
     (folder / "config.json").write_text(json.dumps(config))
-    state = {k.replace("layers.0.", "midlayer."): v.contiguous() for k, v in head.state_dict().items() if k != "embed_tokens.weight"}
+    state = {
+        k.replace("layers.0.", "midlayer."): v.contiguous()
+        for k, v in head.state_dict().items()
+        if k != "embed_tokens.weight"
+    }
     save_file(state, str(folder / "model.safetensors"))
     back = load_head(folder, loaded(target))
     assert back.format == "modelopt" and back.mechanism == "eagle3"
@@ -359,16 +455,30 @@ def test_zlab_dflash_layout_loads_with_its_layer_offset(tmp_path, target):
     head.lm_head = target.lm_head  # z-lab drafts with the target's head
     state = {k: v for k, v in head.state_dict().items() if not k.startswith(("embed_tokens", "lm_head", "d2t"))}
     c = head.config
-    config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
-              "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers, "num_attention_heads": c.num_heads,
-              "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
-              "max_position_embeddings": 512, "num_target_layers": 6, "block_size": 4,
-              "dflash_config": {"mask_token_id": head.mask_token_id, "target_layer_ids": [i - 1 for i in head.hidden_layers]}}
+    config = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "max_position_embeddings": 512,
+        "num_target_layers": 6,
+        "block_size": 4,
+        "dflash_config": {"mask_token_id": head.mask_token_id, "target_layer_ids": [i - 1 for i in head.hidden_layers]},
+    }
     tmp_path.joinpath("z").mkdir()
     (tmp_path / "z" / "config.json").write_text(json.dumps(config))
     save_file(state, str(tmp_path / "z" / "model.safetensors"))
     back = load_head(tmp_path / "z", loaded(target), expect="dflash")
-    assert back.format == "z-lab" and back.head.hidden_layers == head.hidden_layers and back.head.lm_head is target.lm_head
+    assert (
+        back.format == "z-lab" and back.head.hidden_layers == head.hidden_layers and back.head.lm_head is target.lm_head
+    )
     a = generate(target, PROMPTS, drafter=DFlashDrafter.from_head(head), num_draft_tokens=3, max_new_tokens=16)
     b = generate(target, PROMPTS, drafter=DFlashDrafter.from_head(back.head), num_draft_tokens=3, max_new_tokens=16)
     assert a.tokens == b.tokens and [c.rounds for c in a.per_prompt] == [c.rounds for c in b.per_prompt]
@@ -378,14 +488,24 @@ def test_zlab_dflash_layout_loads_with_its_layer_offset(tmp_path, target):
         load_head(tmp_path / "z", loaded(target))
 
 
-@pytest.mark.parametrize("edit, match", [
-    (lambda c: c.update(block_size=1), "block_size 1"),
-    (lambda c: c.update(markov_head_type="lstm"), "markov_head_type 'lstm'"),
-    (lambda c: c.update(aux_hidden_state_layer_ids=[1, 9]), r"\[9\] do not exist"),
-    (lambda c: c.update(markov_rank=4), "the config implies"),
-])
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda c: c.update(block_size=1), "block_size 1"),
+        (lambda c: c.update(markov_head_type="lstm"), "markov_head_type 'lstm'"),
+        (lambda c: c.update(aux_hidden_state_layer_ids=[1, 9]), r"\[9\] do not exist"),
+        (lambda c: c.update(markov_rank=4), "the config implies"),
+    ],
+)
 def test_a_mismatched_dspark_head_is_refused(tmp_path, target, edit, match):
-    folder = save_head(HEADS["dspark"](target), "dspark", tmp_path / "d", verifier="tiny", verifier_architectures=["LlamaForCausalLM"], speculative_tokens=4)
+    folder = save_head(
+        HEADS["dspark"](target),
+        "dspark",
+        tmp_path / "d",
+        verifier="tiny",
+        verifier_architectures=["LlamaForCausalLM"],
+        speculative_tokens=4,
+    )
     config = json.loads((folder / "config.json").read_text())
     edit(config)
     (folder / "config.json").write_text(json.dumps(config))
@@ -416,14 +536,20 @@ def test_head_drafters_profile_like_the_others(mechanism):
     assert info["max_draft_len"] == (7 if mechanism == "dflash" else 8 if mechanism == "dspark" else None)
     assert info["model"]["hidden_layers"] == list(drafter.hidden_layers)
     quantized = drafter.with_quantized_weights("fp8")
-    assert generate(target, PROMPTS, drafter=quantized, num_draft_tokens=2, max_new_tokens=8).tokens == \
-        generate(target, PROMPTS, max_new_tokens=8).tokens
+    assert (
+        generate(target, PROMPTS, drafter=quantized, num_draft_tokens=2, max_new_tokens=8).tokens
+        == generate(target, PROMPTS, max_new_tokens=8).tokens
+    )
 
 
 def test_train_drafter_rejects_an_unknown_mechanism(capsys):
     assert main(["train-drafter", "--mechanism", "medusa"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "pass --mechanism" in err[0] and all(m in err[0] for m in ("eagle3", "mtp", "dflash", "dspark"))
+    assert (
+        len(err) == 1
+        and "pass --mechanism" in err[0]
+        and all(m in err[0] for m in ("eagle3", "mtp", "dflash", "dspark"))
+    )
 
 
 # ---------------------------------------------------------------------------- the demo target
@@ -438,8 +564,19 @@ def test_trainer_output_loads_through_the_speculators_loader(tmp_path, mechanism
     from specdec_tune.profiles.models.loading import load_model
     from specdec_tune.profiles.train_drafter import train
 
-    settings = TrainSettings(mechanism=mechanism, max_prompts=4, new_tokens=16, package_tokens=1024, budget_minutes=0.1, eval_points=1,
-                             eval_prompts=2, eval_new_tokens=8, draft_vocab=2048, batch_tokens=512, out=tmp_path / mechanism)
+    settings = TrainSettings(
+        mechanism=mechanism,
+        max_prompts=4,
+        new_tokens=16,
+        package_tokens=1024,
+        budget_minutes=0.1,
+        eval_points=1,
+        eval_prompts=2,
+        eval_new_tokens=8,
+        draft_vocab=2048,
+        batch_tokens=512,
+        out=tmp_path / mechanism,
+    )
     record = train(settings)
     assert record["data"]["split"] == "profile" and record["train"]["steps"] > 0
     point = record["learning_curve"][0]

@@ -12,8 +12,8 @@ import torch
 
 from specdec_tune import SpecdecError
 from specdec_tune.profiles.drafters import create
-from specdec_tune.profiles.models.folders import cache_root, default_target_path, file_digest
 from specdec_tune.profiles.fingerprint import cpu_has_native_bf16
+from specdec_tune.profiles.models.folders import cache_root, default_target_path, file_digest
 from specdec_tune.profiles.models.loading import load_model
 
 
@@ -61,7 +61,9 @@ def test_num_layers_keeps_the_first_layers(tiny_hf_dir):
     assert short.ref.weights_hash == full.ref.weights_hash
 
 
-@pytest.mark.parametrize(("name", "dtype"), [("float32", torch.float32), ("bfloat16", torch.bfloat16), ("bf16", torch.bfloat16)])
+@pytest.mark.parametrize(
+    ("name", "dtype"), [("float32", torch.float32), ("bfloat16", torch.bfloat16), ("bf16", torch.bfloat16)]
+)
 def test_dtype_names(tiny_hf_dir, name, dtype):
     loaded = load_model(str(tiny_hf_dir), dtype=name)
     assert all(p.dtype == dtype for p in loaded.model.parameters())

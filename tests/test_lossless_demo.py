@@ -23,16 +23,28 @@ pytestmark = pytest.mark.demo
 NUM_PROMPTS, BATCH_1_PROMPTS, MAX_NEW, D = 16, 4, 32, 3
 # draft_model with 2 layers: the cheapest draft still exercises every rollback path. The learned heads run untrained
 # (random=1): losslessness does not depend on their quality, and a trained head is not committed.
-DRAFTER_OPTIONS = {"ngram": {}, "suffix": {}, "draft_model": {"layers": "2"}, "eagle3": {"random": "1"}, "mtp": {"random": "1"},
-                   "dflash": {"random": "1"}, "dspark": {"random": "1"}}
+DRAFTER_OPTIONS = {
+    "ngram": {},
+    "suffix": {},
+    "draft_model": {"layers": "2"},
+    "eagle3": {"random": "1"},
+    "mtp": {"random": "1"},
+    "dflash": {"random": "1"},
+    "dspark": {"random": "1"},
+}
 
 
 @pytest.fixture(scope="module")
 def demo():
     target = load_model(dtype="float32")
     prompts = select_prompts("default", "held_back", NUM_PROMPTS)
-    ids = encode_prompts(target.tokenizer, prompts, context_tokens=target.model.config.max_position_embeddings,
-                         max_new_tokens=MAX_NEW, max_draft_tokens=D)
+    ids = encode_prompts(
+        target.tokenizer,
+        prompts,
+        context_tokens=target.model.config.max_position_embeddings,
+        max_new_tokens=MAX_NEW,
+        max_draft_tokens=D,
+    )
     plain, _, _ = decode_prompts(target, ids, 8, max_new_tokens=MAX_NEW)
     return target, ids, plain
 
@@ -41,7 +53,14 @@ class OracleProposals(Drafter):
     """`inner`'s rounds, with its proposals replaced by the plain greedy continuation (spoiled every `spoil_every`-th
     generated position): drafts that are accepted, in part or not at all, from a head that never learned to draft."""
 
-    def __init__(self, inner: Drafter, prompts: list[list[int]], continuations: list[list[int]], vocab_size: int, spoil_every: int = 3) -> None:
+    def __init__(
+        self,
+        inner: Drafter,
+        prompts: list[list[int]],
+        continuations: list[list[int]],
+        vocab_size: int,
+        spoil_every: int = 3,
+    ) -> None:
         self.inner, self.vocab_size, self.spoil_every = inner, vocab_size, spoil_every
         self.name, self.kind, self.hidden_layers = inner.name, inner.kind, inner.hidden_layers
         self.continuation = {tuple(p): c for p, c in zip(prompts, continuations)}
@@ -61,7 +80,9 @@ class OracleProposals(Drafter):
         for prompt, ids, n in zip(self.rows, request.token_ids, request.max_tokens):
             done = len(ids) - len(prompt)  # generated so far, the last one included
             truth = self.continuation[prompt][done : done + n]
-            tokens.append([t if (done + i) % self.spoil_every else (t + 1) % self.vocab_size for i, t in enumerate(truth)])
+            tokens.append(
+                [t if (done + i) % self.spoil_every else (t + 1) % self.vocab_size for i, t in enumerate(truth)]
+            )
         assert len(own.tokens) == len(tokens)
         return Draft(tokens)
 
@@ -80,7 +101,9 @@ def test_greedy_speculative_equals_plain(demo, mechanism, batch):
     drafter = create(mechanism, target, DRAFTER_OPTIONS[mechanism])
     if untrained:
         drafter = OracleProposals(drafter, ids[:n], plain[:n], target.model.config.vocab_size)
-    tokens, counters, _ = decode_prompts(target, ids[:n], batch, drafter=drafter, num_draft_tokens=D, max_new_tokens=MAX_NEW)
+    tokens, counters, _ = decode_prompts(
+        target, ids[:n], batch, drafter=drafter, num_draft_tokens=D, max_new_tokens=MAX_NEW
+    )
     assert len(tokens) == n
     mismatched = [i for i, (a, b) in enumerate(zip(tokens, plain)) if a != b]
     assert not mismatched, f"{mechanism} at batch {batch} differs from plain greedy on prompts {mismatched}"

@@ -15,15 +15,27 @@ pytest.importorskip("onnxscript")
 from specdec_tune import SpecdecError
 from specdec_tune.exporters import onnx_export
 from specdec_tune.profiles.drafters.draft_model import DraftModelDrafter
-from specdec_tune.profiles.models.llama import CausalLM, ModelConfig, init_random
 from specdec_tune.profiles.models.folders import ModelRef
+from specdec_tune.profiles.models.llama import CausalLM, ModelConfig, init_random
 from specdec_tune.profiles.models.loading import LoadedModel
 
 
 def tiny_target(seed: int = 0, **switches) -> CausalLM:
-    c = ModelConfig(model_type=switches.pop("model_type", "llama"), vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=3,
-                    num_heads=6, num_kv_heads=2, head_dim=8, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=512,
-                    tie_word_embeddings=switches.pop("tied", False), **switches)
+    c = ModelConfig(
+        model_type=switches.pop("model_type", "llama"),
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=3,
+        num_heads=6,
+        num_kv_heads=2,
+        head_dim=8,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        max_position_embeddings=512,
+        tie_word_embeddings=switches.pop("tied", False),
+        **switches,
+    )
     torch.manual_seed(seed)
     model = init_random(CausalLM(c), seed=seed).eval()
     g = torch.Generator().manual_seed(seed + 1)
@@ -37,7 +49,9 @@ def tiny_target(seed: int = 0, **switches) -> CausalLM:
 def draft_model_of(target: CausalLM) -> CausalLM:
     """The `draft_model` drafter's model for this target: its first layers with the target's norm and head."""
     ref = ModelRef("tiny", "hf", "llama", "float32", "c", "w", target.config.num_layers)
-    return DraftModelDrafter(LoadedModel(model=target, tokenizer=None, ref=ref), DraftModelDrafter.Options(layers=2)).model
+    return DraftModelDrafter(
+        LoadedModel(model=target, tokenizer=None, ref=ref), DraftModelDrafter.Options(layers=2)
+    ).model
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +67,10 @@ def test_draft_model_exports_with_parity(exported):
     assert set(result["graphs"]) == {"drafter.onnx", "drafter_kv.onnx"}
     for name, graph in result["graphs"].items():
         parity = graph["parity"]
-        assert parity["passed"] and parity["parity_err"] < 1e-4 and parity["max_abs_err"] < 1e-4, (name, parity)  # unit-scale logits
+        assert parity["passed"] and parity["parity_err"] < 1e-4 and parity["max_abs_err"] < 1e-4, (
+            name,
+            parity,
+        )  # unit-scale logits
         assert all(c["onnx_vs_fp64"] < 1e-4 and c["torch_fp32_vs_fp64"] < 1e-4 for c in parity["cases"])
         assert all(c["logits_max_abs"] > 1.0 for c in parity["cases"])  # logits large enough for a wrong layer to show
         assert [(c["batch"], c["tokens"]) for c in parity["cases"]] == [(1, 1), (7, 5), (2, 9)]
@@ -97,15 +114,17 @@ def test_tensorrt_skip_record_and_command(exported):
 def test_architecture_switches_export(tmp_path):
     """qk-norm, q/k/v and o biases, tied head: the graph carries every switch the model's forward has."""
     target = tiny_target(seed=3, model_type="qwen3", qk_norm=True, attention_bias=True, o_bias=True, tied=True)
-    result = onnx_export.export_drafter(target.truncated(2), tmp_path, max_batch=4, max_draft_len=3, ctx=32, with_cache=False,
-                                        parity_cases=[(3, 4, 0)])
+    result = onnx_export.export_drafter(
+        target.truncated(2), tmp_path, max_batch=4, max_draft_len=3, ctx=32, with_cache=False, parity_cases=[(3, 4, 0)]
+    )
     assert result["graphs"]["drafter.onnx"]["parity"]["parity_err"] < 1e-4
 
 
 def test_fp8_plan_exports_fp8_rounded_weights(tmp_path):
     draft = draft_model_of(tiny_target(seed=5))
-    result = onnx_export.export_drafter(draft, tmp_path, max_batch=4, max_draft_len=3, ctx=32, quant="fp8", with_cache=False,
-                                        parity_cases=[(2, 4, 0)])
+    result = onnx_export.export_drafter(
+        draft, tmp_path, max_batch=4, max_draft_len=3, ctx=32, quant="fp8", with_cache=False, parity_cases=[(2, 4, 0)]
+    )
     assert result["quant"] == "fp8" and result["graphs"]["drafter.onnx"]["parity"]["passed"]
     assert "--fp8" in result["graphs"]["drafter.onnx"]["tensorrt"]["command"]
     # the graph computes the quantized drafter, not the original one
@@ -119,8 +138,15 @@ def test_the_bundle_ships_only_the_kv_graph_with_parity_at_long_pasts(tmp_path):
     """The cache-free graph is the KV graph at past 0: a bundle carries the KV graph alone, checked at pasts
     as long as the plan's context."""
     draft = draft_model_of(tiny_target())
-    result = onnx_export.export_drafter(draft, tmp_path, max_batch=4, max_draft_len=3, ctx=64, with_plain=False,
-                                        parity_cases=[(1, 1, 1), (3, 4, 32), (4, 2, 64)])
+    result = onnx_export.export_drafter(
+        draft,
+        tmp_path,
+        max_batch=4,
+        max_draft_len=3,
+        ctx=64,
+        with_plain=False,
+        parity_cases=[(1, 1, 1), (3, 4, 32), (4, 2, 64)],
+    )
     assert set(result["graphs"]) == {"drafter_kv.onnx"} and not (tmp_path / "drafter.onnx").exists()
     cases = result["graphs"]["drafter_kv.onnx"]["parity"]["cases"]
     assert [c["past"] for c in cases] == [1, 32, 64] and all(c["max_abs_err"] < 1e-4 for c in cases)
@@ -134,10 +160,16 @@ def _heads(target: CausalLM) -> dict:
     from specdec_tune.profiles.drafters.eagle3 import new_eagle3_head
     from specdec_tune.profiles.drafters.mtp import new_mtp_head
 
-    return {"eagle3": lambda: new_eagle3_head(target, draft_vocab=list(range(0, 96, 2)), aux_layers=(0, 1, 2), seed=1),
-            "mtp": lambda: new_mtp_head(target, seed=1),
-            "dflash": lambda: new_dflash_head(target, draft_vocab=list(range(0, 96, 3)), layer_ids=(1, 3), block_size=5, seed=1),
-            "dspark": lambda: _markov_active(new_dflash_head(target, markov_rank=6, markov_head_type="rnn", layer_ids=(0, 2), block_size=4))}
+    return {
+        "eagle3": lambda: new_eagle3_head(target, draft_vocab=list(range(0, 96, 2)), aux_layers=(0, 1, 2), seed=1),
+        "mtp": lambda: new_mtp_head(target, seed=1),
+        "dflash": lambda: new_dflash_head(
+            target, draft_vocab=list(range(0, 96, 3)), layer_ids=(1, 3), block_size=5, seed=1
+        ),
+        "dspark": lambda: _markov_active(
+            new_dflash_head(target, markov_rank=6, markov_head_type="rnn", layer_ids=(0, 2), block_size=4)
+        ),
+    }
 
 
 def _markov_active(head):
@@ -146,8 +178,12 @@ def _markov_active(head):
     return head
 
 
-GRAPHS = {"eagle3": {"combine.onnx", "step.onnx"}, "mtp": {"step.onnx"}, "dflash": {"context.onnx", "block.onnx"},
-          "dspark": {"context.onnx", "block.onnx", "markov.onnx"}}
+GRAPHS = {
+    "eagle3": {"combine.onnx", "step.onnx"},
+    "mtp": {"step.onnx"},
+    "dflash": {"context.onnx", "block.onnx"},
+    "dspark": {"context.onnx", "block.onnx", "markov.onnx"},
+}
 
 
 @pytest.mark.parametrize("mechanism", sorted(GRAPHS))
@@ -157,13 +193,23 @@ def test_learned_heads_export_with_parity_against_their_drafting_code(tmp_path, 
     from specdec_tune.exporters.onnx_heads import export_head
 
     head = _heads(tiny_target(seed=2))[mechanism]()
-    result = export_head(head, tmp_path, name=mechanism, max_batch=8, max_draft_len=6, ctx=64, parity_cases=[(1, 1, 1), (7, 6, 3), (3, 2, 40)])
+    result = export_head(
+        head,
+        tmp_path,
+        name=mechanism,
+        max_batch=8,
+        max_draft_len=6,
+        ctx=64,
+        parity_cases=[(1, 1, 1), (7, 6, 3), (3, 2, 40)],
+    )
     assert set(result["graphs"]) == GRAPHS[mechanism]
     for name, graph in result["graphs"].items():
         assert graph["parity"]["passed"] and graph["parity"]["parity_err"] < 1e-4, (name, graph["parity"])
         assert {c["batch"] for c in graph["parity"]["cases"]} == {1, 7, 3}
         if not onnx_export.tensorrt_available():
-            assert graph["tensorrt"]["built"] is False and graph["tensorrt"]["command"].startswith(f"trtexec --onnx={name} ")
+            assert graph["tensorrt"]["built"] is False and graph["tensorrt"]["command"].startswith(
+                f"trtexec --onnx={name} "
+            )
     assert json.loads((tmp_path / "export.json").read_text())["graphs"].keys() == result["graphs"].keys()
     assert "Per round" in (tmp_path / "README.md").read_text()
 

@@ -14,28 +14,33 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from specdec_tune import SpecdecError
-from specdec_tune.autotune.search import SearchSettings, search
 from specdec_tune.autotune.plan_schema import load_plan
+from specdec_tune.autotune.search import SearchSettings, search
 from specdec_tune.exporters.bundle import read_manifest
 from specdec_tune.pipeline.bundle_checks import validate_bundle
 from specdec_tune.pipeline.export import export
-from specdec_tune.settings import ExportSettings
 from specdec_tune.profiles.calibration import load_calibration
 from specdec_tune.profiles.models.llama import ModelConfig
 from specdec_tune.profiles.schema import load_profile
 from specdec_tune.records import sha256_file
+from specdec_tune.settings import ExportSettings
 
 PROFILE = Path(__file__).parent / "data" / "demo_profile.json"
 sys.path.insert(0, str(Path(__file__).parent))
 import mutations as enumerated  # noqa: E402
+
 FIXTURES = dict(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow], deadline=None)
 
 json_values = st.recursive(
     # no subnormals: a library loaded earlier in the test process may flush them to zero (FTZ)
-    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False, allow_infinity=False, allow_subnormal=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**6), 10**6)
+    | st.floats(allow_nan=False, allow_infinity=False, allow_subnormal=False)
     | st.text(max_size=12),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
     max_leaves=6,
@@ -147,17 +152,37 @@ def test_any_calibration_file_loads_or_is_refused(tmp_path, lines):
     path.write_text("\n".join(lines))
     loaded = _loads_or_refuses(load_calibration, str(path))
     if loaded is not None:
-        assert loaded.prompts and all(isinstance(p.text, str) and p.text.strip() and isinstance(p.domain, str) for p in loaded.prompts)
+        assert loaded.prompts and all(
+            isinstance(p.text, str) and p.text.strip() and isinstance(p.domain, str) for p in loaded.prompts
+        )
 
 
-LLAMA = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-         "max_position_embeddings": 128, "tie_word_embeddings": False}
+LLAMA = {
+    "model_type": "llama",
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 128,
+    "tie_word_embeddings": False,
+}
 
 
 @settings(max_examples=300, **FIXTURES)
-@given(doc=mutations(LLAMA, [p for p in _paths(LLAMA) if p]), extra=st.dictionaries(st.sampled_from(
-    ["head_dim", "rope_scaling", "attention_bias", "eos_token_id", "num_key_value_heads", "hidden_act"]), json_values, max_size=2))
+@given(
+    doc=mutations(LLAMA, [p for p in _paths(LLAMA) if p]),
+    extra=st.dictionaries(
+        st.sampled_from(
+            ["head_dim", "rope_scaling", "attention_bias", "eos_token_id", "num_key_value_heads", "hidden_act"]
+        ),
+        json_values,
+        max_size=2,
+    ),
+)
 def test_any_model_config_is_read_or_refused(doc, extra):
     config = _loads_or_refuses(ModelConfig.from_hf, doc | extra)
     if config is not None:
@@ -171,7 +196,9 @@ def _run_cases(outcomes, *args, cases: list) -> list[str]:
     """`outcomes(*args, batch)` over every case, the cases dealt over the machine's cores (each a process of its own)."""
     workers = max(1, min(4, os.cpu_count() or 1))
     batches = [cases[i::workers] for i in range(workers)]
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=enumerated.worker_setup) as pool:
+    with ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context("spawn"), initializer=enumerated.worker_setup
+    ) as pool:
         results = list(pool.map(outcomes, *([a] * workers for a in args), batches))
     return [r for batch in results for r in batch]
 
@@ -184,7 +211,9 @@ def test_every_plan_field_broken_alone_is_refused_in_one_line_or_exports(demo):
     cases = enumerated.cases(plan)
     outcomes = _run_cases(enumerated.plan_outcomes, plan, str(PROFILE), cases=cases)
     assert [o for o in outcomes if o.startswith("crash")] == []
-    assert outcomes.count("refused") > len(cases) // 3 and outcomes.count("exported") > len(cases) // 10  # both ends exercised
+    assert (
+        outcomes.count("refused") > len(cases) // 3 and outcomes.count("exported") > len(cases) // 10
+    )  # both ends exercised
     assert len(cases) > 600  # every field: the plan has over 200 places
 
 
@@ -211,4 +240,5 @@ def test_the_enumeration_reports_a_crash(monkeypatch):
 
     monkeypatch.setattr("specdec_tune.autotune.plan_schema.load_plan", crash)
     assert enumerated.plan_outcomes(plan, str(PROFILE), [(("tool_version",), "null", None)]) == [
-        "crash: ('tool_version',) null: KeyError: 'planted'"]
+        "crash: ('tool_version',) null: KeyError: 'planted'"
+    ]

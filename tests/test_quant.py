@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from specdec_tune import SpecdecError
-from specdec_tune.formats import FORMATS, WEIGHT_FORMATS as QUANT_FORMATS, bits_per_weight, supported_natively
+from specdec_tune.formats import FORMATS, bits_per_weight, supported_natively
+from specdec_tune.formats import WEIGHT_FORMATS as QUANT_FORMATS
 from specdec_tune.profiles.drafters.quant import (
     E2M1_GRID,
     fake_quant,

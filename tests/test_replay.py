@@ -54,11 +54,17 @@ def _replay_against_the_loop(target, make, d_max: int, with_stop: bool) -> int:
     assert all(len(t) == NEW_TOKENS for t in trajectories)
     # a stop token that occurs early in one row and late (or never) in others: rounds cut by it
     stop = {trajectories[0][7]} if with_stop else set()
-    replayed = [replay.replay(t, replay.proposer(make(), p, t, target, d_max), list(range(1, d_max + 1)), NEW_TOKENS, stop, d_max)
-                for p, t in zip(PROMPTS, trajectories)]
+    replayed = [
+        replay.replay(
+            t, replay.proposer(make(), p, t, target, d_max), list(range(1, d_max + 1)), NEW_TOKENS, stop, d_max
+        )
+        for p, t in zip(PROMPTS, trajectories)
+    ]
     accepted = 0
     for D in sorted({1, 3, d_max}):
-        loop = generate(target, PROMPTS, drafter=make(), num_draft_tokens=D, max_new_tokens=NEW_TOKENS, stop_token_ids=sorted(stop))
+        loop = generate(
+            target, PROMPTS, drafter=make(), num_draft_tokens=D, max_new_tokens=NEW_TOKENS, stop_token_ids=sorted(stop)
+        )
         for p, (by_d, looped) in enumerate(zip(replayed, loop.per_prompt)):
             mine = by_d[D - 1]
             looped = SpecCounters.merge(looped, SpecCounters(max_draft_len=d_max))  # same histogram size
@@ -78,8 +84,12 @@ def test_replay_equals_the_loop_at_every_draft_length(target, name, with_stop):
 HEADS = {
     "eagle3": lambda m: Eagle3Drafter.from_head(new_eagle3_head(m, draft_vocab=[0, 1, 3, 4, 6, 7, 9], seed=1)),
     "mtp": lambda m: MtpDrafter.from_head(new_mtp_head(m, seed=1)),
-    "dflash": lambda m: DFlashDrafter.from_head(new_dflash_head(m, draft_vocab=[0, 2, 3, 5, 6, 7, 8], block_size=5, seed=1)),
-    "dspark": lambda m: DSparkDrafter.from_head(new_dflash_head(m, markov_rank=4, markov_head_type="rnn", block_size=4, seed=1)),
+    "dflash": lambda m: DFlashDrafter.from_head(
+        new_dflash_head(m, draft_vocab=[0, 2, 3, 5, 6, 7, 8], block_size=5, seed=1)
+    ),
+    "dspark": lambda m: DSparkDrafter.from_head(
+        new_dflash_head(m, markov_rank=4, markov_head_type="rnn", block_size=4, seed=1)
+    ),
 }
 
 
@@ -108,7 +118,9 @@ def test_replay_cut_by_stop_token_and_end_of_generation(target):
     [c] = replay.replay(trajectory, replay.proposer(exact, PROMPTS[0], trajectory, target, 4), [4], 10, set(), 4)
     # rounds: 5 tokens, 5 tokens: the second round may draft only min(4, 10 - 5 - 1) = 4, so 5 + 5 = 10
     assert c.num_rounds == 2 and c.num_emitted_tokens == 10 and c.rounds[4][4] == 2
-    [c] = replay.replay(trajectory, replay.proposer(exact, PROMPTS[0], trajectory, target, 4), [4], 10, {trajectory[2]}, 4)
+    [c] = replay.replay(
+        trajectory, replay.proposer(exact, PROMPTS[0], trajectory, target, 4), [4], 10, {trajectory[2]}, 4
+    )
     # the stop token at position 2 ends the row inside the first round: 3 tokens emitted, 4 accepted
     assert c.num_rounds == 1 and c.num_emitted_tokens == 3 and c.num_accepted_tokens == 4
 
@@ -153,19 +165,25 @@ def test_t_quantile_matches_scipy():
     stats = pytest.importorskip("scipy.stats")
     for df in (1, 2, 3, 4, 6, 10, 30, 200):
         for p in (0.9, 0.975):
-            assert intervals.t_quantile(p, df) == pytest.approx(stats.t.ppf(p, df), abs={3: 0.004, 4: 0.001}.get(df, 2e-4))
+            assert intervals.t_quantile(p, df) == pytest.approx(
+                stats.t.ppf(p, df), abs={3: 0.004, 4: 0.001}.get(df, 2e-4)
+            )
 
 
 def test_widening_is_hesterbergs_factor_and_pools_a_mix():
     stats = pytest.importorskip("scipy.stats")
-    assert intervals.widening(["a"] * 7, {"a": 1.0}) == pytest.approx(stats.t.ppf(0.975, 6) * (7 / 6) ** 0.5 / 1.959964, abs=1e-3)
+    assert intervals.widening(["a"] * 7, {"a": 1.0}) == pytest.approx(
+        stats.t.ppf(0.975, 6) * (7 / 6) ** 0.5 / 1.959964, abs=1e-3
+    )
     assert 1.0 < intervals.widening(["a"] * 120, {"a": 1.0}) < 1.02
     # a mix of a small and a large domain: between the two domains' own factors; a domain of weight 0 plays no part
     mixed = intervals.widening(["a"] * 7 + ["b"] * 120, {"a": 1.0, "b": 1.0})
     assert intervals.widening(["a"] * 120, {"a": 1.0}) < mixed < intervals.widening(["a"] * 7, {"a": 1.0})
     assert intervals.widening(["a"] * 7 + ["b"] * 2, {"a": 1.0}) == intervals.widening(["a"] * 7, {"a": 1.0})
     assert intervals.widening(["a"] * 7 + ["b"], {"a": 1.0, "b": 1.0}) == float("inf")
-    assert intervals.half_width_text(0.02) == "within ±2.0% (95%)" and "one prompt" in intervals.half_width_text(float("inf"))
+    assert intervals.half_width_text(0.02) == "within ±2.0% (95%)" and "one prompt" in intervals.half_width_text(
+        float("inf")
+    )
 
 
 def test_interval_over_few_prompts_holds_its_confidence():
@@ -198,4 +216,6 @@ def test_widened_interval_stays_within_one_and_one_plus_d():
     assert np.isinf(one_prompt[1]).all()  # one prompt: no interval (the profile writes none), not the clipped range
     point, _ = intervals.figures(_sums(per_prompt), ["a"] * 7, {"a": 1.0})
     resampled, _ = intervals.draws(_sums(per_prompt), ["a"] * 7, {"a": 1.0}, resamples=500)
-    assert intervals.widened(point, resampled, intervals.widening(["a"] * 7, {"a": 1.0}))[1, 0] < 1.0  # unclipped, it would
+    assert (
+        intervals.widened(point, resampled, intervals.widening(["a"] * 7, {"a": 1.0}))[1, 0] < 1.0
+    )  # unclipped, it would

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from specdec_tune.cli import main
 from specdec_tune.autotune.search import SearchSettings, search
+from specdec_tune.cli import main
 from specdec_tune.pipeline.export import export
-from specdec_tune.settings import ExportSettings
 from specdec_tune.profiles.schema import load_profile
 from specdec_tune.records import sha256_file
+from specdec_tune.settings import ExportSettings
 
 PROFILE = Path(__file__).parent / "data" / "demo_profile.json"
 # Ctrl-C: the CLI's own exit code, or the signal itself when it lands while the interpreter is exiting
@@ -90,14 +90,20 @@ CASES = [
     (f"search --profile {P} --out {{o}} --objective latency", "unknown objective"),
     (f"search --profile {P} --out {{o}} --min-tps 5", "--min-tps is a floor"),
     (f"search --profile {P} --out {{o}} --trials -3", "must not be negative"),
-    (f"search --profile {P} --out {{o}} --storage postgresql+psycopg2://u@127.0.0.1:1/x", "cannot open the study storage"),
+    (
+        f"search --profile {P} --out {{o}} --storage postgresql+psycopg2://u@127.0.0.1:1/x",
+        "cannot open the study storage",
+    ),
     (f"export --plan {{d}}/missing.json --profile {P} --out {{o}}", "not found"),
     (f"export --plan {{d}}/corrupt.json --profile {P} --out {{o}}", "not valid JSON"),
     (f"export --plan {P} --profile {P} --out {{o}}", "not a specdec-tune plan"),
     (f"export --plan {{d}}/oldplan.json --profile {P} --out {{o}}", "plan schema"),
     (f"export --plan {{d}}/badplan.json --profile {P} --out {{o}}", "is not a valid plan: at buckets/0"),
     ("export --plan {d}/plan/plan.json --profile {d}/future.json --out {o}", "schema"),
-    (f"export --plan {{d}}/plan/plan.json --profile {P} --out {{o}} --vllm-version banana --configs-only", "not a version"),
+    (
+        f"export --plan {{d}}/plan/plan.json --profile {P} --out {{o}} --vllm-version banana --configs-only",
+        "not a version",
+    ),
     (f"export --plan {{d}}/plan/plan.json --profile {P} --out {{o}} --tolerance 0", "--tolerance"),
     (f"export --plan {{d}}/plan/plan.json --profile {P} --out {{d}}/busy --configs-only", "is not a bundle"),
     ("validate {d}/missing", "not found"),
@@ -131,7 +137,21 @@ def test_a_full_disk_is_one_line_and_keeps_the_old_bundle(files, tmp_path, capsy
     import errno
 
     out = tmp_path / "bundle"
-    assert main(["export", "--plan", str(files / "plan" / "plan.json"), "--profile", str(PROFILE), "--out", str(out), "--configs-only"]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "--plan",
+                str(files / "plan" / "plan.json"),
+                "--profile",
+                str(PROFILE),
+                "--out",
+                str(out),
+                "--configs-only",
+            ]
+        )
+        == 0
+    )
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     capsys.readouterr()
 
@@ -140,7 +160,18 @@ def test_a_full_disk_is_one_line_and_keeps_the_old_bundle(files, tmp_path, capsy
 
     monkeypatch.setattr("specdec_tune.exporters.report.write_report", full)
     monkeypatch.setattr("specdec_tune.exporters.bundle.write_report", full)
-    code = main(["export", "--plan", str(files / "plan" / "plan.json"), "--profile", str(PROFILE), "--out", str(out), "--configs-only"])
+    code = main(
+        [
+            "export",
+            "--plan",
+            str(files / "plan" / "plan.json"),
+            "--profile",
+            str(PROFILE),
+            "--out",
+            str(out),
+            "--configs-only",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 1 and "No space left on device" in err and err.count("\n") == 1
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # the previous bundle is untouched
@@ -149,8 +180,19 @@ def test_a_full_disk_is_one_line_and_keeps_the_old_bundle(files, tmp_path, capsy
 
 def test_two_exports_into_one_folder(files, tmp_path):
     out = tmp_path / "bundle"
-    cmd = [sys.executable, "-m", "specdec_tune.cli", "export", "--plan", str(files / "plan" / "plan.json"), "--profile", str(PROFILE),
-           "--out", str(out), "--configs-only"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "specdec_tune.cli",
+        "export",
+        "--plan",
+        str(files / "plan" / "plan.json"),
+        "--profile",
+        str(PROFILE),
+        "--out",
+        str(out),
+        "--configs-only",
+    ]
     procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     codes = [p.wait(300) for p in procs]
     assert 0 in codes  # at least one lands; the other lands too or fails with one line
@@ -161,7 +203,18 @@ def test_two_exports_into_one_folder(files, tmp_path):
     assert not list(tmp_path.glob(".bundle.staging-*")) + list(tmp_path.glob(".bundle.old-*"))
 
 
-SEARCH_CMD = [sys.executable, "-m", "specdec_tune.cli", "search", "--profile", str(PROFILE), "--trials", "400", "--seed", "5"]
+SEARCH_CMD = [
+    sys.executable,
+    "-m",
+    "specdec_tune.cli",
+    "search",
+    "--profile",
+    str(PROFILE),
+    "--trials",
+    "400",
+    "--seed",
+    "5",
+]
 
 
 @pytest.fixture(scope="module")
@@ -175,11 +228,19 @@ def whole_search(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "Ctrl-C"])
 def test_search_killed_midway_resumes_to_the_same_plan(tmp_path, sig, whole_search):
     cut = tmp_path / "cut"
-    proc = subprocess.Popen([*SEARCH_CMD, "--out", str(cut)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a terminal's foreground job
+    proc = subprocess.Popen(
+        [*SEARCH_CMD, "--out", str(cut)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # as a terminal's foreground job
     journal, deadline = cut / "study.journal", time.monotonic() + 120
     # some trials in (a trial is about ten journal lines), the study not finished
-    while time.monotonic() < deadline and proc.poll() is None and (not journal.exists() or journal.read_bytes().count(b"\n") < 500):
+    while (
+        time.monotonic() < deadline
+        and proc.poll() is None
+        and (not journal.exists() or journal.read_bytes().count(b"\n") < 500)
+    ):
         time.sleep(0.02)
     assert proc.poll() is None, "the search ended before it could be interrupted"
     proc.send_signal(sig)
@@ -227,12 +288,27 @@ def _leftovers(folder: Path) -> list[Path]:
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "Ctrl-C"])
 def test_export_interrupted_keeps_the_previous_bundle_and_reexports_identically(files, tmp_path, sig):
     out = tmp_path / "bundle"
-    cmd = [sys.executable, "-m", "specdec_tune.cli", "export", "--plan", str(files / "plan" / "plan.json"), "--profile", str(PROFILE),
-           "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "specdec_tune.cli",
+        "export",
+        "--plan",
+        str(files / "plan" / "plan.json"),
+        "--profile",
+        str(PROFILE),
+        "--out",
+        str(out),
+    ]
     assert subprocess.run([*cmd, "--configs-only"], capture_output=True, timeout=300).returncode == 0
     first = _bundle_bytes(out)
-    proc = subprocess.Popen([*cmd, "--lossless-prompts", "2", "--new-tokens", "8"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a terminal's foreground job
+    proc = subprocess.Popen(
+        [*cmd, "--lossless-prompts", "2", "--new-tokens", "8"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # as a terminal's foreground job
     deadline = time.monotonic() + 120
     while not list(tmp_path.glob(".bundle.staging-*")) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -258,11 +334,21 @@ def test_an_export_killed_between_its_renames_is_put_back(files, tmp_path):
     out = tmp_path / "bundle"
     export(ExportSettings(plan=files / "plan" / "plan.json", profile=PROFILE, out=out, skip_measure=True))
     first = _bundle_bytes(out)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
     out.rename(tmp_path / f".bundle.old-{dead}")
     (tmp_path / f".bundle.staging-{dead}").mkdir()
     with pytest.raises(Exception, match="unknown engine"):  # fails after recovery, before writing anything
-        export(ExportSettings(plan=files / "plan" / "plan.json", profile=PROFILE, out=out, versions=(("nope", "1"),), skip_measure=True))
+        export(
+            ExportSettings(
+                plan=files / "plan" / "plan.json",
+                profile=PROFILE,
+                out=out,
+                versions=(("nope", "1"),),
+                skip_measure=True,
+            )
+        )
     assert _bundle_bytes(out) == first and not _leftovers(tmp_path)
 
 
@@ -281,7 +367,11 @@ def test_same_profile_and_seed_give_byte_identical_plan_and_bundle(tmp_path):
     (tmp_path / "b" / "plan.json").write_text(texts[1].replace('"T"', '"2000-01-01T00:00:00+00:00"'))
     bundles = {}
     for name, plan in (("a1", "a"), ("a2", "a"), ("b", "b")):
-        export(ExportSettings(plan=tmp_path / plan / "plan.json", profile=PROFILE, out=tmp_path / f"bundle_{name}", skip_measure=True))
+        export(
+            ExportSettings(
+                plan=tmp_path / plan / "plan.json", profile=PROFILE, out=tmp_path / f"bundle_{name}", skip_measure=True
+            )
+        )
         bundles[name] = _bundle_bytes(tmp_path / f"bundle_{name}")
     assert bundles["a1"] == bundles["a2"]
     # from the second plan: only the copied plan (its timestamp) and the manifest's hash of it differ
@@ -308,7 +398,9 @@ def test_an_out_of_memory_bucket_is_recorded_as_infeasible(monkeypatch, fixed_sp
     monkeypatch.setattr(validate, "context_prompts", lambda *a: [[1, 2, 3]])
     bucket = lambda B: {"batch": B, "draft_len": 0, "tokens_per_s": {"value": 100.0 * B, "source": "measured"}}  # noqa: E731
     plan = make_plan([bucket(1), bucket(16)])
-    result = validate.throughput_check(plan, types.SimpleNamespace(target={"path": "x"}, device={}), validate.MeasureSettings())
+    result = validate.throughput_check(
+        plan, types.SimpleNamespace(target={"path": "x"}, device={}), validate.MeasureSettings()
+    )
     assert result["passed"] and result["infeasible_batches"] == [16]
     assert result["buckets"][1] == {"batch": 16, "draft_len": 0, "infeasible": "out of memory on this device now"}
     assert "infeasible" in describe_throughput_row(result["buckets"][1])
@@ -326,7 +418,10 @@ def _forge(bundle: Path, rel: str, payload: bytes) -> None:
 
 
 PAYLOADS = {
-    "yaml python tag": ("trtllm/config.yaml", b'speculative_config: !!python/object/apply:os.system ["touch {marker}"]\n'),
+    "yaml python tag": (
+        "trtllm/config.yaml",
+        b'speculative_config: !!python/object/apply:os.system ["touch {marker}"]\n',
+    ),
     "yaml new object": ("trtllm/config.yaml", b"x: !!python/object/new:subprocess.Popen [[touch, {marker}]]\n"),
     "pickle as json": ("vllm/speculative_config.json", None),
     "pickle as profile": ("inputs/profile.json", None),
@@ -343,12 +438,16 @@ def test_a_bundle_crafted_to_run_code_is_refused(files, tmp_path, capsys, name):
     export(ExportSettings(plan=files / "plan" / "plan.json", profile=PROFILE, out=bundle, skip_measure=True))
     rel, payload = PAYLOADS[name]
     if payload is None:
+
         class Evil:
             def __reduce__(self):
                 return (os.system, (f"touch {marker}",))
+
         payload = pickle.dumps(Evil())
     _forge(bundle, rel, payload.replace(b"{marker}", str(marker).encode()))
-    argv = ["validate", str(bundle)] + (["--configs-only"] if rel != "inputs/profile.json" else ["--lossless-prompts", "1"])
+    argv = ["validate", str(bundle)] + (
+        ["--configs-only"] if rel != "inputs/profile.json" else ["--lossless-prompts", "1"]
+    )
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: "), err

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from specdec_tune import SpecdecError
-from specdec_tune.cli import main
 from specdec_tune.autotune.cost_model import CostModel
 from specdec_tune.autotune.search import SearchSettings, search
 from specdec_tune.autotune.space import Candidate, Space, non_dominated
 from specdec_tune.autotune.study import open_storage, run_study
+from specdec_tune.cli import main
 from specdec_tune.profiles.schema import load_profile
 
 PROFILE_PATH = Path(__file__).parent / "data" / "demo_profile.json"
@@ -47,8 +47,10 @@ def test_exhaustive_is_exact_on_a_small_space(profile):
     space = Space(cost, SearchSettings(mechanisms=("ngram",)))
     space.buckets = space.buckets[:3]
     best, value = space.exhaustive()
-    brute = max(space.score(Candidate("ngram", "none", "free", 4, space.repair(list(s))))
-                for s in itertools.product(range(cost.max_draft_len + 1), repeat=3))
+    brute = max(
+        space.score(Candidate("ngram", "none", "free", 4, space.repair(list(s))))
+        for s in itertools.product(range(cost.max_draft_len + 1), repeat=3)
+    )
     assert value == pytest.approx(brute)
 
 
@@ -81,7 +83,9 @@ def _two_workers_fill_one_study(storage: str, name: str) -> None:
     study = optuna.load_study(study_name=name, storage=open_storage(storage))
     numbers = [t.number for t in study.trials]
     # 50 sampled + the enqueued no-speculation starts (each worker enqueues them on an empty study; both may)
-    assert sorted(numbers) == list(range(len(numbers))) and 50 <= len(numbers) <= 50 + 2 * 3  # none lost, none duplicated
+    assert (
+        sorted(numbers) == list(range(len(numbers))) and 50 <= len(numbers) <= 50 + 2 * 3
+    )  # none lost, none duplicated
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
     assert len({t._trial_id for t in study.trials}) == len(numbers)
 
@@ -119,9 +123,27 @@ def postgres_url():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    subprocess.run([*as_user, initdb, "-D", str(root / "db"), "-A", "trust", "-U", "postgres"], check=True, capture_output=True)
-    subprocess.run([*as_user, pg_ctl, "-D", str(root / "db"), "-l", str(root / "log"), "-w", "-t", "60", "-o",
-                    f"-p {port} -k {root} -c listen_addresses=127.0.0.1", "start"], check=True, capture_output=True)
+    subprocess.run(
+        [*as_user, initdb, "-D", str(root / "db"), "-A", "trust", "-U", "postgres"], check=True, capture_output=True
+    )
+    subprocess.run(
+        [
+            *as_user,
+            pg_ctl,
+            "-D",
+            str(root / "db"),
+            "-l",
+            str(root / "log"),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            f"-p {port} -k {root} -c listen_addresses=127.0.0.1",
+            "start",
+        ],
+        check=True,
+        capture_output=True,
+    )
     try:
         yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
     finally:
@@ -140,7 +162,17 @@ def test_search_runs_on_a_postgresql_storage(profile, tmp_path, postgres_url):
 
 
 def test_unreachable_storage_is_one_line(capsys, tmp_path):
-    code = main(["search", "--profile", str(PROFILE_PATH), "--out", str(tmp_path), "--storage", "postgresql+psycopg2://u@127.0.0.1:1/x"])
+    code = main(
+        [
+            "search",
+            "--profile",
+            str(PROFILE_PATH),
+            "--out",
+            str(tmp_path),
+            "--storage",
+            "postgresql+psycopg2://u@127.0.0.1:1/x",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 1 and "cannot open the study storage" in err and err.count("\n") == 1
     assert not (tmp_path / "plan.json").exists()
@@ -152,18 +184,27 @@ def test_cap_objectives_reach_the_exhaustive_optimum(profile, tmp_path, objectiv
     plan = search(profile, "h", SearchSettings(objective=objective, seed=0, out_dir=tmp_path, **floors)).to_json()
     assert plan["study"]["gap_pct"] <= 1.0 and plan["study"]["trials"] <= 0.5 * plan["study"]["space_size"]
     at_cap = plan["buckets"][-1]
-    assert at_cap["batch"] == plan["max_batch"] and [b["batch"] for b in plan["buckets"]] == [1, 2, 4, 8, 16][:len(plan["buckets"])]
+    assert (
+        at_cap["batch"] == plan["max_batch"]
+        and [b["batch"] for b in plan["buckets"]] == [1, 2, 4, 8, 16][: len(plan["buckets"])]
+    )
     cost = CostModel(profile)
     # the floor holds at the cap, and no larger cap meets it: that is the throughput-at-a-floor answer
     pred = at_cap["predicted"]
     if objective == "throughput":
         assert pred["per_user_tokens_per_s"]["value"] >= 50.0
         larger = [B for B in profile.workload.batch_buckets if B > plan["max_batch"]]
-        assert all(max(cost.predict(B, D, m).per_user_tokens_per_s.value for m in cost.mechanisms for D in range(16)) < 50.0 for B in larger)
+        assert all(
+            max(cost.predict(B, D, m).per_user_tokens_per_s.value for m in cost.mechanisms for D in range(16)) < 50.0
+            for B in larger
+        )
     else:  # the reverse: the most per-user rate that still gives 300 tokens/s per device
         assert pred["tokens_per_s"]["value"] >= 300.0
         smaller = [B for B in profile.workload.batch_buckets if B < plan["max_batch"]]
-        assert all(max(cost.predict(B, D, m).tokens_per_s.value for m in cost.mechanisms for D in range(16)) < 300.0 for B in smaller)
+        assert all(
+            max(cost.predict(B, D, m).tokens_per_s.value for m in cost.mechanisms for D in range(16)) < 300.0
+            for B in smaller
+        )
 
 
 def test_pareto_front_is_exact_and_the_study_covers_it(profile, tmp_path):
@@ -179,7 +220,10 @@ def test_pareto_front_is_exact_and_the_study_covers_it(profile, tmp_path):
     # NSGA-II on half the operating points finds most of the front and comes close to the rest; the plan
     # takes its point from the front polished at the caps the study reached, which is exact
     assert plan["pareto"]["study_found"] >= len(exact) // 2 and plan["pareto"]["study_worst_gap_pct"] <= 5.0
-    chosen = (plan["buckets"][-1]["predicted"]["tokens_per_s"]["value"], plan["buckets"][-1]["predicted"]["per_user_tokens_per_s"]["value"])
+    chosen = (
+        plan["buckets"][-1]["predicted"]["tokens_per_s"]["value"],
+        plan["buckets"][-1]["predicted"]["per_user_tokens_per_s"]["value"],
+    )
     assert chosen in exact
     assert plan["study"]["trials"] <= 0.5 * plan["study"]["space_size"]
 
@@ -189,7 +233,10 @@ def test_tile_policy_is_searched_where_the_tile_makes_a_difference(profile, tmp_
     cpu = Space(cost, SearchSettings())
     assert cpu.group == 3 and cpu.tile_rows == 1 and cpu.policies == ["free"]  # CPU: no tile, the policy is neutral
     tiled = Space(cost, SearchSettings(tile_rows=16))
-    assert tiled.allowed("ngram", "aligned") == [0, 15] and tiled.policies == ["free", "aligned"]  # 3 x 16 rows = 3 tiles
+    assert tiled.allowed("ngram", "aligned") == [0, 15] and tiled.policies == [
+        "free",
+        "aligned",
+    ]  # 3 x 16 rows = 3 tiles
     assert tiled.tiles(15) == {"query_rows_per_kv_head": 48, "tiles": 3, "fill": 1.0}
     plan = search(profile, "h", SearchSettings(tile_rows=16, seed=0, out_dir=tmp_path)).to_json()
     assert plan["tile"]["policies_searched"] == ["free", "aligned"] and plan["tile"]["rows"] == 16
@@ -210,8 +257,18 @@ def test_mtp_draft_length_is_a_multiple_of_its_layers(profile, tmp_path):
 def test_a_block_drafter_is_searched_within_its_block(profile, tmp_path):
     """A DFlash-like drafter profiled up to its block (D ≤ 2 of the workload's 15): the search never plans beyond it,
     though the same drafter would go longer when its block allowed."""
-    acceptance = [a.model_copy(update={"max_draft_len": 2, "tokens_per_forward": a.tokens_per_forward[:3], "mean_al_vllm": a.mean_al_vllm[:3]})
-                  if a.mechanism == "suffix" else a for a in profile.acceptance]
+    acceptance = [
+        a.model_copy(
+            update={
+                "max_draft_len": 2,
+                "tokens_per_forward": a.tokens_per_forward[:3],
+                "mean_al_vllm": a.mean_al_vllm[:3],
+            }
+        )
+        if a.mechanism == "suffix"
+        else a
+        for a in profile.acceptance
+    ]
     draft = [p for p in profile.draft if p.mechanism != "suffix" or p.draft_len <= 2]
     drafters = [d.model_copy(update={"max_draft_len": 2}) if d.name == "suffix" else d for d in profile.drafters]
     blocked = profile.model_copy(update={"acceptance": acceptance, "draft": draft, "drafters": drafters})
@@ -223,7 +280,9 @@ def test_a_block_drafter_is_searched_within_its_block(profile, tmp_path):
 
 
 def plan_max(profile, tmp_path) -> int:
-    full = search(profile, "h", SearchSettings(mechanisms=("suffix",), seed=0, trials=200, out_dir=tmp_path / "full")).to_json()
+    full = search(
+        profile, "h", SearchSettings(mechanisms=("suffix",), seed=0, trials=200, out_dir=tmp_path / "full")
+    ).to_json()
     return max(b["draft_len"] for b in full["buckets"])
 
 

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from specdec_tune import SpecdecError
-from specdec_tune.autotune.plan_schema import Plan
-from specdec_tune.cli import _plan_findings, _print_plan_table, main
 from specdec_tune.autotune.cost_model import SOURCES, CostModel, Figure, overlap, weakest
+from specdec_tune.autotune.plan_schema import Plan
 from specdec_tune.autotune.search import SearchSettings, search
 from specdec_tune.autotune.space import Candidate, Space
+from specdec_tune.cli import _plan_findings, _print_plan_table, main
 from specdec_tune.profiles.schema import Profile, load_profile
 
 PROFILE_PATH = Path(__file__).parent / "data" / "demo_profile.json"
@@ -28,9 +28,20 @@ def profile() -> Profile:
     return load_profile(PROFILE_PATH)
 
 
-def version2(profile: Profile, *, verify_rel: float = 0.03, draft_rel: float = 0.05, tpf_rel: float = 0.03, method: str = "replay",
-             infeasible: tuple = (), absent: tuple = (), fitted: dict | None = None, host: dict | None = None,
-             update_acceptance=None, fp8_draft: bool = False) -> Profile:
+def version2(
+    profile: Profile,
+    *,
+    verify_rel: float = 0.03,
+    draft_rel: float = 0.05,
+    tpf_rel: float = 0.03,
+    method: str = "replay",
+    infeasible: tuple = (),
+    absent: tuple = (),
+    fitted: dict | None = None,
+    host: dict | None = None,
+    update_acceptance=None,
+    fp8_draft: bool = False,
+) -> Profile:
     """The demo profile as a version-2 profile would hold it.
 
     verify_rel, draft_rel: relative half-width of the 95% interval of every measured cell's median;
@@ -51,10 +62,20 @@ def version2(profile: Profile, *, verify_rel: float = 0.03, draft_rel: float = 0
             v |= {"median_ms": None, "p10_ms": None, "p90_ms": None, "source": "infeasible"}
         elif fitted and key in fitted:
             raw, fit = fitted[key]
-            v |= {"median_ms": fit, "raw_median_ms": raw, "fit_moved": True, "source": "fitted",
-                  "ci_low_ms": raw * (1 - verify_rel), "ci_high_ms": raw * (1 + verify_rel)}
+            v |= {
+                "median_ms": fit,
+                "raw_median_ms": raw,
+                "fit_moved": True,
+                "source": "fitted",
+                "ci_low_ms": raw * (1 - verify_rel),
+                "ci_high_ms": raw * (1 + verify_rel),
+            }
         elif v["source"] == "measured":
-            v |= {"raw_median_ms": v["median_ms"], "ci_low_ms": v["median_ms"] * (1 - verify_rel), "ci_high_ms": v["median_ms"] * (1 + verify_rel)}
+            v |= {
+                "raw_median_ms": v["median_ms"],
+                "ci_low_ms": v["median_ms"] * (1 - verify_rel),
+                "ci_high_ms": v["median_ms"] * (1 + verify_rel),
+            }
         verify.append(v)
     data["verify"] = verify
     for d in data["draft"]:
@@ -63,15 +84,28 @@ def version2(profile: Profile, *, verify_rel: float = 0.03, draft_rel: float = 0
         data["draft"] += [d | {"quant": "fp8"} for d in data["draft"] if d["mechanism"] == "draft_model"]
     for a in data["acceptance"]:
         a["method"] = method
-        a["tokens_per_forward_ci"] = [[max(1.0, t * (1 - tpf_rel)) if D else 1.0, t * (1 + tpf_rel) if D else 1.0]
-                                      for D, t in enumerate(a["tokens_per_forward"])]
+        a["tokens_per_forward_ci"] = [
+            [max(1.0, t * (1 - tpf_rel)) if D else 1.0, t * (1 + tpf_rel) if D else 1.0]
+            for D, t in enumerate(a["tokens_per_forward"])
+        ]
         a["mean_al_vllm_ci"] = [[t, t] for t in a["mean_al_vllm"]]
         if update_acceptance:
             a |= update_acceptance(a)
     for mechanism, by_len in (host or {}).items():
         data["host"] = [h for h in data["host"] if h["mechanism"] != mechanism]
-        data["host"] += [{"mechanism": mechanism, "batch": B, "draft_len": D, "host_ms_per_round": ms, "round_ms": 0.0, "rounds": 16,
-                          "source": "measured"} for D, ms in by_len.items() for B in profile.workload.batch_buckets]
+        data["host"] += [
+            {
+                "mechanism": mechanism,
+                "batch": B,
+                "draft_len": D,
+                "host_ms_per_round": ms,
+                "round_ms": 0.0,
+                "rounds": 16,
+                "source": "measured",
+            }
+            for D, ms in by_len.items()
+            for B in profile.workload.batch_buckets
+        ]
     return Profile.model_validate(data)
 
 
@@ -80,7 +114,11 @@ def cell(profile: Profile, batch: int, tokens: int, ctx: int = 128):
 
 
 def record(profile: Profile, mechanism: str, quant: str = "none", domain: str = "all"):
-    return next(a for a in profile.acceptance if (a.mechanism, a.quant, a.domain, a.temperature) == (mechanism, quant, domain, 0.0))
+    return next(
+        a
+        for a in profile.acceptance
+        if (a.mechanism, a.quant, a.domain, a.temperature) == (mechanism, quant, domain, 0.0)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -99,11 +137,17 @@ def test_components_carry_the_profile_intervals(v2):
     # between the buckets 2 and 4: the value and both bounds on their lines
     a, b, mid = cell(v2, 2, 1), cell(v2, 4, 1), cost.verify_ms(3, 1)
     assert mid.source == "interpolated"
-    assert (mid.value, mid.low, mid.high) == pytest.approx(((a.median_ms + b.median_ms) / 2, (a.ci_low_ms + b.ci_low_ms) / 2,
-                                                            (a.ci_high_ms + b.ci_high_ms) / 2))
-    assert cost.verify_ms(64, 1).source == "modeled" and not cost.verify_ms(64, 1).has_interval  # extrapolated: no interval
+    assert (mid.value, mid.low, mid.high) == pytest.approx(
+        ((a.median_ms + b.median_ms) / 2, (a.ci_low_ms + b.ci_low_ms) / 2, (a.ci_high_ms + b.ci_high_ms) / 2)
+    )
+    assert (
+        cost.verify_ms(64, 1).source == "modeled" and not cost.verify_ms(64, 1).has_interval
+    )  # extrapolated: no interval
     d = next(p for p in v2.draft if (p.mechanism, p.quant, p.batch, p.draft_len) == ("ngram", "none", 4, 3))
-    assert (cost.draft_ms("ngram", "none", 4, 3).low, cost.draft_ms("ngram", "none", 4, 3).high) == (d.ci_low_ms, d.ci_high_ms)
+    assert (cost.draft_ms("ngram", "none", 4, 3).low, cost.draft_ms("ngram", "none", 4, 3).high) == (
+        d.ci_low_ms,
+        d.ci_high_ms,
+    )
     tpf = cost.tokens_per_forward("ngram", "none", 3)
     assert [tpf.low, tpf.high] == record(v2, "ngram").tokens_per_forward_ci[3]
 
@@ -146,7 +190,10 @@ def test_prediction_interval_by_hand(v2):
 
 def test_a_version_1_profile_has_no_intervals(profile):
     pred = CostModel(profile).predict(4, 3, "ngram")
-    assert all(not f.has_interval for f in (pred.tokens_per_s, pred.speedup, pred.tokens_per_forward, pred.verify_ms, pred.draft_ms))
+    assert all(
+        not f.has_interval
+        for f in (pred.tokens_per_s, pred.speedup, pred.tokens_per_forward, pred.verify_ms, pred.draft_ms)
+    )
 
 
 # ---------------------------------------------------------------------------- 2. labels that are true
@@ -154,9 +201,16 @@ def test_a_version_1_profile_has_no_intervals(profile):
 
 def test_a_loop_run_derives_every_shorter_draft_and_a_replay_counts_every_one(profile, v2):
     loop = CostModel(profile)
-    assert {c.draft_len for c in record(profile, "ngram").checks} == {3, 7} and record(profile, "ngram").method == "loop"
-    assert [loop.tokens_per_forward("ngram", "none", D).source for D in (0, 3, 5, 7, 15)] == \
-        ["measured", "modeled", "modeled", "modeled", "measured"]  # a direct check does not make the derived value measured
+    assert {c.draft_len for c in record(profile, "ngram").checks} == {3, 7} and record(
+        profile, "ngram"
+    ).method == "loop"
+    assert [loop.tokens_per_forward("ngram", "none", D).source for D in (0, 3, 5, 7, 15)] == [
+        "measured",
+        "modeled",
+        "modeled",
+        "modeled",
+        "measured",
+    ]  # a direct check does not make the derived value measured
     replay = CostModel(v2)
     assert {replay.tokens_per_forward("ngram", "none", D).source for D in range(16)} == {"measured"}
 
@@ -171,10 +225,11 @@ def test_emulated_acceptance_is_labelled_emulated_and_ranks_below_fitted(profile
 
 def strong_fp8_drafter(profile: Profile) -> Profile:
     """A draft model whose FP8 weights (emulated) accept 80% per position, with FP8 draft times and host time at every D."""
+
     def fp8(a):
         if (a["mechanism"], a["quant"]) != ("draft_model", "fp8"):
             return {}
-        al = [1 + sum(0.8 ** k for k in range(1, D + 1)) for D in range(16)]
+        al = [1 + sum(0.8**k for k in range(1, D + 1)) for D in range(16)]
         return {"tokens_per_forward": al, "tokens_per_forward_ci": [[x, x] for x in al], "rounds": []}
 
     host = {"draft_model": {D: 0.06 for D in range(1, 16)}}
@@ -182,8 +237,11 @@ def strong_fp8_drafter(profile: Profile) -> Profile:
 
 
 def test_plan_and_table_print_emulated_and_fitted(profile, tmp_path, capsys):
-    plan = search(strong_fp8_drafter(profile), "h", SearchSettings(mechanisms=("draft_model",), quant_formats=("fp8",), trials=40,
-                                                                    out_dir=tmp_path / "fp8")).to_json()
+    plan = search(
+        strong_fp8_drafter(profile),
+        "h",
+        SearchSettings(mechanisms=("draft_model",), quant_formats=("fp8",), trials=40, out_dir=tmp_path / "fp8"),
+    ).to_json()
     speculating = [b for b in plan["buckets"] if b["draft_len"]]
     assert speculating and {b["predicted"]["tokens_per_forward"]["source"] for b in speculating} == {"emulated"}
     assert {b["predicted"]["speedup"]["source"] for b in speculating} == {"emulated"}
@@ -204,7 +262,10 @@ def test_device_times_tell_the_weakest_source_of_the_predictions(profile, tmp_pa
     assert plan["device"]["sources"] == {s: sources.count(s) for s in SOURCES if s in sources}
     assert plan["device"]["projected_from"] is None
     h200 = search(profile, "h", SearchSettings(trials=40, out_dir=tmp_path / "h200", device="h200")).to_json()
-    assert h200["device"]["times"] == "modeled (hardware table)" and h200["device"]["projected_from"] == profile.device["name"]
+    assert (
+        h200["device"]["times"] == "modeled (hardware table)"
+        and h200["device"]["projected_from"] == profile.device["name"]
+    )
 
 
 def test_host_time_follows_the_measured_draft_lengths(profile):
@@ -212,7 +273,10 @@ def test_host_time_follows_the_measured_draft_lengths(profile):
     assert cost.host_ms("ngram", 4, 1) == Figure(0.1, "measured")
     at3 = cost.host_ms("ngram", 4, 3)
     assert at3.source == "interpolated" and at3.value == pytest.approx(0.1 + (0.4 - 0.1) * 2 / 6)
-    assert (cost.host_ms("ngram", 4, 12).value, cost.host_ms("ngram", 4, 12).source) == (0.4, "modeled")  # beyond: the nearest
+    assert (cost.host_ms("ngram", 4, 12).value, cost.host_ms("ngram", 4, 12).source) == (
+        0.4,
+        "modeled",
+    )  # beyond: the nearest
     assert cost.host_ms("plain", 4, 0).source == "measured"
     old = CostModel(profile)  # version 1: D = 3 only
     at3_old = next(h.host_ms_per_round for h in profile.host if (h.mechanism, h.batch) == ("ngram", 4))
@@ -248,7 +312,10 @@ def test_a_draft_that_does_not_fit_is_never_taken(profile, tmp_path):
     at8 = next(b for b in plan["buckets"] if b["batch"] == 8)
     assert at8["draft_len"] <= 1
     if at8["draft_len"] == 1:
-        assert at8["rationale"]["guideline"] == "memory" and "D=2 does not fit in memory at batch 8" in at8["rationale"]["text"]
+        assert (
+            at8["rationale"]["guideline"] == "memory"
+            and "D=2 does not fit in memory at batch 8" in at8["rationale"]["text"]
+        )
     text = (tmp_path / "plan.json").read_text()
     assert "Infinity" not in text and "NaN" not in text  # strict JSON
 
@@ -261,7 +328,11 @@ def test_no_bucket_left_is_one_line(profile, tmp_path, capsys):
     path.write_text(none_fit.model_dump_json())
     assert main(["search", "--profile", str(path), "--out", str(tmp_path / "out"), "--trials", "10"]) == 1
     err = capsys.readouterr().err
-    assert "no batch bucket can be planned" in err and err.count("\n") == 1 and not (tmp_path / "out" / "plan.json").exists()
+    assert (
+        "no batch bucket can be planned" in err
+        and err.count("\n") == 1
+        and not (tmp_path / "out" / "plan.json").exists()
+    )
 
 
 # ---------------------------------------------------------------------------- 4. ties on evidence
@@ -288,22 +359,37 @@ def test_overlapping_intervals_are_a_tie_and_the_shorter_draft_wins(profile, tmp
         B, D = b["batch"], b["draft_len"]
         _, best = space.bucket_best(B, "suffix", "none")
         if best <= top:  # the shortest draft length whose interval overlaps the best one's
-            assert D == min(d for d in space.allowed("suffix", "free") if d == best or
-                            overlap(space.cost.predict(B, d, "suffix", "none").tokens_per_s, space.cost.predict(B, best, "suffix", "none").tokens_per_s))
+            assert D == min(
+                d
+                for d in space.allowed("suffix", "free")
+                if d == best
+                or overlap(
+                    space.cost.predict(B, d, "suffix", "none").tokens_per_s,
+                    space.cost.predict(B, best, "suffix", "none").tokens_per_s,
+                )
+            )
         tie = b["rationale"]["tie"]
         if tie:
             ties += 1
             assert tie["rule"] == "intervals"
-            assert f"D={tie['with_draft_len']} and D={D} overlap within their 95% intervals: the shorter draft is taken" in b["rationale"]["text"]
+            assert (
+                f"D={tie['with_draft_len']} and D={D} overlap within their 95% intervals: the shorter draft is taken"
+                in b["rationale"]["text"]
+            )
             chosen, runner_up = b["rationale"]["intervals"]["chosen"], b["rationale"]["intervals"]["runner_up"]
             assert chosen["draft_len"] == D and runner_up["draft_len"] == tie["with_draft_len"]
-            assert chosen["tokens_per_s"][0] <= runner_up["tokens_per_s"][1] and runner_up["tokens_per_s"][0] <= chosen["tokens_per_s"][1]
+            assert (
+                chosen["tokens_per_s"][0] <= runner_up["tokens_per_s"][1]
+                and runner_up["tokens_per_s"][0] <= chosen["tokens_per_s"][1]
+            )
     assert ties
     # strict, every difference decides: the tie costs something, and the plan says how much
     assert plan["study"]["strict_optimum_value"] >= plan["study"]["exhaustive_value"]
     # ... and which schedule that would have been: each bucket's strictly best D where the schedule allows it
     untied = dict(plan["study"]["untied_schedule"])
-    assert list(untied) == [b["batch"] for b in plan["buckets"]] and list(untied.values()) == sorted(untied.values(), reverse=True)
+    assert list(untied) == [b["batch"] for b in plan["buckets"]] and list(untied.values()) == sorted(
+        untied.values(), reverse=True
+    )
     assert any(untied[b["batch"]] > b["draft_len"] for b in plan["buckets"] if b["rationale"]["tie"])
     assert plan["study"]["untied_gain_pct"] > 0
     assert any(line.startswith("without ties") for line in _plan_findings(Plan.model_validate(plan)))
@@ -320,9 +406,20 @@ def per_prompt_counts(spread: float, per_domain: int = 6, seed: int = 0):
         rng = np.random.default_rng(seed)
         domains = [d for d in ("writing", "coding", "humaneval") for _ in range(per_domain)]
         emitted = [[64] * len(rec["tokens_per_forward"]) for _ in domains]
-        rounds = [[round(64 / (1 + (t - 1) * f)) for t in rec["tokens_per_forward"]] for f in 1 + spread * rng.uniform(-1, 1, len(domains))]
+        rounds = [
+            [round(64 / (1 + (t - 1) * f)) for t in rec["tokens_per_forward"]]
+            for f in 1 + spread * rng.uniform(-1, 1, len(domains))
+        ]
         accepted = [[e - r for e, r in zip(es, rs)] for es, rs in zip(emitted, rounds)]
-        return {"per_prompt": {"domains": domains, "emitted": emitted, "rounds": rounds, "accepted": accepted, "drafts": rounds}}
+        return {
+            "per_prompt": {
+                "domains": domains,
+                "emitted": emitted,
+                "rounds": rounds,
+                "accepted": accepted,
+                "drafts": rounds,
+            }
+        }
 
     return update
 
@@ -341,20 +438,32 @@ def test_a_difference_is_judged_on_its_own_paired_interval(profile, tmp_path):
     assert (r.high - r.low) < (a.high / b.low - a.low / b.high) / 2
     assert (cost.ratio(4, 2, 2, "suffix").low, cost.ratio(4, 2, 2, "suffix").high) == (1.0, 1.0)
 
-    plans = {name: search(p, "h", SearchSettings(mechanisms=("suffix",), trials=40, out_dir=tmp_path / name)).to_json()
-             for name, p in (("overlap", wide), ("paired", paired))}
+    plans = {
+        name: search(p, "h", SearchSettings(mechanisms=("suffix",), trials=40, out_dir=tmp_path / name)).to_json()
+        for name, p in (("overlap", wide), ("paired", paired))
+    }
     space = Space(cost, SearchSettings(mechanisms=("suffix",)))
     top = plans["paired"]["max_draft_len"]
     for b in plans["paired"]["buckets"][1:]:  # the smallest bucket carries the schedule's maximum
         B, D = b["batch"], b["draft_len"]
         _, best = space.bucket_best(B, "suffix", "none")
         if best <= top:  # the shortest draft length whose ratio to the best holds 1
-            assert D == min(d for d in space.allowed("suffix", "free") if d == best or cost.ratio(B, d, best, "suffix").low <= 1 <= cost.ratio(B, d, best, "suffix").high)
+            assert D == min(
+                d
+                for d in space.allowed("suffix", "free")
+                if d == best or cost.ratio(B, d, best, "suffix").low <= 1 <= cost.ratio(B, d, best, "suffix").high
+            )
         tie = b["rationale"]["tie"]
         if tie:
             assert tie["rule"] == "paired" and tie["ratio"][0] <= 1 <= tie["ratio"][2]
-            assert "(acceptance paired over the same prompts): inside the noise, the shorter draft is taken" in b["rationale"]["text"]
-    longer = [(o["batch"], o["draft_len"], p["draft_len"]) for o, p in zip(plans["overlap"]["buckets"], plans["paired"]["buckets"])]
+            assert (
+                "(acceptance paired over the same prompts): inside the noise, the shorter draft is taken"
+                in b["rationale"]["text"]
+            )
+    longer = [
+        (o["batch"], o["draft_len"], p["draft_len"])
+        for o, p in zip(plans["overlap"]["buckets"], plans["paired"]["buckets"])
+    ]
     assert all(p >= o for _, o, p in longer) and any(p > o for _, o, p in longer), longer
 
 
@@ -363,7 +472,13 @@ def test_per_prompt_counts_are_one_row_per_prompt():
 
     from specdec_tune.profiles.schema import PromptSums
 
-    ok = {"domains": ["a", "b"], "emitted": [[1, 2], [1, 2]], "rounds": [[1, 1], [1, 2]], "accepted": [[0, 1], [0, 0]], "drafts": [[0, 1], [0, 1]]}
+    ok = {
+        "domains": ["a", "b"],
+        "emitted": [[1, 2], [1, 2]],
+        "rounds": [[1, 1], [1, 2]],
+        "accepted": [[0, 1], [0, 0]],
+        "drafts": [[0, 1], [0, 1]],
+    }
     assert PromptSums.model_validate(ok).domains == ["a", "b"]
     for broken in ({**ok, "domains": ["a"]}, {**ok, "rounds": [[1, 1], [1]]}):
         with pytest.raises(ValidationError, match="one row per prompt"):
@@ -392,14 +507,19 @@ def test_d_never_rises_with_batch(profile, tmp_path):
     plan = search(noisy, "h", SearchSettings(mechanisms=("ngram",), trials=60, out_dir=tmp_path)).to_json()
     ds = [b["draft_len"] for b in plan["buckets"]]
     assert all(a >= b for a, b in zip(ds, ds[1:])), ds
-    non_increasing = [s for s in itertools.product(allowed[:4], repeat=len(space.buckets)) if all(a >= b for a, b in zip(s, s[1:]))]
+    non_increasing = [
+        s for s in itertools.product(allowed[:4], repeat=len(space.buckets)) if all(a >= b for a, b in zip(s, s[1:]))
+    ]
     brute = max(space.score(Candidate("ngram", "none", "free", space.buckets[-1], s)) for s in non_increasing)
     assert plan["study"]["exhaustive_value"] == pytest.approx(brute)
     moved = [b for b, a in zip(plan["buckets"], alone) if b["draft_len"] != a]
     assert moved
     for b in moved:
         assert b["rationale"]["guideline"] == "schedule"
-        assert f"alone this bucket would take D={alone[space.buckets.index(b['batch'])]}; D never rises with batch" in b["rationale"]["text"]
+        assert (
+            f"alone this bucket would take D={alone[space.buckets.index(b['batch'])]}; D never rises with batch"
+            in b["rationale"]["text"]
+        )
     # a sampled schedule is repaired into one the engines and the physics accept
     assert Space.repair([1, 0, 3, 2]) == (3, 0, 0, 0) and Space.repair([2, 2, 1, 1]) == (2, 2, 1, 1)
 
@@ -408,7 +528,9 @@ def test_a_decision_on_a_cell_the_fit_moved_is_flagged(profile, tmp_path):
     moved = version2(profile, fitted={(4, 1, 128): (17.0, 19.72)})
     plan = search(moved, "h", SearchSettings(mechanisms=("suffix",), trials=40, out_dir=tmp_path)).to_json()
     at4 = next(b for b in plan["buckets"] if b["batch"] == 4)
-    assert "rests on verify cell B=4, 1+D=1, ctx=128 which the monotone fit moved from 17.00 to 19.72 ms" in at4["flags"]
+    assert (
+        "rests on verify cell B=4, 1+D=1, ctx=128 which the monotone fit moved from 17.00 to 19.72 ms" in at4["flags"]
+    )
     assert all(not b["flags"] for b in plan["buckets"] if b["batch"] != 4)
     assert CostModel(moved).verify_ms(4, 1).source == "fitted"
 
@@ -435,20 +557,29 @@ def test_mixed_acceptance_is_the_weighted_harmonic_mean(v2):
     assert mixed.round_verify_ms("ngram", "none", B, D).value == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("mix, message", [
-    ({"poetry": 1.0}, "use the profile's domains: writing, roleplay"),
-    ({"writing": 0.0, "coding": 1.0}, "must be positive"),
-])
+@pytest.mark.parametrize(
+    "mix, message",
+    [
+        ({"poetry": 1.0}, "use the profile's domains: writing, roleplay"),
+        ({"writing": 0.0, "coding": 1.0}, "must be positive"),
+    ],
+)
 def test_a_bad_mix_is_refused(v2, mix, message):
     with pytest.raises(SpecdecError, match=message):
         CostModel(v2, mix=mix)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--mix", "poetry=1"], "'poetry', which the profile has no acceptance for (use the profile's domains: writing, roleplay, reasoning"),
-    (["--mix", "writing"], "is not DOMAIN=WEIGHT"),
-    (["--mix", "writing=-1"], "must be positive"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--mix", "poetry=1"],
+            "'poetry', which the profile has no acceptance for (use the profile's domains: writing, roleplay, reasoning",
+        ),
+        (["--mix", "writing"], "is not DOMAIN=WEIGHT"),
+        (["--mix", "writing=-1"], "must be positive"),
+    ],
+)
 def test_a_bad_mix_is_one_line_and_writes_nothing(capsys, tmp_path, argv, message):
     code = main(["search", "--profile", str(PROFILE_PATH), "--out", str(tmp_path), *argv])
     err = capsys.readouterr().err
@@ -459,7 +590,17 @@ def test_a_bad_mix_is_one_line_and_writes_nothing(capsys, tmp_path, argv, messag
 def test_the_plan_records_the_mix_and_where_the_domains_disagree(profile, tmp_path, capsys):
     path = tmp_path / "profile.json"
     path.write_text(version2(profile).model_dump_json())
-    argv = ["search", "--profile", str(path), "--mechanism", "ngram", "--trials", "40", "--mix", "writing=1,extraction=1"]
+    argv = [
+        "search",
+        "--profile",
+        str(path),
+        "--mechanism",
+        "ngram",
+        "--trials",
+        "40",
+        "--mix",
+        "writing=1,extraction=1",
+    ]
     assert main([*argv, "--out", str(tmp_path / "a")]) == 0
     out = capsys.readouterr().out
     plan = json.loads((tmp_path / "a" / "plan.json").read_text())
@@ -477,7 +618,10 @@ def test_the_plan_records_the_mix_and_where_the_domains_disagree(profile, tmp_pa
     strip = lambda p: {k: v for k, v in p.items() if k not in ("created_at", "study")}  # noqa: E731
     assert strip(again) == strip(plan)
     # no --mix: today's "all" domain, no per-domain split
-    assert main(["search", "--profile", str(path), "--mechanism", "ngram", "--trials", "40", "--out", str(tmp_path / "c")]) == 0
+    assert (
+        main(["search", "--profile", str(path), "--mechanism", "ngram", "--trials", "40", "--out", str(tmp_path / "c")])
+        == 0
+    )
     plain = json.loads((tmp_path / "c" / "plan.json").read_text())
     assert plain["mix"] is None and "per_domain" not in plain
 
@@ -492,7 +636,11 @@ def test_search_prints_the_intervals(profile, tmp_path, capsys):
     out = capsys.readouterr().out
     assert re.search(r"\d\.\d\dx \[\d\.\d\d–\d\.\d\d\]", out) and re.search(r"│\s+\d+ \[\d+–\d+\] │", out)
     words = " ".join(out.split())
-    assert "95% interval" in words and "acceptance bootstrap over prompts" in words and "timing interval of the median" in words
+    assert (
+        "95% interval" in words
+        and "acceptance bootstrap over prompts" in words
+        and "timing interval of the median" in words
+    )
     plan = json.loads((tmp_path / "v2" / "plan.json").read_text())
     for b in plan["buckets"]:
         for f in b["predicted"].values():

@@ -11,22 +11,33 @@ from scipy.stats import chisquare
 from specdec_tune import SpecdecError
 from specdec_tune.profiles import specdec
 from specdec_tune.profiles.drafters.base import Draft, Drafter, DraftRequest
-from specdec_tune.profiles.drafters.draft_model import DraftModelDrafter
 from specdec_tune.profiles.drafters.dflash import DFlashDrafter, DSparkDrafter, new_dflash_head
+from specdec_tune.profiles.drafters.draft_model import DraftModelDrafter
 from specdec_tune.profiles.drafters.eagle3 import Eagle3Drafter, new_eagle3_head
 from specdec_tune.profiles.drafters.mtp import MtpDrafter
 from specdec_tune.profiles.drafters.ngram import NgramDrafter
 from specdec_tune.profiles.drafters.suffix import SuffixDrafter
-from specdec_tune.profiles.models.llama import CausalLM, ModelConfig, init_random
 from specdec_tune.profiles.models.folders import ModelRef
+from specdec_tune.profiles.models.llama import CausalLM, ModelConfig, init_random
 from specdec_tune.profiles.models.loading import LoadedModel
 from specdec_tune.profiles.specdec import SpecCounters, generate, verify_greedy
 
 
 def tiny_model(vocab: int = 32, layers: int = 2, seed: int = 0, head_scale: float = 1.0) -> CausalLM:
-    c = ModelConfig(model_type="llama", vocab_size=vocab, hidden_size=32, intermediate_size=64, num_layers=layers,
-                    num_heads=4, num_kv_heads=2, head_dim=8, rms_norm_eps=1e-6, rope_theta=10000.0,
-                    max_position_embeddings=512, tie_word_embeddings=False)
+    c = ModelConfig(
+        model_type="llama",
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=layers,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(seed)
     model = init_random(CausalLM(c), seed=seed).eval()
     with torch.no_grad():
@@ -77,7 +88,9 @@ def reference(target) -> dict[tuple[int, ...], list[int]]:
 
 
 def test_perfect_draft_gives_al_one_plus_d(target, reference):
-    out = generate(target, PROMPTS, drafter=ScriptedDrafter(reference, False, 32), num_draft_tokens=3, max_new_tokens=64)
+    out = generate(
+        target, PROMPTS, drafter=ScriptedDrafter(reference, False, 32), num_draft_tokens=3, max_new_tokens=64
+    )
     c = out.counters
     # 64 = 16 rounds x (3 accepted + 1 bonus) per prompt
     assert (c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens) == (64, 192, 192)
@@ -90,7 +103,9 @@ def test_perfect_draft_gives_al_one_plus_d(target, reference):
 
 def test_perfect_draft_near_the_end(target, reference):
     # max_new 10, D 3: rounds draft 3, 3, then 1 (room for one draft plus the bonus) -> 7 drafted, 7 accepted.
-    out = generate(target, PROMPTS[:1], drafter=ScriptedDrafter(reference, False, 32), num_draft_tokens=3, max_new_tokens=10)
+    out = generate(
+        target, PROMPTS[:1], drafter=ScriptedDrafter(reference, False, 32), num_draft_tokens=3, max_new_tokens=10
+    )
     c = out.counters
     assert (c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens, c.num_rounds) == (3, 7, 7, 3)
     assert c.mean_acceptance_length == pytest.approx(1 + 7 / 3)
@@ -112,7 +127,13 @@ def test_counters_by_hand():
     c.record(draft_len=3, num_accepted=1, num_emitted=2)
     c.record(draft_len=2, num_accepted=2, num_emitted=3)
     c.record(draft_len=0, num_accepted=0, num_emitted=1)
-    assert (c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens, c.num_rounds, c.num_emitted_tokens) == (2, 5, 3, 3, 6)
+    assert (c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens, c.num_rounds, c.num_emitted_tokens) == (
+        2,
+        5,
+        3,
+        3,
+        6,
+    )
     assert c.num_accepted_tokens_per_pos == [2, 1, 0]
     # d3 is reached only when d1 and d2 were accepted and a third draft existed: never here
     assert c.num_reached_per_pos == [2, 2, 0]
@@ -138,7 +159,9 @@ def test_verify_greedy_rule():
     assert nxt.tolist() == [4, 4]
 
 
-@pytest.mark.parametrize("make", ["ngram", "suffix", "draft_model", "eagle3", "eagle3-small-vocab", "mtp", "dflash", "dspark"])
+@pytest.mark.parametrize(
+    "make", ["ngram", "suffix", "draft_model", "eagle3", "eagle3-small-vocab", "mtp", "dflash", "dspark"]
+)
 @pytest.mark.parametrize("batch", [1, 4])
 def test_greedy_lossless_tiny(target, reference, make, batch):
     drafter = {
@@ -146,10 +169,16 @@ def test_greedy_lossless_tiny(target, reference, make, batch):
         "suffix": lambda: SuffixDrafter(None, SuffixDrafter.Options()),
         "draft_model": lambda: DraftModelDrafter(loaded(target), DraftModelDrafter.Options(layers=1)),
         "eagle3": lambda: Eagle3Drafter(loaded(target), Eagle3Drafter.Options(random=True)),
-        "eagle3-small-vocab": lambda: Eagle3Drafter.from_head(new_eagle3_head(target, draft_vocab=list(range(0, 32, 2)))),
+        "eagle3-small-vocab": lambda: Eagle3Drafter.from_head(
+            new_eagle3_head(target, draft_vocab=list(range(0, 32, 2)))
+        ),
         "mtp": lambda: MtpDrafter(loaded(target), MtpDrafter.Options(random=True)),
-        "dflash": lambda: DFlashDrafter.from_head(new_dflash_head(target, draft_vocab=list(range(0, 32, 2)), block_size=5)),
-        "dspark": lambda: DSparkDrafter.from_head(new_dflash_head(target, markov_rank=4, markov_head_type="gated", block_size=4)),
+        "dflash": lambda: DFlashDrafter.from_head(
+            new_dflash_head(target, draft_vocab=list(range(0, 32, 2)), block_size=5)
+        ),
+        "dspark": lambda: DSparkDrafter.from_head(
+            new_dflash_head(target, markov_rank=4, markov_head_type="gated", block_size=4)
+        ),
     }[make]()
     outs = []
     for i in range(0, len(PROMPTS), batch):
@@ -184,7 +213,9 @@ def test_full_batch_rounds_end_when_the_first_row_finishes(target, reference):
     class HalfWrong(ScriptedDrafter):
         def propose(self, request):
             right = super().propose(request).tokens
-            return Draft(tokens=[[(t + 1) % self.vocab for t in d] if p in WRONG else d for p, d in zip(self.prompts, right)])
+            return Draft(
+                tokens=[[(t + 1) % self.vocab for t in d] if p in WRONG else d for p, d in zip(self.prompts, right)]
+            )
 
     WRONG = {tuple(PROMPTS[2]), tuple(PROMPTS[3])}
     out = generate(target, PROMPTS, drafter=HalfWrong(reference, False, 32), num_draft_tokens=3, max_new_tokens=64)
@@ -197,8 +228,14 @@ def test_full_batch_rounds_end_when_the_first_row_finishes(target, reference):
 
 def test_stop_token_ends_row_and_others_continue(target, reference):
     stop = reference[tuple(PROMPTS[0])][5]
-    out = generate(target, PROMPTS, drafter=ScriptedDrafter(reference, False, 32), num_draft_tokens=3,
-                   max_new_tokens=64, stop_token_ids=[stop])
+    out = generate(
+        target,
+        PROMPTS,
+        drafter=ScriptedDrafter(reference, False, 32),
+        num_draft_tokens=3,
+        max_new_tokens=64,
+        stop_token_ids=[stop],
+    )
     for p, toks in zip(PROMPTS, out.tokens):
         ref = reference[tuple(p)]
         cut = ref.index(stop) + 1 if stop in ref else len(ref)
@@ -240,9 +277,13 @@ def exact_marginals(peaked_target) -> tuple[np.ndarray, np.ndarray]:
     """P(x1) and P(x2) = sum_x1 P(x1) P(x2 | x1) from the target's own softmax."""
     m = peaked_target
     with torch.no_grad():
-        p1 = torch.softmax(m(torch.tensor([PROMPT]), m.new_cache(1, 16), torch.zeros(1, dtype=torch.long))[0, -1] / T, -1)
+        p1 = torch.softmax(
+            m(torch.tensor([PROMPT]), m.new_cache(1, 16), torch.zeros(1, dtype=torch.long))[0, -1] / T, -1
+        )
         rows = torch.tensor([PROMPT + [x] for x in range(V_SMALL)])
-        p2_given = torch.softmax(m(rows, m.new_cache(V_SMALL, 16), torch.zeros(V_SMALL, dtype=torch.long))[:, -1] / T, -1)
+        p2_given = torch.softmax(
+            m(rows, m.new_cache(V_SMALL, 16), torch.zeros(V_SMALL, dtype=torch.long))[:, -1] / T, -1
+        )
     return p1.double().numpy(), (p1[:, None] * p2_given).sum(0).double().numpy()
 
 
@@ -263,7 +304,9 @@ class FixedDrafter(ScriptedDrafter):
 
 
 def sampled_pvalues(target, drafter) -> tuple[float, float]:
-    out = generate(target, [PROMPT] * N_SAMPLES, drafter=drafter, num_draft_tokens=2, max_new_tokens=3, temperature=T, seed=7)
+    out = generate(
+        target, [PROMPT] * N_SAMPLES, drafter=drafter, num_draft_tokens=2, max_new_tokens=3, temperature=T, seed=7
+    )
     firsts = np.bincount([t[0] for t in out.tokens], minlength=V_SMALL)
     seconds = np.bincount([t[1] for t in out.tokens], minlength=V_SMALL)
     return firsts, seconds
@@ -323,7 +366,9 @@ def test_plain_sampling_matches_target_distribution(peaked_target, exact_margina
     ids=["accept-all", "too-often", "too-rarely"],
 )
 @pytest.mark.parametrize("which", ["draft_model", "fixed"])
-def test_the_distribution_test_catches_a_perturbed_rule(peaked_target, exact_marginals, monkeypatch, perturbation, which):
+def test_the_distribution_test_catches_a_perturbed_rule(
+    peaked_target, exact_marginals, monkeypatch, perturbation, which
+):
     """A test of the test: with a wrong acceptance rule, the same check must fail."""
     monkeypatch.setattr(specdec, "accept_probability", perturbation)
     firsts, seconds = sampled_pvalues(peaked_target, drafters_for(peaked_target)[which])

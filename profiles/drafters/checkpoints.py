@@ -20,8 +20,6 @@ tells the layouts apart, reads the weights, and writes the speculators layout.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import dataclasses
 import importlib.metadata
 import json
@@ -29,14 +27,15 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from specdec_tune import SpecdecError
 from specdec_tune.profiles.drafters.heads import DraftHead, DraftVocabulary, head_kind, head_kinds
 from specdec_tune.profiles.drafters.speculators_layout import DEFAULT_VERSION, config_json
-from specdec_tune.profiles.models.llama import ModelConfig
 from specdec_tune.profiles.models.folders import weights_hash
+from specdec_tune.profiles.models.llama import ModelConfig
 
 if TYPE_CHECKING:
     from specdec_tune.profiles.models.loading import LoadedModel
@@ -73,8 +72,10 @@ def resolve_head(mechanism: str, target: LoadedModel, options) -> tuple[DraftHea
     elif _DEMO_HEAD:
         folder = _DEMO_HEAD[0](mechanism, target)
     else:
-        raise SpecdecError(f"no {mechanism} head was given and no demo-head trainer is loaded",
-                           "give model=FOLDER (or random=1), or import specdec_tune.profiles.train_drafter, which trains the demo head")
+        raise SpecdecError(
+            f"no {mechanism} head was given and no demo-head trainer is loaded",
+            "give model=FOLDER (or random=1), or import specdec_tune.profiles.train_drafter, which trains the demo head",
+        )
     loaded = load_head(folder, target, expect=mechanism)
     return loaded.head, loaded.weights_hash, dataclasses.replace(options, model=str(folder))
 
@@ -89,14 +90,21 @@ def load_head(folder: Path | str, target: LoadedModel, expect: str | None = None
     folder = Path(folder)
     config = _read_config(folder)
     if config.get("auto_map"):
-        raise SpecdecError(f"{folder} asks for custom model code (auto_map in config.json)", "use a speculators or Model-Optimizer head")
+        raise SpecdecError(
+            f"{folder} asks for custom model code (auto_map in config.json)",
+            "use a speculators or Model-Optimizer head",
+        )
     shards = sorted(folder.glob("*.safetensors"))
     if not shards:
         pickled = sorted(p.name for p in [*folder.glob("*.bin"), *folder.glob("*.pt"), *folder.glob("*.pth")])
         if pickled:
-            raise SpecdecError(f"{folder} holds weights only as pickle files ({pickled[0]}), which can execute code when loaded",
-                               "convert them to safetensors first")
-        raise SpecdecError(f"{folder} has no *.safetensors weights", "give a head folder with config.json and safetensors weights")
+            raise SpecdecError(
+                f"{folder} holds weights only as pickle files ({pickled[0]}), which can execute code when loaded",
+                "convert them to safetensors first",
+            )
+        raise SpecdecError(
+            f"{folder} has no *.safetensors weights", "give a head folder with config.json and safetensors weights"
+        )
     state: dict[str, torch.Tensor] = {}
     for shard in shards:
         try:
@@ -108,24 +116,33 @@ def load_head(folder: Path | str, target: LoadedModel, expect: str | None = None
     if "speculators_model_type" in config:
         name = config["speculators_model_type"]
         if name not in kinds:
-            raise SpecdecError(f"{folder} is a speculators {name!r} checkpoint", f"this tool runs {', '.join(sorted(kinds))}")
+            raise SpecdecError(
+                f"{folder} is a speculators {name!r} checkpoint", f"this tool runs {', '.join(sorted(kinds))}"
+            )
         mechanism, fmt, head = name, "speculators", kinds[name].read(config, state, target.model, folder)
     else:
         kind, layout = next(((k, lay) for k, lay in others if isinstance(config.get(lay.marker), dict)), (None, None))
         if kind is None:
-            raise SpecdecError(f"{folder}/config.json is neither a speculators config (speculators_model_type) nor "
-                               + " nor ".join(f"a {lay.name} {k.name} export ({lay.marker})" for k, lay in others),
-                               "give a speculators, " + ", ".join(lay.name for _, lay in others) + " head folder")
+            raise SpecdecError(
+                f"{folder}/config.json is neither a speculators config (speculators_model_type) nor "
+                + " nor ".join(f"a {lay.name} {k.name} export ({lay.marker})" for k, lay in others),
+                "give a speculators, " + ", ".join(lay.name for _, lay in others) + " head folder",
+            )
         mechanism, fmt, head = kind.name, layout.name, layout.read(config, state, target.model, folder)
     if expect is not None and mechanism != expect:
-        raise SpecdecError(f"{folder} holds a {mechanism} head, not {expect}", f"use it as --drafter {mechanism}:model={folder}")
+        raise SpecdecError(
+            f"{folder} holds a {mechanism} head, not {expect}", f"use it as --drafter {mechanism}:model={folder}"
+        )
     return LoadedHead(head.eval().requires_grad_(False), mechanism, fmt, weights_hash(shards), config)
 
 
 def _read_config(folder: Path) -> dict:
     path = folder / "config.json"
     if not path.is_file():
-        raise SpecdecError(f"{folder} has no config.json", "give a head folder written by speculators, Model-Optimizer or train-drafter")
+        raise SpecdecError(
+            f"{folder} has no config.json",
+            "give a head folder written by speculators, Model-Optimizer or train-drafter",
+        )
     try:
         config = json.loads(path.read_text())
     except (OSError, ValueError) as e:
@@ -140,25 +157,56 @@ def _read_config(folder: Path) -> dict:
 
 def transformer_layer_config(c: ModelConfig) -> dict:
     """A head's layer settings as a Hugging Face config dict (speculators' `transformer_layer_config`)."""
-    return {"model_type": c.model_type, "vocab_size": c.vocab_size, "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
-            "num_hidden_layers": c.num_layers, "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
-            "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
-            "max_position_embeddings": c.max_position_embeddings, "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False}
+    return {
+        "model_type": c.model_type,
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "max_position_embeddings": c.max_position_embeddings,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+    }
 
 
-def speculators_config(head: DraftHead, mechanism: str, *, verifier: str, verifier_architectures: list[str], speculative_tokens: int) -> dict:
+def speculators_config(
+    head: DraftHead, mechanism: str, *, verifier: str, verifier_architectures: list[str], speculative_tokens: int
+) -> dict:
     """config.json for `head`, in the speculators layout (speculators_layout.py; the bundle exporter writes the same)."""
-    fields = {"transformer_layer_config": transformer_layer_config(head.config), **head_kind(mechanism).speculators_fields(head)}
+    fields = {
+        "transformer_layer_config": transformer_layer_config(head.config),
+        **head_kind(mechanism).speculators_fields(head),
+    }
     try:
         version = importlib.metadata.version("speculators")
     except importlib.metadata.PackageNotFoundError:
         version = DEFAULT_VERSION
-    return config_json(mechanism, fields, speculative_tokens=speculative_tokens, verifier=verifier, verifier_architectures=verifier_architectures,
-                       version=version)
+    return config_json(
+        mechanism,
+        fields,
+        speculative_tokens=speculative_tokens,
+        verifier=verifier,
+        verifier_architectures=verifier_architectures,
+        version=version,
+    )
 
 
-def save_head(head: DraftHead, mechanism: str, folder: Path, *, verifier: str, verifier_architectures: list[str], speculative_tokens: int,
-              extra: dict | None = None) -> Path:
+def save_head(
+    head: DraftHead,
+    mechanism: str,
+    folder: Path,
+    *,
+    verifier: str,
+    verifier_architectures: list[str],
+    speculative_tokens: int,
+    extra: dict | None = None,
+) -> Path:
     """Write `head` in the speculators layout (config.json + model.safetensors; the target's shared embedding and LM head
     are left out, as speculators leaves them out), atomically. `extra` goes to training.json beside them."""
     from safetensors.torch import save_file
@@ -173,8 +221,13 @@ def save_head(head: DraftHead, mechanism: str, folder: Path, *, verifier: str, v
         t2d = torch.zeros(head.config.vocab_size, dtype=torch.bool)
         t2d[head.to_target_ids(torch.arange(head.draft_vocab_size, device=head.d2t.device)).cpu()] = True
         state["t2d"] = t2d
-    config = speculators_config(head, mechanism, verifier=verifier, verifier_architectures=verifier_architectures,
-                                speculative_tokens=speculative_tokens)
+    config = speculators_config(
+        head,
+        mechanism,
+        verifier=verifier,
+        verifier_architectures=verifier_architectures,
+        speculative_tokens=speculative_tokens,
+    )
     folder = Path(folder)
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -189,4 +242,12 @@ def save_head(head: DraftHead, mechanism: str, folder: Path, *, verifier: str, v
     return folder
 
 
-__all__ = ["LoadedHead", "load_head", "register_demo_head", "resolve_head", "save_head", "speculators_config", "transformer_layer_config"]
+__all__ = [
+    "LoadedHead",
+    "load_head",
+    "register_demo_head",
+    "resolve_head",
+    "save_head",
+    "speculators_config",
+    "transformer_layer_config",
+]

@@ -21,10 +21,9 @@ the block's are recomputed each round, so the draft costs one pass whatever D is
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -34,8 +33,16 @@ from specdec_tune.kernels.sampling import sample_tokens
 from specdec_tune.profiles.drafters.base import Draft, DraftRequest, register
 from specdec_tune.profiles.drafters.checkpoints import resolve_head
 from specdec_tune.profiles.drafters.head_reading import check_verifier, draft_map, layer_config, load_into
-from specdec_tune.profiles.drafters.heads import (DraftHead, DraftVocabulary, HeadDrafter, HeadKind, Layout, default_aux_layers, head_layer_config,
-                                                  register_head_kind)
+from specdec_tune.profiles.drafters.heads import (
+    DraftHead,
+    DraftVocabulary,
+    HeadDrafter,
+    HeadKind,
+    Layout,
+    default_aux_layers,
+    head_layer_config,
+    register_head_kind,
+)
 from specdec_tune.profiles.models.llama import CausalLM, DecoderLayer, KVCache, ModelConfig, RMSNorm, gqa_attention
 from specdec_tune.settings import DSPARK_DEMO_RANK
 
@@ -59,7 +66,9 @@ class MarkovHead(nn.Module):
         elif head_type == "rnn":
             self.joint_proj = nn.Linear(2 * rank + hidden, 3 * rank)
 
-    def step(self, prev: torch.Tensor, hidden: torch.Tensor, state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def step(
+        self, prev: torch.Tensor, hidden: torch.Tensor, state: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """prev [N] target ids, hidden [N, H] (the slot's backbone state), state [N, r] or None -> (bias [N, V_draft], state)."""
         e = self.markov_w1(prev).to(self.markov_w2.weight.dtype)  # [N, r]
         if self.head_type == "vanilla":
@@ -83,9 +92,23 @@ class ConfidenceHead(nn.Module):
 
 class DFlashHead(DraftVocabulary, DraftHead):
     block = True
-    def __init__(self, config: ModelConfig, *, target_hidden_size: int, layer_ids: tuple[int, ...], block_size: int, mask_token_id: int,
-                 draft_vocab_size: int, embed_tokens: nn.Embedding, lm_head: nn.Linear | None = None, sample_from_anchor: bool = False,
-                 markov_rank: int = 0, markov_head_type: str = "vanilla", confidence_head: bool = False) -> None:
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        target_hidden_size: int,
+        layer_ids: tuple[int, ...],
+        block_size: int,
+        mask_token_id: int,
+        draft_vocab_size: int,
+        embed_tokens: nn.Embedding,
+        lm_head: nn.Linear | None = None,
+        sample_from_anchor: bool = False,
+        markov_rank: int = 0,
+        markov_head_type: str = "vanilla",
+        confidence_head: bool = False,
+    ) -> None:
         super().__init__()
         self.config = config
         self.hidden_layers = tuple(layer_ids)
@@ -99,7 +122,9 @@ class DFlashHead(DraftVocabulary, DraftHead):
         self.embed_tokens = embed_tokens
         self.lm_head = lm_head if lm_head is not None else nn.Linear(H, draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(draft_vocab_size, dtype=torch.long))
-        self.markov_head = MarkovHead(config.vocab_size, draft_vocab_size, markov_rank, H, markov_head_type) if markov_rank else None
+        self.markov_head = (
+            MarkovHead(config.vocab_size, draft_vocab_size, markov_rank, H, markov_head_type) if markov_rank else None
+        )
         self.confidence_head = ConfidenceHead(H + markov_rank) if confidence_head else None
 
     @property
@@ -122,7 +147,9 @@ class DFlashHead(DraftVocabulary, DraftHead):
     def combine(self, target_hidden: torch.Tensor) -> torch.Tensor:
         return self.hidden_norm(self.fc(target_hidden))
 
-    def context_kv(self, ctx: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def context_kv(
+        self, ctx: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """ctx [B, T, H] with RoPE cos, sin [B, T, 1, hd] (its positions) -> per layer (k, v), each [B, H_kv, T, hd]: what
         the block attends to."""
         out = []
@@ -131,8 +158,14 @@ class DFlashHead(DraftVocabulary, DraftHead):
             out.append((k.transpose(1, 2), v.transpose(1, 2)))
         return out
 
-    def block_hidden(self, tokens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, context: list[tuple[torch.Tensor, torch.Tensor]],
-                     mask: torch.Tensor) -> torch.Tensor:
+    def block_hidden(
+        self,
+        tokens: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        context: list[tuple[torch.Tensor, torch.Tensor]],
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
         """Block tokens [B, Q] with RoPE cos, sin [B, Q, 1, hd] (their positions) over per-layer context keys/values
         [B, H_kv, L, hd]; mask [B, 1, Q, L + Q] (context keys, then the block's own) -> the normed block states [B, Q, H]."""
         B, Q = tokens.shape
@@ -147,7 +180,9 @@ class DFlashHead(DraftVocabulary, DraftHead):
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x)
 
-    def draft_logits(self, hidden: torch.Tensor, prev: torch.Tensor, choose) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def draft_logits(
+        self, hidden: torch.Tensor, prev: torch.Tensor, choose
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Slot logits [B, V_draft] for slots first_slot.. of hidden [B, S, H], with the Markov bias when the head has one.
         `choose(logits) -> target ids [B]` picks each slot's token; prev [B] is the anchor (the first slot's previous
         token). Returns (logits per slot, chosen ids per slot)."""
@@ -182,18 +217,36 @@ def default_mask_token(target_vocab: int, tokenizer=None) -> int:
     return target_vocab - 1
 
 
-def new_dflash_head(target: CausalLM, *, draft_vocab: list[int] | None = None, layers: int = 2, block_size: int = 8,
-                    mask_token_id: int | None = None, markov_rank: int = 0, markov_head_type: str = "vanilla",
-                    layer_ids: tuple[int, ...] | None = None, seed: int = 0) -> DFlashHead:
+def new_dflash_head(
+    target: CausalLM,
+    *,
+    draft_vocab: list[int] | None = None,
+    layers: int = 2,
+    block_size: int = 8,
+    mask_token_id: int | None = None,
+    markov_rank: int = 0,
+    markov_head_type: str = "vanilla",
+    layer_ids: tuple[int, ...] | None = None,
+    seed: int = 0,
+) -> DFlashHead:
     """A DFlash head (markov_rank 0) or a DSpark head (markov_rank > 0: the anchor's slot drafts too) of the default
     shape for `target`: `layers` Qwen3-style layers (q/k norms, as speculators builds them) of the target's width, its
     embedding (shared), the LM head started from the target's rows for the draft vocabulary. Random own weights."""
     c = dataclasses.replace(head_layer_config(target.config), num_layers=layers, qk_norm=True, model_type="qwen3")
     ids = torch.tensor(draft_vocab if draft_vocab is not None else range(c.vocab_size), dtype=torch.long)
-    head = DFlashHead(c, target_hidden_size=target.config.hidden_size, layer_ids=layer_ids or default_aux_layers(target.config.num_layers),
-                      block_size=block_size, mask_token_id=mask_token_id if mask_token_id is not None else c.vocab_size - 1,
-                      draft_vocab_size=len(ids), embed_tokens=target.embed_tokens, sample_from_anchor=markov_rank > 0,
-                      markov_rank=markov_rank, markov_head_type=markov_head_type, confidence_head=markov_rank > 0)
+    head = DFlashHead(
+        c,
+        target_hidden_size=target.config.hidden_size,
+        layer_ids=layer_ids or default_aux_layers(target.config.num_layers),
+        block_size=block_size,
+        mask_token_id=mask_token_id if mask_token_id is not None else c.vocab_size - 1,
+        draft_vocab_size=len(ids),
+        embed_tokens=target.embed_tokens,
+        sample_from_anchor=markov_rank > 0,
+        markov_rank=markov_rank,
+        markov_head_type=markov_head_type,
+        confidence_head=markov_rank > 0,
+    )
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in head.named_parameters():
@@ -245,7 +298,9 @@ class BlockDrafter(HeadDrafter):
 
         # Catch-up: the context's keys and values for positions fed[b] .. len-2, written into the cache.
         start = torch.tensor(self.fed, dtype=torch.long, device=device)
-        positions = start[:, None] + torch.arange(T, device=device)  # [B, T] (rows with fewer states write past len-2, masked)
+        positions = start[:, None] + torch.arange(
+            T, device=device
+        )  # [B, T] (rows with fewer states write past len-2, masked)
         ctx = head.combine(request.hidden_states[:, :T].to(device=device, dtype=dtype))  # [B, T, H]
         rows = torch.arange(B, device=device)[:, None].expand(B, T)
         for (k, v), k_cache, v_cache in zip(head.context_kv(ctx, *head.rope(positions)), cache.k, cache.v):
@@ -280,7 +335,9 @@ class BlockDrafter(HeadDrafter):
         return Draft(tokens=out, probs=torch.stack(probs[:K], dim=1) if probs else None)
 
     @torch.inference_mode()
-    def replay_proposals(self, ids: list[int], states: torch.Tensor, known: list[int], max_tokens: int) -> list[list[int]]:
+    def replay_proposals(
+        self, ids: list[int], states: torch.Tensor, known: list[int], max_tokens: int
+    ) -> list[list[int]]:
         """HeadDrafter.replay_proposals for a block head: the context keys and values of every position at once (a
         per-position projection), then one block pass per round, all rounds as the rows of one batch (row a's block
         sits at N_a - 1 and sees the context up to N_a - 2, as in `propose`)."""
@@ -288,14 +345,20 @@ class BlockDrafter(HeadDrafter):
         device, dtype = next(head.parameters()).device, next(head.parameters()).dtype
         S, A, Q = len(ids) - 1, len(known), head.block_size
         ctx = head.combine(states[:, :S].to(device=device, dtype=dtype))  # [1, S, H]
-        context = head.context_kv(ctx, *head.rope(torch.arange(S, device=device)[None]))  # per layer [1, H_kv, S, hd] x2
+        context = head.context_kv(
+            ctx, *head.rope(torch.arange(S, device=device)[None])
+        )  # per layer [1, H_kv, S, hd] x2
         ctx_len = torch.tensor([N - 1 for N in known], dtype=torch.long, device=device)  # [A]
         L = int(ctx_len.max())
         tokens = torch.full((A, Q), head.mask_token_id, dtype=torch.long, device=device)
         tokens[:, 0] = torch.tensor([ids[N - 1] for N in known], device=device)
         rows = [(k[:, :, :L].expand(A, -1, -1, -1), v[:, :, :L].expand(A, -1, -1, -1)) for k, v in context]
-        hidden = head.block_hidden(tokens, *head.rope(ctx_len[:, None] + torch.arange(Q, device=device)), rows, block_mask(ctx_len, L, Q))
-        _, chosen = head.draft_logits(hidden, tokens[:, 0], lambda step_logits: head.to_target_ids(step_logits.argmax(-1)))
+        hidden = head.block_hidden(
+            tokens, *head.rope(ctx_len[:, None] + torch.arange(Q, device=device)), rows, block_mask(ctx_len, L, Q)
+        )
+        _, chosen = head.draft_logits(
+            hidden, tokens[:, 0], lambda step_logits: head.to_target_ids(step_logits.argmax(-1))
+        )
         return torch.stack(chosen[:max_tokens], dim=1).tolist()  # [A, min(max_tokens, max_drafts)]
 
 
@@ -326,45 +389,97 @@ class DSparkDrafter(BlockDrafter):
 # ---------------------------------------------------------------------------- checkpoints
 
 
-def _block_head(what: str, layer: ModelConfig, state: dict, target: CausalLM, folder: Path, *, layer_ids, block_size, mask_token_id,
-                draft_vocab: int, target_hidden: int, sample_from_anchor: bool, markov_rank: int = 0, markov_type: str = "vanilla",
-                confidence: bool = False) -> DFlashHead:
+def _block_head(
+    what: str,
+    layer: ModelConfig,
+    state: dict,
+    target: CausalLM,
+    folder: Path,
+    *,
+    layer_ids,
+    block_size,
+    mask_token_id,
+    draft_vocab: int,
+    target_hidden: int,
+    sample_from_anchor: bool,
+    markov_rank: int = 0,
+    markov_type: str = "vanilla",
+    confidence: bool = False,
+) -> DFlashHead:
     ids = tuple(int(i) for i in (layer_ids or default_aux_layers(target.config.num_layers)))
     check_verifier(folder, what, target, hidden=target_hidden, vocab=layer.vocab_size, layer_ids=ids)
     if layer.hidden_size != target.config.hidden_size:
-        raise SpecdecError(f"the {what} in {folder} is {layer.hidden_size} wide", f"it reads the target's embedding: it needs width {target.config.hidden_size}")
+        raise SpecdecError(
+            f"the {what} in {folder} is {layer.hidden_size} wide",
+            f"it reads the target's embedding: it needs width {target.config.hidden_size}",
+        )
     if not isinstance(block_size, int) or block_size < 2:
-        raise SpecdecError(f"the {what} in {folder} has block_size {block_size!r}", "give an integer block_size of at least 2")
+        raise SpecdecError(
+            f"the {what} in {folder} has block_size {block_size!r}", "give an integer block_size of at least 2"
+        )
     if not isinstance(mask_token_id, int) or not 0 <= mask_token_id < target.config.vocab_size:
-        raise SpecdecError(f"the {what} in {folder} has mask_token_id {mask_token_id!r}",
-                           f"set mask_token_id to the id its blocks were trained with (0..{target.config.vocab_size - 1})")
+        raise SpecdecError(
+            f"the {what} in {folder} has mask_token_id {mask_token_id!r}",
+            f"set mask_token_id to the id its blocks were trained with (0..{target.config.vocab_size - 1})",
+        )
     if markov_type not in MARKOV_TYPES:
-        raise SpecdecError(f"the {what} in {folder} has markov_head_type {markov_type!r}", f"use one of {', '.join(MARKOV_TYPES)}")
+        raise SpecdecError(
+            f"the {what} in {folder} has markov_head_type {markov_type!r}", f"use one of {', '.join(MARKOV_TYPES)}"
+        )
     state = draft_map(state, draft_vocab, layer, target, folder, what)
     own_head = "lm_head.weight" in state
-    head = DFlashHead(layer, target_hidden_size=target_hidden, layer_ids=ids, block_size=block_size, mask_token_id=mask_token_id,
-                      draft_vocab_size=draft_vocab, embed_tokens=target.embed_tokens, lm_head=None if own_head else target.lm_head,
-                      sample_from_anchor=sample_from_anchor, markov_rank=markov_rank, markov_head_type=markov_type, confidence_head=confidence)
+    head = DFlashHead(
+        layer,
+        target_hidden_size=target_hidden,
+        layer_ids=ids,
+        block_size=block_size,
+        mask_token_id=mask_token_id,
+        draft_vocab_size=draft_vocab,
+        embed_tokens=target.embed_tokens,
+        lm_head=None if own_head else target.lm_head,
+        sample_from_anchor=sample_from_anchor,
+        markov_rank=markov_rank,
+        markov_head_type=markov_type,
+        confidence_head=confidence,
+    )
     if not own_head and draft_vocab != target.config.vocab_size:
-        raise SpecdecError(f"the {what} in {folder} has a {draft_vocab}-token draft vocabulary but no lm_head.weight", "add its LM head")
+        raise SpecdecError(
+            f"the {what} in {folder} has a {draft_vocab}-token draft vocabulary but no lm_head.weight",
+            "add its LM head",
+        )
     state = {k: v for k, v in state.items() if not k.startswith("verifier_")}
     return load_into(head, state, folder, {"embed_tokens.weight"} | (set() if own_head else {"lm_head.weight"}), target)
 
 
 def _speculators_block(kind: str):
     def read(config: dict, state: dict, target: CausalLM, folder: Path) -> DFlashHead:
-        layer = layer_config(config.get("transformer_layer_config") or {}, f"{folder}/config.json transformer_layer_config")
+        layer = layer_config(
+            config.get("transformer_layer_config") or {}, f"{folder}/config.json transformer_layer_config"
+        )
         dspark = kind == "dspark"
         confidence = bool(config.get("enable_confidence_head", True)) if dspark else False
         if confidence and not config.get("confidence_head_with_markov", True):
-            raise SpecdecError(f"the DSpark head in {folder} feeds its confidence head without the Markov state", "this tool reads confidence_head_with_markov heads")
-        return _block_head("DSpark head" if dspark else "DFlash head", layer, state, target, folder,
-                           layer_ids=config.get("aux_hidden_state_layer_ids"), block_size=config.get("block_size", 8),
-                           mask_token_id=config.get("mask_token_id"), draft_vocab=int(config.get("draft_vocab_size") or layer.vocab_size),
-                           target_hidden=int(config.get("target_hidden_size") or layer.hidden_size),
-                           sample_from_anchor=bool(config.get("sample_from_anchor", dspark)),
-                           markov_rank=int(config.get("markov_rank", 256)) if dspark else 0,
-                           markov_type=config.get("markov_head_type", "vanilla"), confidence=confidence)
+            raise SpecdecError(
+                f"the DSpark head in {folder} feeds its confidence head without the Markov state",
+                "this tool reads confidence_head_with_markov heads",
+            )
+        return _block_head(
+            "DSpark head" if dspark else "DFlash head",
+            layer,
+            state,
+            target,
+            folder,
+            layer_ids=config.get("aux_hidden_state_layer_ids"),
+            block_size=config.get("block_size", 8),
+            mask_token_id=config.get("mask_token_id"),
+            draft_vocab=int(config.get("draft_vocab_size") or layer.vocab_size),
+            target_hidden=int(config.get("target_hidden_size") or layer.hidden_size),
+            sample_from_anchor=bool(config.get("sample_from_anchor", dspark)),
+            markov_rank=int(config.get("markov_rank", 256)) if dspark else 0,
+            markov_type=config.get("markov_head_type", "vanilla"),
+            confidence=confidence,
+        )
+
     return read
 
 
@@ -375,18 +490,37 @@ def read_zlab(config: dict, state: dict, target: CausalLM, folder: Path) -> DFla
     if ids is None:  # z-lab's default: draft-layer-many target layers spread over [1, L-3] (L/2 for one draft layer)
         L, n = int(config.get("num_target_layers", target.config.num_layers)), layer.num_layers
         ids = [L // 2] if n == 1 else [round(1 + i * (L - 4) / (n - 1)) for i in range(n)]
-    return _block_head("DFlash head", layer, state, target, folder, layer_ids=[int(i) + 1 for i in ids],
-                       block_size=config.get("block_size", dflash.get("block_size")), mask_token_id=dflash.get("mask_token_id"),
-                       draft_vocab=layer.vocab_size, target_hidden=layer.hidden_size, sample_from_anchor=False)
+    return _block_head(
+        "DFlash head",
+        layer,
+        state,
+        target,
+        folder,
+        layer_ids=[int(i) + 1 for i in ids],
+        block_size=config.get("block_size", dflash.get("block_size")),
+        mask_token_id=dflash.get("mask_token_id"),
+        draft_vocab=layer.vocab_size,
+        target_hidden=layer.hidden_size,
+        sample_from_anchor=False,
+    )
 
 
 def speculators_fields(head: DFlashHead) -> dict:
-    fields = {"draft_vocab_size": head.draft_vocab_size, "block_size": head.block_size, "target_hidden_size": head.target_hidden_size,
-              "aux_hidden_state_layer_ids": list(head.hidden_layers), "mask_token_id": head.mask_token_id,
-              "sample_from_anchor": head.sample_from_anchor}
+    fields = {
+        "draft_vocab_size": head.draft_vocab_size,
+        "block_size": head.block_size,
+        "target_hidden_size": head.target_hidden_size,
+        "aux_hidden_state_layer_ids": list(head.hidden_layers),
+        "mask_token_id": head.mask_token_id,
+        "sample_from_anchor": head.sample_from_anchor,
+    }
     if head.markov_head is not None:
-        fields.update(markov_rank=head.markov_head.rank, markov_head_type=head.markov_head.head_type,
-                      enable_confidence_head=head.confidence_head is not None, confidence_head_with_markov=True)
+        fields.update(
+            markov_rank=head.markov_head.rank,
+            markov_head_type=head.markov_head.head_type,
+            enable_confidence_head=head.confidence_head is not None,
+            confidence_head_with_markov=True,
+        )
     return fields
 
 
@@ -396,19 +530,64 @@ def shared(head: DFlashHead) -> set[str]:
 
 
 def _new(dspark: bool):
-    def new(target: CausalLM, draft_vocab=None, aux_layers=None, seed=0, draft_layers=2, block_size=8, mask_token_id=None,
-            markov_rank=DSPARK_DEMO_RANK, **_) -> DFlashHead:
-        return new_dflash_head(target, draft_vocab=draft_vocab, layers=draft_layers, block_size=block_size, mask_token_id=mask_token_id,
-                               layer_ids=aux_layers, markov_rank=markov_rank if dspark else 0, seed=seed)
+    def new(
+        target: CausalLM,
+        draft_vocab=None,
+        aux_layers=None,
+        seed=0,
+        draft_layers=2,
+        block_size=8,
+        mask_token_id=None,
+        markov_rank=DSPARK_DEMO_RANK,
+        **_,
+    ) -> DFlashHead:
+        return new_dflash_head(
+            target,
+            draft_vocab=draft_vocab,
+            layers=draft_layers,
+            block_size=block_size,
+            mask_token_id=mask_token_id,
+            layer_ids=aux_layers,
+            markov_rank=markov_rank if dspark else 0,
+            seed=seed,
+        )
+
     return new
 
 
 _BLOCK_FIELDS = ("block_size", "draft_layers", "position_decay")
-register_head_kind(HeadKind("dflash", new=_new(dspark=False), read=_speculators_block("dflash"), speculators_fields=speculators_fields,
-                            shared=shared, training_fields=_BLOCK_FIELDS, eval_draft_len=7, layouts=(Layout("z-lab", "dflash_config", read_zlab),)))
-register_head_kind(HeadKind("dspark", new=_new(dspark=True), read=_speculators_block("dspark"), speculators_fields=speculators_fields,
-                            shared=shared, training_fields=(*_BLOCK_FIELDS, "markov_rank"), eval_draft_len=7))
+register_head_kind(
+    HeadKind(
+        "dflash",
+        new=_new(dspark=False),
+        read=_speculators_block("dflash"),
+        speculators_fields=speculators_fields,
+        shared=shared,
+        training_fields=_BLOCK_FIELDS,
+        eval_draft_len=7,
+        layouts=(Layout("z-lab", "dflash_config", read_zlab),),
+    )
+)
+register_head_kind(
+    HeadKind(
+        "dspark",
+        new=_new(dspark=True),
+        read=_speculators_block("dspark"),
+        speculators_fields=speculators_fields,
+        shared=shared,
+        training_fields=(*_BLOCK_FIELDS, "markov_rank"),
+        eval_draft_len=7,
+    )
+)
 
 
-__all__ = ["BlockDrafter", "DFlashDrafter", "DFlashHead", "DSparkDrafter", "MARKOV_TYPES", "block_mask", "default_mask_token",
-           "new_dflash_head"]
+__all__ = [
+    "BlockDrafter",
+    "DFlashDrafter",
+    "DFlashHead",
+    "DSparkDrafter",
+    "MARKOV_TYPES",
+    "block_mask",
+    "default_mask_token",
+    "new_dflash_head",
+]

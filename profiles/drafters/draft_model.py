@@ -90,7 +90,9 @@ class DraftModelDrafter(Drafter):
         # Catch up: the cache is correct up to where its unchecked drafts and the sequence part.
         # The last token is always run again: its logits start the draft (a row drafting less than the batch's longest
         # can have it cached already, when the target took the drafts beyond its own D)
-        start = [c + min(common_prefix(u, s[c:]), len(s) - c - 1) for c, u, s in zip(self.checked, self.unchecked, seqs)]
+        start = [
+            c + min(common_prefix(u, s[c:]), len(s) - c - 1) for c, u, s in zip(self.checked, self.unchecked, seqs)
+        ]
         pending = [s[p:] for s, p in zip(seqs, start)]  # ≥ 1 token each
         width = max(len(p) for p in pending)
         tokens = torch.zeros((B, width), dtype=torch.long)

@@ -14,10 +14,9 @@ them and are overwritten by the next catch-up (rollback is free, as in the targe
 
 from __future__ import annotations
 
-import importlib
-
 import copy
 import dataclasses
+import importlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -72,8 +71,13 @@ class DraftHead(nn.Module):
         features, carry = self.features_with(tokens, hidden, attend)
         return self.lm_head(features).float(), carry
 
-    def step(self, tokens: torch.Tensor, hidden: torch.Tensor, cache: KVCache, start_pos: torch.Tensor,
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(
+        self,
+        tokens: torch.Tensor,
+        hidden: torch.Tensor,
+        cache: KVCache,
+        start_pos: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """`step_with` at positions start_pos[b]+t, attending over (and writing to) the head's KV cache."""
         positions, mask, rows, cos, sin = self._coordinates(start_pos, tokens.shape[1], cache)
         attn = self.layer.self_attn
@@ -135,7 +139,9 @@ def head_layer_config(target: ModelConfig, **changes) -> ModelConfig:
 # ---------------------------------------------------------------------------- head kinds
 
 
-Reader = Callable[[dict, dict, "CausalLM", Path], DraftHead]  # (config.json, weights, target, folder) -> the head, checked
+Reader = Callable[
+    [dict, dict, "CausalLM", Path], DraftHead
+]  # (config.json, weights, target, folder) -> the head, checked
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +158,9 @@ class HeadKind:
     """One kind of learned head as the rest of the package sees it; each head's module registers its kinds."""
 
     name: str  # the mechanism: "eagle3", "mtp", "dflash", "dspark"
-    new: Callable[..., DraftHead]  # (target CausalLM, **shape) -> random weights of the default shape; shape keys: draft_vocab,
+    new: Callable[
+        ..., DraftHead
+    ]  # (target CausalLM, **shape) -> random weights of the default shape; shape keys: draft_vocab,
     #                                aux_layers, seed, draft_layers, block_size, mask_token_id, markov_rank (each kind reads its own)
     read: Reader  # its speculators checkpoint
     speculators_fields: Callable[[DraftHead], dict]  # its algorithm fields in speculators' config.json
@@ -245,12 +253,17 @@ class HeadDrafter(Drafter):
     def _checked_counts(self, request: DraftRequest) -> list[int]:
         """Per row, how many target states the request carries, checked to continue where the head stopped."""
         if request.hidden_states is None or request.num_hidden is None:
-            raise SpecdecError(f"the {self.name} drafter needs the target's hidden states in each request",
-                               "run it through specdec.generate, which passes them")
+            raise SpecdecError(
+                f"the {self.name} drafter needs the target's hidden states in each request",
+                "run it through specdec.generate, which passes them",
+            )
         for b, (s, n) in enumerate(zip(request.token_ids, request.num_hidden)):
             if len(s) - 1 - n != self.fed[b]:
-                raise SpecdecError(f"row {b}: hidden states for positions {len(s) - 1 - n}.. arrived, but the {self.name} head "
-                                   f"has run positions 0..{self.fed[b] - 1}", "pass the states of every position the target ran, once")
+                raise SpecdecError(
+                    f"row {b}: hidden states for positions {len(s) - 1 - n}.. arrived, but the {self.name} head "
+                    f"has run positions 0..{self.fed[b] - 1}",
+                    "pass the states of every position the target ran, once",
+                )
         return list(request.num_hidden)
 
     @torch.inference_mode()
@@ -296,7 +309,9 @@ class HeadDrafter(Drafter):
         return Draft(tokens=out, probs=torch.stack(probs, dim=1) if probs else None)
 
     @torch.inference_mode()
-    def replay_proposals(self, ids: list[int], states: torch.Tensor, known: list[int], max_tokens: int) -> list[list[int]]:
+    def replay_proposals(
+        self, ids: list[int], states: torch.Tensor, known: list[int], max_tokens: int
+    ) -> list[list[int]]:
         """The greedy drafts (`max_tokens` long) of the rounds that start with ids[:N] known, for each N in `known` (≥ 2).
 
         states [1, len(ids) - 1, len(hidden_layers) * hidden]: the target's states at positions 0..len(ids)-2 from one
@@ -310,8 +325,12 @@ class HeadDrafter(Drafter):
         cache = head.new_cache(1, len(ids) + max_tokens + 1)
         tokens = torch.tensor([ids[1:]], dtype=torch.long, device=device)  # [1, S]: x_{p+1} at position p
         hidden = head.combine(states[:, :S].to(device=device, dtype=dtype))  # [1, S, hidden]
-        logits, carry = head.step(tokens, hidden, cache, torch.zeros(1, dtype=torch.long, device=device))  # [1, S, V], [1, S, hidden]
-        at = torch.tensor([N - 2 for N in known], dtype=torch.long, device=device)  # [A]: where each round's d_1 comes from
+        logits, carry = head.step(
+            tokens, hidden, cache, torch.zeros(1, dtype=torch.long, device=device)
+        )  # [1, S, V], [1, S, hidden]
+        at = torch.tensor(
+            [N - 2 for N in known], dtype=torch.long, device=device
+        )  # [A]: where each round's d_1 comes from
         step_logits, carry = logits[0, at], carry[0, at][:, None]  # [A, V_draft], [A, 1, hidden]
         cache.keep_rows(torch.zeros(len(known), dtype=torch.long, device=device))  # a copy of the catch-up per round
         pos, drafted = at + 1, []
@@ -324,5 +343,16 @@ class HeadDrafter(Drafter):
         return torch.stack(drafted, dim=1).tolist()  # [A, max_tokens]
 
 
-__all__ = ["HEAD_KINDS", "head_kinds", "DraftHead", "DraftVocabulary", "HeadDrafter", "HeadKind", "Layout", "default_aux_layers", "head_kind", "head_layer_config",
-           "register_head_kind"]
+__all__ = [
+    "HEAD_KINDS",
+    "head_kinds",
+    "DraftHead",
+    "DraftVocabulary",
+    "HeadDrafter",
+    "HeadKind",
+    "Layout",
+    "default_aux_layers",
+    "head_kind",
+    "head_layer_config",
+    "register_head_kind",
+]

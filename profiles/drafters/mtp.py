@@ -13,10 +13,9 @@ self_attn.*, mlp.*, input_layernorm, post_attention_layernorm}`); the embedding 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -50,8 +49,15 @@ class MtpLayer(DecoderLayer):
 
 
 class MtpHead(DraftHead):
-    def __init__(self, config: ModelConfig, *, final_layer_id: int, embed_tokens: nn.Embedding, lm_head: nn.Linear,
-                 carry_normed: bool = True) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        final_layer_id: int,
+        embed_tokens: nn.Embedding,
+        lm_head: nn.Linear,
+        carry_normed: bool = True,
+    ) -> None:
         super().__init__()
         self.config = config
         self.hidden_layers = (final_layer_id,)  # the target's final-normed state
@@ -111,16 +117,36 @@ def read_speculators(config: dict, state: dict, target: CausalLM, folder: Path) 
     layer = layer_config(config.get("transformer_layer_config") or {}, f"{folder}/config.json transformer_layer_config")
     layers = int(config.get("num_nextn_predict_layers", 1))
     if layers != 1:
-        raise SpecdecError(f"the MTP checkpoint in {folder} has {layers} prediction layers", "this tool (like speculators) runs one-layer MTP")
+        raise SpecdecError(
+            f"the MTP checkpoint in {folder} has {layers} prediction layers",
+            "this tool (like speculators) runs one-layer MTP",
+        )
     check_verifier(folder, "MTP head", target, hidden=layer.hidden_size, vocab=layer.vocab_size)
     own = {k for k in ("embed_tokens.weight", "lm_head.weight") if k in state}
-    embed = torch.nn.Embedding(layer.vocab_size, layer.hidden_size) if "embed_tokens.weight" in own else target.embed_tokens
-    lm_head = torch.nn.Linear(layer.hidden_size, layer.vocab_size, bias=False) if "lm_head.weight" in own else target.lm_head
-    head = MtpHead(dataclasses.replace(layer, num_layers=1), final_layer_id=target.config.num_layers, embed_tokens=embed, lm_head=lm_head)
+    embed = (
+        torch.nn.Embedding(layer.vocab_size, layer.hidden_size) if "embed_tokens.weight" in own else target.embed_tokens
+    )
+    lm_head = (
+        torch.nn.Linear(layer.hidden_size, layer.vocab_size, bias=False) if "lm_head.weight" in own else target.lm_head
+    )
+    head = MtpHead(
+        dataclasses.replace(layer, num_layers=1),
+        final_layer_id=target.config.num_layers,
+        embed_tokens=embed,
+        lm_head=lm_head,
+    )
     return load_into(head, state, folder, {"embed_tokens.weight", "lm_head.weight"} - own, target)
 
 
-register_head_kind(HeadKind(
-    "mtp", new=lambda target, seed=0, **_: new_mtp_head(target, seed=seed), read=read_speculators,
-    speculators_fields=lambda head: {"num_nextn_predict_layers": 1}, shared=lambda head: {"embed_tokens.weight", "lm_head.weight"},
-    training_fields=("ttt_steps", "step_decay"), eval_draft_len=3, reads_aux_states=False))
+register_head_kind(
+    HeadKind(
+        "mtp",
+        new=lambda target, seed=0, **_: new_mtp_head(target, seed=seed),
+        read=read_speculators,
+        speculators_fields=lambda head: {"num_nextn_predict_layers": 1},
+        shared=lambda head: {"embed_tokens.weight", "lm_head.weight"},
+        training_fields=("ttt_steps", "step_decay"),
+        eval_draft_len=3,
+        reads_aux_states=False,
+    )
+)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specdec_tune import SpecdecError
-from specdec_tune.profiles.drafters.base import Draft, DraftRequest, Drafter, register
+from specdec_tune.profiles.drafters.base import Draft, Drafter, DraftRequest, register
 
 if TYPE_CHECKING:
     from specdec_tune.profiles.models.loading import LoadedModel

@@ -142,7 +142,11 @@ def _identity(w: torch.Tensor) -> torch.Tensor:
 
 
 # the emulation of each format of the weight-format table (specdec_tune.formats)
-FAKE_QUANT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"none": _identity, "fp8": fake_quant_fp8_e4m3, "nvfp4": fake_quant_nvfp4}
+FAKE_QUANT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "none": _identity,
+    "fp8": fake_quant_fp8_e4m3,
+    "nvfp4": fake_quant_nvfp4,
+}
 assert tuple(FAKE_QUANT) == WEIGHT_FORMATS
 
 
@@ -257,8 +261,6 @@ def _pad_last(x: torch.Tensor, multiple: int) -> torch.Tensor:
     """Zero-pad the last dim of ``x`` [R, K] up to a multiple of ``multiple`` -> [R, K']."""
     pad = -x.shape[-1] % multiple
     return torch.nn.functional.pad(x, (0, pad)) if pad else x
-
-
 
 
 __all__ = [

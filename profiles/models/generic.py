@@ -44,7 +44,9 @@ def generic_config(hf_config) -> ModelConfig:
     hidden, heads = int(hf_config.hidden_size), int(hf_config.num_attention_heads)
     eos = getattr(hf_config, "eos_token_id", None)
     eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if isinstance(eos, int) else ())
-    inter = getattr(hf_config, "intermediate_size", None) or getattr(hf_config, "moe_intermediate_size", None) or 4 * hidden
+    inter = (
+        getattr(hf_config, "intermediate_size", None) or getattr(hf_config, "moe_intermediate_size", None) or 4 * hidden
+    )
     rope = getattr(hf_config, "rope_parameters", None) or {}
     return ModelConfig(
         model_type=str(hf_config.model_type),
@@ -55,9 +57,17 @@ def generic_config(hf_config) -> ModelConfig:
         num_heads=heads,
         num_kv_heads=int(getattr(hf_config, "num_key_value_heads", None) or heads),
         head_dim=int(getattr(hf_config, "head_dim", None) or hidden // heads),
-        rms_norm_eps=float(getattr(hf_config, "rms_norm_eps", None) or getattr(hf_config, "layer_norm_eps", None) or 1e-6),
-        rope_theta=float((rope.get("rope_theta") if isinstance(rope, dict) else None) or getattr(hf_config, "rope_theta", None) or 10000.0),
-        max_position_embeddings=int(getattr(hf_config, "max_position_embeddings", None) or getattr(hf_config, "n_positions", None) or 2048),
+        rms_norm_eps=float(
+            getattr(hf_config, "rms_norm_eps", None) or getattr(hf_config, "layer_norm_eps", None) or 1e-6
+        ),
+        rope_theta=float(
+            (rope.get("rope_theta") if isinstance(rope, dict) else None)
+            or getattr(hf_config, "rope_theta", None)
+            or 10000.0
+        ),
+        max_position_embeddings=int(
+            getattr(hf_config, "max_position_embeddings", None) or getattr(hf_config, "n_positions", None) or 2048
+        ),
         tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
         eos_token_ids=eos_ids,
     )
@@ -72,8 +82,10 @@ def layer_kinds(hf_config) -> list[str]:
         kinds = ["sliding_attention" if sliding else "full_attention"] * n
     unknown = sorted(set(kinds) - set(ATTENTION_KINDS))
     if unknown:
-        raise SpecdecError(f"{hf_config.model_type} layers of kind {unknown[0]!r} are not supported by the generic path",
-                           f"it runs layers of kind {' and '.join(ATTENTION_KINDS)}")
+        raise SpecdecError(
+            f"{hf_config.model_type} layers of kind {unknown[0]!r} are not supported by the generic path",
+            f"it runs layers of kind {' and '.join(ATTENTION_KINDS)}",
+        )
     return list(kinds)
 
 
@@ -84,7 +96,14 @@ class MoeShape:
 
 
 def moe_shape(hf_config) -> MoeShape | None:
-    experts = next((getattr(hf_config, k) for k in ("num_local_experts", "num_experts", "n_routed_experts") if getattr(hf_config, k, None)), None)
+    experts = next(
+        (
+            getattr(hf_config, k)
+            for k in ("num_local_experts", "num_experts", "n_routed_experts")
+            if getattr(hf_config, k, None)
+        ),
+        None,
+    )
     top_k = getattr(hf_config, "num_experts_per_tok", None)
     return MoeShape(int(experts), int(top_k)) if experts and top_k else None
 
@@ -92,7 +111,9 @@ def moe_shape(hf_config) -> MoeShape | None:
 class RowKVCache(KVCache):
     """llama.KVCache that transformers' attention writes through (`update`); k[i], v[i]: [B, H_kv, capacity, hd]."""
 
-    def __init__(self, config: ModelConfig, layer_index: dict[int, int], batch: int, capacity: int, dtype, device) -> None:
+    def __init__(
+        self, config: ModelConfig, layer_index: dict[int, int], batch: int, capacity: int, dtype, device
+    ) -> None:
         super().__init__(config, len(layer_index), batch, capacity, dtype, device)
         self.layer_index = layer_index  # transformers' layer_idx -> position in k / v (a cut model keeps its ids)
         self.rows = self.slots = None  # [B, T] cache coordinates of the step's tokens, set before each forward
@@ -103,8 +124,10 @@ class RowKVCache(KVCache):
         i = self.layer_index[layer_idx]
         k, v = self.k[i], self.v[i]
         if key_states.shape[1] != k.shape[1] or key_states.shape[-1] != k.shape[-1]:
-            raise SpecdecError(f"layer {layer_idx} writes keys of shape {tuple(key_states.shape)} into a cache of {tuple(k.shape)}",
-                               "this family's layers differ in KV heads or head size, which the generic path does not support")
+            raise SpecdecError(
+                f"layer {layer_idx} writes keys of shape {tuple(key_states.shape)} into a cache of {tuple(k.shape)}",
+                "this family's layers differ in KV heads or head size, which the generic path does not support",
+            )
         k[self.rows, :, self.slots] = key_states.transpose(1, 2).to(k.dtype)  # target [B, T, H_kv, hd]
         v[self.rows, :, self.slots] = value_states.transpose(1, 2).to(v.dtype)
         return k[:, :, : self.visible], v[:, :, : self.visible]
@@ -140,7 +163,10 @@ def _child(module: nn.Module, names: tuple[str, ...], what: str, family: str):
         found = getattr(module, name, None)
         if found is not None:
             return name, found
-    raise SpecdecError(f"the {family} decoder keeps no {what} under {'/'.join(names)}", "the generic path needs a decoder with a layer list and a final norm")
+    raise SpecdecError(
+        f"the {family} decoder keeps no {what} under {'/'.join(names)}",
+        "the generic path needs a decoder with a layer list and a final norm",
+    )
 
 
 class GenericCausalLM(DecoderStack, nn.Module):
@@ -191,7 +217,9 @@ class GenericCausalLM(DecoderStack, nn.Module):
             if kind == "sliding_attention" and self.window:  # key k visible to query position p iff p - window < k <= p
                 keys = torch.arange(L, device=positions.device)
                 allowed = allowed & (keys[None, None, :] > positions[:, :, None] - self.window).unsqueeze(1)
-            out[kind] = torch.zeros(allowed.shape, dtype=self.dtype, device=positions.device).masked_fill(~allowed, blocked)
+            out[kind] = torch.zeros(allowed.shape, dtype=self.dtype, device=positions.device).masked_fill(
+                ~allowed, blocked
+            )
         return out if len(out) > 1 else next(iter(out.values()))
 
     def _run(self, tokens, cache: RowKVCache, start_pos, logits: str, layer_ids: tuple[int, ...]):
@@ -199,17 +227,28 @@ class GenericCausalLM(DecoderStack, nn.Module):
         positions, visible, rows = step_coordinates(start_pos, T, cache.capacity)  # [B, T], [B, 1, T, L] bool, [B, T]
         cache.rows, cache.slots, cache.visible = rows, positions, visible.shape[-1]
         captured: dict[int, torch.Tensor] = {}
-        hooks = [self.layers[i].register_forward_pre_hook(_capture(captured, i), with_kwargs=True) for i in layer_ids if i < len(self.layers)]
+        hooks = [
+            self.layers[i].register_forward_pre_hook(_capture(captured, i), with_kwargs=True)
+            for i in layer_ids
+            if i < len(self.layers)
+        ]
         try:
-            out = self.decoder(input_ids=tokens, attention_mask=self._masks(positions, visible), position_ids=positions,
-                               use_cache=True, **{self.cache_kwarg: cache})
+            out = self.decoder(
+                input_ids=tokens,
+                attention_mask=self._masks(positions, visible),
+                position_ids=positions,
+                use_cache=True,
+                **{self.cache_kwarg: cache},
+            )
         finally:
             for h in hooks:
                 h.remove()
         x = out.last_hidden_state  # [B, T, hidden], final-normed
         captured[len(self.layers)] = x
         result = None if logits == "none" else x if logits == "hidden" else self.lm_head(x).float()
-        hidden = torch.cat([captured[i] for i in layer_ids], dim=-1) if layer_ids else None  # [B, T, len(layer_ids) * hidden]
+        hidden = (
+            torch.cat([captured[i] for i in layer_ids], dim=-1) if layer_ids else None
+        )  # [B, T, len(layer_ids) * hidden]
         return result, hidden
 
     @contextlib.contextmanager
@@ -217,8 +256,15 @@ class GenericCausalLM(DecoderStack, nn.Module):
         """Within the block, each MoE layer's forward appends the number of distinct experts its tokens woke to the
         yielded list (one entry per MoE layer per forward). Empty for a dense model."""
         woke: list[int] = []
-        hooks = [m.register_forward_pre_hook(_expert_counter(woke), with_kwargs=True)
-                 for m in self.layers.modules() if _routes_tokens(m)] if self.moe else []
+        hooks = (
+            [
+                m.register_forward_pre_hook(_expert_counter(woke), with_kwargs=True)
+                for m in self.layers.modules()
+                if _routes_tokens(m)
+            ]
+            if self.moe
+            else []
+        )
         try:
             yield woke
         finally:

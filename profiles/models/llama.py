@@ -64,31 +64,43 @@ class ModelConfig:
             )
         reason = builtin_unsupported(hf)
         if reason:
-            raise SpecdecError(f"{reason} in the {model_type} config is not supported by the built-in forward", "load it through the generic path")
+            raise SpecdecError(
+                f"{reason} in the {model_type} config is not supported by the built-in forward",
+                "load it through the generic path",
+            )
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
 
         def count(key: str, default: int | None = None) -> int:
             value = hf.get(key) if hf.get(key) is not None else default
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SpecdecError(f"{key} in the {model_type} config is {value!r}, not a positive integer", "fix the config.json")
+                raise SpecdecError(
+                    f"{key} in the {model_type} config is {value!r}, not a positive integer", "fix the config.json"
+                )
             return value
 
         def number(key: str, value: object) -> float:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise SpecdecError(f"{key} in the {model_type} config is {value!r}, not a positive number", "fix the config.json")
+                raise SpecdecError(
+                    f"{key} in the {model_type} config is {value!r}, not a positive number", "fix the config.json"
+                )
             return float(value)
 
         hidden, heads = count("hidden_size"), count("num_attention_heads")
         kv_heads = count("num_key_value_heads", heads)
         if heads % kv_heads:
-            raise SpecdecError(f"{heads} attention heads do not split over {kv_heads} KV heads", "fix num_key_value_heads in the config.json")
+            raise SpecdecError(
+                f"{heads} attention heads do not split over {kv_heads} KV heads",
+                "fix num_key_value_heads in the config.json",
+            )
         # Biases as transformers builds them: qwen2 always has q/k/v biases (no o_proj bias), mistral none,
         # llama and qwen3 put one on q/k/v and o_proj when attention_bias is set.
         bias = {"qwen2": True, "mistral": False}.get(model_type, bool(hf.get("attention_bias", False)))
         eos = hf.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         if not all(isinstance(e, int) and not isinstance(e, bool) for e in eos_ids):
-            raise SpecdecError(f"eos_token_id in the {model_type} config is {eos!r}, not token ids", "fix the config.json")
+            raise SpecdecError(
+                f"eos_token_id in the {model_type} config is {eos!r}, not token ids", "fix the config.json"
+            )
         return cls(
             model_type=model_type,
             vocab_size=count("vocab_size"),
@@ -262,10 +274,14 @@ class DecoderStack:
         """These layers (in order) with this model's embedding, final norm and head, sharing weights."""
         n = self.config.num_layers
         if not layer_ids or any(not 0 <= i < n for i in layer_ids) or sorted(set(layer_ids)) != layer_ids:
-            raise SpecdecError(f"draft layers {layer_ids} are not increasing ids in 0..{n - 1}", "pick distinct layers of the target")
+            raise SpecdecError(
+                f"draft layers {layer_ids} are not increasing ids in 0..{n - 1}", "pick distinct layers of the target"
+            )
         return self._cut(layer_ids)
 
-    def forward(self, tokens: torch.Tensor, cache: KVCache, start_pos: torch.Tensor, logits: str = "all") -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, cache: KVCache, start_pos: torch.Tensor, logits: str = "all"
+    ) -> torch.Tensor:
         """Run T new tokens per row on top of the cache.
 
         tokens: [B, T] int64; start_pos: [B] int64, row b's tokens go to positions start_pos[b]+t.
@@ -273,8 +289,14 @@ class DecoderStack:
         """
         return self._run(tokens, cache, start_pos, logits, ())[0]
 
-    def forward_capture(self, tokens: torch.Tensor, cache: KVCache, start_pos: torch.Tensor, layer_ids: tuple[int, ...],
-                        logits: str = "all") -> tuple[torch.Tensor | None, torch.Tensor]:
+    def forward_capture(
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache,
+        start_pos: torch.Tensor,
+        layer_ids: tuple[int, ...],
+        logits: str = "all",
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """`forward`, plus the hidden states at `layer_ids`, concatenated: [B, T, len(layer_ids) * hidden].
 
         Layer id i < num_layers is the residual stream entering layer i (Hugging Face's hidden_states[i],
@@ -282,7 +304,9 @@ class DecoderStack:
         """
         n = len(self.layers)
         if not layer_ids or any(not 0 <= i <= n for i in layer_ids):
-            raise SpecdecError(f"hidden-state layer ids {list(layer_ids)} are not in 0..{n}", f"pick ids of this {n}-layer model")
+            raise SpecdecError(
+                f"hidden-state layer ids {list(layer_ids)} are not in 0..{n}", f"pick ids of this {n}-layer model"
+            )
         return self._run(tokens, cache, start_pos, logits, layer_ids)  # type: ignore[return-value]
 
 
@@ -293,7 +317,9 @@ class CausalLM(DecoderStack, nn.Module):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = layers if layers is not None else nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.layers = (
+            layers if layers is not None else nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
@@ -360,7 +386,9 @@ def rope_lookup(table, config: ModelConfig, positions: torch.Tensor, dtype, devi
     need = int(positions.max()) + 1
     if table is None or table[0] < need:
         size = max(need, 4096)
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, config.head_dim, 2, dtype=torch.float64) / config.head_dim))
+        inv_freq = 1.0 / (
+            config.rope_theta ** (torch.arange(0, config.head_dim, 2, dtype=torch.float64) / config.head_dim)
+        )
         angles = torch.outer(torch.arange(size, dtype=torch.float64), inv_freq)
         angles = torch.cat((angles, angles), dim=-1)  # [size, hd]
         table = (size, angles.cos().to(device), angles.sin().to(device))

@@ -52,7 +52,9 @@ def load_model(
         # which once made a demo verify step take 4 s instead of 0.1 s. Process-wide, set once.
         torch.set_flush_denormal(True)
     if implementation not in IMPLEMENTATIONS:
-        raise SpecdecError(f"unknown model implementation {implementation!r}", f"use one of {', '.join(IMPLEMENTATIONS)}")
+        raise SpecdecError(
+            f"unknown model implementation {implementation!r}", f"use one of {', '.join(IMPLEMENTATIONS)}"
+        )
     if implementation == "builtin" or (implementation == "auto" and builtin_covers(hf_config)):
         model = _load_builtin(folder, hf_config, shards, torch_dtype, dev)
     else:
@@ -74,7 +76,9 @@ def load_model(
     return LoadedModel(model=model, tokenizer=tokenizer, ref=ref)
 
 
-def _load_builtin(folder: Path, hf_config: dict, shards: list[Path], torch_dtype: torch.dtype, dev: torch.device) -> CausalLM:
+def _load_builtin(
+    folder: Path, hf_config: dict, shards: list[Path], torch_dtype: torch.dtype, dev: torch.device
+) -> CausalLM:
     from safetensors.torch import load_file
 
     config = ModelConfig.from_hf(hf_config)
@@ -92,7 +96,10 @@ def _load_builtin(folder: Path, hf_config: dict, shards: list[Path], torch_dtype
         expected.discard("lm_head.weight")
     missing = sorted(expected - set(state))
     if missing:
-        raise SpecdecError(f"weights in {folder} lack {len(missing)} tensors, e.g. {missing[0]}", "check the checkpoint matches its config.json")
+        raise SpecdecError(
+            f"weights in {folder} lack {len(missing)} tensors, e.g. {missing[0]}",
+            "check the checkpoint matches its config.json",
+        )
     ignored = sorted(k for k in set(state) - expected if not k.endswith("rotary_emb.inv_freq"))
     if ignored:
         raise SpecdecError(
@@ -114,33 +121,60 @@ def _load_transformers(folder: Path, hf_config: dict, torch_dtype: torch.dtype, 
 
     family = hf_config.get("model_type")
     if family not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        known = ", ".join(f for f in ("gemma3_text", "gemma2", "phi3", "olmo2", "granite", "mixtral", "qwen3_moe") if f in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
-        raise SpecdecError(f"model family {family!r} has no causal LM in the installed transformers {transformers.__version__}",
-                           f"supported: the built-in {', '.join(SUPPORTED_ARCHITECTURES)} and transformers' causal LMs ({known}, ...)")
+        known = ", ".join(
+            f
+            for f in ("gemma3_text", "gemma2", "phi3", "olmo2", "granite", "mixtral", "qwen3_moe")
+            if f in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        )
+        raise SpecdecError(
+            f"model family {family!r} has no causal LM in the installed transformers {transformers.__version__}",
+            f"supported: the built-in {', '.join(SUPPORTED_ARCHITECTURES)} and transformers' causal LMs ({known}, ...)",
+        )
     try:
         config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
         # eager where a family soft-caps attention scores (transformers' SDPA cannot), SDPA elsewhere
         attention = "eager" if getattr(config, "attn_logit_softcapping", None) else "sdpa"
-        hf, info = AutoModelForCausalLM.from_pretrained(str(folder), config=config, dtype=torch_dtype, use_safetensors=True,
-                                                        trust_remote_code=False, attn_implementation=attention,
-                                                        output_loading_info=True)
+        hf, info = AutoModelForCausalLM.from_pretrained(
+            str(folder),
+            config=config,
+            dtype=torch_dtype,
+            use_safetensors=True,
+            trust_remote_code=False,
+            attn_implementation=attention,
+            output_loading_info=True,
+        )
     except (OSError, ValueError, KeyError, RuntimeError) as e:
-        raise SpecdecError(f"transformers cannot load {folder} as a {family} model ({type(e).__name__}: {str(e).splitlines()[0][:200]})",
-                           "check the folder's config.json and safetensors weights") from None
-    missing = sorted(k for k in info.get("missing_keys", ()) if not (k.endswith("lm_head.weight") and config.tie_word_embeddings))
+        raise SpecdecError(
+            f"transformers cannot load {folder} as a {family} model ({type(e).__name__}: {str(e).splitlines()[0][:200]})",
+            "check the folder's config.json and safetensors weights",
+        ) from None
+    missing = sorted(
+        k for k in info.get("missing_keys", ()) if not (k.endswith("lm_head.weight") and config.tie_word_embeddings)
+    )
     if missing:
-        raise SpecdecError(f"weights in {folder} lack {len(missing)} tensors, e.g. {missing[0]}", "check the checkpoint matches its config.json")
+        raise SpecdecError(
+            f"weights in {folder} lack {len(missing)} tensors, e.g. {missing[0]}",
+            "check the checkpoint matches its config.json",
+        )
     decoder = hf.get_decoder() if hasattr(hf, "get_decoder") else hf.model
     return GenericCausalLM(decoder, LogitHead(hf.get_output_embeddings(), config)).to(dev)
 
 
-def describe_model(path: str | None, dtype: str, device: torch.device, trust_remote_code: bool = False) -> tuple[ModelRef, object | None, dict]:
+def describe_model(
+    path: str | None, dtype: str, device: torch.device, trust_remote_code: bool = False
+) -> tuple[ModelRef, object | None, dict]:
     """A model's reference, tokenizer and Hugging Face config without loading its weights into this package's forward:
     for a serving engine that runs the model itself (any architecture it supports)."""
     fmt, folder, hf_config, shards = model_folder(path, trust_remote_code)
-    ref = ModelRef(path=str(path or DEFAULT_TARGET), format=fmt, arch=str(hf_config.get("model_type", "unknown")),
-                   dtype=str(pick_dtype(dtype, device)).removeprefix("torch."), config_hash=sha256_json(hf_config),
-                   weights_hash=weights_hash(shards), num_layers=int(hf_config.get("num_hidden_layers", 0)))
+    ref = ModelRef(
+        path=str(path or DEFAULT_TARGET),
+        format=fmt,
+        arch=str(hf_config.get("model_type", "unknown")),
+        dtype=str(pick_dtype(dtype, device)).removeprefix("torch."),
+        config_hash=sha256_json(hf_config),
+        weights_hash=weights_hash(shards),
+        num_layers=int(hf_config.get("num_hidden_layers", 0)),
+    )
     return ref, _load_tokenizer(folder, trust_remote_code), hf_config
 
 
@@ -160,8 +194,15 @@ def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
             f"draft vocabulary ({dv} tokens) differs from the target's ({tv})",
             "use a drafter trained with the target's tokenizer",
         )
-    if target.tokenizer is not None and draft.tokenizer is not None and target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
-        raise SpecdecError("draft tokenizer maps tokens to different ids than the target's", "use a drafter that shares the target's tokenizer")
+    if (
+        target.tokenizer is not None
+        and draft.tokenizer is not None
+        and target.tokenizer.get_vocab() != draft.tokenizer.get_vocab()
+    ):
+        raise SpecdecError(
+            "draft tokenizer maps tokens to different ids than the target's",
+            "use a drafter that shares the target's tokenizer",
+        )
 
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "LoadedModel", "load_model", "describe_model", "check_same_vocabulary"]

@@ -47,7 +47,13 @@ def write_cut_draft(target_path: str | None, layers: int, out: Path, dtype: str)
                     tensors[name] = (t.to(torch_dtype) if t.is_floating_point() else t).contiguous()
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "model.safetensors"))
-    own = {k: v for k, v in config.items() if k != "quantization_config"}  # a converted GGUF's; the tensors are dequantized
-    own |= {"num_hidden_layers": layers, "architectures": architectures(config, f"{folder}/config.json"), "torch_dtype": dtype}
+    own = {
+        k: v for k, v in config.items() if k != "quantization_config"
+    }  # a converted GGUF's; the tensors are dequantized
+    own |= {
+        "num_hidden_layers": layers,
+        "architectures": architectures(config, f"{folder}/config.json"),
+        "torch_dtype": dtype,
+    }
     (out / "config.json").write_text(json.dumps(own, indent=2) + "\n")
     return out
