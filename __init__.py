@@ -27,12 +27,14 @@ __all__ = ["SpecdecError", "__version__", "lazy_entry_points"]
 
 def lazy_entry_points(package: str, entry_points: dict[str, str]):
     """A package's `__getattr__` that loads each public entry point (name -> the module under `package` defining it) on
-    first use: a stage's `__all__` names what it offers without importing torch for a caller that needs one record."""
+    first use: a stage's `__all__` names what it offers without importing torch for a caller that needs one record. A
+    name that is also its module's (`search`) is the module, as Python's import makes it once the module is loaded."""
     import importlib
 
     def __getattr__(name: str):
         if name in entry_points:
-            return getattr(importlib.import_module(f"{package}.{entry_points[name]}"), name)
+            module = importlib.import_module(f"{package}.{entry_points[name]}")
+            return module if entry_points[name] == name else getattr(module, name)  # a module's own name is the module
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
     return __getattr__

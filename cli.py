@@ -28,6 +28,8 @@ from specdec_tune.formats import get_format
 from specdec_tune.progress import LogLines, Progress
 
 if TYPE_CHECKING:
+    from rich.progress import TaskID
+
     from specdec_tune.autotune.plan_schema import Figure, Plan
 from specdec_tune.settings import (
     DEFAULT_GRID,
@@ -106,7 +108,8 @@ PromptsOpt = Annotated[
     str,
     typer.Option(
         "--prompts",
-        help="Calibration set: default, mtbench, humaneval, or a JSONL file of {domain, prompt}; comma-separate to combine.",
+        help="Calibration set: default, mtbench, humaneval, or a JSONL file of {domain, prompt}; "
+        "comma-separate to combine.",
     ),
 ]
 TrustOpt = Annotated[
@@ -176,7 +179,8 @@ def decode(
         console.print_json(json.dumps(result))
         return
     table = Table(
-        title=f"decode: {result['drafter'] or 'plain'}, D={result['num_draft_tokens']}, B={result['batch_size']} (measured)"
+        title=f"decode: {result['drafter'] or 'plain'}, D={result['num_draft_tokens']}, B={result['batch_size']} "
+        "(measured)"
     )
     for col in ("domain", "prompts", "mean AL (vLLM)", "tokens/forward", "accept rate"):
         table.add_column(col, justify="right" if col != "domain" else "left")
@@ -190,13 +194,15 @@ def decode(
         )
     console.print(table)
     console.print(
-        f"decode throughput: {result['all']['tokens_per_s']:.1f} tok/s (measured, {result['target']['dtype']}, this device)"
+        f"decode throughput: {result['all']['tokens_per_s']:.1f} tok/s (measured, {result['target']['dtype']}, "
+        "this device)"
     )
     cond = ", ".join("-" if a is None else f"{a:.2f}" for a in result["all"]["conditional_acceptance"])
     console.print(f"per-position conditional acceptance a_k: [{cond}]")
     if check_lossless:
         console.print(
-            f"lossless: {result['lossless']['identical_prompts']}/{result['lossless']['prompts']} prompts identical to plain greedy"
+            f"lossless: {result['lossless']['identical_prompts']}/{result['lossless']['prompts']} prompts identical to "
+            "plain greedy"
         )
 
 
@@ -222,7 +228,8 @@ def _float_list(text: str, what: str) -> tuple[float, ...]:
     epilog="Examples:\n\n  specdec-tune profile\n\n"
     "  specdec-tune profile --target ./my-model --drafter ngram --drafter draft_model:layers=6 --budget-minutes 30\n\n"
     "  specdec-tune profile --batch 1,4,16 --ctx 256,2048 --max-draft-len 7 --out artifacts/profile-h200\n\n"
-    "  SPECDEC_TUNE_VLLM_PYTHON=/opt/vllm/bin/python specdec-tune profile --engine vllm --engine-option tensor_parallel_size=2"
+    "  SPECDEC_TUNE_VLLM_PYTHON=/opt/vllm/bin/python specdec-tune profile --engine vllm "
+    "--engine-option tensor_parallel_size=2"
 )
 def profile(
     target: TargetOpt = PROFILE.target,
@@ -245,7 +252,8 @@ def profile(
         float,
         typer.Option(
             "--half-width",
-            help="Target relative half-width (95%) of tokens per forward per domain; prompts are added until it holds (0: none added).",
+            help="Target relative half-width (95%) of tokens per forward per domain; prompts are added until it "
+            "holds (0: none added).",
         ),
     ] = PROFILE.acceptance_half_width,
     acceptance: Annotated[
@@ -257,7 +265,8 @@ def profile(
     verify_visits: Annotated[
         int,
         typer.Option(
-            help="Most visits per verify cell (a warm-up and 3 timed calls each) while its median's 95% interval is wider than ±3%; the cells a choice of D rests on get up to 4x as many."
+            help="Most visits per verify cell (a warm-up and 3 timed calls each) while its median's 95% interval is "
+            "wider than ±3%; the cells a choice of D rests on get up to 4x as many."
         ),
     ] = PROFILE.verify_visits,
     new_tokens: Annotated[
@@ -270,7 +279,8 @@ def profile(
         str,
         typer.Option(
             "--batch",
-            help=f"Batch buckets, comma-separated (default 1..{DEFAULT_GRID['cpu'][0]} on CPU, 1..{DEFAULT_GRID['cuda'][0]} on a GPU).",
+            help=f"Batch buckets, comma-separated (default 1..{DEFAULT_GRID['cpu'][0]} on CPU, "
+            f"1..{DEFAULT_GRID['cuda'][0]} on a GPU).",
         ),
     ] = "",
     ctx: Annotated[str, typer.Option("--ctx", help="KV-cache length buckets, comma-separated.")] = _csv(
@@ -279,7 +289,8 @@ def profile(
     max_draft_len: Annotated[
         int | None,
         typer.Option(
-            help=f"D_max: the longest draft measured (default {DEFAULT_GRID['cpu'][1]} on CPU, {DEFAULT_GRID['cuda'][1]} on a GPU).",
+            help=f"D_max: the longest draft measured (default {DEFAULT_GRID['cpu'][1]} on CPU, "
+            f"{DEFAULT_GRID['cuda'][1]} on a GPU).",
             show_default=False,
         ),
     ] = None,
@@ -370,7 +381,8 @@ class _Bars(Progress):
     """A terminal's progress: a bar per phase, notes printed above them."""
 
     def __init__(self, bar) -> None:
-        self.bar, self.tasks = bar, {}
+        self.bar = bar
+        self.tasks: dict[str, TaskID] = {}
 
     def tick(self, phase: str, done: int, total: int, unit: str = "") -> None:
         if phase not in self.tasks:
@@ -411,7 +423,8 @@ def _print_profile_summary(result, path: Path) -> None:
     mechanisms = sorted({m for m, _ in facts["al"]})
     domains = ["all"] + [d for d in result.workload.domains]
     table = Table(
-        title=f"tokens per target forward at D={D_max} (a block drafter: its block), greedy (measured; 95% interval over prompts)"
+        title=f"tokens per target forward at D={D_max} (a block drafter: its block), greedy "
+        "(measured; 95% interval over prompts)"
     )
     table.add_column("domain")
     table.add_column("prompts", justify="right")
@@ -430,7 +443,8 @@ def _print_profile_summary(result, path: Path) -> None:
     console.print(table)
     engine = facts["engine_rounds"]
     bounds = Table(
-        title=f"per batch bucket (ctx {facts['ctx']}; measured {result.backend + ' engine rounds' if engine else 'verify times'})"
+        title=f"per batch bucket (ctx {facts['ctx']}; "
+        f"measured {result.backend + ' engine rounds' if engine else 'verify times'})"
     )
     for col in (
         "batch",
@@ -444,14 +458,15 @@ def _print_profile_summary(result, path: Path) -> None:
         bounds.add_row(str(B), *(() if engine else (str(facts["knees"].get(B)),)), f"{bound:.2f}x", str(D), m)
     console.print(bounds)
     console.print(
-        "speedup = tokens per forward x T_round(B,0) / T_round(B,D), at the draft lengths the engine ran: draft and host "
-        "included (tokens per forward below D_max derived from the D_max run: modeled)"
+        "speedup = tokens per forward x T_round(B,0) / T_round(B,D), at the draft lengths the engine ran: draft "
+        "and host included (tokens per forward below D_max derived from the D_max run: modeled)"
         if engine
         else "speedup bound = tokens per forward x T_verif(B,1) / T_verif(B,1+D): draft and host time left out"
     )
     for B, share in facts["gemm_share"].items():
         console.print(
-            f"B={B}: the target's linear layers (measured micro-curve) are {share:.0%} of the measured one-token verify step"
+            f"B={B}: the target's linear layers (measured micro-curve) are {share:.0%} of the measured one-token "
+            "verify step"
         )
     memory = result.memory
     if memory:
@@ -461,10 +476,12 @@ def _print_profile_summary(result, path: Path) -> None:
             if d["params"]
         )
         console.print(
-            f"memory (computed from the configs, {memory['dtype']}): target weights {memory['target']['weights_bytes']['none'] / 1e9:.2f} GB, "
+            f"memory (computed from the configs, {memory['dtype']}): target weights "
+            f"{memory['target']['weights_bytes']['none'] / 1e9:.2f} GB, "
             f"KV {memory['target']['kv_bytes_per_token'] / 1e3:.1f} kB/token"
             + (f"; drafters: {drafters}" if drafters else "")
-            + f"; activations {sum(a['source'] == 'measured' for a in memory['activation'])} of {len(memory['activation'])} (B, 1+D) "
+            + f"; activations {sum(a['source'] == 'measured' for a in memory['activation'])} of "
+            f"{len(memory['activation'])} (B, 1+D) "
             f"measured; device {memory['device']['usable_bytes'] / 1e9:.2f} GB ({memory['device']['source']})",
             markup=False,
         )
@@ -474,8 +491,9 @@ def _print_profile_summary(result, path: Path) -> None:
             for B in dict.fromkeys(p["batch"] for p in result.moe["points"])
         )
         console.print(
-            f"mixture of experts (measured, ctx {result.moe['ctx']}): experts woken per MoE layer of {result.moe['num_experts']} "
-            f"({result.moe['experts_per_token']} per token) by a verify step of 1+D = 1..{result.workload.max_draft_len + 1} tokens: {woken}",
+            f"mixture of experts (measured, ctx {result.moe['ctx']}): experts woken per MoE layer of "
+            f"{result.moe['num_experts']} ({result.moe['experts_per_token']} per token) by a verify step of "
+            f"1+D = 1..{result.workload.max_draft_len + 1} tokens: {woken}",
             markup=False,
         )
     for note in result.notes:
@@ -572,7 +590,8 @@ def train_drafter(
     curve = record["learning_curve"]
     if curve:
         table = Table(
-            title=f"{mechanism} learning curve: AL at D={curve[0]['draft_len']} on held-back MT-Bench prompts (measured)"
+            title=f"{mechanism} learning curve: AL at D={curve[0]['draft_len']} on held-back MT-Bench prompts "
+            "(measured)"
         )
         for col in (
             "training tokens",
@@ -619,7 +638,8 @@ def train_drafter(
     "  specdec-tune search --objective throughput --min-user-tps 40   # most tokens/s per GPU at 40 tok/s per user\n\n"
     "  specdec-tune search --objective pareto                          # the throughput / per-user front (NSGA-II)\n\n"
     "  specdec-tune search --device h200                               # plan for a GPU you do not have (modeled)\n\n"
-    "  specdec-tune search --mix writing=0.5,coding=0.3,humaneval=0.2  # weight the profile's domains by share of requests\n\n"
+    "  specdec-tune search --mix writing=0.5,coding=0.3,humaneval=0.2  # weight the profile's domains by share of "
+    "requests\n\n"
     "  specdec-tune search --storage journal:/shared/study.journal     # several workers, one study"
 )
 def search(
@@ -639,7 +659,8 @@ def search(
     trials: Annotated[
         int,
         typer.Option(
-            help="Optuna trials; 0 = the objective's default (the study is filled up to this count; reruns add only what is missing)."
+            help="Optuna trials; 0 = the objective's default (the study is filled up to this count; reruns add only "
+            "what is missing)."
         ),
     ] = SEARCH.trials,
     seed: Annotated[
@@ -666,7 +687,8 @@ def search(
     device: Annotated[
         str | None,
         typer.Option(
-            help="Plan for this device from the hardware table (a100, h100, h200, b200, l40s, mi300x): times are modeled."
+            help="Plan for this device from the hardware table (a100, h100, h200, b200, l40s, mi300x): times are "
+            "modeled."
         ),
     ] = SEARCH.device,
     mix: Annotated[
@@ -739,10 +761,11 @@ def search(
         markup=False,
     )
     console.print(
-        "[low–high]: 95% interval of the prediction, from the acceptance bootstrap over prompts and the timing interval of the "
-        "median, taken together at their worst and best; - where the profile has none. Within a bucket, a draft length whose "
-        "tokens/s ratio to the best has a 95% interval holding 1 (acceptance paired over the same prompts) ties with it and "
-        f"the shorter draft wins (without per-prompt counts: overlapping intervals; without intervals: within {settings.tie_tolerance:.0%})",
+        "[low–high]: 95% interval of the prediction, from the acceptance bootstrap over prompts and the timing "
+        "interval of the median, taken together at their worst and best; - where the profile has none. Within a "
+        "bucket, a draft length whose tokens/s ratio to the best has a 95% interval holding 1 (acceptance paired over "
+        "the same prompts) ties with it and the shorter draft wins (without per-prompt counts: overlapping intervals; "
+        f"without intervals: within {settings.tie_tolerance:.0%})",
         markup=False,
     )
     for line in _plan_findings(plan):
@@ -752,7 +775,10 @@ def search(
     if st.gap_pct is not None:
         line += f"; {st.gap_pct:.2f}% below the exhaustive optimum"
     if plan.pareto.study is not None:
-        line += f"; Pareto front: {len(plan.pareto.study)} points found, {plan.pareto.study_found} of the {len(plan.pareto.exact)} exact"
+        line += (
+            f"; Pareto front: {len(plan.pareto.study)} points found, {plan.pareto.study_found} of the "
+            f"{len(plan.pareto.exact)} exact"
+        )
     console.print(line, markup=False)
     console.print(f"wrote {out / 'plan.json'}", markup=False)
 
@@ -831,9 +857,11 @@ def _plan_findings(plan: Plan) -> list[str]:
     memory = plan.memory
     if memory:
         lines.append(
-            f"memory (modeled from the configs): {memory.fraction:g} of {memory.device_bytes / 1e9:.2f} GB ({memory.device_source}"
-            f"{', tensor parallel ' + str(memory.tensor_parallel) if memory.tensor_parallel > 1 else ''}); target weights "
-            f"{memory.target_weights_bytes / 1e9:.2f} GB, KV {memory.target_kv_bytes_per_token / 1e3:.1f} kB per token; "
+            f"memory (modeled from the configs): {memory.fraction:g} of {memory.device_bytes / 1e9:.2f} GB "
+            f"({memory.device_source}"
+            f"{', tensor parallel ' + str(memory.tensor_parallel) if memory.tensor_parallel > 1 else ''}); "
+            f"target weights {memory.target_weights_bytes / 1e9:.2f} GB, "
+            f"KV {memory.target_kv_bytes_per_token / 1e3:.1f} kB per token; "
             f"fits: the most requests at each bucket's D, ctx {memory.ctx}"
         )
     for b in plan.buckets:
@@ -855,9 +883,7 @@ def _plan_findings(plan: Plan) -> list[str]:
     return lines
 
 
-VllmVersion = Annotated[
-    str | None, typer.Option("--vllm-version", help="vLLM version targeted (default: the tool's).")
-]
+VllmVersion = Annotated[str | None, typer.Option("--vllm-version", help="vLLM version targeted (default: the tool's).")]
 TrtllmVersion = Annotated[str | None, typer.Option("--trtllm-version", help="TensorRT-LLM version targeted.")]
 SglangVersion = Annotated[str | None, typer.Option("--sglang-version", help="SGLang version targeted.")]
 
@@ -989,7 +1015,8 @@ def export(
 
 
 @app.command(
-    epilog="Examples:\n\n  specdec-tune validate artifacts/bundle\n\n  specdec-tune validate artifacts/bundle --configs-only"
+    epilog="Examples:\n\n  specdec-tune validate artifacts/bundle\n\n"
+    "  specdec-tune validate artifacts/bundle --configs-only"
 )
 def validate(
     bundle: Annotated[Path, typer.Argument(help="The bundle folder.")] = EXPORT.out,
@@ -1039,7 +1066,8 @@ def validate(
 
 
 @app.command(
-    epilog="Examples:\n\n  specdec-tune check artifacts/bundle\n\n  specdec-tune check artifacts/bundle --json --vllm-version 0.33.0\n\n"
+    epilog="Examples:\n\n  specdec-tune check artifacts/bundle\n\n"
+    "  specdec-tune check artifacts/bundle --json --vllm-version 0.33.0\n\n"
     "Exit codes: 0 fresh, 3 stale (each changed factor is named), 1 error."
 )
 def check(
@@ -1099,7 +1127,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         where = f" ({e.filename})" if e.filename else ""
         _fail(
-            f"error: {e.strerror or e}{where} (check the path, its permissions and the free disk space; completed measurements are kept)"
+            f"error: {e.strerror or e}{where} (check the path, its permissions and the free disk space; "
+            "completed measurements are kept)"
         )
         return 1
     except typer.Exit as e:
@@ -1108,7 +1137,7 @@ def main(argv: list[str] | None = None) -> int:
         _fail("interrupted")
         return INTERRUPTED_EXIT_CODE
     except TyperException as e:  # bad usage: unknown option, missing argument, wrong type
-        e.show()
+        e.show()  # type: ignore[attr-defined]  # typer raises only its click exceptions, each with show()
         return e.exit_code
 
 

@@ -79,7 +79,9 @@ FORMATS: dict[str, WeightFormat] = {
         tensor_scale_bits=32,
         min_capability=(10, 0),
         compute_dtype="nvfp4",
-        description="NVFP4: FP4 E2M1 weights, an E4M3 scale per 16 weights, an fp32 scale per tensor (sm_100+ natively)",
+        description=(
+            "NVFP4: FP4 E2M1 weights, an E4M3 scale per 16 weights, an fp32 scale per tensor (sm_100+ natively)"
+        ),
     ),
 }
 

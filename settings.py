@@ -68,8 +68,11 @@ class ProfileSettings:
 
     @property
     def checks(self) -> tuple[int, ...]:
+        if self.check_draft_lens:
+            return self.check_draft_lens
         D = self.max_draft_len
-        return self.check_draft_lens or tuple(sorted({max(1, D // 4), max(1, D // 2)} - {D}))
+        assert D is not None, "the checked draft lengths are read after for_device() filled in D_max"
+        return tuple(sorted({max(1, D // 4), max(1, D // 2)} - {D}))
 
     def for_device(self, kind: str) -> ProfileSettings:
         """These settings with the device's default grid filled in where none was given (`DEFAULT_GRID`)."""
@@ -201,7 +204,8 @@ class TrainSettings:
             or self.lr <= 0
         ):
             raise SpecdecError(
-                "--budget-minutes, --lr must be positive, --package-tokens ≥ 0, --new-tokens ≥ 8, --ttt-steps ≥ 1, --batch-tokens ≥ 64",
+                "--budget-minutes, --lr must be positive, --package-tokens ≥ 0, --new-tokens ≥ 8, --ttt-steps ≥ 1, "
+                "--batch-tokens ≥ 64",
                 "raise the value named",
             )
         if self.block_size < 2 or self.draft_layers < 1 or self.markov_rank < 1 or self.position_decay <= 0:

@@ -146,7 +146,8 @@ def _on_line(a: Figure, b: Figure, t: float, source: str, with_bounds: bool) -> 
 
 
 def _interp_in_batch(points: dict[int, Figure], batch: int) -> Figure:
-    """Linear in B between measured buckets (interpolated, bounds too); beyond them, linear extrapolation (modeled, no interval)."""
+    """Linear in B between measured buckets (interpolated, bounds too); beyond them, linear extrapolation (modeled, no
+    interval)."""
     if batch in points:
         return points[batch]
     xs = sorted(points)
@@ -261,8 +262,11 @@ class Acceptance:
         if not all(f.has_interval for _, f in figures):
             return Figure(value, source)
         return bounded(
-            value, source, 1.0 / sum(w / f.low for w, f in figures), 1.0 / sum(w / f.high for w, f in figures)
-        )  # type: ignore[operator]
+            value,
+            source,
+            1.0 / sum(w / f.bounds()[0] for w, f in figures),
+            1.0 / sum(w / f.bounds()[1] for w, f in figures),
+        )
 
     def round_shares(self, draft_len: int) -> list[float] | None:
         """P(L) of the workload's rounds at draft length D, L = 0..D_max (`_round_shares`; None where no record kept its
@@ -365,11 +369,11 @@ class CostModel:
                 self._fit_moved[(p.batch, p.tokens)] = (p.raw_median_ms, p.median_ms)
         self._draft: dict[tuple[str, str, int], dict[int, Figure]] = {}  # (mechanism, quant, D) -> batch -> ms
         self._draft_infeasible: set[tuple[str, str, int, int]] = set()
-        for p in profile.draft:
-            if p.median_ms is None:
-                self._draft_infeasible.add((p.mechanism, p.quant, p.draft_len, p.batch))
+        for dp in profile.draft:
+            if dp.median_ms is None:
+                self._draft_infeasible.add((dp.mechanism, dp.quant, dp.draft_len, dp.batch))
             else:
-                self._draft.setdefault((p.mechanism, p.quant, p.draft_len), {})[p.batch] = _timed(p)
+                self._draft.setdefault((dp.mechanism, dp.quant, dp.draft_len), {})[dp.batch] = _timed(dp)
         self._host: dict[str, dict[int, dict[int, Figure]]] = {}  # mechanism -> D -> batch -> ms per round
         for h in profile.host:
             self._host.setdefault(h.mechanism, {}).setdefault(h.draft_len, {})[h.batch] = Figure(
@@ -424,7 +428,8 @@ class CostModel:
     # ------------------------------------------------------------------ components
 
     def memory_need(self, batch: int, draft_len: int, mechanism: str = "none", quant: str = "none") -> Need | None:
-        """What (B, D) holds in device memory at this context (autotune/memory.py); None for a profile without a record."""
+        """What (B, D) holds in device memory at this context (autotune/memory.py); None for a profile without a
+        record."""
         return self.memory.need(batch, self.ctx, draft_len, mechanism, quant) if self.memory else None
 
     def unplannable(self, batch: int) -> str | None:
@@ -433,8 +438,8 @@ class CostModel:
         need = self.memory_need(batch, 0)
         if need is not None and not need.fits:
             return (
-                f"batch {batch} at ctx {self.ctx} does not fit even without speculation: {need.text()} (lower the batch buckets "
-                "or the context, or raise --memory-fraction)"
+                f"batch {batch} at ctx {self.ctx} does not fit even without speculation: {need.text()} "
+                "(lower the batch buckets or the context, or raise --memory-fraction)"
             )
         if self.engine_rounds:
             if ("none", "none", 0, batch) in self._rounds_infeasible:
@@ -528,11 +533,10 @@ class CostModel:
         shares = self._al[(mechanism, quant)].round_shares(r.draft_len)
         k_workload = sum(L * p for L, p in enumerate(shares)) if shares else float(r.draft_len)
         shift = r.ms_per_draft_token * (k_workload - r.draft_tokens_per_row)
-        return (
-            bounded(timed.value + shift, timed.source, timed.low + shift, timed.high + shift)
-            if timed.has_interval
-            else Figure(timed.value + shift, timed.source)
-        )
+        if not timed.has_interval:
+            return Figure(timed.value + shift, timed.source)
+        low, high = timed.bounds()
+        return bounded(timed.value + shift, timed.source, low + shift, high + shift)
 
     def round_verify_ms(self, mechanism: str, quant: str, batch: int, draft_len: int) -> Figure:
         """Expected verify time of a round at draft length D: the batch verifies its longest proposal."""
@@ -648,7 +652,8 @@ class CostModel:
 
     def ratio(self, batch: int, draft_len: int, other: int, mechanism: str, quant: str = "none") -> Figure | None:
         """TPS(B, D) / TPS(B, D') and the 95% interval of that ratio itself (module docstring, "Two draft lengths");
-        None where the profile kept no per-prompt acceptance counts or either point cannot run. Remembered, as `predict`."""
+        None where the profile kept no per-prompt acceptance counts or either point cannot run. Remembered, as
+        `predict`."""
         key = (batch, draft_len, other, mechanism, quant)
         if key not in self._ratios:
             self._ratios[key] = self._ratio(batch, draft_len, other, mechanism, quant)
@@ -681,7 +686,8 @@ class CostModel:
 
 
 def _sum(*parts: Figure) -> Figure:
-    """Verify + draft + host: the round, its bounds the parts' bounds added (a part without an interval at its value)."""
+    """Verify + draft + host: the round, its bounds the parts' bounds added (a part without an interval at its
+    value)."""
     value = sum(p.value for p in parts)
     source = weakest(*(p.source for p in parts))
     if not any(p.has_interval for p in parts):
@@ -699,8 +705,7 @@ def _tokens_per_s(batch: int, tpf: Figure, round_: Figure, source: str) -> Figur
 
 
 def _scaled(f: Figure, factor: float, source: str) -> Figure:
-    return (
-        Figure(f.value * factor, source, f.low * factor, f.high * factor)
-        if f.has_interval
-        else Figure(f.value * factor, source)
-    )
+    if not f.has_interval:
+        return Figure(f.value * factor, source)
+    low, high = f.bounds()
+    return Figure(f.value * factor, source, low * factor, high * factor)

@@ -8,9 +8,9 @@ At batch B, context C and draft length D, for mechanism m with its weights in fo
 W: weights (profiles/memory.py), kv: KV bytes per token, 1 + D the lookahead slots a running request holds, A the
 activation peak (measured where the profile has it at that (B, T), else B·T · the modeled bytes per row), M the
 device's memory and f the memory fraction (vLLM's gpu_memory_utilization, default 0.9). P is the tensor-parallel size
-(weights and activations split P ways); P' = P / max(1, P / H_kv): KV heads split P ways, replicated once P exceeds them.
-Where the engine keeps the KV cache in a pool of its own (vLLM on a CPU), the KV term must fit the pool and the rest
-the device. Concurrency that fits, the largest B with needed(B, C, D) ≤ f · M:
+(weights and activations split P ways); P' = P / max(1, P / H_kv): KV heads split P ways, replicated once P exceeds
+them. Where the engine keeps the KV cache in a pool of its own (vLLM on a CPU), the KV term must fit the pool and the
+rest the device. Concurrency that fits, the largest B with needed(B, C, D) ≤ f · M:
 
     B_max = floor((f · M − W / P) / ((C + 1 + D) · kv / P' + (1 + D) · a / P))      a: activation bytes per row
 
@@ -52,7 +52,8 @@ class Need:
     def text(self) -> str:
         if self.kv_pool_bytes is not None:
             return (
-                f"KV {gb(self.kv_bytes)} against the engine's KV pool of {gb(self.kv_pool_bytes)}; weights {gb(self.weights_bytes)} + "
+                f"KV {gb(self.kv_bytes)} against the engine's KV pool of {gb(self.kv_pool_bytes)}; "
+                f"weights {gb(self.weights_bytes)} + "
                 f"activations {gb(self.activation_bytes)} against {gb(self.budget_bytes)}"
             )
         return (
@@ -146,8 +147,8 @@ class MemoryModel:
         return max(0, math.floor(room / (kv_row + act_row)))
 
     def kv_capacity_tokens(self, mechanism: str, quant: str, batch: int, draft_len: int) -> int:
-        """Tokens the KV cache holds for this deployment: the engine's pool, else what the budget leaves once the weights
-        and the largest bucket's activations are in (what an engine reports as blocks x block size)."""
+        """Tokens the KV cache holds for this deployment: the engine's pool, else what the budget leaves once the
+        weights and the largest bucket's activations are in (what an engine reports as blocks x block size)."""
         if draft_len == 0:
             mechanism, quant = "none", "none"
         room = (
@@ -158,7 +159,8 @@ class MemoryModel:
         return max(0, math.floor(room / self.kv_bytes_per_token(mechanism)))
 
     def summary(self, ctx: int, pairs: list[tuple[str, str]], draft_lens: dict[str, list[int]]) -> dict:
-        """What plan.json records: the budget, its sources and, per mechanism / format and D, the concurrency that fits."""
+        """What plan.json records: the budget, its sources and, per mechanism / format and D, the concurrency that
+        fits."""
         return {
             "fraction": self.fraction,
             "device_bytes": self.device_bytes,
@@ -171,7 +173,9 @@ class MemoryModel:
             "target_kv_bytes_per_token": self.kv_bytes_per_token("none"),
             "max_concurrency": {"none": {"0": self.max_concurrency(ctx, 0)}}
             | {f"{m}/{q}": {str(D): self.max_concurrency(ctx, D, m, q) for D in draft_lens[m] if D} for m, q in pairs},
-            "formula": "weights/P + B·(C + 1 + D)·KV per token/P' + activations(B, 1 + D)/P <= fraction · device memory",
+            "formula": (
+                "weights/P + B·(C + 1 + D)·KV per token/P' + activations(B, 1 + D)/P <= fraction · device memory"
+            ),
             "sources": {
                 "weights, KV bytes per token": self.record["target"]["source"],
                 "activations": "measured (allocator peak)" if self.measured_activation else "modeled from the config",

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
+from typing import overload
 
 from specdec_tune import __version__
 from specdec_tune.autotune.cost_model import SOURCES, CostModel, Figure, Prediction, weakest
@@ -47,6 +48,10 @@ def cost_model_of(profile: Profile, plan: Plan) -> CostModel:
     )
 
 
+@overload
+def figure_json(f: Figure) -> dict: ...
+@overload
+def figure_json(f: Figure | None) -> dict | None: ...
 def figure_json(f: Figure | None) -> dict | None:
     """A figure as plan.json holds it: value, source and its 95% interval (null where the profile has none)."""
     return None if f is None else {"value": f.value, "source": f.source, "low": f.low, "high": f.high}
@@ -72,7 +77,8 @@ MOE_WAKE_RATIO = 1.15  # more experts woken than this, relative to one token, is
 
 
 def experts_woken(moe: dict, B: int, tokens: int) -> float | None:
-    """The profile's measured experts per MoE layer for a verify step of `tokens` tokens per row at batch B (None: not measured)."""
+    """The profile's measured experts per MoE layer for a verify step of `tokens` tokens per row at batch B (None: not
+    measured)."""
     return next((p["experts_woken"] for p in moe.get("points", ()) if p["batch"] == B and p["tokens"] == tokens), None)
 
 
@@ -87,8 +93,8 @@ def moe_line(
     if not one or many is None:
         return None
     text = (
-        f"mixture of experts: verifying {tokens} tokens per row at batch {B} wakes {many:.1f} of {moe['num_experts']} experts per "
-        f"layer against {one:.1f} for one token (measured)"
+        f"mixture of experts: verifying {tokens} tokens per row at batch {B} wakes {many:.1f} of {moe['num_experts']} "
+        f"experts per layer against {one:.1f} for one token (measured)"
     )
     why = (
         verify_ratio is not None
@@ -97,6 +103,7 @@ def moe_line(
         and 1.02 < tokens_per_forward < verify_ratio
     )
     if why:
+        assert verify_ratio is not None  # `why` holds only with a ratio
         text += "; the extra experts' weights are why speculation loses here" + (
             f" (the step costs {verify_ratio:.2f}x one)" if math.isfinite(verify_ratio) else ""
         )
@@ -145,7 +152,8 @@ def _deciding_guideline(
         guideline = 3 if c.tile_policy == "aligned" else 5 if D and tpf_gain < 0.005 else 1
         return (
             guideline,
-            f"D={longer[0]} would add {tpf_gain:+.1%} tokens per forward against {round_gain:+.1%} time per engine round",
+            f"D={longer[0]} would add {tpf_gain:+.1%} tokens per forward against {round_gain:+.1%} time per engine "
+            "round",
         )
     verify_gain = (
         n.verify_ms.value - p.verify_ms.value
@@ -209,8 +217,8 @@ def rationale(space: Space, c: Candidate, B: int, D: int) -> dict:
     tile = space.tiles(D)
     if space.tile_rows > 1:
         lines.append(
-            f"attention: G·(1+D) = {tile['query_rows_per_kv_head']} query rows per KV head in {tile['tiles']} tile(s) of "
-            f"{space.tile_rows} ({tile['fill']:.0%} full); one tile holds D up to {space.tile_rows}/G − 1 = "
+            f"attention: G·(1+D) = {tile['query_rows_per_kv_head']} query rows per KV head in {tile['tiles']} "
+            f"tile(s) of {space.tile_rows} ({tile['fill']:.0%} full); one tile holds D up to {space.tile_rows}/G − 1 = "
             f"{space.tile_rows // space.group - 1} (guidelines 2, 3)"
         )
     else:
@@ -265,9 +273,10 @@ def _tie(space: Space, c: Candidate, B: int, D: int) -> dict | None:
     shorter = "the shorter draft is taken" if D < best else "the longer draft is kept (the schedule's maximum)"
     if rule == "paired":
         r = space.cost.ratio(B, D, best, c.mechanism, c.quant)
+        assert r is not None  # the "paired" rule is the one that found a ratio
         text = (
-            f"D={D} is predicted at {r.value:.3f}x D={best}'s tokens/s ({r.source}), 95% interval {r.low:.3f}-{r.high:.3f} "
-            f"(acceptance paired over the same prompts): inside the noise, {shorter}"
+            f"D={D} is predicted at {r.value:.3f}x D={best}'s tokens/s ({r.source}), 95% interval "
+            f"{r.low:.3f}-{r.high:.3f} (acceptance paired over the same prompts): inside the noise, {shorter}"
         )
         return {"rule": rule, "with_draft_len": best, "ratio": [r.low, r.value, r.high], "text": text}
     if rule == "intervals":
@@ -276,12 +285,16 @@ def _tie(space: Space, c: Candidate, B: int, D: int) -> dict | None:
         gain = -_loss_pct(
             space.bucket_score(B, D, c.mechanism, c.quant), space.bucket_score(B, best, c.mechanism, c.quant)
         )
-        text = f"D={best} is {gain:.1f}% ahead of D={D}, within the {space.tie_tolerance:.0%} tie tolerance (no intervals): {shorter}"
+        text = (
+            f"D={best} is {gain:.1f}% ahead of D={D}, within the {space.tie_tolerance:.0%} tie tolerance "
+            f"(no intervals): {shorter}"
+        )
     return {"rule": rule, "with_draft_len": best, "text": text}
 
 
 def fit_flags(space: Space, B: int, D: int) -> list[str]:
-    """The verify cells a prediction rests on, (B, 1) and (B, 1+D), that the monotone fit moved beyond their interval."""
+    """The verify cells a prediction rests on, (B, 1) and (B, 1+D), that the monotone fit moved beyond their
+    interval."""
     flags = []
     for tokens in sorted({1, 1 + D}):
         moved = space.cost.fit_moved(B, tokens)
@@ -296,12 +309,14 @@ def fit_flags(space: Space, B: int, D: int) -> list[str]:
 def bucket_memory(space: Space, c: Candidate, B: int, D: int) -> dict:
     """What the bucket holds in device memory at the plan's context, and the concurrency that fits at its D."""
     need = space.cost.memory_need(B, D, c.mechanism, c.quant)
+    memory = space.cost.memory
+    assert need is not None and memory is not None, "called only for a profile with a memory record (build_plan)"
     return {
         "needed_bytes": need.total_bytes,
         "weights_bytes": need.weights_bytes,
         "kv_bytes": need.kv_bytes,
         "activation_bytes": need.activation_bytes,
-        "max_concurrency": space.cost.memory.max_concurrency(space.cost.ctx, D, c.mechanism, c.quant),
+        "max_concurrency": memory.max_concurrency(space.cost.ctx, D, c.mechanism, c.quant),
     }
 
 
@@ -331,7 +346,7 @@ def per_domain(space: Space, c: Candidate, domains: dict[str, Space]) -> dict | 
     for d, ds in domains.items():
         allowed = ds.allowed(c.mechanism, c.tile_policy)
         choice[d] = {
-            B: max(allowed, key=lambda D, B=B: (ds.bucket_value(B, D, c.mechanism, c.quant, c.tile_policy), -D))
+            B: max(allowed, key=lambda D: (ds.bucket_value(B, D, c.mechanism, c.quant, c.tile_policy), -D))
             for B in served
         }
         best = ds.fill(c.mechanism, c.quant, c.tile_policy, c.max_batch)
@@ -368,7 +383,10 @@ def per_domain(space: Space, c: Candidate, domains: dict[str, Space]) -> dict | 
 
 def disagreement_line(row: dict) -> str:
     ds = ", ".join(f"{d} D={D}" for d, D in row["by_domain"].items())
-    return f"batch {row['batch']}: the domains disagree on D beyond {row['apart_by']} ({ds}); the mix takes D={row['draft_len']}"
+    return (
+        f"batch {row['batch']}: the domains disagree on D beyond {row['apart_by']} ({ds}); "
+        f"the mix takes D={row['draft_len']}"
+    )
 
 
 def _point(space: Space, c: Candidate) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Literal, Optional
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
@@ -47,16 +47,31 @@ class Figure(Record):
 
 
 # a bucket's predicted figures: each figure of the cost model's Prediction
-# (verify, draft and host are None where the engine timed whole rounds; a plan searched before round_ms existed lacks it)
+# (verify, draft and host are None where the engine timed whole rounds; a plan searched before round_ms existed
+# lacks it)
 PREDICTED_FIGURES = tuple(
     f.name for f in dataclasses.fields(Prediction) if f.type in ("Figure", "Figure | None", CostFigure)
 )
 _OPTIONAL_FIGURES = tuple(f.name for f in dataclasses.fields(Prediction) if f.type == "Figure | None") + ("round_ms",)
-Predicted = create_model(
-    "Predicted",
-    __base__=Record,
-    **{name: (Optional[Figure], None) if name in _OPTIONAL_FIGURES else (Figure, ...) for name in PREDICTED_FIGURES},
-)
+if TYPE_CHECKING:
+    # what create_model below builds from Prediction, spelled out for the type checker (which cannot follow it)
+
+    class Predicted(Record):
+        tokens_per_s: Figure
+        per_user_tokens_per_s: Figure
+        speedup: Figure
+        tokens_per_forward: Figure
+        round_ms: Figure | None = None
+        verify_ms: Figure | None = None
+        draft_ms: Figure | None = None
+        host_ms: Figure | None = None
+
+else:
+    Predicted = create_model(
+        "Predicted",
+        __base__=Record,
+        **{name: (Figure | None, None) if name in _OPTIONAL_FIGURES else (Figure, ...) for name in PREDICTED_FIGURES},
+    )
 
 
 class Rationale(BaseModel):
@@ -178,9 +193,8 @@ class Study(Record):
     best_value: float | None = None
     gap_pct: float | None = None
     gap_to_strict_optimum_pct: float | None = None
-    untied_schedule: list[tuple[int, int]] | None = (
-        None  # the speedup objective: every predicted difference deciding
-    )
+    # the speedup objective: every predicted difference deciding
+    untied_schedule: list[tuple[int, int]] | None = None
     untied_gain_pct: float | None = None
 
 
@@ -232,9 +246,8 @@ class Plan(Record):
     tile: Tile
     buckets: list[Bucket] = Field(min_length=1)
     per_domain: dict | None = None  # each domain's own schedule, where the domains of the mix disagree on D
-    memory: PlanMemory | None = (
-        None  # the memory budget, its sources and the concurrency that fits per mechanism and D
-    )
+    # the memory budget, its sources and the concurrency that fits per mechanism and D
+    memory: PlanMemory | None = None
     single_draft_len: SingleDraftLen
     pareto: Pareto
     study: Study
@@ -263,7 +276,8 @@ class Plan(Record):
 
     @property
     def projected(self) -> bool:
-        """Whether the plan was made for another device than the profile's (every time modeled from the hardware table)."""
+        """Whether the plan was made for another device than the profile's (every time modeled from the hardware
+        table)."""
         return bool(self.device.projected_from)
 
     def to_json(self) -> dict:

@@ -76,7 +76,8 @@ def shapes_from_profile(profile: Profile) -> Shapes:
     )
 
 
-# bytes per weight, scales included, on a 4096 x 4096 layer: bf16 2; e4m3 + row scales 1 + 4/4096; e2m1 + block scales 0.5625
+# bytes per weight, scales included, on a 4096 x 4096 layer: bf16 2; e4m3 + row scales 1 + 4/4096;
+# e2m1 + block scales 0.5625
 WEIGHT_BYTES = {name: f.bits_per_weight((4096, 4096)) / 8 for name, f in FORMATS.items()}
 
 
@@ -132,6 +133,7 @@ def draft_step_ms(
     workload_max_draft_len: int,
 ) -> float:
     """T_draft(B, D) of a drafter with a network of its own, per the module docstring."""
+    assert info.model is not None, "only a drafter with a network of its own (and so its model record) drafts in steps"
     layers, head = int(info.model["layers"]), draft_head_params(s, info)
     if info.kind == "parallel":  # one pass over the whole block, whatever D is
         return step_ms(spec, s, layers, batch, block_tokens(info, workload_max_draft_len), ctx, quant, head)
@@ -148,8 +150,9 @@ def project(profile: Profile, spec: DeviceSpec) -> Profile:
         )
     if profile.moe:
         raise SpecdecError(
-            f"the target is a mixture of experts ({profile.moe['num_experts']} per layer): the roofline model reads one dense MLP per "
-            "layer, while a verify step's cost follows the experts its tokens wake (measured only on this device)",
+            f"the target is a mixture of experts ({profile.moe['num_experts']} per layer): the roofline model reads "
+            "one dense MLP per layer, while a verify step's cost follows the experts its tokens wake (measured only "
+            "on this device)",
             "profile the target on that device",
         )
     s = shapes_from_profile(profile)
@@ -213,7 +216,8 @@ def project(profile: Profile, spec: DeviceSpec) -> Profile:
         workload={**data["workload"], "batch_buckets": list(buckets)},
         notes=[
             *profile.notes,
-            f"projected onto {spec.name}: every time is modeled from the hardware table (acceptance measured on {profile.device.get('name')})",
+            f"projected onto {spec.name}: every time is modeled from the hardware table "
+            f"(acceptance measured on {profile.device.get('name')})",
             *_vocabulary_notes(profile),
         ],
         timing_shapes=f"{profile.timing_shapes}; times projected by a roofline model",
@@ -251,10 +255,12 @@ def projected_memory(record: dict, spec: DeviceSpec) -> dict:
 
 def _vocabulary_notes(profile: Profile) -> list[str]:
     """A note naming the learned heads whose draft vocabulary the profile does not record (profiled before it was)."""
-    missing = sorted(d.name for d in profile.drafters if is_learned_head(d) and "draft_vocab_size" not in d.model)
+    missing = sorted(
+        d.name for d in profile.drafters if is_learned_head(d) and "draft_vocab_size" not in (d.model or {})
+    )
     if not missing:
         return []
     return [
-        f"{', '.join(missing)}: the profile records no draft vocabulary, so the projection charges the target's vocabulary "
-        "for the head's LM head (an overestimate for a reduced draft vocabulary); re-profile to record it"
+        f"{', '.join(missing)}: the profile records no draft vocabulary, so the projection charges the target's "
+        "vocabulary for the head's LM head (an overestimate for a reduced draft vocabulary); re-profile to record it"
     ]

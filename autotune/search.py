@@ -64,7 +64,8 @@ def knee(space: Space, front: list[Candidate]) -> Candidate:
 def domain_spaces(
     profile: Profile, settings: SearchSettings, mix: dict[str, float], chosen: Candidate
 ) -> dict[str, Space]:
-    """One space per domain of the mix, for the chosen drafter (a domain whose floors cannot be met alone is left out)."""
+    """One space per domain of the mix, for the chosen drafter (a domain whose floors cannot be met alone is left
+    out)."""
     alone = dataclasses.replace(settings, mechanisms=(chosen.mechanism,), quant_formats=(chosen.quant,))
     spaces = {}
     for domain in mix:
@@ -102,7 +103,7 @@ def search(profile: Profile, profile_hash: str, settings: SearchSettings) -> Pla
     study = run_study(space, storage, settings)
     exact, exact_value = space.exhaustive()
     strict = space.strict_optimum()
-    summary = {
+    summary: dict[str, object] = {
         "trials": len(study.trials),
         "trial_budget": trials_for(space, settings),
         "exhaustive_value": exact_value,
@@ -134,7 +135,8 @@ def search(profile: Profile, profile_hash: str, settings: SearchSettings) -> Pla
                 untied = space.fill(chosen.mechanism, chosen.quant, chosen.tile_policy, chosen.max_batch)
             summary["untied_schedule"] = [[B, D] for B, D in zip(space.served(chosen.max_batch), untied.schedule)]
             summary["untied_gain_pct"] = 100 * (space.strict_score(untied) / space.strict_score(chosen) - 1)
-    # the default study lives beside plan.json: recorded relative to it, so that the plan does not depend on where it was written
+    # the default study lives beside plan.json: recorded relative to it, so that the plan does not depend on where it
+    # was written
     recorded_storage = settings.storage or f"journal:{STUDY_FILE} (beside plan.json)"
     plan = build_plan(
         profile,

@@ -29,8 +29,9 @@ resampled over the same prompts for both draft lengths (paired), the two rounds'
 draft lengths decoded on the same prompts accept alike where a prompt is easy or hard, so their ratio is far
 tighter than either figure; comparing the two figures' own intervals would call most real differences ties.
 Where the profile kept no per-prompt counts, overlapping tokens/s intervals are ties; where either figure has
-no interval (a version-1 profile), predicted differences below the tie tolerance (2%) are. A draft length that misses a floor the best meets is
-never tied with it. The plan reports what ties cost against the strict optimum (no ties at all).
+no interval (a version-1 profile), predicted differences below the tie tolerance (2%) are. A draft length that
+misses a floor the best meets is never tied with it. The plan reports what ties cost against the strict optimum
+(no ties at all).
 
 Batch buckets the profile could not run (the one-token verify step out of memory, or never timed, at the
 plan's context) are not in the space; the plan's notes name them.

@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
+from typing import Literal
 
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.space import Candidate, Space
@@ -53,7 +54,8 @@ def open_storage(url: str):
 
 def _drop_torn_tail(path: str) -> None:
     """A journal whose writer was killed mid-line ends in a line without its newline; Optuna refuses every line
-    appended after it, so the torn record (an unfinished trial's, never a finished one) is cut before the study opens."""
+    appended after it, so the torn record (an unfinished trial's, never a finished one) is cut before the study
+    opens."""
     try:
         with open(path, "rb+") as f:
             data = f.read()
@@ -106,6 +108,8 @@ def run_study(space: Space, storage: str, settings, n_trials: int | None = None)
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     pareto = settings.objective == "pareto"
+    sampler: optuna.samplers.BaseSampler
+    directions: list[Literal["minimize", "maximize"]]
     if pareto:
         sampler = optuna.samplers.NSGAIISampler(seed=settings.seed, population_size=20)
         directions = ["maximize", "maximize"]

@@ -15,10 +15,11 @@ is erf(1.96 / sqrt(2 (1 + n/m))) (72% for n = 7, m = 3). The table gives that ex
 A second check needs no held-back prompts: the largest domain's profiling prompts (HumanEval: 123) stand in for the
 population; `SUBSAMPLES` draws of n of them (without replacement) each get their interval the profile's way (percentile
 bootstrap, plain and widened for n: `intervals.widening`), and the share of draws whose interval holds the whole
-domain's tokens per forward is that interval's coverage on real per-prompt spreads (n = 7, as an MT-Bench category, and 20).
+domain's tokens per forward is that interval's coverage on real per-prompt spreads (n = 7, as an MT-Bench category, and
+20).
 
-    python bench/acceptance_coverage.py                              # artifacts/profile/profile.json, every held-back prompt
-    python bench/acceptance_coverage.py --profile P --quick          # 1 held-back prompt per domain, D up to 3
+    python bench/acceptance_coverage.py                      # artifacts/profile/profile.json, every held-back prompt
+    python bench/acceptance_coverage.py --profile P --quick  # 1 held-back prompt per domain, D up to 3
 
 Writes bench/results/acceptance_coverage.json and prints a short table.
 """
@@ -209,23 +210,25 @@ def run(args) -> dict:
 def table(r: dict) -> str:
     expected = r.get("coverage_domain_cells_if_calibrated")
     lines = [
-        f"held-back tokens per forward inside the profile's 95% interval: {r['coverage_domain_cells']:.1%} of {r['domain_cells']} "
-        f"domain x D cells ({r['outside_but_overlapping']} more outside but with overlapping intervals"
+        f"held-back tokens per forward inside the profile's 95% interval: {r['coverage_domain_cells']:.1%} of "
+        f"{r['domain_cells']} domain x D cells ({r['outside_but_overlapping']} more outside but with overlapping "
+        "intervals"
         + (
             f"; a calibrated interval of the mean would cover {expected:.1%} of them at these prompt counts"
             if expected is not None
             else ""
         )
         + "); 'all': "
-        f"{r['coverage_all_cells']:.1%} of every cell; held-back above the profile in {r['held_back_above_profile']} domain cells "
-        f"({r['held_back_prompts']} held-back prompts, {r['dtype']}, measured by replay in {r['wall_s']:.0f} s)",
+        f"{r['coverage_all_cells']:.1%} of every cell; held-back above the profile in "
+        f"{r['held_back_above_profile']} domain cells ({r['held_back_prompts']} held-back prompts, {r['dtype']}, "
+        f"measured by replay in {r['wall_s']:.0f} s)",
         "| mechanism | domain | cells inside | worst D (held-back vs profile interval) |",
         "|---|---|---|---|",
     ]
     tail = [
-        f"subsamples of {c['prompts']} of the {c['population_prompts']} {c['domain']} prompts, {c['mechanism']} at D={c['draft_len']}: the "
-        f"interval holds the domain's tokens per forward in {c['coverage_plain']:.1%} of {c['draws']} draws as a plain percentile "
-        f"interval, {c['coverage_widened']:.1%} widened (x{c['widening']:.2f})"
+        f"subsamples of {c['prompts']} of the {c['population_prompts']} {c['domain']} prompts, {c['mechanism']} at "
+        f"D={c['draft_len']}: the interval holds the domain's tokens per forward in {c['coverage_plain']:.1%} of "
+        f"{c['draws']} draws as a plain percentile interval, {c['coverage_widened']:.1%} widened (x{c['widening']:.2f})"
         for c in r.get("subsample_coverage", [])
     ]
     groups: dict[tuple[str, str], list[dict]] = {}
@@ -240,7 +243,8 @@ def table(r: dict) -> str:
             ),
         )
         lines.append(
-            f"| {m} | {d} | {sum(c['inside'] for c in cs)}/{len(cs)} | D={worst['draft_len']}: {worst['held_back_tokens_per_forward']:.3f} "
+            f"| {m} | {d} | {sum(c['inside'] for c in cs)}/{len(cs)} | "
+            f"D={worst['draft_len']}: {worst['held_back_tokens_per_forward']:.3f} "
             f"vs [{worst['profile_ci'][0]:.3f}, {worst['profile_ci'][1]:.3f}] |"
         )
     return "\n".join(lines + [""] + tail)

@@ -6,15 +6,16 @@ replay's equality does not depend on the head's quality):
   dtype   the profile's dtype (bf16 where the CPU computes it): tokens per forward by replay and by the loop at D_max,
           and their difference (the loop verifies 1+D tokens per forward, the trajectory one: batch-shape numerics);
   cost    what greedy acceptance at every D costs each way, in wall seconds and model forwards:
-            loop   one speculative run per drafter at D_max, plus direct runs at D_max/4 and D_max/2 (the old profile's way;
-                   every other D derived from D_max's rounds, not measured);
-            replay one greedy trajectory per prompt shared by every drafter, plus each drafter's proposals (exact at every D).
+            loop   one speculative run per drafter at D_max, plus direct runs at D_max/4 and D_max/2
+                   (the old profile's way; every other D derived from D_max's rounds, not measured);
+            replay one greedy trajectory per prompt shared by every drafter, plus each drafter's proposals
+                   (exact at every D).
 
     python bench/acceptance_replay.py            # 16 held-back prompts, 32 tokens, D_max 7 (the CPU profile's defaults)
     python bench/acceptance_replay.py --quick    # 4 prompts, 16 tokens, D_max 3
 
 Writes bench/results/acceptance_replay.json and prints a short table.
-"""
+"""  # noqa: E501 - the first line is the --help description (`__doc__.splitlines()[0]`): it stays whole
 
 from __future__ import annotations
 
@@ -213,14 +214,16 @@ def table(r: dict) -> str:
     lines = [
         f"acceptance by replay vs the loop: {r['prompts']}, {r['new_tokens']} tokens, greedy",
         "| drafter | fp32: prompts with equal counters (D checked) | tokens/forward at D_max, replay vs loop "
-        f"({r['profile_dtype']['dtype']}) | prompts whose loop text is the plain greedy text ({r['profile_dtype']['dtype']}) |",
+        f"({r['profile_dtype']['dtype']}) | prompts whose loop text is the plain greedy text "
+        f"({r['profile_dtype']['dtype']}) |",
         "|---|---|---|---|",
     ]
     for name, rows in r["exact_fp32"].items():
         eq = ", ".join(f"{x['equal_prompts']}/{x['prompts']} (D={x['draft_len']})" for x in rows)
         d = r["profile_dtype"]["per_drafter"][name]
         lines.append(
-            f"| {name} | {eq} | {d['replay_tokens_per_forward_at_d_max']:.3f} vs {d['loop_tokens_per_forward_at_d_max']:.3f} "
+            f"| {name} | {eq} | {d['replay_tokens_per_forward_at_d_max']:.3f} "
+            f"vs {d['loop_tokens_per_forward_at_d_max']:.3f} "
             f"({d['rel_diff_pct']:+.1f}%) | {d['prompts_same_text']}/{rows[0]['prompts']} "
             f"({d['prompts_same_text_equal_counters']} with equal counters) |"
         )

@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for name, r in result["drafters"].items():
         print(
-            f"{name}: derived (from the measured D_max run) vs directly measured tokens per forward over D=1..{args.max_draft_len - 1}: median {r['median_abs_diff_pct']:.2f}%, "
+            f"{name}: derived (from the measured D_max run) vs directly measured tokens per forward over "
+            f"D=1..{args.max_draft_len - 1}: median {r['median_abs_diff_pct']:.2f}%, "
             f"worst {r['worst_abs_diff_pct']:.2f}%"
         )
     return 0

@@ -29,10 +29,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # What one counted forward is, per kind (written into the results that count them).
 FORWARDS_COUNTED = {
-    "target": "one pass of the full-depth target (forward or forward_capture, built-in or generic path): a verify step, a prefill, a timed profile step",
-    "draft_model": "one pass of a shallower model (the draft model): its catch-up over the new tokens, or one draft step",
+    "target": (
+        "one pass of the full-depth target (forward or forward_capture, built-in or generic path): a verify step, "
+        "a prefill, a timed profile step"
+    ),
+    "draft_model": (
+        "one pass of a shallower model (the draft model): its catch-up over the new tokens, or one draft step"
+    ),
     "eagle3, mtp": "one DraftHead.step: a serial head's catch-up over the new target states, or one draft step",
-    "dflash, dspark": "one DFlashHead.block_hidden: the block pass (the catch-up's key/value projections are not counted)",
+    "dflash, dspark": (
+        "one DFlashHead.block_hidden: the block pass (the catch-up's key/value projections are not counted)"
+    ),
 }
 
 
@@ -48,9 +55,9 @@ def _head_kind(head: DraftHead) -> str:
 class ForwardCounter:
     """Model forwards run while `active()` is open: model passes by depth, learned-head passes by mechanism.
 
-    Every model pass goes through its forward's `_run` (forward and forward_capture alike, CausalLM and GenericCausalLM),
-    a serial head's through `DraftHead.step`, a block head's through `DFlashHead.block_hidden`: those are patched while
-    counting.
+    Every model pass goes through its forward's `_run` (forward and forward_capture alike, CausalLM and
+    GenericCausalLM), a serial head's through `DraftHead.step`, a block head's through `DFlashHead.block_hidden`: those
+    are patched while counting.
     """
 
     def __init__(self) -> None:
@@ -238,7 +245,8 @@ def decisions(
 
 
 def _errors(points: list[dict], predicted: str, measured: str) -> dict:
-    """Median and worst relative error (%) of `predicted` against `measured` over `points` (None when there are none)."""
+    """Median and worst relative error (%) of `predicted` against `measured` over `points` (None when there are
+    none)."""
     errs = [_rel_err(p[predicted], p[measured]) for p in points]
     return (
         {"median": 100 * statistics.median(errs), "worst": 100 * max(errs)} if errs else {"median": None, "worst": None}

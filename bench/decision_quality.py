@@ -17,7 +17,8 @@ Every figure is computed on the raw measured tokens/s. Beside it, under `scaled`
 speed-scaled tokens/s (SCALING below): a shared machine drifts while the sweep runs, and points minutes
 apart would otherwise compare the drift as well as the decisions.
 
-    python bench/decision_quality.py                      # demo pair on this machine (about 15 minutes per mechanism on 2 cores)
+    python bench/decision_quality.py                      # demo pair on this machine (about 15 minutes per mechanism
+                                                          # on 2 cores)
     python bench/decision_quality.py --profile P --quick  # a reduced run (the test uses it)
 
 Writes bench/results/decision_quality.json and prints a table.
@@ -64,10 +65,10 @@ from common import (
 
 SCALING = (
     "each run's measured tokens/s x (probe ms now / probe ms at profile time), the probe being one verify step at "
-    "the point's batch, one new token, ctx {ctx} cached (median of 5 after 2 warm-ups), timed before and after the run and "
-    "averaged, and a point's scaled figure the median over its runs; probe ms at profile time is the profile's verify step of "
-    "that shape. A factor above 1 means the device ran slower than when it was profiled, and the scaled figure is what the "
-    "point would measure at profile-time speed"
+    "the point's batch, one new token, ctx {ctx} cached (median of 5 after 2 warm-ups), timed before and after the "
+    "run and averaged, and a point's scaled figure the median over its runs; probe ms at profile time is the "
+    "profile's verify step of that shape. A factor above 1 means the device ran slower than when it was profiled, and "
+    "the scaled figure is what the point would measure at profile-time speed"
 )
 PROMPTS = {
     "cut": "cut to the context (their last ctx - N/2 tokens)",
@@ -229,19 +230,23 @@ def check_bounds(
         if r["batch"] in again:
             if again[r["batch"]] < min_vs_oracle:
                 out.append(
-                    f"batch {r['batch']}: the plan ({_config(r['plan_mechanism'], r['plan_draft_len'])}) reaches {100 * again[r['batch']]:.1f}% "
-                    f"of the oracle ({_config(r['oracle_mechanism'], r['oracle_draft_len'])}) measured again, below {100 * min_vs_oracle:.0f}%"
+                    f"batch {r['batch']}: the plan ({_config(r['plan_mechanism'], r['plan_draft_len'])}) reaches "
+                    f"{100 * again[r['batch']]:.1f}% of the oracle "
+                    f"({_config(r['oracle_mechanism'], r['oracle_draft_len'])}) measured again, below "
+                    f"{100 * min_vs_oracle:.0f}%"
                 )
         elif row["vs_oracle"]["plan"] < min_vs_oracle:
             out.append(
-                f"batch {r['batch']}: the plan ({_config(r['plan_mechanism'], r['plan_draft_len'])}) reaches {100 * row['vs_oracle']['plan']:.1f}% "
-                f"of the oracle ({_config(row['oracle_mechanism'], row['oracle_draft_len'])}; {row['tokens_per_s']['plan']:.1f} against "
-                f"{row['tokens_per_s']['oracle']:.1f} tok/s, {figures}), below {100 * min_vs_oracle:.0f}%"
+                f"batch {r['batch']}: the plan ({_config(r['plan_mechanism'], r['plan_draft_len'])}) reaches "
+                f"{100 * row['vs_oracle']['plan']:.1f}% of the oracle "
+                f"({_config(row['oracle_mechanism'], row['oracle_draft_len'])}; {row['tokens_per_s']['plan']:.1f} "
+                f"against {row['tokens_per_s']['oracle']:.1f} tok/s, {figures}), below {100 * min_vs_oracle:.0f}%"
             )
     err = pick(result["fidelity"])["tokens_per_s_median_err_pct"]
     if err >= max_median_err_pct:
         out.append(
-            f"cost model: median tokens/s error {err:.1f}% over {result['fidelity']['points']} points ({figures}) is not below {max_median_err_pct:g}%"
+            f"cost model: median tokens/s error {err:.1f}% over {result['fidelity']['points']} points ({figures}) "
+            f"is not below {max_median_err_pct:g}%"
         )
     return out
 
@@ -350,7 +355,8 @@ def run(args) -> dict:
         p = point_record(B, m, q, D, meas, ratio, cost.predict(B, D, m, q))
         points.append(p)
         print(
-            f"  B={B:3d} {m:>12s} D={D:2d}: measured {p['measured_tokens_per_s']:8.1f} tok/s (scaled {p['scaled_measured_tokens_per_s']:8.1f}, "
+            f"  B={B:3d} {m:>12s} D={D:2d}: measured {p['measured_tokens_per_s']:8.1f} tok/s "
+            f"(scaled {p['scaled_measured_tokens_per_s']:8.1f}, "
             f"predicted {p['predicted_tokens_per_s']:8.1f}), tokens/forward {p['measured_tokens_per_forward']:.3f} "
             f"(predicted {p['predicted_tokens_per_forward']:.3f})",
             file=sys.stderr,
@@ -439,45 +445,52 @@ def table(result: dict) -> str:
         else f"D-only oracle (the plan's mechanism, {mechs})"
     )
     lines = [
-        f"decision quality, {oracle}: raw measured decode tokens/s first, speed-scaled beside them; predictions from the cost model. "
-        f"Plan: {result['mechanism']} on {result['device']} ({result['dtype']}), searched and predicted for the decoded prompts' mix ("
+        f"decision quality, {oracle}: raw measured decode tokens/s first, speed-scaled beside them; predictions from "
+        f"the cost model. Plan: {result['mechanism']} on {result['device']} ({result['dtype']}), searched and "
+        "predicted for the decoded prompts' mix ("
         + ", ".join(f"{d} {w:.0%}" for d, w in result.get("mix", {}).items())
         + f"), held-back prompts {PROMPTS[result.get('prompts', 'cut')]}, ctx {result['ctx']}, "
-        f"{result['new_tokens']} new tokens, at least {result['rows']} prompts per point, median of {result['repeats']} runs interleaved with the bucket's other points (each after a short warm-up)",
-        "| batch | plan | oracle | no spec | best single | engine default | plan tok/s | oracle tok/s | plan / oracle | plan / no spec "
-        "| scaled: oracle | scaled: plan / oracle | scaled: plan / no spec |",
+        f"{result['new_tokens']} new tokens, at least {result['rows']} prompts per point, median of "
+        f"{result['repeats']} runs interleaved with the bucket's other points (each after a short warm-up)",
+        "| batch | plan | oracle | no spec | best single | engine default | plan tok/s | oracle tok/s | plan / oracle "
+        "| plan / no spec | scaled: oracle | scaled: plan / oracle | scaled: plan / no spec |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["buckets"]:
         t, s = r["tokens_per_s"], r["scaled"]
         lines.append(
-            f"| {r['batch']} | {_config(r['plan_mechanism'], r['plan_draft_len'])} | {_config(r['oracle_mechanism'], r['oracle_draft_len'])} "
+            f"| {r['batch']} | {_config(r['plan_mechanism'], r['plan_draft_len'])} "
+            f"| {_config(r['oracle_mechanism'], r['oracle_draft_len'])} "
             f"| {t['no_spec']:.0f} | {t['single_d']:.0f} ({_config(r['single_mechanism'], r['single_draft_len'])}) "
-            f"| {t['engine_default']:.0f} (D={r['default_draft_len']}) | {t['plan']:.0f} | {t['oracle']:.0f} | {r['vs_oracle']['plan']:.3f} "
-            f"| {r['vs_no_spec']['plan']:.3f} | {_config(s['oracle_mechanism'], s['oracle_draft_len'])} | {s['vs_oracle']['plan']:.3f} "
+            f"| {t['engine_default']:.0f} (D={r['default_draft_len']}) | {t['plan']:.0f} | {t['oracle']:.0f} "
+            f"| {r['vs_oracle']['plan']:.3f} | {r['vs_no_spec']['plan']:.3f} "
+            f"| {_config(s['oracle_mechanism'], s['oracle_draft_len'])} | {s['vs_oracle']['plan']:.3f} "
             f"| {s['vs_no_spec']['plan']:.3f} |"
         )
     f, g, c = result["fidelity"], result["targets"], result["cost"]
     lo, hi = f["device_speed_ratio_range"]
     per_mech = "; ".join(
-        f"{m} {_pct(x['tokens_per_s_median_err_pct'])} over {x['points']} (scaled {_pct(x['scaled']['tokens_per_s_median_err_pct'])})"
+        f"{m} {_pct(x['tokens_per_s_median_err_pct'])} over {x['points']} "
+        f"(scaled {_pct(x['scaled']['tokens_per_s_median_err_pct'])})"
         for m, x in f["by_mechanism"].items()
     )
     reused = result["sweep_reused_from"]
     lines += [
         "",
-        f"cost model vs measured over {f['points']} points, raw: tokens/s median {_pct(f['tokens_per_s_median_err_pct'])} "
-        f"(worst {_pct(f['tokens_per_s_worst_err_pct'])}); speed-scaled: median {_pct(f['scaled']['tokens_per_s_median_err_pct'])} "
+        f"cost model vs measured over {f['points']} points, raw: tokens/s median "
+        f"{_pct(f['tokens_per_s_median_err_pct'])} (worst {_pct(f['tokens_per_s_worst_err_pct'])}); speed-scaled: "
+        f"median {_pct(f['scaled']['tokens_per_s_median_err_pct'])} "
         f"(worst {_pct(f['scaled']['tokens_per_s_worst_err_pct'])}); tokens per forward (D >= 1) median "
         f"{_pct(f['tokens_per_forward_median_err_pct'])} (worst {_pct(f['tokens_per_forward_worst_err_pct'])})",
         f"tokens/s median error per mechanism: {per_mech}",
-        f"plan at least {100 * g['plan_min_vs_oracle']:.1f}% of the oracle in every bucket (scaled {100 * g['scaled']['plan_min_vs_oracle']:.1f}%); "
+        f"plan at least {100 * g['plan_min_vs_oracle']:.1f}% of the oracle in every bucket "
+        f"(scaled {100 * g['scaled']['plan_min_vs_oracle']:.1f}%); "
         f"mean speedup plan {g['plan_mean_speedup']:.3f}x vs best single config {g['single_d_mean_speedup']:.3f}x "
         f"(scaled {g['scaled']['plan_mean_speedup']:.3f}x vs {g['scaled']['single_d_mean_speedup']:.3f}x)",
         *(
             [
-                f"the sweep's own noise: a run's relative sd {100 * n['run_rel_sd']:.1f}% (pooled over the points); plan / oracle with its 95% "
-                "interval: "
+                f"the sweep's own noise: a run's relative sd {100 * n['run_rel_sd']:.1f}% (pooled over the points); "
+                "plan / oracle with its 95% interval: "
                 + "; ".join(
                     f"batch {b['batch']} {b['plan_vs_oracle']:.3f} ({b['low']:.3f}-{min(b['high'], 9.99):.3f})"
                     for b in n["buckets"]
@@ -501,7 +514,8 @@ def table(result: dict) -> str:
         ),
         f"scaling: {result['scaling']['method']}; factors x{lo:.3f} to x{hi:.3f}"
         + ("" if result["scaling"]["applied"] else f" (not applied: {result['scaling']['why_not']})"),
-        f"oracle sweep: {len(result['sweep'])} points in {c['oracle_sweep_s']:.0f} s, {c['oracle_sweep_target_forwards']} target forwards, "
+        f"oracle sweep: {len(result['sweep'])} points in {c['oracle_sweep_s']:.0f} s, "
+        f"{c['oracle_sweep_target_forwards']} target forwards, "
         f"drafter forwards {json.dumps(c.get('oracle_sweep_drafter_forwards', {}))}"
         + (f" (measured earlier: {reused['path']}, sha256 {reused['sha256'][:12]})" if reused else ""),
     ]
@@ -567,8 +581,8 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="the held-back prompts decoded: cut to the context "
         "bucket (every row's KV cache at ctx), or whole, those that fit (the text a lookup drafter copies from kept, "
-        "as the profile measures acceptance). Default: as the engine's export check decodes them: torch cut; vllm whole "
-        "where enough fit, else cut",
+        "as the profile measures acceptance). Default: as the engine's export check decodes them: torch cut; vllm "
+        "whole where enough fit, else cut",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
@@ -589,9 +603,9 @@ def main(argv: list[str] | None = None) -> int:
         "--engine",
         choices=("torch", "vllm"),
         default="torch",
-        help="where the oracle runs: torch (this tool's loop) or vllm (the engine itself, for a profile measured in it; "
-        "writes decision_quality_vllm.json unless --out is given; bounds: plan >= 95%% of the oracle, median error <= 10%%, "
-        "tuning <= 1/3 of the oracle sweep's engine time)",
+        help="where the oracle runs: torch (this tool's loop) or vllm (the engine itself, for a profile measured in "
+        "it; writes decision_quality_vllm.json unless --out is given; bounds: plan >= 95%% of the oracle, median error "
+        "<= 10%%, tuning <= 1/3 of the oracle sweep's engine time)",
     )
     args = ap.parse_args(argv)
     if args.engine == "vllm":
@@ -620,7 +634,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def engine_table(result: dict) -> str:
-    """`table` and what only the engine's oracle has: the tuning cost in engine seconds, the plan's schedule in one engine."""
+    """`table` and what only the engine's oracle has: the tuning cost in engine seconds, the plan's schedule in one
+    engine."""
     c = result["cost"]
     run = "; ".join(
         f"batch {r['batch']}: D={r['draft_len']} planned, vLLM ran D={r.get('draft_len_applied')}, "
@@ -648,8 +663,8 @@ def _main_engine(args, ap) -> int:
         [f"tuning cost {tuning:.2f} of the oracle sweep's, above 1/3"] if tuning > 1 / 3 else []
     )
     print(
-        "bounds (plan >= 95% of the vLLM oracle in every bucket, median tokens/s error <= 10%, tuning <= 1/3 of the sweep, raw figures): "
-        + ("kept" if not violations else "; ".join(violations))
+        "bounds (plan >= 95% of the vLLM oracle in every bucket, median tokens/s error <= 10%, tuning <= 1/3 of the "
+        "sweep, raw figures): " + ("kept" if not violations else "; ".join(violations))
     )
     return 0
 

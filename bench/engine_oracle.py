@@ -1,4 +1,5 @@
-"""`decision_quality.py --engine vllm`: the oracle run in vLLM itself, for a profile measured there (`profile --engine vllm`).
+"""`decision_quality.py --engine vllm`: the oracle run in vLLM itself, for a profile measured there
+(`profile --engine vllm`).
 
 Every point is a vLLM engine at one configuration: no speculation, every single K of every mechanism vLLM ran when
 profiled (D = 1 .. its limit), and the plan's own schedule as one engine with vLLM's per-batch table. Each engine runs
@@ -6,13 +7,14 @@ every batch bucket at its concurrency on the same held-back prompts (the engine 
 48 tokens per request, EOS ignored, a finished request replaced by the next) and a bucket's figure is its steady steps'
 (B requests decoding): tokens/s = 1e3 · B · tokens per round / median step ms. Each configuration's engine runs
 `--repeats` times, the configurations taking turns (odd passes in reverse order), and a bucket's steady steps are pooled
-over its engines: a slow spell of the machine then lands on every configuration, not on the few that ran in it. The decisions, the cost model's error and
-the targets are computed as for the torch backend (decision_quality.summarize), the re-measure of each bucket's plan and
-oracle too (`confirm`: the plan's own engine against the oracle's, `--confirm` engines each, taking turns). Speed: each
-engine times the profile's speed probe around and within every bucket run (profiles/vllm_runner.py Probe); a point's
-`device_speed_ratio` is (the median of its runs' probe samples over the profile's reference)^elasticity (vllm_engine.speed_ratio),
-and its `scaled` tokens/s the raw figure times that ratio: what the point would measure at the profile's reference speed. Cost: the profile's engine seconds plus the search's against the
-oracle sweep's engine seconds (each engine's start-up included on both sides).
+over its engines: a slow spell of the machine then lands on every configuration, not on the few that ran in it. The
+decisions, the cost model's error and the targets are computed as for the torch backend (decision_quality.summarize),
+the re-measure of each bucket's plan and oracle too (`confirm`: the plan's own engine against the oracle's, `--confirm`
+engines each, taking turns). Speed: each engine times the profile's speed probe around and within every bucket run
+(profiles/vllm_runner.py Probe); a point's `device_speed_ratio` is (the median of its runs' probe samples over the
+profile's reference)^elasticity (vllm_engine.speed_ratio), and its `scaled` tokens/s the raw figure times that ratio:
+what the point would measure at the profile's reference speed. Cost: the profile's engine seconds plus the search's
+against the oracle sweep's engine seconds (each engine's start-up included on both sides).
 """
 
 from __future__ import annotations
@@ -43,10 +45,11 @@ from common import ENGINE_DEFAULT_K, confirmed, point_key, point_record, searche
 
 NO_SPEC = "none"
 SCALING = (
-    "each point's measured tokens/s x (probe ms in its engines / the profile's reference probe ms)^elasticity, the probe "
-    "(profiles/vllm_runner.py Probe: the target's linear layers of one decode forward) timed in the engine's process around each "
-    "of the point's runs and between their steps, the median of those samples, the reference and the elasticity the profile's "
-    "(engine.speed_probe: its rounds are brought to that speed); a ratio above 1 means the device ran slower than the reference"
+    "each point's measured tokens/s x (probe ms in its engines / the profile's reference probe ms)^elasticity, the "
+    "probe (profiles/vllm_runner.py Probe: the target's linear layers of one decode forward) timed in the engine's "
+    "process around each of the point's runs and between their steps, the median of those samples, the reference and "
+    "the elasticity the profile's (engine.speed_probe: its rounds are brought to that speed); a ratio above 1 means "
+    "the device ran slower than the reference"
 )
 PLAN = ("plan", -1)
 
@@ -62,9 +65,9 @@ def interleaved(
     unit_s: dict,
     batches_of: dict | None = None,
 ) -> dict:
-    """Every config's engine started `passes` times, the configs taking turns (odd passes in the reverse order, so that a
-    drift in the machine's speed lands on every config alike): per config and batch, the bucket's run from each pass.
-    A config runs the buckets `batches_of` gives it (default: all); its engine seconds are added to `unit_s`."""
+    """Every config's engine started `passes` times, the configs taking turns (odd passes in the reverse order, so
+    that a drift in the machine's speed lands on every config alike): per config and batch, the bucket's run from each
+    pass. A config runs the buckets `batches_of` gives it (default: all); its engine seconds are added to `unit_s`."""
     batches_of = {key: (batches_of or {}).get(key, batches) for key in configs}
     out: dict = {key: {B: [] for B in batches_of[key]} for key in configs}
     for p in range(passes):
@@ -94,9 +97,9 @@ def confirm(
     plan_config: dict | None,
     drafts: dict,
 ) -> dict:
-    """The re-measure (decision_quality.CONFIRMATION) in vLLM: the plan's own engine (its per-batch table; no speculation
-    where it never speculates) and each bucket's oracle config, `args.confirm` engines each, taking turns; a config runs
-    only the buckets it is compared at, and each engine's bucket figure is one run."""
+    """The re-measure (decision_quality.CONFIRMATION) in vLLM: the plan's own engine (its per-batch table; no
+    speculation where it never speculates) and each bucket's oracle config, `args.confirm` engines each, taking turns;
+    a config runs only the buckets it is compared at, and each engine's bucket figure is one run."""
     configs, batches_of = {PLAN: plan_config}, {PLAN: []}
     for r in rows:
         if (r["plan_mechanism"], r["plan_draft_len"]) == (r["oracle_mechanism"], r["oracle_draft_len"]):
@@ -138,7 +141,8 @@ def _config(profile, mechanism: str, draft_len: int, drafts: dict[str, Path]) ->
 def _sweep_settings(
     profile, engine: VllmEngine, ctx: int, batches: list[int], pool, rows: int, mechanisms: dict
 ) -> dict:
-    """What the sweep's measurements depend on (not the profile's figures: a new profile of the same setup reuses them)."""
+    """What the sweep's measurements depend on (not the profile's figures: a new profile of the same setup reuses
+    them)."""
     options = {d.name: d.options for d in profile.drafters if d.name in mechanisms}
     return {
         "engine": f"vllm {engine.version}",
@@ -265,9 +269,11 @@ def run_engine(args, engine=None) -> dict:
                     }
                 )
                 print(
-                    f"  B={B:3d} {m:>12s} D={D:2d}: vLLM {p['measured_tokens_per_s']:8.1f} tok/s (scaled {p['scaled_measured_tokens_per_s']:8.1f}, "
+                    f"  B={B:3d} {m:>12s} D={D:2d}: vLLM {p['measured_tokens_per_s']:8.1f} tok/s "
+                    f"(scaled {p['scaled_measured_tokens_per_s']:8.1f}, "
                     f"predicted {p['predicted_tokens_per_s']:8.1f}), "
-                    f"tokens/round {p['measured_tokens_per_forward']:.3f} (predicted {p['predicted_tokens_per_forward']:.3f})",
+                    f"tokens/round {p['measured_tokens_per_forward']:.3f} "
+                    f"(predicted {p['predicted_tokens_per_forward']:.3f})",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -308,8 +314,8 @@ def run_engine(args, engine=None) -> dict:
         "plan_schedule": schedule,
         "plan_schedule_measured": schedule,
         "plan_schedule_run": plan_run,
-        "figures": f"raw measured tokens/s (steady steps of the engine, pooled over {args.repeats} interleaved engines per point); "
-        "`scaled` beside them: see scaling",
+        "figures": f"raw measured tokens/s (steady steps of the engine, pooled over {args.repeats} interleaved engines "
+        "per point); `scaled` beside them: see scaling",
         "scaling": {
             "method": SCALING,
             "probe_ms_at_profile_time": (speed or {}).get("median_ms"),

@@ -62,7 +62,9 @@ def run(args) -> dict:
             }
         )
     return {
-        "what": "verify step time, generic path (transformers' modules under the loop's cache) against the built-in forward",
+        "what": (
+            "verify step time, generic path (transformers' modules under the loop's cache) against the built-in forward"
+        ),
         "source": "measured",
         "target": "smollm2-135m (llama)",
         "dtype": str(models["builtin"].dtype).removeprefix("torch."),

@@ -63,7 +63,8 @@ def extrapolate(curve: list[dict], target_al: float, tokens_per_s: float) -> dic
 
 
 def draft_curves(profile_path: Path) -> dict:
-    """Measured draft time (median ms) against D at batch 1 and the largest batch, per learned mechanism in the profile."""
+    """Measured draft time (median ms) against D at batch 1 and the largest batch, per learned mechanism in the
+    profile."""
     profile = json.loads(profile_path.read_text())
     out: dict = {}
     for p in profile["draft"]:
@@ -72,8 +73,8 @@ def draft_curves(profile_path: Path) -> dict:
                 "median_ms": p["median_ms"],
                 "source": p["source"],
             }
-    for m, by_batch in out.items():
-        for b, curve in by_batch.items():
+    for _m, by_batch in out.items():
+        for _b, curve in by_batch.items():
             d = sorted(curve, key=int)
             curve["ratio_last_to_first"] = curve[d[-1]]["median_ms"] / curve[d[0]]["median_ms"]
     return out
@@ -97,8 +98,8 @@ def main() -> int:
         return 2
     heads = {}
     lines = [
-        "learned heads on the demo target: AL on held-back MT-Bench prompts and draft times measured; the budget to the target AL "
-        "modeled (an extrapolation of each curve)",
+        "learned heads on the demo target: AL on held-back MT-Bench prompts and draft times measured; the budget to "
+        "the target AL modeled (an extrapolation of each curve)",
         "",
         "| head | D | training tokens | train s | tokens/forward | mean AL (vLLM) | per-position acceptance |",
         "|---|---|---|---|---|---|---|",
@@ -115,7 +116,8 @@ def main() -> int:
         }
         for p in curve:
             lines.append(
-                f"| {m} | {p['draft_len']} | {p['training_tokens']:,} | {p['train_s']:.0f} | {p['tokens_per_forward']:.3f} | "
+                f"| {m} | {p['draft_len']} | {p['training_tokens']:,} | {p['train_s']:.0f} "
+                f"| {p['tokens_per_forward']:.3f} | "
                 f"{p['mean_al_vllm']:.3f} | {' '.join(f'{a:.2f}' for a in p.get('per_position_acceptance', []))} |"
             )
     lines += ["", "| head | domain | prompts | tokens/forward | per-position acceptance |", "|---|---|---|---|---|"]
@@ -123,7 +125,8 @@ def main() -> int:
         last = h["learning_curve"][-1] if h["learning_curve"] else {}
         for d, r in last.get("by_domain", {}).items():
             lines.append(
-                f"| {m} | {d} | {r['prompts']} | {r['tokens_per_forward']:.3f} | {' '.join(f'{a:.2f}' for a in r['per_position_acceptance'])} |"
+                f"| {m} | {d} | {r['prompts']} | {r['tokens_per_forward']:.3f} "
+                f"| {' '.join(f'{a:.2f}' for a in r['per_position_acceptance'])} |"
             )
     lines += [
         "",
@@ -156,7 +159,7 @@ def main() -> int:
         for m, by_batch in curves.items():
             for b, c in by_batch.items():
                 ds = sorted((k for k in c if k.isdigit()), key=int)
-                times = ", ".join("D=%s: %.2f" % (d, c[d]["median_ms"]) for d in ds)
+                times = ", ".join(f"D={d}: {c[d]['median_ms']:.2f}" for d in ds)
                 lines.append(f"| {m} | {b} | {times} | {c['ratio_last_to_first']:.2f} |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")

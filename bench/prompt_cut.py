@@ -30,7 +30,8 @@ OPTIONS = {"ngram": {"prompt_lookup_min": "2", "prompt_lookup_max": "5"}, "suffi
 
 
 def tokens_per_forward(target, drafter, prompts: list[list[int]], D: int, n: int) -> list[SpecCounters]:
-    """One prompt's counters each, from the trajectory's second token on (the prefill gives the first), no stop token."""
+    """One prompt's counters each, from the trajectory's second token on (the prefill gives the first), no stop
+    token."""
     out = []
     for prompt, g in zip(prompts, replay.trajectories(target.model, prompts, n, len(prompts))):
         head, rest = list(prompt) + g[:1], g[1:]
@@ -87,15 +88,17 @@ def run(args) -> dict:
 def table(r: dict) -> str:
     p = r["pooled_tokens_per_forward"]
     lines = [
-        f"{r['mechanism']} tokens per forward at D={r['draft_len']} on {len(r['prompts'])} held-back prompts, {r['new_tokens']} tokens, "
-        f"{r['dtype']}: cut to the last {r['prompts'][0]['cut_to']} tokens (ctx {r['ctx']}) as the engine benches decode them, and whole "
-        f"(as the profile does); pooled: cut {p['cut']:.3f}, whole {p['whole']:.3f}",
+        f"{r['mechanism']} tokens per forward at D={r['draft_len']} on {len(r['prompts'])} held-back prompts, "
+        f"{r['new_tokens']} tokens, {r['dtype']}: cut to the last {r['prompts'][0]['cut_to']} tokens (ctx {r['ctx']}) "
+        f"as the engine benches decode them, and whole (as the profile does); pooled: cut {p['cut']:.3f}, "
+        f"whole {p['whole']:.3f}",
         "",
         "| domain | prompt tokens | cut | whole |",
         "|---|---|---|---|",
     ]
     lines += [
-        f"| {x['domain']} | {x['prompt_tokens']} | {x['cut_tokens_per_forward']:.3f} | {x['whole_tokens_per_forward']:.3f} |"
+        f"| {x['domain']} | {x['prompt_tokens']} | {x['cut_tokens_per_forward']:.3f} "
+        f"| {x['whole_tokens_per_forward']:.3f} |"
         for x in r["prompts"]
     ]
     return "\n".join(lines)

@@ -16,8 +16,8 @@ target's cached demo heads where present, plus a freshly written untrained head 
     python bench/speculators_config_check.py [--head FOLDER ...] [--python .venv-speculators/bin/python]
                                              [--out bench/results/speculators_config_check.json]
 
-Create the virtualenv once (a git-ignored folder; speculators pins transformers below this package's, so the project's torch is
-shared and only transformers and the light dependencies are its own):
+Create the virtualenv once (a git-ignored folder; speculators pins transformers below this package's, so the project's
+torch is shared and only transformers and the light dependencies are its own):
     python3 -m venv --system-site-packages .venv-speculators
     .venv-speculators/bin/pip install --no-deps speculators==0.9.0 hs-connectors==0.9.0 transformers==5.19.0
     .venv-speculators/bin/pip install "openai>=2.0.0" "datasets<=5.1.0,>=4.0.0" loguru pydantic-settings
@@ -54,13 +54,14 @@ for folder in sys.argv[1:]:
         rec["class"] = type(cfg).__name__
         rec["registered_class"] = getattr(cls, "__name__", None)
         again = cfg.to_dict()
-        keys = [k for k in ("draft_vocab_size", "norm_before_residual", "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
-                            "num_nextn_predict_layers", "block_size", "aux_hidden_state_layer_ids", "mask_token_id",
-                            "sample_from_anchor", "markov_rank", "markov_head_type", "enable_confidence_head",
-                            "confidence_head_with_markov") if k in raw]
+        keys = [k for k in ("draft_vocab_size", "norm_before_residual", "target_hidden_size",
+                            "eagle_aux_hidden_state_layer_ids", "num_nextn_predict_layers", "block_size",
+                            "aux_hidden_state_layer_ids", "mask_token_id", "sample_from_anchor", "markov_rank",
+                            "markov_head_type", "enable_confidence_head", "confidence_head_with_markov") if k in raw]
         rec["fields_kept"] = {k: again.get(k) == raw[k] for k in keys}
         tl = again.get("transformer_layer_config", {})
-        rec["transformer_layer_config"] = {k: tl.get(k) for k in ("model_type", "hidden_size", "vocab_size", "num_hidden_layers")}
+        rec["transformer_layer_config"] = {k: tl.get(k)
+                                           for k in ("model_type", "hidden_size", "vocab_size", "num_hidden_layers")}
         sc = cfg.speculators_config
         rec["speculative_tokens"] = sc.proposal_methods[0].speculative_tokens
         rec["verifier_architectures"] = list(sc.verifier.architectures or [])
@@ -74,7 +75,8 @@ for folder in sys.argv[1:]:
         from speculators.models import Eagle3DraftModel, MTPDraftModel
         from speculators.models.dflash import DFlashDraftModel
         from speculators.models.dspark import DSparkDraftModel
-        classes = {"eagle3": Eagle3DraftModel, "mtp": MTPDraftModel, "dflash": DFlashDraftModel, "dspark": DSparkDraftModel}
+        classes = {"eagle3": Eagle3DraftModel, "mtp": MTPDraftModel,
+                   "dflash": DFlashDraftModel, "dspark": DSparkDraftModel}
         model = classes[raw["speculators_model_type"]].from_pretrained(folder)
         theirs, ours = model.state_dict(), load_file(f"{folder}/model.safetensors")
         rec["weights"] = {"loaded": True, "ours_not_in_model": [k for k in ours if k not in theirs],
@@ -128,7 +130,8 @@ def main() -> int:
     args = ap.parse_args()
     if not args.python.is_file():
         print(
-            f"speculators virtualenv not found ({args.python}); create it with: python3 -m venv {args.python.parent.parent} && "
+            f"speculators virtualenv not found ({args.python}); create it with: "
+            f"python3 -m venv {args.python.parent.parent} && "
             f"{args.python.parent}/pip install speculators",
             file=sys.stderr,
         )
@@ -168,10 +171,12 @@ def main() -> int:
             else f"weights: {w.get('error', 'differ')[:60]}"
         )
         print(
-            f"{r['folder']:<12} {r['speculators_model_type']:<7} {r.get('class', '-'):<24} {'ok' if r['ok'] else 'FAILED ' + r.get('error', str(r.get('fields_kept')))}; {weights}"
+            f"{r['folder']:<12} {r['speculators_model_type']:<7} {r.get('class', '-'):<24} "
+            f"{'ok' if r['ok'] else 'FAILED ' + r.get('error', str(r.get('fields_kept')))}; {weights}"
         )
     print(
-        f"speculators {result['speculators_version']}: {'all valid' if record['passed'] else 'failures'}; wrote {args.out}"
+        f"speculators {result['speculators_version']}: {'all valid' if record['passed'] else 'failures'}; "
+        f"wrote {args.out}"
     )
     return 0 if record["passed"] else 1
 

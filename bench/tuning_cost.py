@@ -139,13 +139,15 @@ def main(argv: list[str] | None = None) -> int:
     drafters = ", ".join(f"{k} {n}" for k, n in result["drafter_forwards"].items()) or "none ran a network"
     line = (
         f"measured: profile {result['profile_s']:.0f} s ({result['acceptance_prompts']} greedy acceptance prompts, "
-        f"{len(result['phases_skipped'])} phases skipped) + search {result['search_s']:.1f} s, {result['target_forwards']} target forwards "
+        f"{len(result['phases_skipped'])} phases skipped) + search {result['search_s']:.1f} s, "
+        f"{result['target_forwards']} target forwards "
         f"(drafter forwards: {drafters})"
     )
     if "oracle" in result:
         o = result["oracle"]
         line += (
-            f"; oracle sweep ({o['oracle_kind']}: {', '.join(o['mechanisms'])}) {o['wall_s']:.0f} s, {o['target_forwards']} target forwards: "
+            f"; oracle sweep ({o['oracle_kind']}: {', '.join(o['mechanisms'])}) {o['wall_s']:.0f} s, "
+            f"{o['target_forwards']} target forwards: "
             f"ratio {result['forwards_ratio']:.2f} (forwards), {result['wall_ratio']:.2f} (wall)"
         )
     print(line)

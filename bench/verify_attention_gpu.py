@@ -4,7 +4,8 @@ plan's shapes, and the tile steps at G·(1+D) multiples of 128.
     python bench/verify_attention_gpu.py                       # demo + 8B Llama shapes, ctx 4096 (about 1-2 minutes)
     python bench/verify_attention_gpu.py --plan artifacts/plan.json   # the plan's buckets and ctx
     python bench/verify_attention_gpu.py --quick               # fewer points (the GPU test runs it)
-    python bench/verify_attention_gpu.py --cpu-smoke --out x.json     # tiny shapes under TRITON_INTERPRET on a CPU: the script runs
+    python bench/verify_attention_gpu.py --cpu-smoke --out x.json     # tiny shapes under TRITON_INTERPRET on a CPU:
+                                                                      # the script runs
 
 Three parts, all in bf16 with random weights (timing does not depend on values):
   check       the kernel against its fp32 torch reference, contiguous and paged caches, before any timing;
@@ -288,7 +289,8 @@ def table(result: dict) -> str:
     lines.append("tile steps (time just past a multiple of 128 rows / time at it):")
     for s in result["tile_steps"]:
         lines.append(
-            f"  {s['model']:<14} {s['rows_at']:>4} -> {s['rows_past']:<4} rows: 128-row tile x{s['ratio_tile128']:.2f}, "
+            f"  {s['model']:<14} {s['rows_at']:>4} -> {s['rows_past']:<4} rows: "
+            f"128-row tile x{s['ratio_tile128']:.2f}, "
             f"shipped config x{s['ratio_shipped']:.2f}, sdpa x{s['ratio_sdpa']:.2f}"
         )
     return "\n".join(lines)
@@ -320,8 +322,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if not torch.cuda.is_available() and not args.cpu_smoke:
         print(
-            "skipped: no CUDA device here; this benchmark times GPU kernels (run it on a GPU machine, or pass --cpu-smoke "
-            "to check the script under the Triton interpreter)",
+            "skipped: no CUDA device here; this benchmark times GPU kernels (run it on a GPU machine, or pass "
+            "--cpu-smoke to check the script under the Triton interpreter)",
             file=sys.stderr,
         )
         return EXIT_NO_GPU

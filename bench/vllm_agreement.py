@@ -141,8 +141,8 @@ def run(args) -> dict:
 
 def table(result: dict) -> str:
     lines = [
-        f"tokens per forward, torch replay vs vLLM {result['vllm_version']} ({result['prompts']} held-back prompts, greedy fp32, "
-        f"D={result['draft_len']}, {result['new_tokens']} tokens)",
+        f"tokens per forward, torch replay vs vLLM {result['vllm_version']} ({result['prompts']} held-back prompts, "
+        f"greedy fp32, D={result['draft_len']}, {result['new_tokens']} tokens)",
         "",
         "| mechanism | torch | vLLM | vLLM / torch - 1 | within 2% | identical outputs | torch s | vLLM s |",
         "|---|---|---|---|---|---|---|---|",
@@ -150,12 +150,14 @@ def table(result: dict) -> str:
     for name, r in result["mechanisms"].items():
         if r["agrees"] is None:
             lines.append(
-                f"| {name} | {r['torch']['tokens_per_forward']:.3f} | vLLM failed: {r['vllm']['error'][:80]} | | | | | |"
+                f"| {name} | {r['torch']['tokens_per_forward']:.3f} | vLLM failed: {r['vllm']['error'][:80]} "
+                "| | | | | |"
             )
             continue
         lines.append(
-            f"| {name} | {r['torch']['tokens_per_forward']:.4f} | {r['vllm']['tokens_per_forward']:.4f} | {100 * r['rel_diff']:+.2f}% | "
-            f"{'yes' if r['agrees'] else 'no'} | {r['identical_outputs']}/{r['prompts']} | {r['torch']['s']:.0f} | {r['vllm']['s']:.0f} |"
+            f"| {name} | {r['torch']['tokens_per_forward']:.4f} | {r['vllm']['tokens_per_forward']:.4f} "
+            f"| {100 * r['rel_diff']:+.2f}% | {'yes' if r['agrees'] else 'no'} "
+            f"| {r['identical_outputs']}/{r['prompts']} | {r['torch']['s']:.0f} | {r['vllm']['s']:.0f} |"
         )
     return "\n".join(lines)
 

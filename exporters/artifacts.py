@@ -30,7 +30,7 @@ def ship_kernels(plan: Plan, profile: Profile, staging: Path) -> dict:
     from specdec_tune.kernels import aot
 
     device = torch.device("cuda") if torch.cuda.is_available() and not plan.projected else None
-    dtype = {"float32": "float32", "float16": "float16"}.get(profile.target.get("dtype"), "bfloat16")
+    dtype = {"float32": "float32", "float16": "float16"}.get(profile.target.get("dtype") or "", "bfloat16")
     return aot.build_bundle_kernels(
         served_shapes(plan),
         staging,

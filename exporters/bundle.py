@@ -6,7 +6,8 @@
       validation.json      engine config checks, lossless gate, predicted vs measured throughput, and any repair of it
       inputs/              plan.json and profile.json the bundle was made from
       vllm/ trtllm/ sglang/ speculators/   one folder per engine (engines.py registry)
-      kernels/             Triton kernels for the plan's shapes: sources, chosen configs, sm_90 / sm_100 cubins (artifacts.py)
+      kernels/             Triton kernels for the plan's shapes: sources, chosen configs, sm_90 / sm_100 cubins
+                           (artifacts.py)
       drafter/             a networked drafter as ONNX, its onnxruntime parity, a TensorRT engine or its build command;
                            checkpoint/: a draft model cut from the target, as the engines load it
       report/              report.md and its PNG plots
@@ -74,7 +75,8 @@ def _conform(document, schema_file: str, path: Path, what: str, fix: str) -> Non
 
 
 def resolve_versions(overrides: tuple[tuple[str, str], ...]) -> dict[str, str]:
-    """The engine versions to export for: the defaults, each override checked against the release lines the tool knows."""
+    """The engine versions to export for: the defaults, each override checked against the release lines the tool
+    knows."""
     versions = dict(DEFAULT_VERSIONS)
     for engine, version in overrides:
         if engine not in versions:
@@ -254,7 +256,7 @@ def write_bundle(
     return manifest
 
 
-# ---------------------------------------------------------------------------- the bundle folder: staged, then swapped in
+# ------------------------------------------------------------------------- the bundle folder: staged, then swapped in
 
 
 def staging_folder(out: Path) -> Path:

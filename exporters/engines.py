@@ -69,8 +69,8 @@ class EngineFiles:
 
 
 def deviation(ctx: ExportContext, runs: list[tuple[int, int]], why: str) -> dict:
-    """What an engine runs where it cannot follow the plan's schedule, bucket by bucket beside the plan, with the predicted
-    tokens/s under each (the plan's cost model: same sources and intervals as plan.json's figures)."""
+    """What an engine runs where it cannot follow the plan's schedule, bucket by bucket beside the plan, with the
+    predicted tokens/s under each (the plan's cost model: same sources and intervals as plan.json's figures)."""
     rows = []
     for (batch, planned), (_, ran) in zip(ctx.schedule, runs):
         row: dict = {"batch": batch, "plan_draft_len": planned, "draft_len": ran}
@@ -86,7 +86,8 @@ def deviation(ctx: ExportContext, runs: list[tuple[int, int]], why: str) -> dict
 
 
 def deviation_text(record: dict) -> str:
-    """One line: the schedule an engine runs instead of the plan's, and the predicted change where the plan's differs."""
+    """One line: the schedule an engine runs instead of the plan's, and the predicted change where the plan's
+    differs."""
     changed = [r for r in record["buckets"] if r["draft_len"] != r["plan_draft_len"]]
     parts = [
         f"B≤{r['batch']}: D={r['draft_len']} (plan {r['plan_draft_len']}"

@@ -49,7 +49,8 @@ class Trtllm:
     note: str = ""  # a decision the bundle records whenever the mode is exported
 
     def spelling(self, line: str) -> tuple[str, dict, str] | None:
-        """(decoding_type, fixed fields, the field that takes K) in a release line, None where the line has no such mode."""
+        """(decoding_type, fixed fields, the field that takes K) in a release line, None where the line has no such
+        mode."""
         if line == "1.2":
             return (self.legacy[0], dict(self.legacy[1]), self.legacy_draft_len_field) if self.legacy else None
         return self.decoding_type, {}, "max_draft_len"
@@ -80,6 +81,7 @@ class ExportMechanism:
 
     def drafts_per_block(self, head: dict) -> int:
         """The draft length a fixed-block engine runs for this head (its config's block_size)."""
+        assert self.block_drafts is not None, f"{self.name} drafts no fixed block: only fixed-block modes ask"
         return self.block_drafts(int(head["block_size"]))
 
 
@@ -130,7 +132,10 @@ MECHANISMS: dict[str, ExportMechanism] = {
             Trtllm(
                 "SA",
                 lambda o: {"max_matching_ngram_size": -1},
-                note="suffix decoding maps to SA (TensorRT-LLM's suffix-automaton drafter): same idea, its acceptance was not profiled",
+                note=(
+                    "suffix decoding maps to SA (TensorRT-LLM's suffix-automaton drafter): same idea, its acceptance "
+                    "was not profiled"
+                ),
             ),
             None,
             checkpoint=False,

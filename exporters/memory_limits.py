@@ -3,10 +3,11 @@
 With M the device's memory, f the plan's fraction, W the weights (target and drafter, per device) and A the largest
 bucket's activations, the plan fills f·M:
 
-    vLLM           gpu_memory_utilization = f                     (a share of the whole device: weights, activations, KV)
+    vLLM           gpu_memory_utilization = f               (a share of the whole device: weights, activations, KV)
     TensorRT-LLM   kv_cache_config.free_gpu_memory_fraction
-                   = (f·M − W − A) / (M − W − A)                  (a share of what is free once weights and activations are in)
-    SGLang         --mem-fraction-static = (f·M − A) / M          (a share of the whole device for weights and the KV pool)
+                   = (f·M − W − A) / (M − W − A)            (a share of what is free once weights and activations are
+                                                            in)
+    SGLang         --mem-fraction-static = (f·M − A) / M    (a share of the whole device for weights and the KV pool)
 
 and each engine's concurrency cap is the plan's largest batch (vLLM max_num_seqs, TensorRT-LLM max_batch_size, SGLang
 --max-running-requests per band), which fits at its D by the search's construction. Where the KV cache is a pool of
@@ -58,7 +59,8 @@ def limits_lines(plan: Plan) -> list[str]:
             band = f"batch {lower}–{b.batch}" if lower < b.batch else f"batch {lower}"
             out.append(
                 f"- {band} (D={b.draft_len}): up to {m.max_concurrency} requests fit; at batch {b.batch} "
-                f"the bucket holds {m.needed_bytes / 1e9:.2f} GB (weights {m.weights_bytes / 1e9:.2f}, KV {m.kv_bytes / 1e9:.2f}, "
+                f"the bucket holds {m.needed_bytes / 1e9:.2f} GB (weights {m.weights_bytes / 1e9:.2f}, "
+                f"KV {m.kv_bytes / 1e9:.2f}, "
                 f"activations {m.activation_bytes / 1e9:.2f})"
             )
         lower = b.batch + 1

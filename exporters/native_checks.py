@@ -4,15 +4,17 @@ An engine's packages pin versions that clash with this tool's, so each runs in a
 environment variable (or in this interpreter where the package imports here). A short program runs there on the
 bundle's file as written and prints one JSON line; what it reports is compared with what the bundle means to run.
 
-    vLLM         SPECDEC_TUNE_VLLM_PYTHON         EngineArgs(model=target, speculative_config=<file>).create_engine_config():
-                                                  the SpeculativeConfig against the target's config (and the head's), then
-                                                  the whole VllmConfig where this platform's model runner takes the method;
-                                                  vLLM's own dense lookup (build_dynamic_sd_schedule_lookup) gives K per batch
+    vLLM         SPECDEC_TUNE_VLLM_PYTHON         EngineArgs(model=target, speculative_config=<file>)
+                                                  .create_engine_config(): the SpeculativeConfig against the target's
+                                                  config (and the head's), then the whole VllmConfig where this
+                                                  platform's model runner takes the method; vLLM's own dense lookup
+                                                  (build_dynamic_sd_schedule_lookup) gives K per batch
     speculators  SPECDEC_TUNE_SPECULATORS_PYTHON  SpeculatorModelConfig.from_pretrained on a folder holding the bundle's
                                                   config.json: the class registered for its type, the fields kept
     SGLang       SPECDEC_TUNE_SGLANG_PYTHON       prepare_server_args (SGLang's argument parser) on every launch argv;
-                                                  AdaptiveSpeculativeParams on adaptive.json gives the steps per batch size
-                                                  (its full resolution needs a GPU build of torchvision: not run here)
+                                                  AdaptiveSpeculativeParams on adaptive.json gives the steps per batch
+                                                  size (its full resolution needs a GPU build of torchvision: not run
+                                                  here)
     TensorRT-LLM not installable here             the rules in trtllm_config.py, per release line (versions.py)
 
 A check that cannot run (no interpreter) raises `EngineMissing`; the caller falls back to the schema and the rules and
@@ -39,7 +41,8 @@ class EngineMissing(ImportError):
 
 @dataclasses.dataclass(frozen=True)
 class Facts:
-    """What an engine's own check needs beyond the file: where the target's config is, and what the engine should run."""
+    """What an engine's own check needs beyond the file: where the target's config is, and what the engine should
+    run."""
 
     target_folder: Path | None  # the target as a Hugging Face folder, where it is on this machine
     max_batch: int
@@ -111,16 +114,29 @@ from vllm.config import SpeculativeConfig
 from vllm.engine.arg_utils import EngineArgs
 from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 config, out = job["config"], {"version": vllm.__version__, "errors": [], "notes": []}
-fields = set(getattr(SpeculativeConfig, "__pydantic_fields__", None) or getattr(SpeculativeConfig, "__dataclass_fields__", {}))
+fields = set(
+    getattr(SpeculativeConfig, "__pydantic_fields__", None) or getattr(SpeculativeConfig, "__dataclass_fields__", {})
+)
 out["errors"] += [f"a field vLLM does not know: {k}" for k in sorted(set(config) - fields)]
-args = EngineArgs(model=job["target"], speculative_config=dict(config), max_num_seqs=job["max_batch"], max_model_len=job["max_model_len"])
+args = EngineArgs(
+    model=job["target"],
+    speculative_config=dict(config),
+    max_num_seqs=job["max_batch"],
+    max_model_len=job["max_model_len"],
+)
 try:
     vc = args.create_engine_config()
     out["built"] = "VllmConfig"
-    try:  # the CUDA-graph sizes vLLM's own rule captures on a GPU (this platform captures none): graphs on, defaults left to it
+    # the CUDA-graph sizes vLLM's own rule captures on a GPU (this platform captures none): graphs on, defaults left
+    # to it
+    try:
         from vllm.config.compilation import CUDAGraphMode
         cc = vc.compilation_config
-        cc.cudagraph_mode, cc.max_cudagraph_capture_size, cc.cudagraph_capture_sizes = CUDAGraphMode.FULL_AND_PIECEWISE, None, None
+        cc.cudagraph_mode, cc.max_cudagraph_capture_size, cc.cudagraph_capture_sizes = (
+            CUDAGraphMode.FULL_AND_PIECEWISE,
+            None,
+            None,
+        )
         vc.model_config.enforce_eager = False
         vc._set_cudagraph_sizes()
         out["cudagraph_capture_sizes"] = list(cc.cudagraph_capture_sizes)
@@ -128,15 +144,26 @@ try:
         out["notes"].append(" ".join(f"CUDA-graph sizes not computed: {type(e).__name__}: {e}".split())[:300])
 except Exception as e:
     msg = " ".join(f"{type(e).__name__}: {e}".split())
-    if "Model Runner V1 does not support" in msg or "Model Runner V2 does not yet support" in msg or ("required for" in msg and "install" in msg.lower()):
+    if (
+        "Model Runner V1 does not support" in msg
+        or "Model Runner V2 does not yet support" in msg
+        or ("required for" in msg and "install" in msg.lower())
+    ):
         out["built"] = "fields only"
         out["notes"].append("not built on this platform: " + msg[:300])
     else:
         out["errors"].append("vLLM refuses it: " + msg[:400])
 ranges = config.get("num_speculative_tokens_per_batch_size")
 try:
-    out["k_per_batch"] = (build_dynamic_sd_schedule_lookup(ranges, vllm_max_batch_size=job["max_batch"], vllm_num_speculative_tokens=config["num_speculative_tokens"])[1:]
-                          if ranges else [config["num_speculative_tokens"]] * job["max_batch"])
+    out["k_per_batch"] = (
+        build_dynamic_sd_schedule_lookup(
+            ranges,
+            vllm_max_batch_size=job["max_batch"],
+            vllm_num_speculative_tokens=config["num_speculative_tokens"],
+        )[1:]
+        if ranges
+        else [config["num_speculative_tokens"]] * job["max_batch"]
+    )
 except ValueError as e:
     out["errors"].append(f"vLLM's schedule lookup refuses it: {e}")
 print("RESULT " + json.dumps(out))
@@ -166,12 +193,14 @@ def check_vllm(document: dict, folder: Path, facts: Facts) -> dict:
     if "cudagraph_capture_sizes" in out and "k_per_batch" in out:
         uncovered = uncovered_decode_shapes(out["cudagraph_capture_sizes"], out["k_per_batch"])
         errors += [
-            f"no CUDA graph vLLM captures by default fits a decode batch of {b} requests at K={k} ({b * (1 + k)} tokens)"
+            f"no CUDA graph vLLM captures by default fits a decode batch of {b} requests at K={k} "
+            f"({b * (1 + k)} tokens)"
             for b, k in uncovered[:3]
         ]
         if not uncovered:
             notes.append(
-                f"vLLM's default CUDA-graph capture sizes (its own rule, as on a GPU: {len(out['cudagraph_capture_sizes'])} sizes up to "
+                "vLLM's default CUDA-graph capture sizes (its own rule, as on a GPU: "
+                f"{len(out['cudagraph_capture_sizes'])} sizes up to "
                 f"{max(out['cudagraph_capture_sizes'])} tokens) fit every batch x (1+K) of the schedule"
             )
             how += " and CUDA-graph sizes"
@@ -203,12 +232,21 @@ try:
     cfg = SpeculatorModelConfig.from_pretrained(folder)
     registered = (SpeculatorModelConfig.registry or {}).get(raw["speculators_model_type"])
     if registered is None or type(cfg) is not registered:
-        out["errors"].append(f"loaded as {type(cfg).__name__}, not the class registered for {raw['speculators_model_type']!r}")
+        out["errors"].append(
+            f"loaded as {type(cfg).__name__}, not the class registered for {raw['speculators_model_type']!r}"
+        )
     again = cfg.to_dict()
-    out["errors"] += [f"{k} changed on load: {raw[k]!r} -> {again.get(k)!r}" for k in job["fields"] if k in raw and again.get(k) != raw[k]]
+    out["errors"] += [
+        f"{k} changed on load: {raw[k]!r} -> {again.get(k)!r}"
+        for k in job["fields"]
+        if k in raw and again.get(k) != raw[k]
+    ]
     layer = again.get("transformer_layer_config") or {}
-    out["errors"] += [f"transformer_layer_config.{k} changed on load" for k in ("model_type", "hidden_size", "num_hidden_layers")
-                      if k in raw.get("transformer_layer_config", {}) and layer.get(k) != raw["transformer_layer_config"][k]]
+    out["errors"] += [
+        f"transformer_layer_config.{k} changed on load"
+        for k in ("model_type", "hidden_size", "num_hidden_layers")
+        if k in raw.get("transformer_layer_config", {}) and layer.get(k) != raw["transformer_layer_config"][k]
+    ]
     out["verifier_architectures"] = list(cfg.speculators_config.verifier.architectures or [])
 except Exception as e:
     out["errors"].append(" ".join(f"speculators refuses it: {type(e).__name__}: {e}".split())[:400])
@@ -249,7 +287,9 @@ for argv in job["argvs"]:
             prepare_server_args(argv)
     except SystemExit:
         lines = [line for line in said.getvalue().splitlines() if line.strip()]
-        out["errors"].append(f"SGLang's argument parser refuses {' '.join(argv[:6])} ...: {lines[-1] if lines else 'exit'}")
+        out["errors"].append(
+            f"SGLang's argument parser refuses {' '.join(argv[:6])} ...: {lines[-1] if lines else 'exit'}"
+        )
 if job.get("adaptive"):
     from sglang.srt.speculative.adaptive_spec_params import AdaptiveSpeculativeParams
     params = AdaptiveSpeculativeParams(job["adaptive"]["initial_steps"], job["adaptive"]["path"])

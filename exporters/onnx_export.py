@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import nn
@@ -34,7 +35,7 @@ from torch import nn
 from specdec_tune import SpecdecError
 from specdec_tune.formats import get_format
 from specdec_tune.profiles.drafters.quant import quantize_linear_weights
-from specdec_tune.profiles.models.llama import CausalLM, gqa_attention, rotate
+from specdec_tune.profiles.models.llama import CausalLM, DecoderLayer, gqa_attention, rotate
 from specdec_tune.records import sha256_file, write_json
 
 PARITY_TOLERANCE_FP32 = 1e-4  # parity error bound (check_parity): max |onnxruntime - torch| / max(1, max |torch|), fp32
@@ -56,6 +57,8 @@ def rope_tables(inv_freq: torch.Tensor, positions: torch.Tensor, dtype) -> tuple
 class ExportedForward(nn.Module):
     """`CausalLM.forward` as a static graph: no cache object, positions from the past length, float64 RoPE angles."""
 
+    inv_freq: torch.Tensor  # a buffer (register_buffer), which the type checker cannot see
+
     def __init__(self, model: CausalLM, with_cache: bool) -> None:
         super().__init__()
         self.model = model
@@ -73,7 +76,8 @@ class ExportedForward(nn.Module):
         mask = (keys[None, :] <= positions[:, None])[None, None].expand(B, 1, T, P + T)  # [B, 1, T, P+T]
         x = m.embed_tokens(tokens)  # [B, T, hidden]
         present_k, present_v = [], []
-        for i, layer in enumerate(m.layers):
+        # a CausalLM's layers are DecoderLayers; the ModuleList does not say so
+        for i, layer in enumerate(cast("list[DecoderLayer]", m.layers)):
             a = layer.self_attn
             h = layer.input_layernorm(x)
             q = a.q_proj(h).view(B, T, c.num_heads, c.head_dim)
@@ -84,6 +88,7 @@ class ExportedForward(nn.Module):
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
             k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, H_kv, T, hd]
             if past_k is not None:
+                assert past_v is not None  # the KV graph takes both halves of the cache
                 k = torch.cat((past_k[i], k), dim=2)  # [B, H_kv, P+T, hd]
                 v = torch.cat((past_v[i], v), dim=2)
             present_k.append(k)
@@ -155,6 +160,7 @@ def export_module(
             external_data=False,
             verbose=False,
         )
+    assert program is not None  # dynamo=True always returns the ONNXProgram
     program.save(str(path))
     return path
 
@@ -349,7 +355,8 @@ def export_drafter(
     get_format(quant)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    fp32 = quantize_linear_weights(model, quant) if quant != "none" else model  # quantize_linear_weights copies
+    # quantize_linear_weights copies the model: a CausalLM too
+    fp32 = cast(CausalLM, quantize_linear_weights(model, quant)) if quant != "none" else model
     fp32 = _fp32_copy(fp32).eval()
     shapes = ExportShapes(max_batch=max_batch, max_tokens=1 + max_draft_len, max_past=ctx)
     cases = parity_cases or [(1, 1, 1), (3, 1 + max_draft_len, 7), (max(1, min(max_batch, 5)), 2, 17)]
@@ -365,7 +372,8 @@ def export_drafter(
         )
         if not parity["passed"]:
             raise SpecdecError(
-                f"{file}: onnxruntime differs from torch by {parity['parity_err']:.2e} (tolerance {PARITY_TOLERANCE_FP32:g})",
+                f"{file}: onnxruntime differs from torch by {parity['parity_err']:.2e} "
+                f"(tolerance {PARITY_TOLERANCE_FP32:g})",
                 "the export is wrong; nothing was written to the bundle",
             )
         trt_result = tensorrt_step(path, causal_lm_ranges(shapes, fp32, with_cache=cached), quant, result["files"])
@@ -427,8 +435,8 @@ def export_readme(result: dict, quant: str) -> str:
         lines += [note, ""]
     shapes = result["shapes"]
     lines.append(
-        f"Dynamic range: batch 1..{shapes['max_batch']}, tokens 1..{shapes['max_tokens']}, past 1..{shapes['max_past']} "
-        "(every row of a batch shares one past length)."
+        f"Dynamic range: batch 1..{shapes['max_batch']}, tokens 1..{shapes['max_tokens']}, "
+        f"past 1..{shapes['max_past']} (every row of a batch shares one past length)."
     )
     lines += ["", *result.get("readme_extra", [])]
     return "\n".join(lines).rstrip() + "\n"

@@ -8,7 +8,8 @@ the heads' own drafting code in onnxruntime, with a TensorRT engine or the comma
                   catch-up runs it once over the verified positions (hidden = combine(target states)); each further
                   draft step runs it with tokens = 1 and hidden = the previous step's carry: D - 1 calls for D drafts
   block heads (DFlash, DSpark)
-    context.onnx  target_hidden [batch, tokens, W], past_k, past_v [layers, batch, H_kv, past, hd] -> present_k, present_v
+    context.onnx  target_hidden [batch, tokens, W], past_k, past_v [layers, batch, H_kv, past, hd]
+                  -> present_k, present_v
     block.onnx    tokens [batch, block], ctx_k, ctx_v [layers, batch, H_kv, ctx, hd] -> logits [batch, block, V_draft],
                   hidden [batch, block, H]     (block positions ctx .. ctx + block - 1; one call drafts the whole block)
     markov.onnx   prev [batch], hidden [batch, H], state [batch, r] -> bias [batch, V_draft], state  (DSpark: per slot)
@@ -26,6 +27,7 @@ import dataclasses
 import importlib.util
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import nn
@@ -57,6 +59,8 @@ def _causal(P, T: int, B: int, device) -> torch.Tensor:
 
 class RotaryGraph(nn.Module):
     """A head's graph that places T tokens after `start` others: RoPE from float64 angles, traceable."""
+
+    inv_freq: torch.Tensor  # a buffer (register_buffer), which the type checker cannot see
 
     def __init__(self, head: DraftHead) -> None:
         super().__init__()
@@ -319,12 +323,12 @@ def check_graph_parity(graph: Graph, path: Path, cases: list[tuple[int, int, int
 
     runtime = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     g = torch.Generator().manual_seed(seed)
-    rows = []
+    rows: list[dict] = []
     for B, T, P in cases:
         inputs = graph.example(B, T, P, g)
         expected = graph.reference(*inputs)
         got = runtime.run(None, {name: x.numpy() for name, x in zip(graph.inputs, inputs)})
-        errs = {}
+        errs: dict[str, float] = {}
         for name, e, o in zip(graph.outputs, expected, got):
             o = torch.from_numpy(o)
             if tuple(o.shape) != tuple(e.shape):
@@ -368,13 +372,19 @@ def export_head(
         )
     get_format(quant)
     shared = {id(head.embed_tokens): copy.deepcopy(head.embed_tokens)}
-    fp32 = (
-        (quantize_linear_weights(head, quant) if quant != "none" else copy.deepcopy(head, memo=shared)).float().eval()
+    # either way a copy of `head`, of its class
+    fp32 = cast(
+        DraftHead,
+        (quantize_linear_weights(head, quant) if quant != "none" else copy.deepcopy(head, memo=shared)).float().eval(),
     )
     fp32._rope_table = None
     block = fp32.block
     max_tokens = 1 + max_draft_len
-    graphs = (_block_graphs if block else _serial_graphs)(fp32, max_batch, max_tokens, ctx)
+    graphs = (
+        _block_graphs(cast(DFlashHead, fp32), max_batch, max_tokens, ctx)  # only a DFlashHead drafts a block
+        if block
+        else _serial_graphs(fp32, max_batch, max_tokens, ctx)
+    )
     top_batch = max(max_batch, 2)  # the graphs' dynamic ranges (a range of one value would be specialised away)
     cases = parity_cases or [(1, 1, 1), (min(top_batch, 3), max_tokens, 7), (min(top_batch, 5), 2, 17)]
     out_dir = Path(out_dir)
@@ -395,7 +405,8 @@ def export_head(
         parity = check_graph_parity(graph, path, cases)
         if not parity["passed"]:
             raise SpecdecError(
-                f"{graph.file}: onnxruntime differs from torch by {parity['parity_err']:.2e} (tolerance {PARITY_TOLERANCE_FP32:g})",
+                f"{graph.file}: onnxruntime differs from torch by {parity['parity_err']:.2e} "
+                f"(tolerance {PARITY_TOLERANCE_FP32:g})",
                 "the export is wrong; nothing was written to the bundle",
             )
         result["graphs"][graph.file] = {
@@ -413,9 +424,9 @@ def export_head(
 
 
 _USAGE = {
-    "serial": "Per round: combine.onnx over the target states of the positions verified since the last round (EAGLE-3), "
-    "step.onnx over them (it returns the first draft's logits at the last position and appends to the head's KV), "
-    "then step.onnx once per further draft with tokens = 1 and hidden = the carry it returned.",
+    "serial": "Per round: combine.onnx over the target states of the positions verified since the last round "
+    "(EAGLE-3), step.onnx over them (it returns the first draft's logits at the last position and appends to the "
+    "head's KV), then step.onnx once per further draft with tokens = 1 and hidden = the carry it returned.",
     "block": "Per round: context.onnx appends the verified positions' keys and values; block.onnx runs the block "
     "[last token, mask, ..., mask] once; DSpark then adds markov.onnx's bias slot by slot, each slot's previous token "
     "being the token the slot before it drafted.",

@@ -144,12 +144,13 @@ def plot_pareto(plan: Plan, path: Path) -> None:
 
 
 def repairs_text(repairs: list[dict]) -> list[str]:
-    """The rounds of repair before the throughput check passed: cells re-measured, schedule and worst error before and after."""
+    """The rounds of repair before the throughput check passed: cells re-measured, schedule and worst error before and
+    after."""
     if not repairs:
         return []
     lines = [
-        f"- the first throughput check failed; it passed after {len(repairs)} round(s) of re-measuring the verify cells behind "
-        "the failing buckets and re-planning (the plan shipped is the re-plan):"
+        f"- the first throughput check failed; it passed after {len(repairs)} round(s) of re-measuring the verify "
+        "cells behind the failing buckets and re-planning (the plan shipped is the re-plan):"
     ]
     for record in repairs:
         headline, *details = describe_repair(record)
@@ -204,7 +205,8 @@ def write_report(folder: Path, plan: Plan, profile: Profile, engines: dict, vali
     tp = validation.get("throughput")
     if tp and tp.get("checked") and tp.get("engine") == "vllm":
         lines.append(
-            f"- in vLLM {tp.get('vllm_version')}, the bundle's own vllm/speculative_config.json with max_num_seqs {tp.get('max_num_seqs')}, "
+            f"- in vLLM {tp.get('vllm_version')}, the bundle's own vllm/speculative_config.json with max_num_seqs "
+            f"{tp.get('max_num_seqs')}, "
             f"held-back prompts {PROMPT_WAYS.get(tp.get('prompts'), 'cut to the context')} ({tp['rule']}):"
             if not tp.get("error")
             else f"- vLLM: {tp['error']}"
@@ -230,13 +232,14 @@ def _figures_from(plan: Plan, engines: dict) -> str:
     engine = plan.device.engine
     if engine == "torch":
         return (
-            "The figures come from this tool's own loop (`--engine torch`), not from a serving engine: every engine's files "
-            "carry the same schedule, none of them was measured."
+            "The figures come from this tool's own loop (`--engine torch`), not from a serving engine: every engine's "
+            "files carry the same schedule, none of them was measured."
         )
     version = engines.get(engine, {}).get("version", "")
     return (
-        f"The figures come from {engine} {version} (`--engine {engine}`): `{engine}/` is the primary config, the one they were "
-        f"measured for and `validation.json` checked in {engine}; the other engines' files carry the same schedule, not measured there."
+        f"The figures come from {engine} {version} (`--engine {engine}`): `{engine}/` is the primary config, the one "
+        f"they were measured for and `validation.json` checked in {engine}; the other engines' files carry the same "
+        "schedule, not measured there."
     )
 
 
@@ -251,20 +254,23 @@ def bundle_readme(plan: Plan, engines: dict, safety: dict) -> str:
         _figures_from(plan, engines),
         "",
         *limits_lines(plan),
-        "- `vllm/`: `sh vllm/serve.sh`, or `LLM(..., speculative_config=json.load(open('vllm/speculative_config.json')))`.",
+        "- `vllm/`: `sh vllm/serve.sh`, or "
+        "`LLM(..., speculative_config=json.load(open('vllm/speculative_config.json')))`.",
         "- `trtllm/`: `trtllm-serve <model> --config trtllm/config.yaml`.",
-        "- `sglang/`: `sh sglang/launch.sh`. For EAGLE-family drafters SGLang runs the per-batch draft lengths in one server: "
-        "`sglang/adaptive.json` (the `--speculative-adaptive-config` file) keys one candidate step count by each band's lowest "
-        "batch size, so the controller keeps the plan's D. Other algorithms get one server per concurrency band "
-        "(`sglang/bands.json`; route each band's traffic to its server).",
+        "- `sglang/`: `sh sglang/launch.sh`. For EAGLE-family drafters SGLang runs the per-batch draft lengths in one "
+        "server: `sglang/adaptive.json` (the `--speculative-adaptive-config` file) keys one candidate step count by "
+        "each band's lowest batch size, so the controller keeps the plan's D. Other algorithms get one server per "
+        "concurrency band (`sglang/bands.json`; route each band's traffic to its server).",
         "- `speculators/`: `config.json` for a learned drafter's folder (absent for model-free drafters).",
-        "- `kernels/`: Triton verification-attention and acceptance kernels for the plan's shapes: sources, the chosen configs "
-        "(`kernel_table.json`: timed on a GPU, else chosen by the tile rules and labelled modeled) and cubins per architecture "
-        "(`sm_90/`, `sm_100/`) listed in `kernels/manifest.json`; `specdec_tune.kernels.aot.Launcher` runs a shipped cubin and "
-        "refuses one built for another architecture.",
-        "- `drafter/` (drafters with a network of their own): the drafter as ONNX with dynamic batch and draft length, its "
-        "onnxruntime parity in `export.json`, and the TensorRT engine or the `trtexec` command that builds it (`drafter/README.md`).",
-        "- `report/report.md`: predictions, the reason for each D, plots; `validation.json`: what was checked and measured.",
+        "- `kernels/`: Triton verification-attention and acceptance kernels for the plan's shapes: sources, the chosen "
+        "configs (`kernel_table.json`: timed on a GPU, else chosen by the tile rules and labelled modeled) and cubins "
+        "per architecture (`sm_90/`, `sm_100/`) listed in `kernels/manifest.json`; "
+        "`specdec_tune.kernels.aot.Launcher` runs a shipped cubin and refuses one built for another architecture.",
+        "- `drafter/` (drafters with a network of their own): the drafter as ONNX with dynamic batch and draft length, "
+        "its onnxruntime parity in `export.json`, and the TensorRT engine or the `trtexec` command that builds it "
+        "(`drafter/README.md`).",
+        "- `report/report.md`: predictions, the reason for each D, plots; "
+        "`validation.json`: what was checked and measured.",
         "- `manifest.json`: file hashes and the factors `specdec-tune check` compares (exit 3 when stale).",
         "",
         "## Decisions",
@@ -289,8 +295,8 @@ def bundle_readme(plan: Plan, engines: dict, safety: dict) -> str:
             out += [
                 f"  - B≤{r['batch']}: D={r['draft_len']} (plan {r['plan_draft_len']})"
                 + (
-                    f": {r['tokens_per_s']['value']:.1f} tokens/s against {r['plan_tokens_per_s']['value']:.1f} ({r['change_pct']:+.1f}%, "
-                    f"{r['tokens_per_s']['source']})"
+                    f": {r['tokens_per_s']['value']:.1f} tokens/s against {r['plan_tokens_per_s']['value']:.1f} "
+                    f"({r['change_pct']:+.1f}%, {r['tokens_per_s']['source']})"
                     if "tokens_per_s" in r
                     else ""
                 )

@@ -44,8 +44,9 @@ def noisy_thresholds(ctx: ExportContext) -> list[dict]:
                     "threshold": hi,
                     "draft_lens": [k_below, k_above],
                     "tokens_per_s": {str(b): {str(k): f for k, f in fs.items()} for b, fs in figures.items()},
-                    "text": f"K {k_below} -> {k_above} above batch {hi}: at batches {beside[0]} and {beside[1]} the two predict "
-                    f"tokens/s within each other's 95% intervals, so the switch is inside the noise; the engine keys K "
+                    "text": f"K {k_below} -> {k_above} above batch {hi}: at batches {beside[0]} and {beside[1]} the "
+                    "two predict tokens/s within each other's 95% intervals, so the switch is inside the noise; "
+                    "the engine keys K "
                     f"on the live request count (vLLM counts prefills), which crosses {hi} back and forth",
                 }
             )
@@ -74,16 +75,17 @@ def top_band_cost(ctx: ExportContext, dtype_bytes: int, bundle: Path | None = No
     throughput = {str(b): ctx.predict(b, 0) for b, d in ctx.schedule if b >= top_lo} if ctx.predict else {}
     if not lookahead_bytes and not weights:
         text = (
-            f"batches {top_lo}-{top_hi} run K = 0; the {ctx.mechanism} drafter reserves no lookahead KV and holds no weights, so a "
-            "speculative server costs there what a plain one does"
+            f"batches {top_lo}-{top_hi} run K = 0; the {ctx.mechanism} drafter reserves no lookahead KV and holds no "
+            "weights, so a speculative server costs there what a plain one does"
         )
     else:
         text = (
-            f"batches {top_lo}-{top_hi} run K = 0, yet a speculative vLLM server reserves {slots} lookahead KV slot(s) per request there "
-            f"({lookahead_bytes / MIB:.1f} MiB at batch {top_hi}, modeled from the target's config)"
+            f"batches {top_lo}-{top_hi} run K = 0, yet a speculative vLLM server reserves {slots} lookahead KV "
+            f"slot(s) per request there ({lookahead_bytes / MIB:.1f} MiB at batch {top_hi}, modeled from the target's "
+            "config)"
             + (f" and keeps the drafter's {weights / MIB:.1f} MiB of weights resident" if weights else "")
-            + ": a plain server predicts the same tokens/s there with that memory free for more requests; where traffic can be "
-            "routed by load, serve that band without speculation"
+            + ": a plain server predicts the same tokens/s there with that memory free for more requests; where "
+            "traffic can be routed by load, serve that band without speculation"
         )
     return {
         "band": [top_lo, top_hi],

@@ -4,10 +4,12 @@ A plan's schedule is (batch bucket, D) pairs; bucket b serves the batch sizes ab
 bucket and up to b, and nothing is served above the last bucket (the engine's batch cap is set to it).
 
     vLLM          num_speculative_tokens_per_batch_size  [[lo, hi, K], ...]  ranges from 1, K ≤ num_speculative_tokens
-    TensorRT-LLM  draft_len_schedule                      {hi: K, ...}        1.3rc: inclusive upper bounds; the first value
-                                                                                is max_draft_len; above the last key K = 0
-                                                          {lo: K, ...}        1.2: lower bounds ("batch >= key"), key 1 holds
-                                                                                max_draft_len; the last key's K carries upward
+    TensorRT-LLM  draft_len_schedule                      {hi: K, ...}        1.3rc: inclusive upper bounds; the first
+                                                                              value is max_draft_len; above the last key
+                                                                              K = 0
+                                                          {lo: K, ...}        1.2: lower bounds ("batch >= key"), key 1
+                                                                              holds max_draft_len; the last key's K
+                                                                              carries upward
     SGLang        one server per concurrency band         [(lo, hi, K), ...]  no per-batch table in one server
 
 Adjacent buckets with the same K merge. Each form converts back to the same per-batch-size K.

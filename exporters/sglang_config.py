@@ -3,10 +3,10 @@ server per concurrency band. K is written as steps = K, draft tokens = K+1, topk
 
 The adaptive controller (speculative/adaptive_spec_params.py, 0.5.x since PR #24055) reads a JSON *file* keyed by batch
 size: `{"1": {"candidate_steps": [...]}, "5": {...}}`. A key is the lower bound of its range, looked up after the batch
-is padded up to a CUDA-graph batch size (adaptive_step_router.py). With one candidate per key the controller cannot move:
-the file is a static per-batch table, exactly the plan's, provided `--cuda-graph-bs-decode` holds every band's upper
-bound (so that padding never carries a batch into the next band). EAGLE / EAGLE3 (NEXTN is EAGLE) with topk 1 only;
-elsewhere SGLang turns adaptive off with a warning, so the bundle does not ask for it.
+is padded up to a CUDA-graph batch size (adaptive_step_router.py). With one candidate per key the controller cannot
+move: the file is a static per-batch table, exactly the plan's, provided `--cuda-graph-bs-decode` holds every band's
+upper bound (so that padding never carries a batch into the next band). EAGLE / EAGLE3 (NEXTN is EAGLE) with topk 1
+only; elsewhere SGLang turns adaptive off with a warning, so the bundle does not ask for it.
 
 DFLASH and DSPARK draft the checkpoint's whole block in one step (DFLASH: draft tokens = block_size; DSPARK: block_size
 drafts, draft tokens = block_size + 1): a band speculates at that D or not at all. Rules read in 0.5.23's
@@ -30,6 +30,7 @@ def _flags(ctx: ExportContext, k: int) -> list[str]:
     if k == 0:
         return []
     s = ctx.spelling.sglang
+    assert s is not None, "a band that speculates has an SGLang algorithm (render returns first where there is none)"
     flags = ["--speculative-algorithm", s.algorithm]
     if ctx.drafter_model and not s.lookup:
         flags += ["--speculative-draft-model-path", ctx.drafter_model]
@@ -60,17 +61,20 @@ def adaptive_table(bands: list[tuple[int, int, int]]) -> dict:
 
 def render(ctx: ExportContext) -> EngineFiles:
     version = ctx.versions["sglang"]
-    decisions, gates = [], []
+    decisions: list[str] = []
+    gates: list[dict] = []
     s = ctx.spelling.sglang
+    doc: dict
     if ctx.speculates and s is None:
         decisions.append(f"SGLang has no {ctx.mechanism} speculative algorithm: nothing to launch for this plan")
         doc = {"supported": False, "mechanism": ctx.mechanism, "bands": []}
         return EngineFiles({"bands.json": json.dumps(doc, indent=2) + "\n"}, doc, decisions, gates)
-    if ctx.speculates and s.gated:
+    # past the return above, a plan that speculates has an SGLang algorithm: `s is not None` only tells the type checker
+    if ctx.speculates and s is not None and s.gated:
         gates.append(gate("sglang", f"algorithm:{s.algorithm}", version))
     runs = list(ctx.schedule)
     deviation_record = None
-    if ctx.speculates and s.fixed_block:
+    if ctx.speculates and s is not None and s.fixed_block:
         block = ctx.spelling.drafts_per_block(ctx.head)
         runs = [(b, block if d else 0) for b, d in ctx.schedule]
         if runs != list(ctx.schedule):
@@ -82,10 +86,11 @@ def render(ctx: ExportContext) -> EngineFiles:
     memory = ctx.memory
     if memory:
         decisions.append(
-            f"--mem-fraction-static {memory['mem_fraction_static']:g} (weights and the KV pool: the plan's {memory['gpu_memory_utilization']:g} "
-            "of the device less its activations) and --max-running-requests at each band's top, which fits at its D"
+            f"--mem-fraction-static {memory['mem_fraction_static']:g} (weights and the KV pool: the plan's "
+            f"{memory['gpu_memory_utilization']:g} of the device less its activations) and --max-running-requests at "
+            "each band's top, which fits at its D"
         )
-    doc: dict = {
+    doc = {
         "supported": True,
         "mechanism": ctx.mechanism,
         "bands": [
@@ -123,9 +128,10 @@ def render(ctx: ExportContext) -> EngineFiles:
         }
         files[ADAPTIVE_FILE] = json.dumps(table, indent=2) + "\n"
         decisions.append(
-            f"per-batch draft length in one server: --speculative-adaptive-config {ADAPTIVE_FILE} with one candidate step "
-            f"count per band ({', '.join(f'{lo}-{hi}: {k}' for lo, hi, k in bands)}), so the controller keeps the plan's K; "
-            f"--cuda-graph-bs-decode {graph_sizes} ends a graph size at each band's top (keys are looked up after graph padding)"
+            f"per-batch draft length in one server: --speculative-adaptive-config {ADAPTIVE_FILE} with one candidate "
+            f"step count per band ({', '.join(f'{lo}-{hi}: {k}' for lo, hi, k in bands)}), so the controller keeps the "
+            f"plan's K; --cuda-graph-bs-decode {graph_sizes} ends a graph size at each band's top (keys are looked up "
+            "after graph padding)"
         )
     elif len(bands) > 1:
         why = (
@@ -151,7 +157,8 @@ def _script(doc: dict) -> str:
         at = argv.index(ADAPTIVE_FILE)
         return (
             head
-            + "# SGLang: one server, the plan's draft length per batch size (adaptive.json); other paths are relative to the bundle\n"
+            + "# SGLang: one server, the plan's draft length per batch size (adaptive.json); other paths are relative "
+            "to the bundle\n"
             + 'here=$(cd "$(dirname "$0")" && pwd)\ncd "$here/.." || exit 1\n'
             + f'exec {quote(argv[:at])} "$here/{ADAPTIVE_FILE}" {quote(argv[at + 1 :])}\n'
         )
@@ -187,15 +194,15 @@ def k_at(doc: dict, batch: int) -> int:
 
 
 def rules(doc: dict, version: str) -> list[str]:
-    """Bands cover 1..N without gaps; the steps / draft-tokens / topk triple follows server_args.py; the adaptive table runs
-    each band's K at every batch size of the band."""
+    """Bands cover 1..N without gaps; the steps / draft-tokens / topk triple follows server_args.py; the adaptive table
+    runs each band's K at every batch size of the band."""
     out, expect = [], 1
     for band in doc.get("bands", []):
         if band["min_concurrency"] != expect:
             out.append(f"band starting at {band['min_concurrency']} leaves a gap after {expect - 1}")
         expect = band["max_concurrency"] + 1
         argv, k = band["argv"], band["draft_len"]
-        flag = lambda name: argv[argv.index(name) + 1] if name in argv else None  # noqa: E731
+        flag = lambda name, argv=argv: argv[argv.index(name) + 1] if name in argv else None  # noqa: E731
         if k and flag("--speculative-num-draft-tokens") != str(k + 1):
             out.append(f"band {band['min_concurrency']}-{band['max_concurrency']}: draft tokens must be K+1 = {k + 1}")
         if k and flag("--speculative-num-steps") not in (None, str(k)):
@@ -211,7 +218,8 @@ def rules(doc: dict, version: str) -> list[str]:
             ]
             if wrong:
                 out.append(
-                    f"the adaptive table runs another K than {band['draft_len']} at batch {wrong[0]} (graph padding crosses a band)"
+                    f"the adaptive table runs another K than {band['draft_len']} at batch {wrong[0]} "
+                    "(graph padding crosses a band)"
                 )
     return out
 

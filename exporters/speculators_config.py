@@ -33,7 +33,8 @@ def render(ctx: ExportContext) -> EngineFiles:
         {"config.json": json.dumps(config, indent=2) + "\n"},
         config,
         [
-            "speculators carries one default K (the plan's maximum) and the verifier; the schedule lives in the engine configs"
+            "speculators carries one default K (the plan's maximum) and the verifier; the schedule lives in the engine "
+            "configs"
         ],
         [],
     )

@@ -94,16 +94,16 @@ def changed_factors(manifest: dict, *, target: str | None = None, versions: tupl
                 changed.append({"factor": f"device.{key}", "was": value, "now": now_device.get(key)})
     deployed = dict(versions)
     for engine, targeted in was["engine_versions"].items():
-        now = deployed.get(engine) or installed_engine_version(engine)
-        if now is None:
+        installed = deployed.get(engine) or installed_engine_version(engine)
+        if installed is None:
             unverified.append(
                 {
                     "factor": f"engine.{engine}",
                     "why": f"not installed here; the bundle targets {targeted} (pass --{engine}-version)",
                 }
             )
-        elif now != targeted:
-            changed.append({"factor": f"engine.{engine}", "was": targeted, "now": now})
+        elif installed != targeted:
+            changed.append({"factor": f"engine.{engine}", "was": targeted, "now": installed})
     if was["tool_version"] != __version__:
         changed.append({"factor": "tool_version", "was": was["tool_version"], "now": __version__})
     if was.get("kernels_triton") and triton_version() != was["kernels_triton"]:  # the cubins' launcher ABI is triton's

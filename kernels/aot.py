@@ -142,6 +142,7 @@ def _compilable_module(module_name: str):
     spec = importlib.util.spec_from_file_location(
         f"{module_name}__compilable", importlib.import_module(module_name).__file__
     )
+    assert spec is not None and spec.loader is not None  # a module's own source file: a plain source loader
     module = importlib.util.module_from_spec(spec)
     with _not_interpreting():
         spec.loader.exec_module(module)
@@ -286,7 +287,8 @@ def _die_with_parent() -> None:
 
 
 def compile_to(jobs: list[tuple[Variant, str]], out_dir: Path) -> list[dict]:
-    """Compile every (variant, arch) and write its cubin and metadata under out_dir/kernels/<arch>/; one file record each.
+    """Compile every (variant, arch) and write its cubin and metadata under out_dir/kernels/<arch>/; one file record
+    each.
 
     A process that interprets Triton compiles in a child process of its own (`compile_variant`); what the child wrote
     is kept under the cache, keyed by the jobs, triton's version and the kernel sources, so that the next export of
@@ -509,21 +511,21 @@ def check_kernel_manifest(bundle_dir: Path, entries: dict) -> list[str]:
             (b.get("kernel"), json.dumps(b.get("key"), sort_keys=True), b.get("arch"))
             for b in entries.get("binaries", [])
         }
-        for e in table.entries:
+        for row in table.entries:
             for arch in entries.get("archs", []):
-                if (e.kernel, json.dumps(e.key, sort_keys=True), arch) not in have:
-                    errors.append(f"no {arch} cubin for {e.kernel} key {e.key}")
+                if (row.kernel, json.dumps(row.key, sort_keys=True), arch) not in have:
+                    errors.append(f"no {arch} cubin for {row.kernel} key {row.key}")
         counts: dict[tuple, int] = {}
         for b in entries.get("binaries", []):
             k = (b.get("kernel"), json.dumps(b.get("key"), sort_keys=True), b.get("arch"))
             counts[k] = counts.get(k, 0) + 1
         dtype = _DTYPES.get(entries.get("dtype", ""), torch.bfloat16)
-        for e in table.entries:
-            want = len(VARIANTS[e.kernel](e.key, e.config, dtype, entries.get("page_size", DEFAULT_PAGE_SIZE)))
+        for row in table.entries:
+            want = len(VARIANTS[row.kernel](row.key, row.config, dtype, entries.get("page_size", DEFAULT_PAGE_SIZE)))
             for arch in entries.get("archs", []):
-                got = counts.get((e.kernel, json.dumps(e.key, sort_keys=True), arch), 0)
+                got = counts.get((row.kernel, json.dumps(row.key, sort_keys=True), arch), 0)
                 if got and got != want:
-                    errors.append(f"{e.kernel} key {e.key} on {arch}: {got} cubins for {want} variants")
+                    errors.append(f"{row.kernel} key {row.key} on {arch}: {got} cubins for {want} variants")
     return errors
 
 
@@ -547,7 +549,8 @@ def _arg_type(arg) -> str | None:
 
 
 class Launcher:
-    """Runs shipped cubins for the kernel wrappers (their `launcher=` argument); `launch` answers False to fall back to JIT.
+    """Runs shipped cubins for the kernel wrappers (their `launcher=` argument); `launch` answers False to fall back to
+    JIT.
 
     Every decision is counted: `launched[function]` cubin launches, `fallbacks` the reasons for JIT runs.
     """

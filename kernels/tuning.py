@@ -1,4 +1,5 @@
-"""Kernel configs for the plan's shapes: tuning keys, timed or tile-rule choices, and the `KernelTable` that records them.
+"""Kernel configs for the plan's shapes: tuning keys, timed or tile-rule choices, and the `KernelTable` that records
+them.
 
 A plan fixes the shapes the kernels will see: per batch bucket (B, D), verification attention runs
 G·(1+D) query rows per KV head over a cache of about ctx + 1 + D keys, and acceptance reads 1+D logit

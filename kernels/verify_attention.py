@@ -21,9 +21,9 @@ Online softmax (log2 units, scores pre-scaled by log2(e)/sqrt(hd)), per KV tile:
 
 Split KV (flash-decoding): at small batch the (sequence, KV head, row block) grid is smaller than the
 GPU, so the keys are cut into `num_splits` ranges, each program writes its normalised partial output
-o_s and lse_s = m_s + log2(l_s), and a combine kernel merges them:
+o_s and lse_s = m_s + log2(l_s) (a range with no visible key has lse = -inf), and a combine kernel merges them:
 
-    o = Σ_s 2^(lse_s - lse*) · o_s / Σ_s 2^(lse_s - lse*),   lse* = max_s lse_s   (a range with no visible key has lse = -inf)
+    o = Σ_s 2^(lse_s - lse*) · o_s / Σ_s 2^(lse_s - lse*),   lse* = max_s lse_s
 
 KV caches:
 - contiguous: k, v [B, H_kv, capacity, hd] (the model's `KVCache` layer tensors);
@@ -395,7 +395,7 @@ def verify_attention(
     paged = block_table is not None
     H_kv = k.shape[2] if paged else k.shape[1]
     G = H // H_kv
-    capacity = block_table.shape[1] * k.shape[1] if paged else k.shape[2]
+    capacity = block_table.shape[1] * k.shape[1] if block_table is not None else k.shape[2]
     config = config or tile_rule(key_for(G, T, hd, capacity, tile_rows))
     block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
     m_blocks = triton.cdiv(G * T, block_m)
@@ -409,7 +409,7 @@ def verify_attention(
     # partials only when the keys are split; otherwise a one-element fp32 stand-in keeps the argument types fixed
     o_part = torch.empty((B, H_kv, num_splits, G * T, block_d) if split else (1,), device=q.device, dtype=torch.float32)
     lse_part = torch.empty((B, H_kv, num_splits, G * T) if split else (1,), device=q.device, dtype=torch.float32)
-    table = block_table if paged else kv_lens  # any int32 pointer: never read when not paged
+    table = block_table if block_table is not None else kv_lens  # any int32 pointer: never read when not paged
     # paged k is [num_blocks, page_size, H_kv, hd]: (page, KV head, slot) strides are (0, 2, 1)
     k_strides = (k.stride(0), k.stride(2), k.stride(1)) if paged else (k.stride(0), k.stride(1), k.stride(2))
     v_strides = (v.stride(0), v.stride(2), v.stride(1)) if paged else (v.stride(0), v.stride(1), v.stride(2))
@@ -522,7 +522,8 @@ def make_inputs(
     page_size: int = 0,
     seed: int = 0,
 ):
-    """Random q, k, v, kv_lens (all sequences at kv_len) and block table (page_size > 0: a paged cache, pages shuffled)."""
+    """Random q, k, v, kv_lens (all sequences at kv_len) and block table (page_size > 0: a paged cache, pages
+    shuffled)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     q = torch.randn((batch, num_heads, num_tokens, head_dim), generator=g).to(device=device, dtype=dtype)
     kv_lens = torch.full((batch,), kv_len, dtype=torch.int32, device=device)

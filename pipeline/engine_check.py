@@ -4,7 +4,8 @@ in one engine with the whole schedule active.
 The engine starts with `max_num_seqs` the plan's largest batch (as `vllm/serve.sh` starts it), so vLLM's own per-batch
 lookup picks the draft length at every step. Each bucket runs at its concurrency B on held-back prompts that fit the
 plan's context whole where enough do, else cut to it (`decoded_prompts`), each request decoding 48 tokens with EOS
-ignored and a finished request replaced by the next prompt. Its steady steps, B requests decoding and none prefilling, give:
+ignored and a finished request replaced by the next prompt. Its steady steps, B requests decoding and none prefilling,
+give:
 
     D applied      the draft tokens per drafting request in a step (vLLM's counters), largest over the steady steps:
                    it must equal the plan's D (none drafted where D = 0), else the bucket fails
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Literal
 
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.plan import cost_model_of
@@ -55,7 +57,8 @@ TIMEOUT_S = 1800.0
 def held_back_prompts(
     profile: Profile, ctx: int, new_tokens: int, max_draft: int, whole: bool = False
 ) -> list[tuple[list[int], str]]:
-    """The held-back prompts cut to (or, `whole`, fitting) the context, with the target's tokenizer alone (no weights loaded)."""
+    """The held-back prompts cut to (or, `whole`, fitting) the context, with the target's tokenizer alone (no weights
+    loaded)."""
     _, tokenizer, config = describe_model(
         profile.target["path"], profile.target.get("dtype", "auto"), resolve_device("cpu")
     )
@@ -123,10 +126,11 @@ def steady_figures(runs: list[dict | None], batch: int, between: dict | None = N
     """A bucket's figures from its steady steps (module docstring), pooled over `runs` (one per engine that ran the
     bucket), the median step's interval holding the profile's between-engine term (`between`: engine.between_engines,
     vllm_profile.with_engines); `error` where it has none to time."""
-    failed = next((run for run in runs if run is None or run.get("error")), False)
+    failed: dict | None | Literal[False] = next((run for run in runs if run is None or run.get("error")), False)
     if failed is not False:
         return {"error": (failed or {}).get("error") or "the engine stopped before this bucket"}
-    steady = [step for run in runs for step in steady_steps(run, batch)]
+    # past the check above no run is None: the filter only tells the type checker
+    steady = [step for run in runs if run is not None for step in steady_steps(run, batch)]
     if len(steady) < 3:
         return {"error": f"{len(steady)} steady steps with {batch} requests decoding: too few to time"}
     drafting = [st["num_draft_tokens"] / st["num_drafts"] for st in steady if st["num_drafts"]]
@@ -215,15 +219,18 @@ def engine_throughput(plan: Plan, profile: Profile, bundle: Path, s: MeasureSett
             key=lambda w: abs(w["error_pct"]),
             default=None,
         ),
-        "rule": "a bucket passes when vLLM ran the plan's D (and was timed); its throughput is flagged, not refused, where the error "
-        f"is beyond {s.tolerance_pct:g}% and outside the noise (the prediction's 95% interval and the measurement's do not overlap)",
+        "rule": (
+            "a bucket passes when vLLM ran the plan's D (and was timed); its throughput is flagged, not refused, where "
+            f"the error is beyond {s.tolerance_pct:g}% and outside the noise (the prediction's 95% interval and the "
+            "measurement's do not overlap)"
+        ),
     }
 
 
 def kv_capacity(plan: Plan, profile: Profile, reported: dict | None) -> dict | None:
-    """The KV cache vLLM allocated for the bundle's config (its blocks x block size, in tokens) against the memory model's
-    prediction for the plan (autotune/memory.py: the engine's pool, or the budget less weights and activations, over the
-    KV bytes per token of the target and the drafter's own layers); agreed within KV_CAPACITY_TOLERANCE_PCT."""
+    """The KV cache vLLM allocated for the bundle's config (its blocks x block size, in tokens) against the memory
+    model's prediction for the plan (autotune/memory.py: the engine's pool, or the budget less weights and activations,
+    over the KV bytes per token of the target and the drafter's own layers); agreed within KV_CAPACITY_TOLERANCE_PCT."""
     memory = cost_model_of(profile, plan).memory
     if memory is None or not reported or not reported.get("num_blocks"):
         return None

@@ -7,8 +7,8 @@
                  (pipeline/throughput_check.py); a profile measured in vLLM is checked in vLLM, on the staged
                  `vllm/speculative_config.json` (pipeline/engine_check.py)
     4  repair    a failed throughput check re-measures the cells behind it (profile stage), re-plans (search stage) and
-                 checks again before it refuses (pipeline/repair.py); the plan that passed is staged and, where its drafts
-                 changed, gated again
+                 checks again before it refuses (pipeline/repair.py); the plan that passed is staged and, where its
+                 drafts changed, gated again
     5  write     validation.json, the report and the manifest (exporters/bundle.py `write_bundle`), then the swap
 
 Each record is written by its own stage: profile.json by profile, plan.json by search, the bundle by export.

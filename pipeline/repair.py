@@ -137,15 +137,17 @@ def throughput_refusal(
     tokens/s and the verify cells (ms) its prediction rests on, after how many rounds of re-measuring."""
     first_ms = _first_before_ms(repairs)
     buckets = "; ".join(
-        f"batch {r['batch']}, D={r['draft_len']}: predicted {r['predicted_at_current_speed_tokens_per_s']:.1f} tokens/s, "
-        f"measured {r['measured_tokens_per_s']:.1f} ({r['error_pct']:+.1f}%), {_cells_text(plan, profile, r, first_ms)}"
+        f"batch {r['batch']}, D={r['draft_len']}: predicted {r['predicted_at_current_speed_tokens_per_s']:.1f} "
+        f"tokens/s, measured {r['measured_tokens_per_s']:.1f} ({r['error_pct']:+.1f}%), "
+        f"{_cells_text(plan, profile, r, first_ms)}"
         for r in failing_rows(tp)
     )
     if repairs:
         when = f"after {len(repairs)} round(s) of re-measuring the cells and re-planning"
         fix = (
-            "the disagreement is not a slow spell in those cells: re-profile on a quiet machine (specdec-tune profile --force), "
-            "or raise --tolerance; profile.json and plan.json keep the re-measured cells and the re-plan"
+            "the disagreement is not a slow spell in those cells: re-profile on a quiet machine "
+            "(specdec-tune profile --force), or raise --tolerance; profile.json and plan.json keep the re-measured "
+            "cells and the re-plan"
         )
     else:
         when = f"not repaired: {not_repaired}" if not_repaired else "not repaired"
@@ -181,9 +183,9 @@ def repair_throughput(
     on_step: Callable[[str], None] | None = None,
 ) -> Checked:
     """Up to `repair_rounds` rounds while the check fails: re-measure the verify cells the failing buckets' predictions
-    rest on (profile.json is rewritten), re-plan with the plan's own search settings (plan.json is rewritten), check again
-    the buckets that failed or whose D or prediction the re-plan changed (the others' rows stand). `on_step` receives a
-    line as each part of a round ends.
+    rest on (profile.json is rewritten), re-plan with the plan's own search settings (plan.json is rewritten), check
+    again the buckets that failed or whose D or prediction the re-plan changed (the others' rows stand). `on_step`
+    receives a line as each part of a round ends.
 
     A check that did not run, or a plan modeled for another device (its cells were never measured here), is never
     repaired."""
@@ -207,12 +209,16 @@ def repair_throughput(
         replanned = replan(s.plan, s.profile, profile, settings)
         step(f"repair round {round_number}: re-planned, {schedule_text(schedule_of(replanned))}")
         standing = {r["batch"]: r for r in tp["buckets"] if r.get("within")}
+
+        def on_row(row: dict, round_number: int = round_number) -> None:
+            step(f"repair round {round_number}: throughput {describe_throughput_row(row)}")
+
         checked = throughput_check(
             replanned,
             profile,
             s.measure,
             keep=standing,
-            on_row=lambda row: step(f"repair round {round_number}: throughput {describe_throughput_row(row)}"),
+            on_row=on_row,
         )
         record = repair_record(round_number, plan, tp, changes, replanned, checked)
         repairs.append(record)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
@@ -26,8 +27,10 @@ from specdec_tune.profiles.timing import is_out_of_memory
 from specdec_tune.profiles.verify_curve import VerifyStep
 from specdec_tune.settings import MeasureSettings
 
-PROBE_REPEATS = 5  # timed calls of a speed probe (median): the gate scales its prediction by the ratio, so it gets more than a guard
+# timed calls of a speed probe (median): the gate scales its prediction by the ratio, so it gets more than a guard
+PROBE_REPEATS = 5
 WARMUP_TOKENS = 8  # a decode's warm-up: the first batch, this many tokens (allocator and caches; not timed)
+T = TypeVar("T")
 
 
 def context_prompts_by_domain(
@@ -69,7 +72,7 @@ def measure_decode(
     B = batch_size or len(ids)
     if len(ids) % B:
         raise SpecdecError(f"{len(ids)} prompts do not split into batches of {B}", "pass a multiple of the batch size")
-    kwargs = dict(
+    kwargs: dict[str, Any] = dict(
         drafter=drafter if D else None,
         num_draft_tokens=D,
         max_new_tokens=new_tokens,
@@ -81,6 +84,7 @@ def measure_decode(
     rates = []
     between()
     for _ in range(repeats):
+        counters: list[SpecCounters]
         tokens, seconds, counters = 0, 0.0, []
         for start in range(0, len(ids), B):
             out = generate(target.model, ids[start : start + B], **kwargs)
@@ -126,7 +130,7 @@ class DeviceSpeed:
         """The batch whose profiled step stands for `batch`: itself where measured, else the nearest measured one."""
         return min(self.profiled_ms, key=lambda b: (abs(b - batch), b)) if self.profiled_ms else None
 
-    def measure(self, fn: Callable[[Callable[[], None]], object], batch: int = 1) -> tuple[object, list[float]]:
+    def measure(self, fn: Callable[[Callable[[], None]], T], batch: int = 1) -> tuple[T, list[float]]:
         """(fn's result, the speed ratio now / at profile time of each of its timed runs, probed at `batch`'s step).
 
         `fn` receives `between`, to call before its first timed run and after each (as `measure_decode` does);
@@ -136,7 +140,13 @@ class DeviceSpeed:
             return fn(lambda: None), [1.0]
         if probed not in self.probes:
             step = VerifyStep(self.target.model, probed, self.ctx, 1, self.seed)
-            self.probes[probed] = lambda: step.timing(1, warmup=1, repeats=PROBE_REPEATS).median_ms
+
+            def probe() -> float:
+                timing = step.timing(1, warmup=1, repeats=PROBE_REPEATS)
+                assert timing is not None, f"the speed probe (batch {probed}, one token) ran out of memory"
+                return timing.median_ms
+
+            self.probes[probed] = probe
         probes_ms: list[float] = []
         result = fn(lambda: probes_ms.append(self.probes[probed]()))
         while len(probes_ms) < 2:
@@ -251,8 +261,9 @@ def throughput_check(
             continue
         n = B * -(-s.rows // B)  # small batches decode several batches, so that AL is not one or two prompts'
         try:
-            decoded, ratios = speed.measure(
-                lambda between: measure_decode(
+
+            def decode(between: Callable[[], None], n: int = n, D: int = D, B: int = B) -> dict:
+                return measure_decode(
                     target,
                     drafter,
                     [pool[i % len(pool)] for i in range(n)],
@@ -262,9 +273,9 @@ def throughput_check(
                     s.seed,
                     batch_size=B,
                     between=between,
-                ),
-                batch=B,
-            )
+                )
+
+            decoded, ratios = speed.measure(decode, batch=B)
         except (torch.OutOfMemoryError, RuntimeError) as e:
             if not is_out_of_memory(e):
                 raise
@@ -286,10 +297,15 @@ def throughput_check(
         "measured_rounds": "rounds with every row of the batch decoding (a continuously batched server's steady state)",
         "passed": all(r["within"] for r in timed),
         "worst": {"batch": worst["batch"], "error_pct": worst["error_pct"]},
-        "rule": f"a bucket passes when its error at the current speed is within {s.tolerance_pct:g}%, or when the prediction's "
-        "95% interval and the range of the timed runs at profile-time speed overlap (a difference inside the noise)",
-        "speed_scaling": "each timed run's tokens/s times the speed ratio probed on either side of it (the probed step's time now "
-        "over its profile time), median over the runs",
+        "rule": (
+            f"a bucket passes when its error at the current speed is within {s.tolerance_pct:g}%, or when the "
+            "prediction's 95% interval and the range of the timed runs at profile-time speed overlap (a difference "
+            "inside the noise)"
+        ),
+        "speed_scaling": (
+            "each timed run's tokens/s times the speed ratio probed on either side of it (the probed step's time "
+            "now over its profile time), median over the runs"
+        ),
         "device_drift_pct": drift,
     }
     if speed.why:

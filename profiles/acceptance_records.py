@@ -31,7 +31,9 @@ def acceptance_records(
     out = []
     for domain in ["all", *dict.fromkeys(domains)]:
         weights = dict.fromkeys(domains, 1.0) if domain == "all" else {domain: 1.0}
-        tpf, al, tpf_ci, al_ci = intervals.figures(sums, domains, weights, resamples=BOOTSTRAP_RESAMPLES, seed=seed)
+        figures = intervals.figures(sums, domains, weights, resamples=BOOTSTRAP_RESAMPLES, seed=seed)
+        assert len(figures) == 4  # resampled: the figures and their intervals
+        tpf, al, tpf_ci, al_ci = figures
         c = SpecCounters.total([x for x, d in zip(at_max, domains) if domain in ("all", d)])
         out.append(
             {

@@ -3,8 +3,8 @@
     torch  this package's own loop on the device (profiles/torch_profile.py): the verify curve, draft and host costs
            apart, acceptance by replay of the target's trajectories; the demo's default, and the way to profile where no
            serving engine runs
-    vllm   the serving engine itself (profiles/vllm_profile.py): whole decode rounds as vLLM runs them, acceptance from its
-           counters; in its own virtualenv (SPECDEC_TUNE_VLLM_PYTHON) where vLLM does not import here
+    vllm   the serving engine itself (profiles/vllm_profile.py): whole decode rounds as vLLM runs them, acceptance from
+           its counters; in its own virtualenv (SPECDEC_TUNE_VLLM_PYTHON) where vLLM does not import here
 
 The profile records its backend (`backend`, and `engine` with the engine's version and options) and the backend is
 part of its fingerprint; the cost model reads either (autotune/cost_model.py). What differs between the backends for a

@@ -116,7 +116,8 @@ class CalibrationSet:
 
     def per_domain(self, n: int) -> CalibrationSet:
         """The first n prompts of each domain (in the set's order)."""
-        picked, counts = [], {}
+        picked: list[CalibrationPrompt] = []
+        counts: dict[str, int] = {}
         for p in self.prompts:
             if counts.get(p.domain, 0) < n:
                 picked.append(p)

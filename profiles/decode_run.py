@@ -48,6 +48,7 @@ def run(settings: DecodeSettings) -> dict:
         max_new_tokens=settings.max_new_tokens,
         max_draft_tokens=D,
     )
+    assert target.tokenizer is not None  # encode_prompts raised otherwise
     stop = list(target.model.config.eos_token_ids) or (
         [target.tokenizer.eos_token_id] if target.tokenizer.eos_token_id is not None else []
     )

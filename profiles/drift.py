@@ -25,22 +25,27 @@ import functools
 import math
 import statistics
 from collections.abc import Hashable, Sequence
+from typing import Generic, TypeVar
 
 import numpy as np
 
-WINDOW = 4  # informative visits either side (on the reference machine: ±2 to ±8 all take the within-cell sd 0.15 -> 0.06-0.07)
+# informative visits either side (on the reference machine: ±2 to ±8 all take the within-cell sd 0.15 -> 0.06-0.07)
+WINDOW = 4
 ROUNDS = 5
 MIN_INFORMATIVE_VISITS = 2 * WINDOW + 1  # fewer: no correction (the levels could not be told from the cells)
 
 
+_Cell = TypeVar("_Cell", bound=Hashable)  # what a visit timed: verify_curve's (B, ctx, t)
+
+
 @dataclasses.dataclass(frozen=True)
-class Corrected:
-    visits: dict[Hashable, list[list[float]]]  # per cell, each visit's samples divided by its level, in visit order
+class Corrected(Generic[_Cell]):
+    visits: dict[_Cell, list[list[float]]]  # per cell, each visit's samples divided by its level, in visit order
     levels: list[float]  # per visit, exp(δ_v): above 1 the device ran slower than typical
     applied: bool  # False where too few informative visits: samples unchanged, levels all 1
 
     @functools.cached_property
-    def samples(self) -> dict[Hashable, list[float]]:
+    def samples(self) -> dict[_Cell, list[float]]:
         """Per cell, every visit's samples pooled."""
         return {c: [x for v in vs for x in v] for c, vs in self.visits.items()}
 
@@ -90,10 +95,10 @@ def _neighbours(cells: list, informative: np.ndarray, v: int) -> list[int]:
     return found
 
 
-def corrected(visits: Sequence[tuple[Hashable, Sequence[float]]]) -> Corrected:
+def corrected(visits: Sequence[tuple[_Cell, Sequence[float]]]) -> Corrected[_Cell]:
     """Every visit's samples at the device's typical speed (module docstring), grouped by cell."""
     delta, applied = levels(visits) if visits else (np.zeros(0), False)
-    by_visit: dict[Hashable, list[list[float]]] = {}
+    by_visit: dict[_Cell, list[list[float]]] = {}
     for (c, s), d in zip(visits, delta):
         by_visit.setdefault(c, []).append([x / math.exp(d) for x in s])
     return Corrected(by_visit, [math.exp(d) for d in delta], applied)

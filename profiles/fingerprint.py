@@ -2,8 +2,8 @@
 
 `device_fingerprint` records the accelerator (or CPU), the software stack and the dtype as a
 JSON-able dict. `STALENESS_FACTORS` is the one list of those fields whose change invalidates a
-profile or a bundle (the factors are listed in one place; exporters/staleness.py adds the bundle's); `device_factors` picks
-them and `diff_factors` names the ones that changed.
+profile or a bundle (the factors are listed in one place; exporters/staleness.py adds the bundle's); `device_factors`
+picks them and `diff_factors` names the ones that changed.
 
 Everything here is best effort and never fails on a missing tool: a field that cannot be read is None.
 """
@@ -22,8 +22,8 @@ import torch
 
 from specdec_tune import SpecdecError
 
-# Device fields that make a profile or bundle stale when they change ("engine": the serving engine a profile was measured
-# in, e.g. "vllm 0.32.0"; absent from a torch profile). Memory size, CPU flags, the
+# Device fields that make a profile or bundle stale when they change ("engine": the serving engine a profile was
+# measured in, e.g. "vllm 0.32.0"; absent from a torch profile). Memory size, CPU flags, the
 # Python version and the OS string are recorded for the reader but do not change the timings enough
 # (or are implied by the name) to invalidate them.
 STALENESS_FACTORS = (
@@ -118,7 +118,7 @@ def _driver_from_proc() -> str | None:
 
 
 def _driver_from_pynvml() -> str | None:
-    import pynvml  # type: ignore[import-not-found]
+    import pynvml
 
     pynvml.nvmlInit()
     try:

@@ -151,7 +151,8 @@ def widened_by(low: float, median: float, high: float, sd: float, groups: int) -
 
 def pooled_half_width(n: float, rel_sd: float, median: float) -> float:
     """The 95% half-width of the median of n samples whose relative sd is `rel_sd`: the median's standard error is
-    sqrt(pi / 2) sigma / sqrt(n) for a normal (1.2533 x that of the mean), so 1.96 x 1.2533 x rel_sd x median / sqrt(n)."""
+    sqrt(pi / 2) sigma / sqrt(n) for a normal (1.2533 x that of the mean), so 1.96 x 1.2533 x rel_sd x median /
+    sqrt(n)."""
     return Z95 * math.sqrt(math.pi / 2) * rel_sd * median / math.sqrt(n)
 
 
@@ -341,8 +342,8 @@ def draws(
     domain (the prompt is the unit that varies; domains are fixed by the mix), one draw for every D at once: a
     row's figures at two draft lengths come from the same prompts, so their ratio is a paired comparison.
     """
-    domains = np.asarray(domains)
-    names = [d for d in dict.fromkeys(domains.tolist()) if weights.get(d, 0) > 0]
+    domain_of = np.asarray(domains)  # per prompt
+    names = [d for d in dict.fromkeys(domain_of.tolist()) if weights.get(d, 0) > 0]
     rng = np.random.default_rng(seed)
     R = max(resamples, 1)
     tpf_inv = np.zeros((R, sums["emitted"].shape[1]))
@@ -350,7 +351,7 @@ def draws(
     al_den = np.zeros_like(tpf_inv)
     total_w = sum(weights[d] for d in names)
     for d in names:
-        idx = np.flatnonzero(domains == d)
+        idx = np.flatnonzero(domain_of == d)
         counts = (
             rng.multinomial(len(idx), np.full(len(idx), 1 / len(idx)), size=R) if resamples else np.ones((1, len(idx)))
         )

@@ -4,7 +4,8 @@
                 and an E·H router in a mixture of experts; two norms) + final norm + LM head (V·H, none where tied).
                 Linear layers in each weight format at its bits per weight (formats.py, scales included, large-tensor
                 limit); embeddings, norms and the LM head stay in the dtype (the engines keep them unquantized)
-    KV / token  2 · L · H_kv · hd · dtype bytes: K and V of every layer (the engines' default cache dtype is the model's)
+    KV / token  2 · L · H_kv · hd · dtype bytes: K and V of every layer (the engines' default cache dtype is the
+                model's)
     lookahead   every running request holds its context plus 1 + D slots: the tokens a round verifies
     activation  the live set of one forward over B·T rows, modeled per row as 4·V (fp32 logits) + dtype bytes ·
                 (2·H + q + 2·kv + 2·I·k) (the residual and a normed copy, qkv, gate and up in the k experts a token
@@ -33,8 +34,9 @@ def _first(config: dict, *keys: str):
 
 
 def shape_of(config: dict, layers: int | None = None) -> dict:
-    """The sizes the formulas need, from a Hugging Face config (`layers`: a truncated copy's count). A mixture-of-experts
-    config adds `experts` MLPs of `intermediate` each (moe_intermediate_size where the family names one) and a router."""
+    """The sizes the formulas need, from a Hugging Face config (`layers`: a truncated copy's count). A
+    mixture-of-experts config adds `experts` MLPs of `intermediate` each (moe_intermediate_size where the family names
+    one) and a router."""
     hidden = int(_first(config, "hidden_size", "n_embd", "d_model"))
     heads = int(_first(config, "num_attention_heads", "n_head"))
     head_dim = int(config.get("head_dim") or hidden // heads)
@@ -80,7 +82,8 @@ def param_counts(
 
 
 def weight_bytes(counts: dict, fmt: str, dtype_bytes: float) -> float:
-    """Bytes of `counts` with the linear weights in `fmt` (its bits per weight, scales included) and the rest in the dtype."""
+    """Bytes of `counts` with the linear weights in `fmt` (its bits per weight, scales included) and the rest in the
+    dtype."""
     per = dtype_bytes if fmt == "none" else bits_per_weight(fmt) / 8
     return counts["linear_params"] * per + counts["dense_params"] * dtype_bytes
 
@@ -131,8 +134,9 @@ def drafter_memory(info: dict, target: dict, target_config: dict, dtype_bytes: i
     head_rows = vocab if vocab != target["vocab"] else 0  # a full-vocabulary head reads the target's
     return weights_record(param_counts(s, embeddings=False, head_rows=head_rows, extra_linear=fuse), dtype_bytes) | {
         "kv_bytes_per_token": kv_bytes_per_token(s, dtype_bytes),
-        "source": f"computed from {layers} layer(s) at the target's layer shapes, the fc over {len(model['hidden_layers'])} "
-        f"target layer(s) and {'its own ' + str(vocab) + '-row LM head' if head_rows else 'the target LM head (shared)'}",
+        "source": f"computed from {layers} layer(s) at the target's layer shapes, "
+        f"the fc over {len(model['hidden_layers'])} target layer(s) and "
+        f"{'its own ' + str(vocab) + '-row LM head' if head_rows else 'the target LM head (shared)'}",
     }
 
 

@@ -13,6 +13,7 @@ timed region; only the kernel call itself is timed.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -82,7 +83,7 @@ def attention_curve(
         T = 1 + D
         q, k, v, mask = verify_attention_inputs(config, batch, ctx_tokens, T, dtype, device)
         with torch.inference_mode():
-            timing = time_call(lambda: verify_attention(q, k, v, mask), device=device, repeats=repeats)
+            timing = time_call(functools.partial(verify_attention, q, k, v, mask), device=device, repeats=repeats)
         points.append(
             {
                 "kind": "attention",
@@ -128,7 +129,7 @@ def linear_curve(
         for m in m_values:
             x = _randn((m, in_features), dtype, device, g)  # [M, in]
             with torch.inference_mode():
-                timing = time_call(lambda: F.linear(x, w), device=device, repeats=repeats)
+                timing = time_call(functools.partial(F.linear, x, w), device=device, repeats=repeats)
             gflop = 2 * m * in_features * out_features / 1e9
             points.append(
                 {

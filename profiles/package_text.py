@@ -1,4 +1,5 @@
-"""Training text read from the Python installation itself: package descriptions, documentation and standard-library source.
+"""Training text read from the Python installation itself: package descriptions, documentation and standard-library
+source.
 
 Draft heads learn the target's next-token distribution; the text only has to look like what the target is asked to
 continue (prose, instructions, code), and nothing may be downloaded. Three kinds, interleaved so a short budget still

@@ -97,7 +97,8 @@ class ProfileRun:
     def __init__(
         self, settings: ProfileSettings, progress: Progress | None = None, started: float | None = None
     ) -> None:
-        # the budget counts from `started` (time.monotonic(); default: now): loading the models is part of the profile's time
+        # the budget counts from `started` (time.monotonic(); default: now): loading the models is part of the
+        # profile's time
         self.started = time.monotonic() if started is None else started
         settings.validate()
         self.device = resolve_device(settings.device)
@@ -126,7 +127,8 @@ class ProfileRun:
         }
 
     def run(self) -> Profile:
-        """OUT/profile.json: the finished one with this fingerprint where there is one, else measured (resuming the log)."""
+        """OUT/profile.json: the finished one with this fingerprint where there is one, else measured (resuming the
+        log)."""
         out = self.s.out_dir / "profile.json"
         old = None if self.s.force else finished_profile(out, self.fingerprint)
         if old is not None:

@@ -19,7 +19,7 @@ def summary(profile: Profile) -> dict:
     al_ci = {(a.mechanism, a.domain): a.tokens_per_forward_ci[-1] for a in greedy if a.tokens_per_forward_ci}
     bounds = {}
     if profile.rounds:  # engine rounds: tokens per forward x T_round(B, 0) / T_round(B, D), draft and host included
-        rounds = {
+        rounds: dict[tuple[str, int, int], float] = {
             (r.mechanism, r.batch, r.draft_len): r.median_ms for r in profile.rounds if r.ctx == ctx and r.median_ms
         }
         cost = {
@@ -28,15 +28,16 @@ def summary(profile: Profile) -> dict:
             if ("none", B, 0) in rounds
         }
     else:  # T_verif(B, 1) / T_verif(B, 1+D): draft and host cost left out, an upper bound
+        measured = {cell: ms for cell, ms in verify.items() if ms is not None}
         cost = {
             B: {
-                (a.mechanism, D): verify[(B, 1)] / verify[(B, D + 1)]
+                (a.mechanism, D): measured[(B, 1)] / measured[(B, D + 1)]
                 for a in greedy
                 for D in range(1, a.max_draft_len + 1)
-                if verify.get((B, D + 1))
+                if measured.get((B, D + 1))
             }
             for B in profile.workload.batch_buckets
-            if verify.get((B, 1)) is not None
+            if (B, 1) in measured
         }
     for B, ratios in cost.items():
         bounds[B] = max(

@@ -56,7 +56,8 @@ def encode_prompts(
             raise SpecdecError(f"prompt {p.id} encodes to no tokens", "drop it from the calibration file")
         if len(ids) + max_new_tokens + max_draft_tokens + 1 > context_tokens:
             raise SpecdecError(
-                f"prompt {p.id} has {len(ids)} tokens; with {max_new_tokens} new ones it exceeds the {context_tokens}-token context",
+                f"prompt {p.id} has {len(ids)} tokens; with {max_new_tokens} new ones it exceeds the "
+                f"{context_tokens}-token context",
                 "shorten the prompt or generate fewer new tokens (--new-tokens, --max-new-tokens)",
             )
         out.append(ids)
@@ -77,10 +78,10 @@ def prompts_by_domain(
 def cut_to_context(
     prompts: list[tuple[list[int], str]], ctx: int, new_tokens: int, whole: bool = False
 ) -> list[tuple[list[int], str]]:
-    """The prompts of a decode at context `ctx`: each long enough cut to its last ctx − new_tokens/2 tokens, or (`whole`)
-    only those between half that length and all of it, as they are. A cut drops text a lookup drafter would copy from
-    (the document an extraction prompt asks about), while the profile measures acceptance on whole prompts; whole
-    prompts keep that, at a KV cache a little shorter than `ctx`."""
+    """The prompts of a decode at context `ctx`: each long enough cut to its last ctx − new_tokens/2 tokens, or
+    (`whole`) only those between half that length and all of it, as they are. A cut drops text a lookup drafter would
+    copy from (the document an extraction prompt asks about), while the profile measures acceptance on whole prompts;
+    whole prompts keep that, at a KV cache a little shorter than `ctx`."""
     length = max(1, ctx - new_tokens // 2)
     if whole:
         return [(ids, domain) for ids, domain in prompts if length // 2 <= len(ids) <= length]

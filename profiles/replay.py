@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -38,10 +39,15 @@ from specdec_tune.profiles.drafters.base import Drafter, DraftRequest
 from specdec_tune.profiles.models.llama import CausalLM
 from specdec_tune.profiles.specdec import SpecCounters, generate
 
+if TYPE_CHECKING:
+    from specdec_tune.profiles.models.generic import GenericCausalLM
+
 Proposer = Callable[[int, int], list[int]]  # (i tokens of g known, k) -> proposal of at most k tokens
 
 
-def trajectories(target: CausalLM, prompts: Sequence[Sequence[int]], new_tokens: int, batch: int) -> list[list[int]]:
+def trajectories(
+    target: CausalLM | GenericCausalLM, prompts: Sequence[Sequence[int]], new_tokens: int, batch: int
+) -> list[list[int]]:
     """The target's greedy continuation of each prompt, `new_tokens` long (no stop token), batched."""
     out: list[list[int]] = []
     for start in range(0, len(prompts), batch):
@@ -85,7 +91,11 @@ def replay(
 
 
 def prefix_proposer(
-    drafter: Drafter, prompt: Sequence[int], trajectory: Sequence[int], target: CausalLM, max_draft_len: int
+    drafter: Drafter,
+    prompt: Sequence[int],
+    trajectory: Sequence[int],
+    target: CausalLM | GenericCausalLM,
+    max_draft_len: int,
 ) -> Proposer:
     """Ask a token-only drafter from each prefix prompt + g[:i], for i non-decreasing (cached per (i, k))."""
     drafter.start([list(prompt)])
@@ -105,7 +115,9 @@ def prefix_proposer(
 
 
 @torch.inference_mode()
-def teacher_forced_tokens(model: CausalLM, prompt: Sequence[int], trajectory: Sequence[int]) -> list[int]:
+def teacher_forced_tokens(
+    model: CausalLM | GenericCausalLM, prompt: Sequence[int], trajectory: Sequence[int]
+) -> list[int]:
     """t[i] = the model's greedy token after prompt + g[:i], for i = 0..len(g)-1: one forward over the sequence."""
     ids = torch.tensor([list(prompt) + list(trajectory[:-1])], dtype=torch.long, device=model.device)  # [1, P + N - 1]
     cache = model.new_cache(1, ids.shape[1])
@@ -115,16 +127,23 @@ def teacher_forced_tokens(model: CausalLM, prompt: Sequence[int], trajectory: Se
 
 
 def teacher_forced_proposer(
-    drafter: Drafter, prompt: Sequence[int], trajectory: Sequence[int], target: CausalLM, max_draft_len: int
+    drafter: Drafter,
+    prompt: Sequence[int],
+    trajectory: Sequence[int],
+    target: CausalLM | GenericCausalLM,
+    max_draft_len: int,
 ) -> Proposer:
     """A draft model's proposals (`drafter.model`, greedy chain): see the module docstring."""
-    t = teacher_forced_tokens(drafter.model, prompt, trajectory)
+    # a "teacher_forced" drafter (Drafter.replay) keeps its draft model in `model`, which Drafter does not declare
+    t = teacher_forced_tokens(drafter.model, prompt, trajectory)  # type: ignore[attr-defined]
     return lambda i, k: t[i : i + k]
 
 
 @functools.lru_cache(maxsize=2)  # the head drafters of one prompt (and their quantized twins) share a pass
 @torch.inference_mode()
-def target_states(target: CausalLM, sequence: tuple[int, ...], layers: tuple[int, ...]) -> torch.Tensor:
+def target_states(
+    target: CausalLM | GenericCausalLM, sequence: tuple[int, ...], layers: tuple[int, ...]
+) -> torch.Tensor:
     """The target's hidden states at `layers` for positions 0..len(sequence)-2, one teacher-forced pass:
     [1, len(sequence) - 1, len(layers) * hidden] (what the loop's verify passes hand a head, position by position)."""
     ids = torch.tensor([sequence[:-1]], dtype=torch.long, device=target.device)  # [1, S]
@@ -139,13 +158,18 @@ def target_states(target: CausalLM, sequence: tuple[int, ...], layers: tuple[int
 
 
 def head_proposer(
-    drafter: Drafter, prompt: Sequence[int], trajectory: Sequence[int], target: CausalLM, max_draft_len: int
+    drafter: Drafter,
+    prompt: Sequence[int],
+    trajectory: Sequence[int],
+    target: CausalLM | GenericCausalLM,
+    max_draft_len: int,
 ) -> Proposer:
     """A learned head's greedy drafts for every round at once (see the module docstring); a round with fewer than two
     tokens known has no target state yet and drafts nothing, as in the loop."""
     sequence = tuple(prompt) + tuple(trajectory)
     known = [N for N in range(len(prompt), len(sequence)) if N >= 2]
-    chains = drafter.replay_proposals(
+    # a "head" drafter (Drafter.replay) is a HeadDrafter, whose replay_proposals Drafter does not declare
+    chains = drafter.replay_proposals(  # type: ignore[attr-defined]
         list(sequence), target_states(target, sequence, tuple(drafter.hidden_layers)), known, max_draft_len
     )
     by_start = dict(zip((N - len(prompt) for N in known), chains))
@@ -153,7 +177,9 @@ def head_proposer(
 
 
 # How each drafter is asked in a replay, by the name it declares in `Drafter.replay` (None: the loop measures it).
-PROPOSERS: dict[str, Callable[[Drafter, Sequence[int], Sequence[int], CausalLM, int], Proposer]] = {
+PROPOSERS: dict[
+    str | None, Callable[[Drafter, Sequence[int], Sequence[int], CausalLM | GenericCausalLM, int], Proposer]
+] = {
     "prefix": prefix_proposer,
     "teacher_forced": teacher_forced_proposer,
     "head": head_proposer,
@@ -161,7 +187,11 @@ PROPOSERS: dict[str, Callable[[Drafter, Sequence[int], Sequence[int], CausalLM, 
 
 
 def proposer(
-    drafter: Drafter, prompt: Sequence[int], trajectory: Sequence[int], target: CausalLM, max_draft_len: int
+    drafter: Drafter,
+    prompt: Sequence[int],
+    trajectory: Sequence[int],
+    target: CausalLM | GenericCausalLM,
+    max_draft_len: int,
 ) -> Proposer:
     """How `drafter` proposes at every round of `trajectory` (its PROPOSERS entry)."""
     return PROPOSERS[drafter.replay](drafter, prompt, trajectory, target, max_draft_len)

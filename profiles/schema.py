@@ -7,7 +7,7 @@ file with a message naming the field. `SCHEMA_VERSION` changes whenever a field'
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -19,7 +19,8 @@ from specdec_tune.settings import MEASUREMENT_BACKENDS
 SCHEMA_VERSION = 3
 # version 1: no intervals, no monotone fit (its figures load as they were recorded); version 2: no engine rounds
 READABLE_VERSIONS = (1, 2, 3)
-# fitted: a measured cell the monotone fit moved by more than its interval (its measurement disagreed with its neighbours)
+# fitted: a measured cell the monotone fit moved by more than its interval (its measurement disagreed with
+# its neighbours)
 Source = Literal["measured", "interpolated", "modeled", "emulated", "fitted", "infeasible"]
 
 
@@ -37,7 +38,7 @@ class Described(BaseModel):
 
 
 class ModelRefRecord(Record):
-    """profile.json's `target` (profiles/models/folders.ModelRef): what identifies the model; any change makes it stale."""
+    """profile.json's `target` (profiles/models/folders.ModelRef): what identifies the model; any change makes it stale."""  # noqa: E501 - pydantic's description of the record in the JSON schema: it stays one line
 
     path: str = Field(min_length=1)
     format: Literal["hf", "gguf"]
@@ -153,7 +154,7 @@ class MemoryRecord(Described):
     device: DeviceMemory
 
 
-Ms = Optional[Annotated[float, Field(ge=0)]]
+Ms = Annotated[float, Field(ge=0)] | None
 Rate = Annotated[float, Field(ge=0, le=1 + 1e-9)]  # a share of whole counts, up to rounding
 AtLeastOne = Annotated[float, Field(ge=1 - 1e-9)]  # a ratio of whole counts that is at least 1, up to rounding
 Positive = Annotated[int, Field(ge=1)]
@@ -280,19 +281,14 @@ class AcceptanceRecord(Record):
     # [D] 95% interval over prompts (bootstrap; the prompt is the unit that varies); [] in version-1 profiles
     tokens_per_forward_ci: list[list[float]] = []
     mean_al_vllm_ci: list[list[float]] = []
-    per_prompt: PromptSums | None = (
-        None  # the "all" record's prompts, for comparisons between draft lengths (paired)
-    )
+    per_prompt: PromptSums | None = None  # the "all" record's prompts, for comparisons between draft lengths (paired)
 
     @model_validator(mode="after")
     def _one_figure_per_draft_length(self) -> AcceptanceRecord:
         D = self.max_draft_len
-        per_d = (self.tokens_per_forward, self.mean_al_vllm) + tuple(
-            t for t in (self.tokens_per_forward_ci, self.mean_al_vllm_ci) if t
-        )
-        if any(len(t) != D + 1 for t in per_d) or any(
-            len(pair) != 2 or pair[0] > pair[1] for t in per_d[2:] for pair in t
-        ):
+        cis = tuple(t for t in (self.tokens_per_forward_ci, self.mean_al_vllm_ci) if t)
+        per_d = (self.tokens_per_forward, self.mean_al_vllm) + cis
+        if any(len(t) != D + 1 for t in per_d) or any(len(pair) != 2 or pair[0] > pair[1] for t in cis for pair in t):
             raise ValueError(f"tokens_per_forward, mean_al_vllm and their intervals need one figure per D = 0..{D}")
         if any(
             len(t) != D
@@ -406,7 +402,8 @@ class Profile(Record):
     # the serving engine's whole decode rounds (backend "vllm"); where a mechanism has them, the cost model reads them
     # instead of verify + draft + host
     rounds: list[RoundPoint] = []
-    engine: dict = {}  # the measuring engine: name, version, options, and per mechanism whether it ran there and why not
+    # the measuring engine: name, version, options, and per mechanism whether it ran there and why not
+    engine: dict = {}
     memory: dict = {}  # what the deployment holds in device memory (profiles/memory.py); empty in profiles before it
     # a mixture-of-experts target: the distinct experts one verify step wakes per MoE layer, against batch and 1+D
     # (the cause of its verify curve's shape); empty for a dense target
@@ -470,7 +467,8 @@ def load_profile(path: Path) -> Profile:
         )
     if raw["schema_version"] not in READABLE_VERSIONS:
         raise SpecdecError(
-            f"{path} has profile schema version {raw['schema_version']}, this tool reads versions {list(READABLE_VERSIONS)}",
+            f"{path} has profile schema version {raw['schema_version']}, this tool reads versions "
+            f"{list(READABLE_VERSIONS)}",
             "re-run `specdec-tune profile` with this version",
         )
     try:

@@ -30,6 +30,7 @@ import dataclasses
 import functools
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -38,6 +39,9 @@ from specdec_tune.kernels.greedy import verify_greedy
 from specdec_tune.kernels.sampling import sample_tokens
 from specdec_tune.profiles.drafters.base import Draft, Drafter, DraftRequest
 from specdec_tune.profiles.models.llama import CausalLM
+
+if TYPE_CHECKING:
+    from specdec_tune.profiles.models.generic import GenericCausalLM
 
 
 @dataclasses.dataclass
@@ -91,7 +95,7 @@ class SpecCounters:
             return [x + y for x, y in zip(a + [0] * (size - len(a)), b + [0] * (size - len(b)))]
 
         def add_rows(a: list[list[int]], b: list[list[int]]) -> list[list[int]]:
-            pad = [[]] * (n + 1)
+            pad: list[list[int]] = [[]] * (n + 1)
             return [add(x, y, n + 1) for x, y in zip(a + pad[len(a) :], b + pad[len(b) :])]
 
         return SpecCounters(
@@ -248,7 +252,9 @@ def prefill_groups(lengths: Sequence[int], waste: float = PREFILL_PAD_WASTE) -> 
     return groups
 
 
-def _prefill(target: CausalLM, prompts: Sequence[Sequence[int]], cache, layers: tuple[int, ...]) -> list[torch.Tensor]:
+def _prefill(
+    target: CausalLM | GenericCausalLM, prompts: Sequence[Sequence[int]], cache, layers: tuple[int, ...]
+) -> list[torch.Tensor]:
     """Every prompt but its last token into `cache`, a group of similar lengths at a time (`prefill_groups`);
     with `layers`, each row's hidden states there: [len(prompt) - 1, len(layers) * hidden] (else [])."""
     device = target.device
@@ -281,7 +287,7 @@ def _prefill(target: CausalLM, prompts: Sequence[Sequence[int]], cache, layers: 
 
 @torch.inference_mode()
 def generate(
-    target: CausalLM,
+    target: CausalLM | GenericCausalLM,
     prompts: Sequence[Sequence[int]],
     *,
     drafter: Drafter | None = None,
@@ -336,9 +342,9 @@ def generate(
         max_tokens = [min(row_d[i], max_new_tokens - len(outputs[i]) - 1) for i in live]
         t0 = time.perf_counter()
         if D > 0:
-            hidden, num_hidden = _pad_hidden(pending) if layers else (None, None)
+            draft_hidden, num_hidden = _pad_hidden(pending) if layers else (None, None)
             draft = drafter.propose(  # type: ignore[union-attr]
-                DraftRequest([seqs[i] for i in live], max_tokens, temperature, generator, hidden, num_hidden)
+                DraftRequest([seqs[i] for i in live], max_tokens, temperature, generator, draft_hidden, num_hidden)
             )
             _check_draft(draft, max_tokens)
         else:
@@ -350,12 +356,14 @@ def generate(
         tokens = torch.cat([torch.tensor([[seqs[i][-1]] for i in live], device=device), drafts], dim=1)  # [B, 1+K]
         if layers:
             logits, hidden = target.forward_capture(tokens, cache, cache_len, layers)  # [B, 1+K, V], [B, 1+K, W]
+            assert logits is not None  # forward_capture's default logits="all"
         else:
             logits = target(tokens, cache, cache_len)  # [B, 1+K, V]
         if temperature == 0:
             num_accepted, next_token = verify_greedy(logits, drafts, draft_lens)
         else:
             probs = draft.probs[:, :K] if draft.probs is not None else None
+            assert generator is not None  # made above for temperature > 0
             num_accepted, next_token = verify_sampled(logits, drafts, draft_lens, probs, temperature, generator)
         forwards += 1
         t2 = time.perf_counter()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 
 class MeasurementLog:
@@ -35,7 +36,7 @@ class MeasurementLog:
     def get(self, key: str):
         return self._done.get(key)
 
-    def items(self, prefix: str = "") -> list[tuple[str, object]]:
+    def items(self, prefix: str = "") -> list[tuple[str, Any]]:  # values as JSON parsed them
         """The logged (key, value) pairs whose key starts with `prefix`, in the order they were first logged."""
         return [(k, v) for k, v in self._done.items() if k.startswith(prefix)]
 

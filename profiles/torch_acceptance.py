@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -31,6 +32,13 @@ from specdec_tune.profiles.models.loading import load_model
 from specdec_tune.profiles.profile_run import Budget, parse_drafter_spec
 from specdec_tune.profiles.specdec import SpecCounters, generate
 from specdec_tune.profiles.store import MeasurementLog
+
+if TYPE_CHECKING:
+    from specdec_tune.profiles.calibration import CalibrationSet
+    from specdec_tune.profiles.models.generic import GenericCausalLM
+    from specdec_tune.profiles.models.llama import CausalLM
+    from specdec_tune.profiles.models.loading import LoadedModel
+    from specdec_tune.settings import ProfileSettings
 
 # Prompts a round of growth adds, dealt round-robin over the domains whose interval is still wide (widest first): a
 # round's trajectories decode together, and a prompt's trajectory costs 2.7x as much in a batch of 4 as in one of 32
@@ -54,7 +62,36 @@ FINISH_RESERVE_S = (
 
 
 class AcceptancePhases:
-    """Greedy acceptance by replay, its check against the loop, the loop for sampled decoding, and growth (module docstring)."""
+    """Greedy acceptance by replay, its check against the loop, the loop for sampled decoding, and growth (module
+    docstring)."""
+
+    if TYPE_CHECKING:  # what it reads and keeps on the profiler (TorchProfiler and ProfileRun define them)
+        s: ProfileSettings
+        target: LoadedModel
+        model: CausalLM | GenericCausalLM
+        device: torch.device
+        drafters: dict[str, Drafter]
+        pool: CalibrationSet
+        prompt_set: CalibrationSet
+        encoded: dict[str, list[int]]  # prompt id -> token ids
+        sampled_prompts: list[CalibrationPrompt]
+        stop_ids: list[int]
+        replay_units: list[tuple[str, str]]  # (drafter, weight format)
+        used: list[CalibrationPrompt]
+        trajectory_s_per_prompt: float
+        unit_s_per_prompt: dict[tuple[str, str], float]
+        trajectory: dict[str, list[int]]
+        replayed: dict[tuple[str, str], dict[str, list[SpecCounters]]]
+        looped: dict[tuple[str, str, float], tuple[list[CalibrationPrompt], list[SpecCounters], list[dict]]]
+        replay_checks: dict[str, list[dict]]
+        replay_exact: dict[str, dict]
+        _quantized: dict[tuple[str, str], Drafter]
+
+        def _tick(self, phase: str, done: int, total: int, unit: str = "") -> None: ...
+
+        def d_max(self, drafter: Drafter) -> int: ...
+
+        def _relevant_draft_lens(self, verify: list[dict]) -> set[int]: ...
 
     def _drafter(self, name: str, fmt: str) -> Drafter:
         """The drafter with its weights in `fmt` (fake-quantized copies are made once)."""
@@ -73,14 +110,15 @@ class AcceptancePhases:
         key: str,
         prompts: list[CalibrationPrompt] | None = None,
     ) -> list[SpecCounters]:
-        """Per-prompt counters of the speculative loop over `prompts` (default: the starting set), one logged unit per batch."""
+        """Per-prompt counters of the speculative loop over `prompts` (default: the starting set), one logged unit per
+        batch."""
         prompts = list(self.prompt_set.prompts) if prompts is None else prompts
         out: list[SpecCounters] = []
         B = self.s.acceptance_batch
         for start in range(0, len(prompts), B):
             ids = [self.encoded[p.id] for p in prompts[start : start + B]]
 
-            def run_batch():
+            def run_batch(ids=ids, start=start):
                 res = generate(
                     self.model,
                     ids,
@@ -274,7 +312,7 @@ class AcceptancePhases:
             D_max = self.d_max(self.drafters[name])
             lens = sorted({min(3, D_max), D_max})
 
-            def fp32_check():
+            def fp32_check(name=name, lens=lens, D_max=D_max):
                 nonlocal exact, trajs
                 if exact is None:  # the profile's own target and trajectories where it already runs in fp32
                     exact = (
@@ -322,12 +360,14 @@ class AcceptancePhases:
             result = log.measure(f"replay-check/{name}/fp32/{len(sample)}x{N}", fp32_check)
             if not result["equal"]:
                 raise SpecdecError(
-                    f"replayed acceptance of {name} differs from the speculative loop in fp32 on prompt {result['prompt']} at "
-                    f"D={result['draft_len']} (rounds, accepted: replay {result['replay']}, loop {result['loop']})",
-                    "profile with --acceptance loop, and report the drafter: its proposals must depend only on the prefix",
+                    f"replayed acceptance of {name} differs from the speculative loop in fp32 on prompt "
+                    f"{result['prompt']} at D={result['draft_len']} "
+                    f"(rounds, accepted: replay {result['replay']}, loop {result['loop']})",
+                    "profile with --acceptance loop, and report the drafter: "
+                    "its proposals must depend only on the prefix",
                 )
 
-            def in_dtype():  # D_max on every row of the sample, in the profile's own dtype
+            def in_dtype(name=name, D_max=D_max):  # D_max on every row of the sample, in the profile's own dtype
                 looped, replayed = self._loop_and_replay(
                     self.model,
                     self.drafters[name],
@@ -360,7 +400,8 @@ class AcceptancePhases:
     def _loop_and_replay(
         self, model, drafter: Drafter, ids: list[list[int]], trajs: list[list[int]], row_d: list[int], new_tokens: int
     ) -> tuple[list[SpecCounters], list[SpecCounters]]:
-        """Per row, the loop's counters (one batch, row b at D = row_d[b]) and the replay's over the row's trajectory."""
+        """Per row, the loop's counters (one batch, row b at D = row_d[b]) and the replay's over the row's
+        trajectory."""
         looped = generate(
             model, ids, drafter=drafter, num_draft_tokens=row_d, max_new_tokens=new_tokens, stop_token_ids=self.stop_ids
         ).per_prompt
@@ -395,7 +436,7 @@ class AcceptancePhases:
                 d: [q for q in self.pool.prompts if q.domain == d and q.id in self.encoded and q not in self.used]
                 for d in wide
             }
-            by_width = sorted(wide, key=wide.get, reverse=True)
+            by_width = sorted(wide, key=wide.__getitem__, reverse=True)
             dealt = [
                 unused[d][k] for k in range(max(map(len, unused.values()))) for d in by_width if k < len(unused[d])
             ]  # round-robin, widest first
@@ -409,24 +450,25 @@ class AcceptancePhases:
                     for d in wide
                 }
                 return [
-                    f"acceptance: {why[d]}; tokens per forward at D = {relevant} is {intervals.half_width_text(w)} for {d} "
-                    f"({sum(p.domain == d for p in self.used)} prompts), above the ±{target:.0%} target"
+                    f"acceptance: {why[d]}; tokens per forward at D = {relevant} is {intervals.half_width_text(w)} "
+                    f"for {d} ({sum(p.domain == d for p in self.used)} prompts), above the ±{target:.0%} target"
                     for d, w in sorted(wide.items())
                 ]
             self._replay_prompts(log, added, units)
 
     def _half_widths(self, relevant: list[int]) -> dict[str, float]:
-        """Per domain, the largest relative half-width of tokens per forward over the relevant D and replayed drafters."""
+        """Per domain, the largest relative half-width of tokens per forward over the relevant D and replayed
+        drafters."""
         out: dict[str, float] = {}
-        for (name, fmt), by_prompt in self.replayed.items():
+        for (_, fmt), by_prompt in self.replayed.items():
             if fmt != "none":
                 continue
             prompts = [p for p in self.used if p.id in by_prompt]
             sums = replay.per_prompt_rates([by_prompt[p.id] for p in prompts])
             domains = [p.domain for p in prompts]
             for d in dict.fromkeys(domains):
-                tpf, _, ci, _ = intervals.figures(
-                    sums, domains, {d: 1.0}, resamples=BOOTSTRAP_RESAMPLES, seed=self.s.seed
-                )
+                figures = intervals.figures(sums, domains, {d: 1.0}, resamples=BOOTSTRAP_RESAMPLES, seed=self.s.seed)
+                assert len(figures) == 4  # resampled: the figures and their intervals
+                tpf, _, ci, _ = figures
                 out[d] = max(out.get(d, 0.0), *((ci[D, 1] - ci[D, 0]) / 2 / tpf[D] for D in relevant if D < len(tpf)))
         return out

@@ -1,6 +1,8 @@
-"""The torch backend of `specdec-tune profile`: this package's own loop measures the target, its drafters and the device.
+"""The torch backend of `specdec-tune profile`: this package's own loop measures the target, its drafters and the
+device.
 
-Phases, in order (the budget counts from the command's start, imports and model loading included; a short --budget-minutes drops what is left and says so in `notes`):
+Phases, in order (the budget counts from the command's start, imports and model loading included; a short
+--budget-minutes drops what is left and says so in `notes`):
   verify      T_verif(B, 1+D, ctx): every cell visited in shuffled rounds (seeds, bisection where a line misses by
               > tol, repeats until the median's 95% interval is tight), the device's drift taken out of every visit
               (profiles/drift.py), then fitted non-decreasing in 1+D, B and ctx
@@ -15,7 +17,8 @@ Phases, in order (the budget counts from the command's start, imports and model 
   loop        the speculative loop at D_max for temperatures > 0 (1 prompt per domain; with --acceptance loop, for
               everything), smaller D derived from its rounds
   refinement  the decision cells (per batch bucket: 1 and 1+D for the 3 D with the best speedup bound by the
-              acceptance so far) get more visits until tight: a tenth of the budget left, and again whatever growth leaves
+              acceptance so far) get more visits until tight: a tenth of the budget left, and again whatever growth
+              leaves
   more prompts  greedy acceptance grows per domain until tokens per forward is within ±half-width (95% bootstrap
               interval over prompts) at the D a plan could take, the split runs out, or the budget ends: it fills
               what the other phases left of the budget, adding only the prompts the replay's cost says fit
@@ -27,8 +30,10 @@ sampler and fit are `verify_curve`; resume, budget and the record's header are `
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -64,12 +69,17 @@ from specdec_tune.progress import Progress
 from specdec_tune.records import sha256_json
 from specdec_tune.settings import ProfileSettings
 
+if TYPE_CHECKING:
+    from specdec_tune.profiles.models.generic import GenericCausalLM
+
 DRAFT_CALLS_PER_POINT = 5 * 10  # time_call's repeats (at most 10x when they are short); the catch-up call warms up
 HOST_NEW_TOKENS = 6  # the decode a host-overhead cell runs
 HOST_PROMPT_TOKENS = (
     32  # of each prompt, its last: the host's work per round does not depend on the context (nor is the prefill timed)
 )
-DRAFT_POINT_MAX_MS = 500.0  # a draft-cost point stops repeating (after 3) once its calls span this: a serial draft of 7 steps at batch 8 takes half a second on a CPU
+# a draft-cost point stops repeating (after 3) once its calls span this: a serial draft of 7 steps at batch 8 takes half
+# a second on a CPU
+DRAFT_POINT_MAX_MS = 500.0
 
 
 class TorchProfiler(AcceptancePhases, ProfileRun):
@@ -82,6 +92,7 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
     ) -> None:
         super().__init__(settings, progress, started)
         s = self.s
+        assert s.max_draft_len is not None  # for_device filled it in
         self.target = load_model(
             s.target, dtype=s.dtype, device=str(self.device), trust_remote_code=s.trust_remote_code
         )
@@ -119,7 +130,8 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
             ]
         )
         self.used: list[CalibrationPrompt] = []  # prompts replayed so far, in order
-        # wall seconds per prompt so far (the slowest call): a trajectory, and each unit's replay; growth's cost per prompt
+        # wall seconds per prompt so far (the slowest call): a trajectory, and each unit's replay; growth's cost
+        # per prompt
         self.trajectory_s_per_prompt = 0.0
         self.unit_s_per_prompt: dict[tuple[str, str], float] = {}
         self.trajectory: dict[str, list[int]] = {}
@@ -152,7 +164,7 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
         for name, d in self.drafters.items():
             desc = d.describe()
             model = getattr(d, "model", None)
-            ref = None
+            ref: dict[str, Any] | None = None
             if model is not None:
                 ref = {
                     "layers": len(model.layers),
@@ -168,7 +180,7 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
                     "hidden_layers": list(d.hidden_layers),
                     "shares_target_weights": head.embed_tokens is self.model.embed_tokens,
                     "weights_hash": getattr(d, "weights_hash", None),
-                    "draft_vocab_size": head.lm_head.out_features,
+                    "draft_vocab_size": head.lm_head.weight.shape[0],  # [V_draft, H]: a LogitHead has no out_features
                 }
             infos.append(
                 {
@@ -186,6 +198,7 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
     def d_max(self, drafter: Drafter) -> int:
         """The longest draft profiled for this drafter: the workload's D_max, or less where its block is shorter."""
         limit = drafter.max_draft_len
+        assert self.s.max_draft_len is not None  # for_device filled it in
         return self.s.max_draft_len if limit is None else min(self.s.max_draft_len, limit)
 
     def _guarded(self, measure):
@@ -196,7 +209,13 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
 
     def measure(self, log: MeasurementLog, budget: Budget) -> dict:
         probe = VerifyStep(self.model, 1, self.s.ctx_buckets[0], 1, self.s.seed, self.device)
-        self.guard = SpeedGuard(probe=lambda: probe.timing(1, warmup=1, repeats=3).median_ms)
+
+        def probe_ms() -> float:
+            timing = probe.timing(1, warmup=1, repeats=3)
+            assert timing is not None  # one token at batch 1 fits: the verify phase's first cell
+            return timing.median_ms
+
+        self.guard = SpeedGuard(probe=probe_ms)
         phase_s = {
             "load": time.monotonic() - self.started
         }  # measured wall seconds per phase (profile.json sorts the keys)
@@ -228,7 +247,8 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
         notes = self._notes(budget, growth_notes, acceptance, verify_fit)
         return {
             "target": dataclasses.asdict(self.target.ref),
-            "timing_shapes": f"{self.target.ref.path} ({self.model.config.model_type}, {len(self.model.layers)} layers, "
+            "timing_shapes": f"{self.target.ref.path} ({self.model.config.model_type}, "
+            f"{len(self.model.layers)} layers, "
             f"hidden {self.model.config.hidden_size}, {self.target.ref.dtype}; real weights)",
             "drafters": drafter_infos,
             "memory": memory,
@@ -280,8 +300,8 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
             )
         if verify_fit.get("moved_beyond_interval"):
             notes.append(
-                f"{len(verify_fit['moved_beyond_interval'])} verify cells disagreed with their neighbours beyond their 95% "
-                "interval; the monotone fit moved them (source 'fitted'): "
+                f"{len(verify_fit['moved_beyond_interval'])} verify cells disagreed with their neighbours "
+                "beyond their 95% interval; the monotone fit moved them (source 'fitted'): "
                 + ", ".join(
                     f"B={m['batch']} 1+D={m['tokens']} ctx={m['ctx']} {m['raw_ms']:.1f}->{m['fitted_ms']:.1f} ms"
                     for m in verify_fit["moved_beyond_interval"][:6]
@@ -294,18 +314,21 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
             )
         if self.guard.unsettled:
             notes.append(
-                f"{self.guard.unsettled} timing cells were kept although the device never settled: their times may be inflated"
+                f"{self.guard.unsettled} timing cells were kept although the device never settled: "
+                "their times may be inflated"
             )
         if self.device.type == "cpu":
             load = os.getloadavg()[0]
-            if load > 1.5 * os.cpu_count():
+            cores = os.cpu_count()  # None where the platform cannot tell: no note then
+            if cores is not None and load > 1.5 * cores:
                 notes.append(
-                    f"the CPU was busy while profiling (load {load:.1f} on {os.cpu_count()} cores): timings may be inflated"
+                    f"the CPU was busy while profiling (load {load:.1f} on {cores} cores): timings may be inflated"
                 )
         return notes
 
     def _memory(self, drafter_infos: list[dict]) -> dict:
         """The memory record (profiles/memory.py); on a GPU each (B, 1+D) verify step's activation peak is measured."""
+        assert self.s.max_draft_len is not None  # for_device filled it in
         measured = {}
         if self.device.type == "cuda":
             ctx = max(self.s.ctx_buckets)
@@ -314,7 +337,7 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
                 for T in range(1, self.s.max_draft_len + 2):
                     if step.ready:
                         measured[(B, T)] = allocator_peak_bytes(
-                            lambda: step.timing(T, warmup=0, repeats=1), self.device
+                            functools.partial(step.timing, T, warmup=0, repeats=1), self.device
                         )
                 del step
         own = {
@@ -341,6 +364,8 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
         moe = getattr(self.model, "moe", None)
         if moe is None:
             return {}
+        model = cast("GenericCausalLM", self.model)  # only a transformers target has a mixture of experts
+        assert self.s.max_draft_len is not None  # for_device filled it in
         ctx, t_max = self.s.ctx_buckets[0], self.s.max_draft_len + 1
         points = []
         for B in self.s.batch_buckets:
@@ -349,7 +374,7 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
             self.model(rows[:, :ctx], cache, torch.zeros(B, dtype=torch.long, device=self.device), logits="none")
             start = torch.full((B,), ctx, dtype=torch.long, device=self.device)
             for T in range(1, t_max + 1):  # each step writes slots ctx..ctx+T-1 over the last one's: the context stays
-                with self.model.count_experts() as woke:
+                with model.count_experts() as woke:
                     self.model(rows[:, ctx : ctx + T], cache, start, logits="none")
                 points.append({"batch": B, "tokens": T, "experts_woken": sum(woke) / len(woke), "source": "measured"})
         return {
@@ -369,6 +394,7 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
     def _verify_curve(self, log: MeasurementLog, budget: Budget) -> tuple[list[dict], dict]:
         """T_verif(B, 1+D, ctx) over every cell, interleaved (`VerifySampler`), then fitted monotone (`fit_verify`)."""
         s = self.s
+        assert s.max_draft_len is not None  # for_device filled it in
         sampler = VerifySampler(
             self.model, s, self.device, log, seeds=[1, 2, 4, 8, 16, 32, 64], t_max=s.max_draft_len + 1
         )
@@ -389,11 +415,12 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
             if not budget.allows(f"draft cost {name} B={B}"):
                 continue
             drafter = self.drafters[name]
-            cell = lambda: {str(d): t for d, t in self._draft_cell(drafter, B, ctx).items()}  # noqa: E731
+            cell = lambda drafter=drafter, B=B: {str(d): t for d, t in self._draft_cell(drafter, B, ctx).items()}  # noqa: E731
             # a lookup's draft costs a fraction of a millisecond, thousands of times less than a verify step: a slow
             # spell cannot move a decision through it, and guarding it would cost two probes per cell
             timings = log.measure(
-                f"draft/{name}/{B}/{ctx}", cell if drafter.kind == "model_free" else lambda: self._guarded(cell)
+                f"draft/{name}/{B}/{ctx}",
+                cell if drafter.kind == "model_free" else lambda cell=cell: self._guarded(cell),
             )
             measured = {int(d): (t["median_ms"] if t else None) for d, t in timings.items()}
             for d, y, source in fill_curve(measured, range(1, self.d_max(self.drafters[name]) + 1)):
@@ -426,7 +453,8 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
 
     @torch.inference_mode()
     def _context_states(self, drafter: Drafter, B: int, ctx: int) -> torch.Tensor | None:
-        """The target's hidden states at the drafter's layers over `_context_rows` [B, ctx, W], or None when it reads none."""
+        """The target's hidden states at the drafter's layers over `_context_rows` [B, ctx, W], or None when it reads
+        none."""
         if not drafter.hidden_layers:
             return None
         rows = torch.tensor(self._context_rows(B, ctx), device=self.device)
@@ -469,8 +497,8 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
                     r.append(t[len(r)])
                 drafter.propose(request(rows, D, first=False))
 
-            timings[D] = time_unless_oom(step, self.device, warmup=0, max_total_ms=DRAFT_POINT_MAX_MS)
-            return timings[D]["median_ms"] if timings[D] else None
+            timings[D] = timing = time_unless_oom(step, self.device, warmup=0, max_total_ms=DRAFT_POINT_MAX_MS)
+            return timing["median_ms"] if timing else None
 
         def noise(D: int) -> float:
             t = timings.get(D)
@@ -488,7 +516,8 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
 
     def _speedup_bounds(self, verify: list[dict]) -> dict[tuple[str, int], dict[int, float]]:
         """Per replayed drafter and batch bucket, the speedup bound of every D at the cost model's default context,
-        tokens_per_forward(D) x T_verif(B, 1) / T_verif(B, 1+D) (draft and host cost left out; domains weighed alike)."""
+        tokens_per_forward(D) x T_verif(B, 1) / T_verif(B, 1+D) (draft and host cost left out; domains weighed
+        alike)."""
         ctx = self.s.ctx_buckets[0]
         t_verif = {(p["batch"], p["tokens"]): p["median_ms"] for p in verify if p["ctx"] == ctx and p["median_ms"]}
         bounds = {}
@@ -496,11 +525,13 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
             if fmt != "none":
                 continue
             rows = [by_prompt[p.id] for p in self.used if p.id in by_prompt]
-            tpf, _ = intervals.figures(
+            figures = intervals.figures(
                 replay.per_prompt_rates(rows),
                 [p.domain for p in self.used if p.id in by_prompt],
                 dict.fromkeys(self.pool.domains(), 1.0),
             )
+            assert len(figures) == 2  # not resampled: the figures alone
+            tpf, _ = figures
             for B in self.s.batch_buckets:
                 if (B, 1) in t_verif:
                     bounds[(name, B)] = {
@@ -512,7 +543,7 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
 
     def _relevant_draft_lens(self, verify: list[dict]) -> set[int]:
         """The D a plan could take: per batch bucket and replayed drafter, the D with the best speedup bound."""
-        return {max(b, key=b.get) for b in self._speedup_bounds(verify).values() if b} or {1}
+        return {max(b, key=b.__getitem__) for b in self._speedup_bounds(verify).values() if b} or {1}
 
     def decision_cells(self, verify: list[dict]) -> list[tuple[int, int, int]]:
         """The verify cells (B, ctx, 1+D) each bucket's choice of D rests on: 1 and 1+D for the `REFINE_CANDIDATES`
@@ -520,7 +551,7 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
         ctx = self.s.ctx_buckets[0]
         cells = {(B, ctx, 1) for B in self.s.batch_buckets}
         for (_, B), bound in self._speedup_bounds(verify).items():
-            cells |= {(B, ctx, D + 1) for D in sorted(bound, key=bound.get, reverse=True)[:REFINE_CANDIDATES]}
+            cells |= {(B, ctx, D + 1) for D in sorted(bound, key=bound.__getitem__, reverse=True)[:REFINE_CANDIDATES]}
         return sorted(cells)
 
     def _refine_verify(self, budget: Budget, verify: list[dict], fit: dict, share: float) -> tuple[list[dict], dict]:
@@ -563,7 +594,7 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
             if not budget.allows(f"host overhead {name} B={B} D={D}"):
                 continue
 
-            def run():
+            def run(B=B, name=name, D=D):
                 ids = [
                     row[-HOST_PROMPT_TOKENS:] for row in (self.prompt_ids * B)[:B]
                 ]  # short: the prefill is not what is timed
@@ -596,13 +627,14 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
 
     def _micro(self, log: MeasurementLog, budget: Budget) -> list[dict]:
         s, c = self.s, self.model.config
+        assert s.max_draft_len is not None  # for_device filled it in
         points: list[dict] = []
         self._tick("micro", 0, 2)
         if budget.allows("attention micro-curve"):
             for ctx in s.ctx_buckets:
                 points += log.measure(
                     f"micro/attention/{ctx}",
-                    lambda: micro.attention_curve(
+                    lambda ctx=ctx: micro.attention_curve(
                         c, self.device, self.model.dtype, ctx_tokens=ctx, draft_lens=list(range(s.max_draft_len + 1))
                     ),
                 )

@@ -1,8 +1,8 @@
 """`specdec-tune train-drafter`: distil an EAGLE-3, MTP, DFlash or DSpark head from the target on CPU, saved in the
 speculators layout.
 
-  specdec-tune train-drafter --mechanism eagle3                  # the demo target, 20-minute budget, cached for --drafter eagle3
-  specdec-tune train-drafter --mechanism dflash --budget-minutes 5 --out heads/dflash
+  specdec-tune train-drafter --mechanism eagle3                  # the demo target, 20-minute budget, cached for
+  --drafter eagle3 specdec-tune train-drafter --mechanism dflash --budget-minutes 5 --out heads/dflash
 
 Data, two parts (the calibration set's held-back split is never read for training):
   continuations  each profiling-split prompt in the chat template, continued greedily by the target for `new_tokens`
@@ -113,7 +113,8 @@ def cached_demo_head(mechanism: str, target: LoadedModel) -> Path:
 
 @dataclasses.dataclass
 class TeacherData:
-    """Token sequences and the target's states at `layers` for every position, packed: row i is tokens[starts[i]:starts[i+1]]."""
+    """Token sequences and the target's states at `layers` for every position, packed: row i is
+    tokens[starts[i]:starts[i+1]]."""
 
     tokens: torch.Tensor  # [N] int64
     states: torch.Tensor  # [N, len(layers) * hidden] bfloat16
@@ -174,8 +175,9 @@ def _captured(
     progress: Callable[[str], None],
     shard: int = 128,
 ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """The target run over `seqs` (teacher-forced), its states at `layers`: ([N] tokens, [N, W] bf16 states, row starts).
-    Written as shards of `shard` sequences (prefix.NNNN.safetensors); shards already on disk are read, not recomputed."""
+    """The target run over `seqs` (teacher-forced), its states at `layers`: ([N] tokens, [N, W] bf16 states, row
+    starts). Written as shards of `shard` sequences (prefix.NNNN.safetensors); shards already on disk are read, not
+    recomputed."""
     from safetensors.torch import load_file, save_file
 
     prefix.parent.mkdir(parents=True, exist_ok=True)
@@ -224,7 +226,8 @@ def _captured(
 
 
 def vocabulary_shortlist(data: TeacherData, size: int, vocab_size: int, always: tuple[int, ...]) -> torch.Tensor:
-    """The `size` most frequent token ids of the data (plus `always`), increasing; all ids when size is 0 or ≥ the vocabulary."""
+    """The `size` most frequent token ids of the data (plus `always`), increasing; all ids when size is 0 or ≥ the
+    vocabulary."""
     if size == 0 or size >= vocab_size:
         return torch.arange(vocab_size)
     counts = torch.bincount(data.tokens, minlength=vocab_size).float()
@@ -236,7 +239,8 @@ def _batches(data: TeacherData, batch_tokens: int, generator: torch.Generator) -
     """Rows grouped by length into batches of about `batch_tokens` padded tokens, in random order."""
     lengths = [data.starts[i + 1] - data.starts[i] for i in range(data.rows())]
     order = sorted(range(data.rows()), key=lambda i: lengths[i])
-    batches, current = [], []
+    batches: list[list[int]] = []
+    current: list[int] = []
     for i in order:
         if current and (len(current) + 1) * lengths[i] > batch_tokens:
             batches.append(current)
@@ -294,7 +298,8 @@ def ttt_loss(
         teacher = F.log_softmax((final @ label_weight.T).float(), dim=-1)  # [B, S, v]: log p_t over the shortlist
     token_in = torch.cat([tokens[:, 1:], tokens.new_zeros((B, 1))], dim=1)  # x_{p+1}
     hidden = head.combine(aux)  # [B, S, hidden]
-    # [v, hidden]: a head with its own draft vocabulary has an LM head over exactly the shortlist; else the target's, restricted
+    # [v, hidden]: a head with its own draft vocabulary has an LM head over exactly the shortlist; else the
+    # target's, restricted
     student_weight = head.lm_head.weight if isinstance(head, DraftVocabulary) else head.lm_head.weight[vocab]
     kv: list = []
     loss = torch.zeros(())
@@ -414,7 +419,7 @@ def measure_al(
     )
     counters: list[SpecCounters] = []
     for start in range(0, len(ids), 8):
-        out = generate(
+        run = generate(
             target.model,
             ids[start : start + 8],
             drafter=drafter,
@@ -422,7 +427,7 @@ def measure_al(
             max_new_tokens=settings.eval_new_tokens,
             stop_token_ids=list(target.model.config.eos_token_ids),
         )
-        counters += out.per_prompt
+        counters += run.per_prompt
 
     def summary(cs: list[SpecCounters]) -> dict:
         c = SpecCounters.total(cs)
@@ -540,7 +545,8 @@ def train(settings: TrainSettings, progress: Callable[[str], None] | None = None
                 point["eval_s"] = round(time.perf_counter() - t_eval, 1)
                 curve.append(point)
                 say(
-                    f"AL at D={point['draft_len']} after {tokens_seen} training tokens: {point['tokens_per_forward']:.3f} tokens/forward "
+                    f"AL at D={point['draft_len']} after {tokens_seen} training tokens: "
+                    f"{point['tokens_per_forward']:.3f} tokens/forward "
                     f"(measured on {point['prompts']} held-back MT-Bench prompts)"
                 )
     head.eval()

@@ -16,6 +16,7 @@ import random
 import statistics
 import time
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -60,18 +61,21 @@ def adaptive_sample(
         if b - a < 2:
             continue
         m = (a + b) // 2
-        ys[m] = measure(m)
-        if ys[m] is None:
+        ys[m] = ym = measure(m)
+        if ym is None:
             continue
-        line = ys[a] + (ys[b] - ys[a]) * (m - a) / (b - a)
-        if abs(ys[m] - line) > max(tolerance * ys[m], noise(m) + (noise(a) + noise(b)) / 2):
+        ya, yb = ys[a], ys[b]
+        assert ya is not None and yb is not None  # a gap lies between measured points (None ends the seeds, or no gap)
+        line = ya + (yb - ya) * (m - a) / (b - a)
+        if abs(ym - line) > max(tolerance * ym, noise(m) + (noise(a) + noise(b)) / 2):
             stack += [(a, m), (m, b)]
     return ys
 
 
-def fill_curve(measured: dict[int, float | None], xs: range) -> list[tuple[int, float | None, str]]:
+def fill_curve(measured: Mapping[int, float | None], xs: range) -> list[tuple[int, float | None, str]]:
     """(x, y, source) for every x: measured where measured, linear between measured neighbours, else infeasible."""
-    ok = sorted(x for x, y in measured.items() if y is not None)
+    known = {x: y for x, y in measured.items() if y is not None}
+    ok = sorted(known)
     out = []
     for x in xs:
         if x in measured:
@@ -82,7 +86,7 @@ def fill_curve(measured: dict[int, float | None], xs: range) -> list[tuple[int, 
         if left is None or right is None:
             out.append((x, None, "infeasible"))
         else:
-            y = measured[left] + (measured[right] - measured[left]) * (x - left) / (right - left)
+            y = known[left] + (known[right] - known[left]) * (x - left) / (right - left)
             out.append((x, y, "interpolated"))
     return out
 
@@ -153,13 +157,15 @@ VERIFY_TARGET_REL_HALF_WIDTH = (
 VERIFY_SAMPLES_PER_VISIT = 3
 # Decision cells: once acceptance is known, the verify cells that each batch bucket's choice of D rests on (1+D for the
 # `REFINE_CANDIDATES` best D by the speedup bound, and 1) get more visits, in shuffled rounds, until each median's 95%
-# interval is `REFINE_TARGET_REL_HALF_WIDTH` tight or it has `REFINE_VISITS_FACTOR` x --verify-visits visits. Two draft lengths tie when
-# their difference is inside the noise (autotune/space.py): a few samples per cell on a drifting machine made most
-# real differences ties.
+# interval is `REFINE_TARGET_REL_HALF_WIDTH` tight or it has `REFINE_VISITS_FACTOR` x --verify-visits visits. Two draft
+# lengths tie when their difference is inside the noise (autotune/space.py): a few samples per cell on a drifting
+# machine made most real differences ties.
 REFINE_CANDIDATES = 3
 REFINE_TARGET_REL_HALF_WIDTH = 0.015
 REFINE_VISITS_FACTOR = 4  # a decision cell's visits may reach this many times --verify-visits (default 6: 24)
-REFINE_BUDGET_SHARE = 0.1  # of the budget left when acceptance growth starts (it takes prompts from growth); what growth leaves goes to the same cells
+# of the budget left when acceptance growth starts (it takes prompts from growth); what growth leaves goes to the
+# same cells
+REFINE_BUDGET_SHARE = 0.1
 FIT_MAX_SWEEPS = 3000  # of Dykstra's projections (a 16 x 5 x 2 grid: ~2 ms each; noisy grids need a few hundred)
 
 
@@ -187,7 +193,9 @@ class VerifySampler:
         self.timed: list[
             tuple[tuple[int, int, int], list[float]]
         ] = []  # ((B, ctx, t), ms as timed) per visit, in visit order
-        self._corrected: tuple[int, drift.Corrected] | None = None  # (visits it covers, the correction)
+        self._corrected: tuple[int, drift.Corrected[tuple[int, int, int]]] | None = (
+            None  # (visits it covers, the correction)
+        )
         self.infeasible: dict[tuple[int, int], int] = {}  # (B, ctx) -> smallest t that ran out of memory
         self.visits = 0
         self.steps: dict[tuple[int, int], VerifyStep] = {}
@@ -226,7 +234,7 @@ class VerifySampler:
             self.timed.append(((B, ctx, t), samples))
 
     @property
-    def corrected(self) -> drift.Corrected:
+    def corrected(self) -> drift.Corrected[tuple[int, int, int]]:
         """`drift.corrected` over every visit so far (computed again once a visit was added)."""
         if self._corrected is None or self._corrected[0] != len(self.timed):
             self._corrected = (len(self.timed), drift.corrected(self.timed))
@@ -243,7 +251,7 @@ class VerifySampler:
 
     def _round(self, visits: list[tuple[int, int, int]], deadline: float | None = None) -> None:
         self.rng.shuffle(visits)
-        for i, (B, ctx, t) in enumerate(visits):
+        for B, ctx, t in visits:
             if deadline is not None and time.monotonic() > deadline:
                 return
             self._visit(B, ctx, t)
@@ -274,7 +282,7 @@ class VerifySampler:
                 for a, b in (p for p in pairs if p[1] - p[0] >= 2):
                     m = (a + b) // 2
                     ya, ym, yb = self.median(B, ctx, a), self.median(B, ctx, m), self.median(B, ctx, b)
-                    if None in (ya, ym, yb):
+                    if ya is None or ym is None or yb is None:
                         continue
                     spread = (
                         self.half_width(B, ctx, m, noise)
@@ -298,7 +306,8 @@ class VerifySampler:
 
     def refine(self, cells: list[tuple[int, int, int]], deadline: float) -> None:
         """More visits to `cells` (B, ctx, t), measured or not yet, in shuffled rounds until each is tight
-        (`REFINE_TARGET_REL_HALF_WIDTH`), has `REFINE_VISITS_FACTOR` x --verify-visits visits, runs out of memory, or the deadline passes."""
+        (`REFINE_TARGET_REL_HALF_WIDTH`), has `REFINE_VISITS_FACTOR` x --verify-visits visits, runs out of memory, or
+        the deadline passes."""
         most = REFINE_VISITS_FACTOR * self.s.verify_visits
 
         def open_(cell, noise):
@@ -411,10 +420,12 @@ def fit_verify(
                     continue
                 grid[t - 1, bi, ci] = y
                 if source == "measured":
-                    tm = Timing.of(samples[(B, ctx, t)])
+                    timing = Timing.of(samples[(B, ctx, t)])
                     low, high = _cell_interval(samples[(B, ctx, t)], noise)
-                    timings[(B, ctx, t)] = tm = dataclasses.replace(tm, ci_low_ms=low, ci_high_ms=high)
-                    weight[t - 1, bi, ci] = 1.0 / max((tm.ci_high_ms - tm.ci_low_ms) / 2, 0.005 * tm.median_ms) ** 2
+                    timings[(B, ctx, t)] = timing = dataclasses.replace(timing, ci_low_ms=low, ci_high_ms=high)
+                    weight[t - 1, bi, ci] = (
+                        1.0 / max((timing.ci_high_ms - timing.ci_low_ms) / 2, 0.005 * timing.median_ms) ** 2
+                    )
     with warnings.catch_warnings(record=True) as unconverged:  # still monotone, within tol of optimal: recorded below
         warnings.simplefilter("always")
         fitted = monotone_fit(grid, weight, max_iter=FIT_MAX_SWEEPS) if np.isfinite(grid).any() else grid
@@ -438,6 +449,7 @@ def fit_verify(
                 }
                 tm = timings.get((B, ctx, t))
                 if tm is not None:
+                    assert y is not None  # a measured cell is on the grid, below the infeasible limit
                     is_moved = moved_beyond_interval(tm.median_ms, y, tm.ci_low_ms, tm.ci_high_ms)
                     point |= {
                         "raw_median_ms": tm.median_ms,
@@ -463,19 +475,19 @@ def fit_verify(
                 elif y is not None and rel:  # between measured 1+D: the neighbours' relative half-width, interpolated
                     lo = max((x for x in rel if x < t), default=None)
                     hi = min((x for x in rel if x > t), default=None)
-                    h = (
-                        rel[lo]
-                        if hi is None
-                        else rel[hi]
-                        if lo is None
-                        else rel[lo] + (rel[hi] - rel[lo]) * (t - lo) / (hi - lo)
-                    )
+                    if lo is None or hi is None:  # measured 1+D on one side only: the nearest one's
+                        nearest = lo if hi is None else hi
+                        assert nearest is not None  # rel is not empty
+                        h = rel[nearest]
+                    else:
+                        h = rel[lo] + (rel[hi] - rel[lo]) * (t - lo) / (hi - lo)
                     point |= {"ci_low_ms": y * (1 - h), "ci_high_ms": y * (1 + h)}
                 points.append(point)
     measured_cells = len(timings)
     widths = [(tm.ci_high_ms - tm.ci_low_ms) / 2 / tm.median_ms for tm in timings.values()]
     summary = {
-        "method": "weighted isotonic regression, non-decreasing in 1+D, batch and context (Dykstra's projections over PAVA); "
+        "method": "weighted isotonic regression, non-decreasing in 1+D, batch and context "
+        "(Dykstra's projections over PAVA); "
         "weights 1 / half-width^2 of each median's 95% interval (the order statistics' interval of its samples, "
         "drift-corrected where the visits' order is known, widened to the half-width the noise all cells share "
         "gives at the cell's sample count over the design effect of samples timed in visits)",
@@ -511,12 +523,12 @@ def remeasure(
     log = MeasurementLog(profile_path.parent, profile.fingerprint)
     timed: list[tuple[tuple[int, int, int], list[float]]] = []  # in the order the visits were logged
     for key, value in log.items("verify/"):
-        _, B, ctx, t, _visit = key.split("/")
+        _, batch, context, tokens, _visit = key.split("/")
         if value is not None:
-            timed.append(((int(B), int(ctx), int(t)), value))
+            timed.append(((int(batch), int(context), int(tokens)), value))
     w = profile.workload
     t_max = w.max_draft_len + 1
-    infeasible = {}
+    infeasible: dict[tuple[int, int], int] = {}
     for p in profile.verify:
         if p.source == "infeasible":
             infeasible[(p.batch, p.ctx)] = min(p.tokens, infeasible.get((p.batch, p.ctx), p.tokens))
@@ -524,7 +536,7 @@ def remeasure(
     target = load_model(profile.target["path"], dtype=profile.device.get("dtype", "auto"), device=str(device))
     before = {(p.batch, p.tokens, p.ctx): p.median_ms for p in profile.verify}
     steps: dict[tuple[int, int], VerifyStep] = {}
-    for B, t, ctx in verify_cells:
+    for B, _t, ctx in verify_cells:
         if (B, ctx) not in steps:
             steps[(B, ctx)] = VerifyStep(target.model, B, ctx, t_max, 0, device)
     for B, t, ctx in [

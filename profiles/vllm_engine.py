@@ -64,10 +64,11 @@ def speed_ratio(probe_ms: float | None, speed: dict | None) -> float | None:
 
 
 def probe_median_ms(runs: list[dict | None]) -> float | None:
-    """The median of the runs' probe samples (each run's before, between its steps and after), None where a run has none."""
+    """The median of the runs' probe samples (each run's before, between its steps and after), None where a run has
+    none."""
     if not runs or any(not run or not run.get("probe_ms") or None in run["probe_ms"] for run in runs):
         return None
-    probes = sorted(ms for run in runs for ms in run["probe_ms"])
+    probes = sorted(ms for run in runs if run for ms in run["probe_ms"])  # every run has its probes (checked above)
     mid = len(probes) // 2
     return probes[mid] if len(probes) % 2 else (probes[mid - 1] + probes[mid]) / 2
 
@@ -82,7 +83,8 @@ class VllmEngine:
 
     @classmethod
     def locate(cls) -> VllmEngine:
-        """This interpreter where vllm imports here, else the one SPECDEC_TUNE_VLLM_PYTHON names; its version checked."""
+        """This interpreter where vllm imports here, else the one SPECDEC_TUNE_VLLM_PYTHON names; its version
+        checked."""
         if importlib.util.find_spec("vllm") is not None:
             python = sys.executable
         else:
@@ -106,8 +108,8 @@ class VllmEngine:
         return cls(python, version)
 
     def run(self, job: dict, timeout_s: float, cwd: Path | None = None) -> dict:
-        """The runner's result; a run that crashes or outlives `timeout_s` gives `ok: false` with the reason. `cwd`: where
-        relative paths in the job resolve (a bundle's folder)."""
+        """The runner's result; a run that crashes or outlives `timeout_s` gives `ok: false` with the reason. `cwd`:
+        where relative paths in the job resolve (a bundle's folder)."""
         with tempfile.TemporaryDirectory(prefix="specdec-vllm-") as tmp:
             job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
             job_path.write_text(json.dumps(job))

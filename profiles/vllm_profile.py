@@ -6,11 +6,11 @@ killed profile resumes without repeating them):
   (m, D)    mechanism m at draft length D: T_round(B, D) at every batch and context bucket, and greedy acceptance at D
             from vLLM's own counters (per request and verify step: drafted and accepted)
   D_max     the unit at each mechanism's longest draft also measures acceptance: in its first pass on up to 7 profiling
-            prompts per domain (every MT-Bench category's), and at every temperature > 0 on the first `prompts_per_domain`
-            of each; in its second pass on every other profiling prompt of each domain whose tokens per forward at D_max is
-            still wider than ±`acceptance_half_width` (95%), as far as the time allows. Its counters are the profile's
-            acceptance records; the other units' are the checks of the derived figures (derived vs direct, as the torch
-            backend's loop records them)
+            prompts per domain (every MT-Bench category's), and at every temperature > 0 on the first
+            `prompts_per_domain` of each; in its second pass on every other profiling prompt of each domain whose tokens
+            per forward at D_max is still wider than ±`acceptance_half_width` (95%), as far as the time allows. Its
+            counters are the profile's acceptance records; the other units' are the checks of the derived figures
+            (derived vs direct, as the torch backend's loop records them)
 Order: plain; each mechanism at D_max; each at D = 1 (these run whatever the budget: without both ends of every curve
 there is no plan); then, while the budget lasts, the midpoint of each gap in D whose ends differ by more than the
 tolerance and the noise at some (B, ctx), as the torch backend bisects its verify curve.
@@ -22,13 +22,14 @@ before its mechanism's other units start), and a cell's steps are pooled over th
 steps of every unit instead of on all of one.
 
 A timed round is one LLMEngine.step() with B requests decoding, none prefilling and none finished: a timing run starts
-B real calibration texts laid end to end and cut to the context bucket, and decodes 32 tokens each per pass with EOS ignored, so
-the batch stays full. (Not fewer: a lookup drafter that accepts well spends 16 tokens in 6 full rounds, all of them the
-heavy drafting right after the prefill; at B = 8 on a 2-core CPU, 16 tokens read an n-gram round at D = 7 7-15% above
-plain where 64 read it 3% above.) (A lookup drafter's round costs what its rows propose: on long concatenated texts that can be more
-than on the acceptance prompts; each cell records the tokens its rows emitted per round.) A cell's figure is the median of its steady steps with the median's 95% interval; each mechanism's cells are then
-fitted non-decreasing in D, batch and context (weighted isotonic regression, as the verify curve: a longer draft, more
-requests or a longer context never make a round cheaper), a cell moved beyond its interval becoming `fitted`.
+B real calibration texts laid end to end and cut to the context bucket, and decodes 32 tokens each per pass with EOS
+ignored, so the batch stays full. (Not fewer: a lookup drafter that accepts well spends 16 tokens in 6 full rounds, all
+of them the heavy drafting right after the prefill; at B = 8 on a 2-core CPU, 16 tokens read an n-gram round at D = 7
+7-15% above plain where 64 read it 3% above.) (A lookup drafter's round costs what its rows propose: on long
+concatenated texts that can be more than on the acceptance prompts; each cell records the tokens its rows emitted per
+round.) A cell's figure is the median of its steady steps with the median's 95% interval; each mechanism's cells are
+then fitted non-decreasing in D, batch and context (weighted isotonic regression, as the verify curve: a longer draft,
+more requests or a longer context never make a round cheaper), a cell moved beyond its interval becoming `fitted`.
 
 Speed: every engine times a fixed piece of work of the target's shape around and within each run (vllm_runner.Probe).
 Interleaving spreads a spell over the units, but with three passes a unit can still land all of them in a fast spell
@@ -54,8 +55,8 @@ log medians less their own squared standard errors) and adds 1.96·sd/√(engine
 scale, as an independent error (`engine.between_engines`). With three engines a unit, that term is about ±2.3%.
 
 A mechanism the engine will not start is recorded in `engine.mechanisms` with vLLM's reason, a unit that crashes or runs
-out of memory part-way records its remaining cells infeasible with the engine's message; the profile goes on with the rest.
-"""
+out of memory part-way records its remaining cells infeasible with the engine's message; the profile goes on with the
+rest."""
 
 from __future__ import annotations
 
@@ -64,6 +65,7 @@ import random
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -119,6 +121,7 @@ class VllmProfiler(ProfileRun):
 
         super().__init__(settings, progress, started)
         settings = self.s
+        assert settings.max_draft_len is not None  # for_device filled it in
         self.engine = engine or VllmEngine.locate()
         self.target_ref, tokenizer, self.hf_config = describe_model(
             settings.target, settings.dtype, self.device, settings.trust_remote_code
@@ -134,7 +137,8 @@ class VllmProfiler(ProfileRun):
             described = describe_spec(name, options)
             limit = described["max_draft_len"]
             own, model = described["options"].get("model"), None
-            if own:  # its own checkpoint (a draft model's, or a trained head's): its hash makes a bundle stale when it changes
+            # its own checkpoint (a draft model's, or a trained head's): its hash makes a bundle stale when it changes
+            if own:
                 model = {"weights_hash": weights_hash(model_folder(own)[3]), "shares_target_weights": False}
             elif described["kind"] != "model_free" and not VLLM[name].needs_head:  # a draft model cut from the target
                 model = {
@@ -247,6 +251,7 @@ class VllmProfiler(ProfileRun):
         m = self.mechanisms.get(mechanism)
         config = None
         if draft_len:
+            assert m is not None  # a unit that drafts runs one of this profile's mechanisms
             own = m.options.get("model")
             config = speculative_config(
                 mechanism,
@@ -300,7 +305,8 @@ class VllmProfiler(ProfileRun):
     def _accept_runs(
         self, mechanism: str, draft_len: int, pass_index: int, first: dict | None, budget: Budget
     ) -> dict[str, tuple[float, list]]:
-        """What a unit's pass measures of acceptance (module docstring); `first`: the unit's first pass, for the second's."""
+        """What a unit's pass measures of acceptance (module docstring); `first`: the unit's first pass, for the
+        second's."""
         if not draft_len:
             return {}
         at_max = draft_len == self.mechanisms[mechanism].max_draft_len
@@ -450,6 +456,8 @@ class VllmProfiler(ProfileRun):
         )
         rounds, moved = self._rounds(units, speed, between)
         greedy_ids = {i for u in units.values() for i in u["accept_ids"].get("0.0", [])}
+        d_max = self.s.max_draft_len
+        assert d_max is not None  # for_device filled it in
         drafters = [
             {
                 "name": m.name,
@@ -457,14 +465,15 @@ class VllmProfiler(ProfileRun):
                 "options": m.options,
                 "model": m.model,
                 "quant_formats": ["none"],
-                "max_draft_len": m.max_draft_len if m.max_draft_len < self.s.max_draft_len else None,
+                "max_draft_len": m.max_draft_len if m.max_draft_len < d_max else None,
             }
             for m in self.mechanisms.values()
         ]
         acceptance, checks_notes = self._acceptance(units)
         return {
             "target": dataclasses.asdict(self.target_ref),
-            "timing_shapes": f"{self.target_ref.path} in vLLM {self.engine.version} ({self.target_ref.arch}, {self.target_ref.num_layers} layers, "
+            "timing_shapes": f"{self.target_ref.path} in vLLM {self.engine.version} "
+            f"({self.target_ref.arch}, {self.target_ref.num_layers} layers, "
             f"{self.dtype}; real weights)",
             "drafters": drafters,
             "workload": self._workload()
@@ -504,7 +513,8 @@ class VllmProfiler(ProfileRun):
         self, units: dict, budget: Budget, checks_notes: list[str], speed: dict | None, between: dict, moved: list[str]
     ) -> list[str]:
         notes = [
-            f"measured in vLLM {self.engine.version}: every time is an engine step as vLLM runs it (draft, verify and host together); "
+            f"measured in vLLM {self.engine.version}: every time is an engine step as vLLM runs it (draft, verify and "
+            "host together); "
             "acceptance from vLLM's own per-request counters"
         ]
         notes += [
@@ -514,19 +524,23 @@ class VllmProfiler(ProfileRun):
         notes += checks_notes
         if speed:
             notes.append(
-                f"engine rounds brought to the reference speed (the speed probe's median, {speed['median_ms']:.1f} ms): each pass's "
-                f"steps x (reference / the pass's probe)^{speed['elasticity']:.2f}, the elasticity fitted over every cell; "
+                "engine rounds brought to the reference speed "
+                f"(the speed probe's median, {speed['median_ms']:.1f} ms): each pass's "
+                f"steps x (reference / the pass's probe)^{speed['elasticity']:.2f}, "
+                "the elasticity fitted over every cell; "
                 "each round keeps its raw median beside (raw_median_ms)"
             )
         if between["sd"] is not None:
             notes.append(
-                f"engines of one unit differed by {between['sd']:.1%} (sd at reference speed, estimated from the passes) beyond their "
-                f"steps' own noise, over {between['cells']} cells; each round's interval holds that term (engine.between_engines)"
+                f"engines of one unit differed by {between['sd']:.1%} "
+                "(sd at reference speed, estimated from the passes) beyond their "
+                f"steps' own noise, over {between['cells']} cells; "
+                "each round's interval holds that term (engine.between_engines)"
             )
         if moved:
             notes.append(
-                f"{len(moved)} engine round cells disagreed with their neighbours beyond their 95% interval; the monotone fit "
-                "moved them (source 'fitted'): " + ", ".join(moved[:6])
+                f"{len(moved)} engine round cells disagreed with their neighbours beyond their 95% interval; "
+                "the monotone fit moved them (source 'fitted'): " + ", ".join(moved[:6])
             )
         failed = [f"{name} D={D}: {u['error']}" for (name, D), u in units.items() if u["ok"] and u.get("failed_cells")]
         return notes + [f"engine run failed part-way, its remaining cells infeasible: {f}" for f in failed]
@@ -534,8 +548,8 @@ class VllmProfiler(ProfileRun):
     # ------------------------------------------------------------------ records
 
     def _speed_probe(self, units: dict) -> dict | None:
-        """The profile's reference speed: the median (and its 95% interval) of every probe sample every engine timed, and
-        the elasticity of a step's time in the probe's (module docstring)."""
+        """The profile's reference speed: the median (and its 95% interval) of every probe sample every engine timed,
+        and the elasticity of a step's time in the probe's (module docstring)."""
         samples = [ms for u in units.values() if u["ok"] for ms in u.get("probe_ms", [])]
         if not samples:
             return None
@@ -547,17 +561,20 @@ class VllmProfiler(ProfileRun):
             "ci_ms": [tm.ci_low_ms, tm.ci_high_ms],
             "samples": len(samples),
             "elasticity": speed_elasticity(cells),
-            "what": "the target's linear layers of one decode forward at the probe's rows, timed in the engine's process around "
+            "what": "the target's linear layers of one decode forward at the probe's rows, "
+            "timed in the engine's process around "
             "and within every run (profiles/vllm_runner.py Probe); the rounds are brought to this median's speed",
         }
 
     def _memory(self, drafters: list[dict]) -> dict:
-        """The memory record (profiles/memory.py) for the target in vLLM's dtype; on a CPU vLLM's KV cache is its own pool."""
+        """The memory record (profiles/memory.py) for the target in vLLM's dtype; on a CPU vLLM's KV cache is its own
+        pool."""
         own = {
             d["name"]: model_folder(d["options"]["model"])[2]
             for d in drafters
             if d["options"].get("model") and d["model"] and "hidden_layers" not in d["model"]
         }
+        assert self.s.max_draft_len is not None  # for_device filled it in
         return memory_record(
             self.hf_config,
             self.dtype,
@@ -590,12 +607,12 @@ class VllmProfiler(ProfileRun):
                         cell = by_len[D]["cells"].get(f"{B}/{ctx}")
                         samples = at_reference(cell, speed) if cell else None
                         if samples:
-                            timings[(D, B, ctx)] = tm = with_engines(
+                            timings[(D, B, ctx)] = timing = with_engines(
                                 Timing.of(samples), between, len(set(cell["step_pass"]))
                             )
-                            grid[di, bi, ci] = tm.median_ms
+                            grid[di, bi, ci] = timing.median_ms
                             weight[di, bi, ci] = (
-                                1.0 / max((tm.ci_high_ms - tm.ci_low_ms) / 2, 0.005 * tm.median_ms) ** 2
+                                1.0 / max((timing.ci_high_ms - timing.ci_low_ms) / 2, 0.005 * timing.median_ms) ** 2
                             )
             if not timings:
                 continue
@@ -647,7 +664,8 @@ class VllmProfiler(ProfileRun):
         return points, moved
 
     def _acceptance(self, units: dict) -> tuple[list[dict], list[str]]:
-        """Records from each mechanism's D_max unit; the other units' greedy runs check the figures derived at their D."""
+        """Records from each mechanism's D_max unit; the other units' greedy runs check the figures derived at their
+        D."""
         records, notes = [], []
         for m in self.mechanisms.values():
             top = units.get((m.name, m.max_draft_len))
@@ -672,8 +690,8 @@ class VllmProfiler(ProfileRun):
                 )
                 if abs(rel) > 0.05:
                     notes.append(
-                        f"{m.name}: tokens per forward derived at D={D} from the D_max run differs from vLLM's own run at D={D} "
-                        f"by {rel:+.1%} ({derived:.3f} against {direct:.3f})"
+                        f"{m.name}: tokens per forward derived at D={D} from the D_max run "
+                        f"differs from vLLM's own run at D={D} by {rel:+.1%} ({derived:.3f} against {direct:.3f})"
                     )
             notes += self._width_notes(m, top)
             for temp_key, per_prompt in counters.items():
@@ -695,7 +713,8 @@ class VllmProfiler(ProfileRun):
         return records, notes
 
     def _width_notes(self, m: Mechanism, top: dict) -> list[str]:
-        """Where greedy tokens per forward at D_max stayed wider than the target, and why (the split or the time ran out)."""
+        """Where greedy tokens per forward at D_max stayed wider than the target, and why (the split or the time ran
+        out)."""
         target = self.s.acceptance_half_width
         ids = top["accept_ids"].get("0.0", [])
         if target <= 0 or not ids:
@@ -711,8 +730,8 @@ class VllmProfiler(ProfileRun):
                     else "the time allowed no more"
                 )
                 out.append(
-                    f"acceptance: {m.name} tokens per forward at D={m.max_draft_len} is {intervals.half_width_text(w)} for {d} ({used} prompts), "
-                    f"above the ±{target:.0%} target: {why}"
+                    f"acceptance: {m.name} tokens per forward at D={m.max_draft_len} is {intervals.half_width_text(w)} "
+                    f"for {d} ({used} prompts), above the ±{target:.0%} target: {why}"
                 )
         return out
 
@@ -761,7 +780,8 @@ def between_engines_sd(cells: list[tuple[list[float], list[int]]]) -> dict:
         "sd": sd,
         "cells": used,
         "what": "sd of ln(step ms) between the engines of one unit beyond their steps' noise, estimated "
-        "from the profile's passes at reference speed; each round's 95% interval is widened by 1.96·sd/√(its engines) on the log scale",
+        "from the profile's passes at reference speed; each round's 95% interval is widened by 1.96·sd/√(its engines) "
+        "on the log scale",
     }
 
 
@@ -789,10 +809,10 @@ def speed_elasticity(cells: list[tuple[list[float], list[float | None]]]) -> flo
 
 def drafting_slope(cells: list[tuple[list[float], list[float]]]) -> float:
     """ms of a step per draft token per row at one (B, ctx), from every timed cell there: the least-squares slope of a
-    step's ms on its draft tokens per row k, each cell centred on its own means (one slope, an offset per cell), floored at
-    0 (verifying more tokens never makes a step cheaper; 0 where k did not vary). Verifying one more drafted token per
-    row costs the same whatever D allowed it, so the cells of every D share the slope: a single cell's few dozen steps
-    leave it to the noise (a spell of slow steps that happen to draft more reads as a costly token)."""
+    step's ms on its draft tokens per row k, each cell centred on its own means (one slope, an offset per cell), floored
+    at 0 (verifying more tokens never makes a step cheaper; 0 where k did not vary). Verifying one more drafted token
+    per row costs the same whatever D allowed it, so the cells of every D share the slope: a single cell's few dozen
+    steps leave it to the noise (a spell of slow steps that happen to draft more reads as a costly token)."""
     sxy = sxx = 0.0
     for step_ms, draft_tokens in cells:
         if len(draft_tokens) != len(step_ms) or len(step_ms) < 3:
@@ -821,10 +841,10 @@ def steady_steps(run: dict, batch: int) -> list[dict]:
 
 
 def summarise(raw: dict, accept_ids: dict[str, list[str]]) -> dict:
-    """What the profile keeps of one engine run: per (B, ctx) the steady steps' times and what they drafted and accepted,
-    per temperature each request's counters (with its prompt's id, from `accept_ids`: temperature -> ids) and the run's
-    engine seconds; the engine's error where it did not start or stopped part-way."""
-    out = {
+    """What the profile keeps of one engine run: per (B, ctx) the steady steps' times and what they drafted and
+    accepted, per temperature each request's counters (with its prompt's id, from `accept_ids`: temperature -> ids) and
+    the run's engine seconds; the engine's error where it did not start or stopped part-way."""
+    out: dict[str, Any] = {
         "ok": bool(raw.get("ok")),
         "error": raw.get("error"),
         "init_s": raw.get("init_s"),
@@ -867,7 +887,8 @@ def summarise(raw: dict, accept_ids: dict[str, list[str]]) -> dict:
 
 def merged(passes: list[dict]) -> dict:
     """A unit's passes as one: each cell's steps pooled (tokens per round over all of them), the acceptance runs in the
-    order they ran; not ok where the first pass was not (a later pass's failure marks the unit's cells as `failed_cells`)."""
+    order they ran; not ok where the first pass was not (a later pass's failure marks the unit's cells as
+    `failed_cells`)."""
     out = {
         "ok": passes[0]["ok"],
         "error": next((p["error"] for p in passes if p["error"]), None),
@@ -914,7 +935,9 @@ def half_widths(counters: list[SpecCounters], domains: list[str], draft_len: int
     sums = replay.derived_rates(counters, draft_len)
     out = {}
     for d in dict.fromkeys(domains):
-        tpf, _, ci, _ = intervals.figures(sums, domains, {d: 1.0}, resamples=BOOTSTRAP_RESAMPLES, seed=seed)
+        figures = intervals.figures(sums, domains, {d: 1.0}, resamples=BOOTSTRAP_RESAMPLES, seed=seed)
+        assert len(figures) == 4  # resampled: the figures and their intervals
+        tpf, _, ci, _ = figures
         out[d] = float((ci[draft_len, 1] - ci[draft_len, 0]) / 2 / tpf[draft_len])
     return out
 

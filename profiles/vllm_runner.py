@@ -8,8 +8,8 @@ it brings) and the standard library, never this package.
 JOB.json:
     model_dir           Hugging Face folder vLLM loads (config.json with `architectures`, safetensors, tokenizer)
     speculative_config  dict given to vLLM as `speculative_config`, or null for plain decoding
-    speculative_config_file  instead: a JSON file read as written (a bundle's own vllm/speculative_config.json; a relative
-                        path inside it is relative to the working directory the caller runs this in)
+    speculative_config_file  instead: a JSON file read as written (a bundle's own vllm/speculative_config.json; a
+                        relative path inside it is relative to the working directory the caller runs this in)
     max_num_seqs        vLLM's largest running batch
     engine              more EngineArgs, passed through (dtype, max_model_len, tensor_parallel_size, quantization, ...)
     runs                what to run, in order, on the one engine:
@@ -25,7 +25,8 @@ JOB.json:
                         steps (`Probe`): layers, rows, hidden, intermediate, dtype, iters, every_steps
 
 RESULT.json (written whatever happens; `ok: false` and vLLM's message when the engine fails to start):
-    vllm_version, engine_args, init_s, kv_cache (the KV cache vLLM allocated: num_blocks x block_size tokens), and per run:
+    vllm_version, engine_args, init_s, kv_cache (the KV cache vLLM allocated: num_blocks x block_size tokens),
+    and per run:
     steps     per engine step: wall ms, requests running before it, rows that were already decoding, whether a prompt
               was prefilled in it, and the counters' change over it (drafts, draft tokens, accepted tokens)
     requests  per request: output token ids, rounds (steps that gave it tokens, its prefill's excluded), and vLLM's
@@ -49,6 +50,7 @@ import os
 import sys
 import time
 import traceback
+from typing import Any
 
 # Before vLLM is imported: keep the engine core in this process (steps are then timed whole and synchronous), take a
 # small KV cache (GiB), leave thread placement to the OS (pinning OpenMP to a core another process keeps busy slows
@@ -82,7 +84,12 @@ def read_counters(engine) -> dict:
     """vLLM's spec-decode counters, summed over engines (LLMEngine.get_metrics)."""
     from vllm.v1.metrics.reader import Counter, Vector
 
-    out = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "num_accepted_tokens_per_pos": []}
+    out: dict[str, Any] = {
+        "num_drafts": 0,
+        "num_draft_tokens": 0,
+        "num_accepted_tokens": 0,
+        "num_accepted_tokens_per_pos": [],
+    }
     for m in engine.get_metrics():
         if isinstance(m, Counter) and m.name in COUNTER_NAMES:
             out[COUNTER_NAMES[m.name]] += int(m.value)

@@ -125,8 +125,8 @@ def tiny_hf_dir(hf_variant_dir) -> Path:
 
 
 def build_plan(buckets: list[dict], *, mechanism: str = "ngram", quant: str = "none", ctx: int = 128, **fields):
-    """A valid `Plan` record around `buckets` ({"batch", "draft_len", and optionally "tokens_per_s": a figure dict}): every
-    other figure and field a plausible placeholder, for the checks that read a plan's schedule and predictions."""
+    """A valid `Plan` record around `buckets` ({"batch", "draft_len", and optionally "tokens_per_s": a figure dict}):
+    every other figure and field a plausible placeholder, for the checks that read a plan's schedule and predictions."""
     from specdec_tune.autotune.plan_schema import PREDICTED_FIGURES, Plan
 
     one = {"value": 1.0, "source": "modeled"}

@@ -1,11 +1,12 @@
-"""A stand-in for vLLM behind the measurement backend's interface (`run(job, timeout_s, cwd)`), answering in the runner's
-result format (profiles/vllm_runner.py), so that the vllm backend, its cost model and the engine check run in CI.
+"""A stand-in for vLLM behind the measurement backend's interface (`run(job, timeout_s, cwd)`), answering in the
+runner's result format (profiles/vllm_runner.py), so that the vllm backend, its cost model and the engine check run in
+CI.
 
 It simulates what the runner would observe: continuous batching over a run's prompts at its concurrency, one step per
 round; a request drafts K tokens per round (K from the config, or from its per-batch ranges at the step's batch size,
 as vLLM's dense lookup gives it), each accepted with probability `accept` given the ones before (a chain), plus one
-bonus token; a step costs base + per_token · rows · (1 + K) ms, times a seeded jitter. Its KV cache is sized as vLLM's CPU worker
-sizes it, from the model folders' configs. Mechanisms in `refuse` fail at
+bonus token; a step costs base + per_token · rows · (1 + K) ms, times a seeded jitter. Its KV cache is sized as vLLM's
+CPU worker sizes it, from the model folders' configs. Mechanisms in `refuse` fail at
 start-up with a message, as vLLM refuses one it cannot run; `fail_run` names a run that dies part-way (out of memory).
 `slowdown` is the machine's speed: every step and the speed probe (`probe_ms`, around each run where the job asks for
 it) take that many times as long; a tuple gives each engine the next of its figures in turn (a machine that drifts).

@@ -95,8 +95,8 @@ def plan_outcomes(plan: dict, profile: str, batch: list[tuple[Place, str, object
 
 
 def profile_outcomes(profile: dict, batch: list[tuple[Place, str, object]]) -> list[str]:
-    """For each case: "refused" (load_profile, or the search that reads it first, in one line), "exported" (searched with
-    a few trials, then a bundle with --configs-only and --no-onnx), or "crash: ...".
+    """For each case: "refused" (load_profile, or the search that reads it first, in one line), "exported" (searched
+    with a few trials, then a bundle with --configs-only and --no-onnx), or "crash: ...".
 
     A profile may be whole and still lack what a plan needs (a budget that skipped a drafter's draft cells): the search
     refuses that, naming it, which is the first place the profile is read for a plan."""

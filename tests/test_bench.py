@@ -101,8 +101,9 @@ def test_decision_quality_quick(tmp_path):
 
 
 def test_decision_quality_sweeps_every_profiled_mechanism_once_per_d():
-    """On the demo profile (plan: suffix): every drafter the cost model has acceptance for, each up to its own D limit and the
-    cap; --quick's two are the plan's and the cost model's best other; --mechanisms plan keeps the plan's; D = 0 once per bucket."""
+    """On the demo profile (plan: suffix): every drafter the cost model has acceptance for, each up to its own D limit
+    and the cap; --quick's two are the plan's and the cost model's best other; --mechanisms plan keeps the plan's; D = 0
+    once per bucket."""
     from specdec_tune.autotune.cost_model import CostModel
     from specdec_tune.profiles.schema import load_profile
 
@@ -176,7 +177,8 @@ def test_decision_quality_decisions_and_bounds_on_a_known_sweep():
         1,
     )
     assert b2["d_only_oracle_draft_len"] == 1 and b2["vs_oracle"]["plan"] == pytest.approx(60 / 120)
-    # the best single config over both buckets, by mean speedup: suffix D=2 (1.3, 1.15) over suffix D=1 (1.2, 1.2), ngram D=2 (1.4, 0.6)
+    # the best single config over both buckets, by mean speedup: suffix D=2 (1.3, 1.15) over suffix D=1 (1.2, 1.2),
+    # ngram D=2 (1.4, 0.6)
     assert (b1["single_mechanism"], b1["single_draft_len"], b2["tokens_per_s"]["single_d"]) == ("suffix", 2, 115.0)
     assert (
         r["fidelity"]["by_mechanism"]["none"]["tokens_per_forward_median_err_pct"] is None
@@ -267,7 +269,8 @@ def test_decision_quality_bounds_fail_on_predictions_off_by_2x():
 
 
 def test_decision_quality_scaled_figures_sit_beside_the_raw_ones():
-    """A point measured while the device ran 2x slower: raw, it loses the bucket; scaled to profile-time speed, it wins."""
+    """A point measured while the device ran 2x slower: raw, it loses the bucket; scaled to profile-time speed, it
+    wins."""
     points = [_point(1, "none", 0, 50.0), _point(1, "ngram", 1, 40.0, ratio=2.0), _point(1, "ngram", 2, 60.0)]
     r = decision_quality.summarize(points, [[1, 1]], "ngram", default_k=1)
     row = r["buckets"][0]
@@ -403,7 +406,8 @@ def _tiny_target(layers: int = 6):
 @pytest.mark.parametrize("mechanism", ["draft_model", "eagle3", "mtp", "dflash", "dspark"])
 def test_forward_counter_counts_the_target_and_each_drafter_apart(mechanism):
     """One decode of one prompt: the target runs its prefill and one verify per round; a serial drafter (draft model,
-    EAGLE-3, MTP) one pass per drafted token (the catch-up gives the first), a block head one pass per round that drafted."""
+    EAGLE-3, MTP) one pass per drafted token (the catch-up gives the first), a block head one pass per round that
+    drafted."""
     from specdec_tune.profiles.drafters import create
     from specdec_tune.profiles.specdec import generate
 
@@ -436,7 +440,8 @@ def test_forward_counter_counts_a_generic_path_target_and_its_cut_draft(hf_varia
 
 
 def test_forward_counter_leaves_out_what_runs_paused():
-    """The decision-quality sweep probes the device's speed between its timed runs: those forwards are not the sweep's."""
+    """The decision-quality sweep probes the device's speed between its timed runs: those forwards are not the
+    sweep's."""
     from specdec_tune.profiles.specdec import generate
 
     target = _tiny_target()
@@ -449,8 +454,9 @@ def test_forward_counter_leaves_out_what_runs_paused():
 
 
 def test_acceptance_coverage_states_what_a_calibrated_interval_would_cover():
-    """A held-back mean of m prompts against a 95% interval of the mean of n: inside with chance erf(1.96 / sqrt(2 (1 + n/m))),
-    95% only when the held-back set is much larger than the profile's; checked against a simulation."""
+    """A held-back mean of m prompts against a 95% interval of the mean of n: inside with chance
+    erf(1.96 / sqrt(2 (1 + n/m))), 95% only when the held-back set is much larger than the profile's; checked against
+    a simulation."""
     import acceptance_coverage
 
     assert acceptance_coverage.calibrated_coverage(7, 3) == pytest.approx(0.715, abs=0.002)

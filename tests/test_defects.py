@@ -228,8 +228,8 @@ TARGET_VOCAB = 49152  # SmolLM2-135M, the demo profile's target
 
 
 def learned_heads_profile(draft_vocab: int | None = 8192) -> Profile:
-    """The demo profile with a DFlash (one pass over its block) and an EAGLE-3 (one step per token) head added, each with
-    draft points at D = 1..7; `draft_vocab` None leaves the draft vocabulary unrecorded, as older profiles do."""
+    """The demo profile with a DFlash (one pass over its block) and an EAGLE-3 (one step per token) head added, each
+    with draft points at D = 1..7; `draft_vocab` None leaves the draft vocabulary unrecorded, as older profiles do."""
     doc = json.loads(PROFILE_PATH.read_text())
     model = {"hidden_layers": [2, 15, 27], "shares_target_weights": True, "weights_hash": "0" * 64}
     if draft_vocab is not None:

@@ -151,7 +151,8 @@ def t_decision(dq: dict) -> list[str]:
         )
         lines.append(
             f"| {b['batch']} | {mech(b['plan_mechanism'])} D={b['plan_draft_len']} | {tps['no_spec']:.1f} | "
-            f"{tps['engine_default']:.1f} | {tps['single_d']:.1f} ({mech(b['single_mechanism'])} D={b['single_draft_len']}) | "
+            f"{tps['engine_default']:.1f} | {tps['single_d']:.1f} "
+            f"({mech(b['single_mechanism'])} D={b['single_draft_len']}) | "
             f"{tps['plan']:.1f} ({b['vs_no_spec']['plan']:.2f}x) | {tps['oracle']:.1f} "
             f"({mech(b['oracle_mechanism'])} D={b['oracle_draft_len']}) | {again} |"
         )
@@ -235,7 +236,8 @@ def t_heads(lh: dict) -> list[str]:
         last, ex = h["learning_curve"][-1], h["extrapolation"]
         pos = " ".join(f"{x:.2f}" for x in last.get("per_position_acceptance", [])) or "-"
         lines.append(
-            f"| {name} | {last['draft_len']} | {last['training_tokens']:,} | {last['tokens_per_forward']:.3f} | {pos} | "
+            f"| {name} | {last['draft_len']} | {last['training_tokens']:,} | {last['tokens_per_forward']:.3f} "
+            f"| {pos} | "
             f"{ex['tokens_needed']:.1e} tokens, {ex['train_hours_at_run_throughput']:.0f} h |"
         )
     return lines

@@ -51,7 +51,8 @@ def pooled(timed) -> dict:
 
 
 def worst_cell_error(samples: dict) -> float:
-    """The largest |ln(estimate / truth)| over the cells, after the common level (which no decision reads) is removed."""
+    """The largest |ln(estimate / truth)| over the cells, after the common level (which no decision reads) is
+    removed."""
     ms = truth()
     errors = {c: math.log(statistics.median(s) / ms[c]) for c, s in samples.items()}
     common = statistics.median(errors.values())
@@ -86,8 +87,8 @@ def test_too_few_visits_leave_the_samples_as_timed():
 
 def test_a_cells_interval_counts_a_visits_samples_as_less_than_three_and_covers_the_truth():
     """Over 30 simulated profiles, a cell's 95% interval (drift-corrected samples, the shared noise at n / design
-    effect samples) holds the cell's true time at the measurement's typical speed at least 93% of the time (96.7%, median
-    half-width 6%, design effect 2.7). Counting
+    effect samples) holds the cell's true time at the measurement's typical speed at least 93% of the time (96.7%,
+    median half-width 6%, design effect 2.7). Counting
     each sample as one (the three of a visit share its level) it held it 88% of the time; uncorrected, 73% (the slow
     spell biases the decision cells)."""
     ms, hits, total = truth(), 0, 0

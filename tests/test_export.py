@@ -390,8 +390,8 @@ def test_a_top_band_without_speculation_says_what_it_still_costs(tmp_path):
 
 @pytest.mark.demo
 def test_a_draft_model_cut_from_the_target_ships_as_a_checkpoint_the_engines_load(tmp_path, make_plan):
-    """Engines load a draft model from a folder of its own: the bundle writes the target's first layers as one, and it is
-    the drafter the plan was made with (its logits equal the truncated target's, in the checkpoint's bfloat16)."""
+    """Engines load a draft model from a folder of its own: the bundle writes the target's first layers as one, and it
+    is the drafter the plan was made with (its logits equal the truncated target's, in the checkpoint's bfloat16)."""
     import torch
 
     from specdec_tune.exporters.artifacts import DRAFT_CHECKPOINT, ship_draft_checkpoint
@@ -470,7 +470,9 @@ def test_bundle_tree_and_manifest(bundle, plan_path):
         assert sched.k_at(vllm["num_speculative_tokens_per_batch_size"], b["batch"]) == b["draft_len"]
         if trt_runs is None:
             assert sched.k_at_lower(trt["speculative_config"]["draft_len_schedule"], b["batch"]) == b["draft_len"]
-        else:  # the mode cannot follow the schedule in TensorRT-LLM 1.2.1: what it runs instead is in the config and the manifest
+        else:
+            # the mode cannot follow the schedule in TensorRT-LLM 1.2.1: what it runs instead is in the config and the
+            # manifest
             assert trt.get("speculative_config", {}).get("max_draft_len", 0) == trt_runs[b["batch"]]
     assert main(["validate", str(bundle), "--configs-only"]) == 0
 
@@ -752,7 +754,8 @@ def test_device_speed_probes_each_batch_at_its_own_profiled_step(tiny_hf_dir):
 
 
 def test_device_speed_pairs_each_timed_run_with_the_probes_on_either_side():
-    """measure_decode calls `between` before its first run and after each; each run's ratio is the mean of its two probes."""
+    """measure_decode calls `between` before its first run and after each; each run's ratio is the mean of its two
+    probes."""
     import types
 
     from specdec_tune.pipeline.throughput_check import DeviceSpeed

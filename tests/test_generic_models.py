@@ -263,9 +263,10 @@ def test_a_mixture_of_experts_target_through_profile_search_export_validate(tmp_
     written = json.loads((plan / "plan.json").read_text())
     assert any(b["draft_len"] > 0 for b in written["buckets"])
     assert all("mixture of experts: verifying" in b["rationale"]["text"] for b in written["buckets"])
-    # The profile above is the smallest one (a prompt per domain, 8 tokens each): its acceptance figures are rough, and on a
-    # busy 2-core machine the check at batch 1 has measured up to 35% off the prediction, so the tolerance here is wide; the
-    # throughput check's accuracy is tested on the demo pair (test_export, test_bench), this test is about the MoE path.
+    # The profile above is the smallest one (a prompt per domain, 8 tokens each): its acceptance figures are rough, and
+    # on a busy 2-core machine the check at batch 1 has measured up to 35% off the prediction, so the tolerance here is
+    # wide; the throughput check's accuracy is tested on the demo pair (test_export, test_bench), this test is about the
+    # MoE path.
     assert (
         main(
             [

@@ -29,13 +29,13 @@ if (
         pytrace=False,
     )
 
-from scipy.stats import chisquare
+from scipy.stats import chisquare  # noqa: E402
 
-from specdec_tune import SpecdecError
-from specdec_tune.kernels import acceptance, aot, sampling, tuning
-from specdec_tune.kernels import verify_attention as va
-from specdec_tune.profiles.models.llama import gqa_attention
-from specdec_tune.profiles.specdec import verify_greedy, verify_sampled
+from specdec_tune import SpecdecError  # noqa: E402
+from specdec_tune.kernels import acceptance, aot, sampling, tuning  # noqa: E402
+from specdec_tune.kernels import verify_attention as va  # noqa: E402
+from specdec_tune.profiles.models.llama import gqa_attention  # noqa: E402
+from specdec_tune.profiles.specdec import verify_greedy, verify_sampled  # noqa: E402
 
 # a kernel module imported earlier in this process without the interpreter holds GPU-compiled kernels: decorate again
 importlib.reload(va)
@@ -199,7 +199,8 @@ def test_greedy_accept_equals_verify_greedy(K):
 
 
 def test_greedy_accept_ties_take_the_first_index():
-    """Integer logits with many equal maxima (also across chunk boundaries): the first index wins, as in torch.argmax."""
+    """Integer logits with many equal maxima (also across chunk boundaries): the first index wins, as in
+    torch.argmax."""
     g = torch.Generator().manual_seed(5)
     logits = torch.randint(0, 3, (16, 4, 40), generator=g).float()
     drafts = logits[:, :3].argmax(-1)
@@ -482,7 +483,8 @@ def test_loader_refuses_another_arch_and_falls_back_to_jit(bundle):
 
 @pytest.mark.gpu
 def test_gpu_benchmark_quick(tmp_path):
-    """On a GPU: the kernels compiled for it match the reference and the benchmark runs (in a fresh interpreter-free process)."""
+    """On a GPU: the kernels compiled for it match the reference and the benchmark runs (in a fresh interpreter-free
+    process)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "verify_attention_gpu.py"), "--quick", "--out", str(tmp_path / "v.json")],

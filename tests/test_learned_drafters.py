@@ -1,5 +1,5 @@
-"""EAGLE-3, MTP, DFlash and DSpark heads on tiny random models: the target's hidden-state capture, the head's cache against a
-from-scratch draft, training-time test against drafting, the speculators / Model-Optimizer loaders and their
+"""EAGLE-3, MTP, DFlash and DSpark heads on tiny random models: the target's hidden-state capture, the head's cache
+against a from-scratch draft, training-time test against drafting, the speculators / Model-Optimizer loaders and their
 verifier checks, profiling, and (demo) a trained head written by train-drafter loading back."""
 
 from __future__ import annotations

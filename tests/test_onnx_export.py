@@ -215,7 +215,8 @@ def test_learned_heads_export_with_parity_against_their_drafting_code(tmp_path, 
 
 
 def test_a_head_drafting_one_token_at_small_batch_exports(tmp_path):
-    """A plan with D = 1 and a batch cap of 2: the traced example and the parity shapes stay inside the graphs' ranges."""
+    """A plan with D = 1 and a batch cap of 2: the traced example and the parity shapes stay inside the graphs'
+    ranges."""
     from specdec_tune.exporters.onnx_heads import export_head
 
     head = _heads(tiny_target(seed=2))["eagle3"]()

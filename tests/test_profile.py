@@ -70,7 +70,8 @@ def test_adaptive_sampling_stops_at_infeasible_points():
 
 def test_the_fit_keeps_the_curve_monotone_and_flags_a_cell_that_disagrees_with_its_neighbours():
     """A slow spell on one cell (ctx 128, batch 1, 1+D = 13: 190 ms among 50 ms neighbours) and a batch-8 cell faster at
-    1+D = 2 than at 1 are fitted away; the spike is flagged `fitted` with its raw value kept, honest cells stay measured."""
+    1+D = 2 than at 1 are fitted away; the spike is flagged `fitted` with its raw value kept, honest cells stay
+    measured."""
     from specdec_tune.profiles.verify_curve import fit_verify
 
     rng = random.Random(0)
@@ -242,7 +243,8 @@ def test_profile_end_to_end_and_reuse(tmp_path):
     assert {(p.mechanism, p.batch, p.draft_len) for p in first.draft} == {
         (m, b, d) for m in ("ngram", "draft_model") for b in (1, 2) for d in (1, 2, 3)
     }
-    # the serial drafter's cost grows with D (three steps against one; a shared machine's noise can take a third off the ratio)
+    # the serial drafter's cost grows with D (three steps against one; a shared machine's noise can take a third off the
+    # ratio)
     dm = {p.draft_len: p.median_ms for p in first.draft if p.mechanism == "draft_model" and p.batch == 1}
     assert dm[3] > 1.5 * dm[1]
     # acceptance per mechanism x domain, derived AL for every D, checks at smaller D, emulated FP8
@@ -255,7 +257,8 @@ def test_profile_end_to_end_and_reuse(tmp_path):
         lo <= x <= hi for x, (lo, hi) in zip(ngram_all.tokens_per_forward, ngram_all.tokens_per_forward_ci)
     )
     assert [c.draft_len for c in ngram_all.checks] == [3]  # the loop in the profile's dtype against the replay at D_max
-    # the per-prompt counts behind it (for paired comparisons) give back its figures, and only the "all" record keeps them
+    # the per-prompt counts behind it (for paired comparisons) give back its figures, and only the "all" record keeps
+    # them
     sums = ngram_all.per_prompt
     assert len(sums.domains) == ngram_all.prompts and all(
         a.per_prompt is None for a in first.acceptance if a.domain != "all"
@@ -316,7 +319,8 @@ def uninterrupted(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "Ctrl-C"])
 def test_profile_resumes_after_sigkill(tmp_path, sig, uninterrupted):
     killed, clean = tmp_path / "killed", uninterrupted
-    # Ctrl-C as a terminal sends it: to a process whose SIGINT is not ignored (a shell's background job inherits it ignored)
+    # Ctrl-C as a terminal sends it: to a process whose SIGINT is not ignored (a shell's background job inherits it
+    # ignored)
     proc = subprocess.Popen(
         _cli(killed),
         stdout=subprocess.DEVNULL,

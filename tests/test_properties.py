@@ -193,7 +193,8 @@ def test_any_model_config_is_read_or_refused(doc, extra):
 
 
 def _run_cases(outcomes, *args, cases: list) -> list[str]:
-    """`outcomes(*args, batch)` over every case, the cases dealt over the machine's cores (each a process of its own)."""
+    """`outcomes(*args, batch)` over every case, the cases dealt over the machine's cores (each a process of its
+    own)."""
     workers = max(1, min(4, os.cpu_count() or 1))
     batches = [cases[i::workers] for i in range(workers)]
     with ProcessPoolExecutor(

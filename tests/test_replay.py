@@ -187,15 +187,16 @@ def test_widening_is_hesterbergs_factor_and_pools_a_mix():
 
 
 def test_interval_over_few_prompts_holds_its_confidence():
-    """Seven prompts per interval, 400 intervals: the widened interval covers the true tokens per forward about 95% of the
-    time; the plain percentile interval (factor 1) covers clearly less."""
+    """Seven prompts per interval, 400 intervals: the widened interval covers the true tokens per forward about 95% of
+    the time; the plain percentile interval (factor 1) covers clearly less."""
     rng = np.random.default_rng(1)
     true_mean, n, trials = 1.5, 7, 400
     covered = {1.0: 0, "widened": 0}
     for t in range(trials):
         per_prompt = list(true_mean + 0.3 * rng.standard_normal(n))
         sums = _sums(per_prompt, tokens=600)
-        # the mix's harmonic mean of equal-token prompts; the truth of a population whose prompts all emit as many tokens
+        # the mix's harmonic mean of equal-token prompts; the truth of a population whose prompts all emit as many
+        # tokens
         truth = 1 / np.mean(1 / (true_mean + 0.3 * rng.standard_normal(20000)))
         point, _ = intervals.figures(sums, ["a"] * n, {"a": 1.0})
         resampled, _ = intervals.draws(sums, ["a"] * n, {"a": 1.0}, resamples=400, seed=t)
@@ -208,7 +209,8 @@ def test_interval_over_few_prompts_holds_its_confidence():
 
 
 def test_widened_interval_stays_within_one_and_one_plus_d():
-    """Seven prompts that rarely accept: the widened lower bound would fall below one token per forward; it stops at 1."""
+    """Seven prompts that rarely accept: the widened lower bound would fall below one token per forward; it
+    stops at 1."""
     per_prompt = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.9]
     _, _, tpf_ci, al_ci = intervals.figures(_sums(per_prompt), ["a"] * 7, {"a": 1.0}, resamples=500)
     assert tpf_ci[1, 0] == 1.0 and al_ci[1, 0] >= 1.0 and tpf_ci[1, 1] <= 2.0

@@ -162,7 +162,8 @@ def shares_at(rec, D: int) -> list[float]:
 
 
 def test_prediction_interval_by_hand(v2):
-    """TPS low = B·AL_low / (T_verif_high + T_draft_high + T_host), high the other way; speedup over the baseline's value."""
+    """TPS low = B·AL_low / (T_verif_high + T_draft_high + T_host), high the other way; speedup over the baseline's
+    value."""
     cost = CostModel(v2)
     B, D = 4, 3
     rec = record(v2, "ngram")
@@ -224,7 +225,8 @@ def test_emulated_acceptance_is_labelled_emulated_and_ranks_below_fitted(profile
 
 
 def strong_fp8_drafter(profile: Profile) -> Profile:
-    """A draft model whose FP8 weights (emulated) accept 80% per position, with FP8 draft times and host time at every D."""
+    """A draft model whose FP8 weights (emulated) accept 80% per position, with FP8 draft times and host time at
+    every D."""
 
     def fp8(a):
         if (a["mechanism"], a["quant"]) != ("draft_model", "fp8"):
@@ -496,7 +498,8 @@ def slower_to_verify_more(profile: Profile, batch: int, factor: float) -> Profil
 
 def test_d_never_rises_with_batch(profile, tmp_path):
     """A slow spell over batch 2's multi-token cells makes that bucket alone turn speculation off between two buckets
-    that keep it; the plan's schedule stays non-increasing, is the best such schedule, and says where the rule decided."""
+    that keep it; the plan's schedule stays non-increasing, is the best such schedule, and says where the rule
+    decided."""
     import itertools
 
     noisy = slower_to_verify_more(profile, 2, 1.3)
@@ -574,7 +577,8 @@ def test_a_bad_mix_is_refused(v2, mix, message):
     [
         (
             ["--mix", "poetry=1"],
-            "'poetry', which the profile has no acceptance for (use the profile's domains: writing, roleplay, reasoning",
+            "'poetry', which the profile has no acceptance for (use the profile's domains: writing, roleplay, "
+            "reasoning",
         ),
         (["--mix", "writing"], "is not DOMAIN=WEIGHT"),
         (["--mix", "writing=-1"], "must be positive"),

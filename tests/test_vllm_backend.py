@@ -1,5 +1,5 @@
-"""The vllm measurement backend: the profile it writes, the cost model and search on it, and the engine check of a bundle,
-against a fake engine in CI (tests/fake_vllm.py) and against the real vLLM where its virtualenv is named."""
+"""The vllm measurement backend: the profile it writes, the cost model and search on it, and the engine check of a
+bundle, against a fake engine in CI (tests/fake_vllm.py) and against the real vLLM where its virtualenv is named."""
 
 from __future__ import annotations
 
@@ -266,7 +266,8 @@ def test_rounds_are_brought_to_the_reference_speed(drifting_profile, fake_profil
     steady = {(r.mechanism, r.batch, r.draft_len): r.median_ms for r in fake_profile[0].rounds if r.ctx == 64}
     scale = probe["median_ms"] / 20.0  # the reference speed, against the steady machine's
     for r in profile.rounds:
-        # brought to the reference, each cell is the steady machine's at that speed; raw, it is whatever mix of spells its passes met
+        # brought to the reference, each cell is the steady machine's at that speed; raw, it is whatever mix of spells
+        # its passes met
         assert r.median_ms == pytest.approx(steady[(r.mechanism, r.batch, r.draft_len)] * scale, rel=0.06)
         assert r.raw_median_ms is not None
     assert any("brought to the reference speed" in n for n in profile.notes)

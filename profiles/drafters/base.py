@@ -22,12 +22,13 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from specdec_tune import SpecdecError
 
 if TYPE_CHECKING:
     import torch
+    from _typeshed import DataclassInstance
 
     from specdec_tune.profiles.models.loading import LoadedModel
 
@@ -76,6 +77,11 @@ class Drafter(ABC):
     # None: only the speculative loop measures it.
     replay: ClassVar[str | None] = None
 
+    if TYPE_CHECKING:  # what `create` relies on of a registered drafter (declared for the type checker only)
+        Options: ClassVar[type[DataclassInstance]]  # its options, every field with a default (`parse_options`)
+
+        def __init__(self, target: LoadedModel | None, options: Any) -> None: ...
+
     @abstractmethod
     def start(self, prompts: list[list[int]]) -> None:
         """Begin a new batch; row b's prompt is prompts[b]."""
@@ -84,16 +90,17 @@ class Drafter(ABC):
     def propose(self, request: DraftRequest) -> Draft:
         """Propose up to request.max_tokens[b] tokens continuing request.token_ids[b]."""
 
-    def keep_rows(self, indices: list[int]) -> None:
+    def keep_rows(self, indices: list[int]) -> None:  # noqa: B027  (a hook, not abstract: no per-row state, no-op)
         """Drop finished rows; the kept rows are renumbered 0..len(indices)-1."""
 
     def with_quantized_weights(self, fmt: str) -> Drafter:
         """A copy whose weights are fake-quantized to `fmt` (profiles.drafters.quant); the original is untouched."""
         raise SpecdecError(f"the {self.name} drafter has no weights to quantize", "quantize only model-based drafters")
 
-    def describe(self) -> dict[str, object]:
+    def describe(self) -> dict[str, Any]:
         """Settings that identify this drafter in a profile (name, kind, options)."""
-        options = dataclasses.asdict(self.options) if dataclasses.is_dataclass(getattr(self, "options", None)) else {}
+        own: DataclassInstance | None = getattr(self, "options", None)  # its Options, where it keeps them
+        options = dataclasses.asdict(own) if dataclasses.is_dataclass(own) else {}
         return {"name": self.name, "kind": self.kind, "options": options}
 
 
@@ -131,7 +138,7 @@ def available() -> list[str]:
     return sorted(registry())
 
 
-def parse_options(cls: type, raw: dict[str, str]) -> object:
+def parse_options(cls: type[DataclassInstance], raw: dict[str, str]) -> DataclassInstance:
     """Build the drafter's `Options` dataclass from string key=value pairs, strictly."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     values: dict[str, object] = {}
@@ -141,7 +148,7 @@ def parse_options(cls: type, raw: dict[str, str]) -> object:
                 f"unknown drafter option {key!r}",
                 f"known options: {', '.join(sorted(fields)) or 'none'}",
             )
-        default = fields[key].default
+        default: Any = fields[key].default  # every option has one (a bool, int, float or str)
         try:
             values[key] = type(default)(text) if not isinstance(default, bool) else text.lower() in ("1", "true", "yes")
         except ValueError:
@@ -151,13 +158,13 @@ def parse_options(cls: type, raw: dict[str, str]) -> object:
     return cls(**values)
 
 
-def describe_spec(name: str, options: dict[str, str] | None = None) -> dict[str, object]:
+def describe_spec(name: str, options: dict[str, str] | None = None) -> dict[str, Any]:
     """What `Drafter.describe` gives, plus the class's draft-length limit, without building the drafter: for an engine
     that runs the mechanism itself. Options are checked as `create` checks them."""
     if name not in registry():
         raise SpecdecError(f"unknown drafter mechanism {name!r}", f"choose one of: {', '.join(available())}")
     cls = _REGISTRY[name]
-    parsed = parse_options(cls.Options, options or {})  # type: ignore[attr-defined]
+    parsed = parse_options(cls.Options, options or {})
     limit = (
         cls.max_draft_len if isinstance(cls.max_draft_len, int) else None
     )  # a block drafter's comes from its checkpoint
@@ -169,4 +176,4 @@ def create(name: str, target: LoadedModel, options: dict[str, str] | None = None
     if name not in registry():
         raise SpecdecError(f"unknown drafter mechanism {name!r}", f"choose one of: {', '.join(available())}")
     cls = _REGISTRY[name]
-    return cls(target, parse_options(cls.Options, options or {}))  # type: ignore[attr-defined]
+    return cls(target, parse_options(cls.Options, options or {}))

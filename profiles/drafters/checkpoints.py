@@ -1,12 +1,14 @@
-"""Reading and writing learned draft heads: the speculators layout, Model-Optimizer's EAGLE-3 and z-lab's DFlash exports.
+"""Reading and writing learned draft heads: the speculators layout, Model-Optimizer's EAGLE-3 and z-lab's DFlash
+exports.
 
 Formats, told apart by `config.json` alone (JSON is parsed; nothing in the folder is executed; weights are read
 only from safetensors, pickle files are refused):
 
   speculators   `speculators_model_type` "eagle3" | "mtp" | "dflash" | "dspark", `transformer_layer_config`, algorithm
-                fields (`draft_vocab_size`, `target_hidden_size`, `eagle_aux_hidden_state_layer_ids`, `norm_before_residual`;
-                `num_nextn_predict_layers`; `block_size`, `aux_hidden_state_layer_ids`, `mask_token_id`,
-                `sample_from_anchor`, `markov_rank`, `markov_head_type`, `enable_confidence_head`), `speculators_config`.
+                fields (`draft_vocab_size`, `target_hidden_size`, `eagle_aux_hidden_state_layer_ids`,
+                `norm_before_residual`; `num_nextn_predict_layers`; `block_size`, `aux_hidden_state_layer_ids`,
+                `mask_token_id`, `sample_from_anchor`, `markov_rank`, `markov_head_type`, `enable_confidence_head`),
+                `speculators_config`.
   Model-Optimizer  a flat Llama config with `eagle_config` {`eagle_aux_hidden_state_layer_ids`,
                 `use_aux_hidden_state`} and `draft_vocab_size`; the decoder layer's weights under `midlayer.`.
   z-lab DFlash  a flat Qwen3 config with `architectures` ["DFlashDraftModel"], `block_size`, `num_target_layers` and
@@ -74,7 +76,8 @@ def resolve_head(mechanism: str, target: LoadedModel, options) -> tuple[DraftHea
     else:
         raise SpecdecError(
             f"no {mechanism} head was given and no demo-head trainer is loaded",
-            "give model=FOLDER (or random=1), or import specdec_tune.profiles.train_drafter, which trains the demo head",
+            "give model=FOLDER (or random=1), or import specdec_tune.profiles.train_drafter, "
+            "which trains the demo head",
         )
     loaded = load_head(folder, target, expect=mechanism)
     return loaded.head, loaded.weights_hash, dataclasses.replace(options, model=str(folder))
@@ -122,7 +125,7 @@ def load_head(folder: Path | str, target: LoadedModel, expect: str | None = None
         mechanism, fmt, head = name, "speculators", kinds[name].read(config, state, target.model, folder)
     else:
         kind, layout = next(((k, lay) for k, lay in others if isinstance(config.get(lay.marker), dict)), (None, None))
-        if kind is None:
+        if kind is None or layout is None:  # found together
             raise SpecdecError(
                 f"{folder}/config.json is neither a speculators config (speculators_model_type) nor "
                 + " nor ".join(f"a {lay.name} {k.name} export ({lay.marker})" for k, lay in others),
@@ -178,7 +181,8 @@ def transformer_layer_config(c: ModelConfig) -> dict:
 def speculators_config(
     head: DraftHead, mechanism: str, *, verifier: str, verifier_architectures: list[str], speculative_tokens: int
 ) -> dict:
-    """config.json for `head`, in the speculators layout (speculators_layout.py; the bundle exporter writes the same)."""
+    """config.json for `head`, in the speculators layout (speculators_layout.py; the bundle exporter writes the
+    same)."""
     fields = {
         "transformer_layer_config": transformer_layer_config(head.config),
         **head_kind(mechanism).speculators_fields(head),
@@ -207,17 +211,20 @@ def save_head(
     speculative_tokens: int,
     extra: dict | None = None,
 ) -> Path:
-    """Write `head` in the speculators layout (config.json + model.safetensors; the target's shared embedding and LM head
-    are left out, as speculators leaves them out), atomically. `extra` goes to training.json beside them."""
+    """Write `head` in the speculators layout (config.json + model.safetensors; the target's shared embedding and LM
+    head are left out, as speculators leaves them out), atomically. `extra` goes to training.json beside them."""
     from safetensors.torch import save_file
 
     shared = head_kind(mechanism).shared(head)
     state = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items() if k not in shared}
     state = {k: (v.float() if v.is_floating_point() else v) for k, v in state.items()}
-    mapped = isinstance(head, DraftVocabulary)
-    if mapped and head.draft_vocab_size == head.config.vocab_size and not bool(head.d2t.any()):
+    if (
+        isinstance(head, DraftVocabulary)
+        and head.draft_vocab_size == head.config.vocab_size
+        and not bool(head.d2t.any())
+    ):
         state.pop("d2t")  # the full vocabulary in order: no map, as speculators and vLLM expect then
-    elif mapped:
+    elif isinstance(head, DraftVocabulary):  # a draft vocabulary: its map, as speculators writes it
         t2d = torch.zeros(head.config.vocab_size, dtype=torch.bool)
         t2d[head.to_target_ids(torch.arange(head.draft_vocab_size, device=head.d2t.device)).cpu()] = True
         state["t2d"] = t2d

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -47,6 +47,9 @@ from specdec_tune.profiles.models.llama import CausalLM, DecoderLayer, KVCache, 
 from specdec_tune.settings import DSPARK_DEMO_RANK
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from specdec_tune.profiles.models.generic import GenericCausalLM, LogitHead
     from specdec_tune.profiles.models.loading import LoadedModel
 
 MARKOV_TYPES = ("vanilla", "gated", "rnn")
@@ -69,7 +72,8 @@ class MarkovHead(nn.Module):
     def step(
         self, prev: torch.Tensor, hidden: torch.Tensor, state: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """prev [N] target ids, hidden [N, H] (the slot's backbone state), state [N, r] or None -> (bias [N, V_draft], state)."""
+        """prev [N] target ids, hidden [N, H] (the slot's backbone state), state [N, r] or None -> (bias [N, V_draft],
+        state)."""
         e = self.markov_w1(prev).to(self.markov_w2.weight.dtype)  # [N, r]
         if self.head_type == "vanilla":
             return self.markov_w2(e), state
@@ -83,7 +87,8 @@ class MarkovHead(nn.Module):
 
 
 class ConfidenceHead(nn.Module):
-    """DSpark's per-slot acceptance estimate (a logit) from [h; W1[prev]]; loaded and carried, not used to cut drafts."""
+    """DSpark's per-slot acceptance estimate (a logit) from [h; W1[prev]]; loaded and carried, not used to cut
+    drafts."""
 
     def __init__(self, input_dim: int) -> None:
         super().__init__()
@@ -103,7 +108,7 @@ class DFlashHead(DraftVocabulary, DraftHead):
         mask_token_id: int,
         draft_vocab_size: int,
         embed_tokens: nn.Embedding,
-        lm_head: nn.Linear | None = None,
+        lm_head: nn.Linear | LogitHead | None = None,
         sample_from_anchor: bool = False,
         markov_rank: int = 0,
         markov_head_type: str = "vanilla",
@@ -128,8 +133,8 @@ class DFlashHead(DraftVocabulary, DraftHead):
         self.confidence_head = ConfidenceHead(H + markov_rank) if confidence_head else None
 
     @property
-    def layer(self) -> nn.Module:
-        return self.layers[0]
+    def layer(self) -> DecoderLayer:
+        return cast(DecoderLayer, self.layers[0])  # nn.ModuleList's items are typed as any nn.Module
 
     @property
     def first_slot(self) -> int:
@@ -150,10 +155,10 @@ class DFlashHead(DraftVocabulary, DraftHead):
     def context_kv(
         self, ctx: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """ctx [B, T, H] with RoPE cos, sin [B, T, 1, hd] (its positions) -> per layer (k, v), each [B, H_kv, T, hd]: what
-        the block attends to."""
+        """ctx [B, T, H] with RoPE cos, sin [B, T, 1, hd] (its positions) -> per layer (k, v), each [B, H_kv, T, hd]:
+        what the block attends to."""
         out = []
-        for layer in self.layers:
+        for layer in cast("Iterable[DecoderLayer]", self.layers):  # as `layer`
             _, k, v = layer.self_attn.qkv(ctx, cos, sin)  # the query projection of the context is unused
             out.append((k.transpose(1, 2), v.transpose(1, 2)))
         return out
@@ -167,10 +172,11 @@ class DFlashHead(DraftVocabulary, DraftHead):
         mask: torch.Tensor,
     ) -> torch.Tensor:
         """Block tokens [B, Q] with RoPE cos, sin [B, Q, 1, hd] (their positions) over per-layer context keys/values
-        [B, H_kv, L, hd]; mask [B, 1, Q, L + Q] (context keys, then the block's own) -> the normed block states [B, Q, H]."""
+        [B, H_kv, L, hd]; mask [B, 1, Q, L + Q] (context keys, then the block's own) -> the normed block states
+        [B, Q, H]."""
         B, Q = tokens.shape
         x = self.embed_tokens(tokens).to(self.fc.weight.dtype)
-        for layer, (k_ctx, v_ctx) in zip(self.layers, context):
+        for layer, (k_ctx, v_ctx) in zip(cast("Iterable[DecoderLayer]", self.layers), context):  # as `layer`
             attn = layer.self_attn
             q, k, v = attn.qkv(layer.input_layernorm(x), cos, sin)  # [B, Q, H, hd], [B, Q, H_kv, hd] x2
             keys = torch.cat([k_ctx.to(k.dtype), k.transpose(1, 2)], dim=2)
@@ -183,9 +189,9 @@ class DFlashHead(DraftVocabulary, DraftHead):
     def draft_logits(
         self, hidden: torch.Tensor, prev: torch.Tensor, choose
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Slot logits [B, V_draft] for slots first_slot.. of hidden [B, S, H], with the Markov bias when the head has one.
-        `choose(logits) -> target ids [B]` picks each slot's token; prev [B] is the anchor (the first slot's previous
-        token). Returns (logits per slot, chosen ids per slot)."""
+        """Slot logits [B, V_draft] for slots first_slot.. of hidden [B, S, H], with the Markov bias when the head has
+        one. `choose(logits) -> target ids [B]` picks each slot's token; prev [B] is the anchor (the first slot's
+        previous token). Returns (logits per slot, chosen ids per slot)."""
         logits_all = self.lm_head(hidden).float()  # [B, S, V_draft]: the parallel pass
         state, logits, chosen = None, [], []
         for j in range(self.first_slot, hidden.shape[1]):
@@ -218,7 +224,7 @@ def default_mask_token(target_vocab: int, tokenizer=None) -> int:
 
 
 def new_dflash_head(
-    target: CausalLM,
+    target: CausalLM | GenericCausalLM,
     *,
     draft_vocab: list[int] | None = None,
     layers: int = 2,
@@ -272,12 +278,13 @@ class BlockDrafter(HeadDrafter):
     """One pass over the block per round (see the module docstring); the context cache is the head's KV cache."""
 
     kind = "parallel"
+    head: DFlashHead  # a block head, always
 
     @property
     def max_draft_len(self) -> int:  # type: ignore[override]
         return self.head.max_drafts
 
-    def describe(self) -> dict[str, object]:
+    def describe(self) -> dict[str, Any]:
         out = super().describe()
         out.update(block_size=self.head.block_size, max_draft_len=self.max_draft_len)
         return out
@@ -295,12 +302,14 @@ class BlockDrafter(HeadDrafter):
         dtype = next(head.parameters()).dtype
         self._ensure_cache(B, max(len(s) for s in seqs) + T)
         cache = self.cache
+        assert cache is not None  # _ensure_cache made it
 
         # Catch-up: the context's keys and values for positions fed[b] .. len-2, written into the cache.
         start = torch.tensor(self.fed, dtype=torch.long, device=device)
         positions = start[:, None] + torch.arange(
             T, device=device
         )  # [B, T] (rows with fewer states write past len-2, masked)
+        assert request.hidden_states is not None  # _checked_counts raised otherwise
         ctx = head.combine(request.hidden_states[:, :T].to(device=device, dtype=dtype))  # [B, T, H]
         rows = torch.arange(B, device=device)[:, None].expand(B, T)
         for (k, v), k_cache, v_cache in zip(head.context_kv(ctx, *head.rope(positions)), cache.k, cache.v):
@@ -370,8 +379,8 @@ class DFlashDrafter(BlockDrafter):
         random: bool = False  # random weights of the default shape: for timing and losslessness checks only
 
     def __init__(self, target: LoadedModel, options: Options) -> None:
-        head, weights_hash, options = resolve_head("dflash", target, options)
-        super().__init__(head, options, weights_hash)
+        head, weights_hash, resolved = resolve_head("dflash", target, options)
+        super().__init__(head, resolved, weights_hash)
 
 
 @register("dspark")
@@ -382,8 +391,8 @@ class DSparkDrafter(BlockDrafter):
         random: bool = False  # random weights of the default shape: for timing and losslessness checks only
 
     def __init__(self, target: LoadedModel, options: Options) -> None:
-        head, weights_hash, options = resolve_head("dspark", target, options)
-        super().__init__(head, options, weights_hash)
+        head, weights_hash, resolved = resolve_head("dspark", target, options)
+        super().__init__(head, resolved, weights_hash)
 
 
 # ---------------------------------------------------------------------------- checkpoints
@@ -393,7 +402,7 @@ def _block_head(
     what: str,
     layer: ModelConfig,
     state: dict,
-    target: CausalLM,
+    target: CausalLM | GenericCausalLM,
     folder: Path,
     *,
     layer_ids,
@@ -452,7 +461,7 @@ def _block_head(
 
 
 def _speculators_block(kind: str):
-    def read(config: dict, state: dict, target: CausalLM, folder: Path) -> DFlashHead:
+    def read(config: dict, state: dict, target: CausalLM | GenericCausalLM, folder: Path) -> DFlashHead:
         layer = layer_config(
             config.get("transformer_layer_config") or {}, f"{folder}/config.json transformer_layer_config"
         )
@@ -483,7 +492,7 @@ def _speculators_block(kind: str):
     return read
 
 
-def read_zlab(config: dict, state: dict, target: CausalLM, folder: Path) -> DFlashHead:
+def read_zlab(config: dict, state: dict, target: CausalLM | GenericCausalLM, folder: Path) -> DFlashHead:
     dflash = config["dflash_config"]
     layer = layer_config(config, f"{folder}/config.json")
     ids = dflash.get("target_layer_ids")
@@ -531,7 +540,7 @@ def shared(head: DFlashHead) -> set[str]:
 
 def _new(dspark: bool):
     def new(
-        target: CausalLM,
+        target: CausalLM | GenericCausalLM,
         draft_vocab=None,
         aux_layers=None,
         seed=0,

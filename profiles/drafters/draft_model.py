@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,6 +23,9 @@ from specdec_tune.kernels.sampling import sample_tokens
 from specdec_tune.profiles.drafters.base import Draft, Drafter, DraftRequest, register
 from specdec_tune.profiles.drafters.quant import quantize_linear_weights
 from specdec_tune.profiles.models.loading import LoadedModel, check_same_vocabulary, load_model
+
+if TYPE_CHECKING:
+    from specdec_tune.profiles.models.llama import KVCache
 
 
 @register("draft_model")
@@ -48,7 +52,7 @@ class DraftModelDrafter(Drafter):
                     "use fewer layers (option layers=N)",
                 )
             self.model = target.model.truncated(n)
-        self.cache = None
+        self.cache: KVCache | None = None
         # Per row, the cache holds seq[:checked] (known to match) followed by `unchecked` (drafts that may be rejected).
         self.checked: list[int] = []
         self.unchecked: list[list[int]] = []

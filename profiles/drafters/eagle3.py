@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -38,6 +38,7 @@ from specdec_tune.profiles.drafters.heads import (
 from specdec_tune.profiles.models.llama import CausalLM, DecoderLayer, ModelConfig, RMSNorm
 
 if TYPE_CHECKING:
+    from specdec_tune.profiles.models.generic import GenericCausalLM
     from specdec_tune.profiles.models.loading import LoadedModel
 
 
@@ -54,7 +55,8 @@ class Eagle3Layer(DecoderLayer):
         self.norm_before_residual = norm_before_residual
 
     def mix(self, embeds: torch.Tensor, hidden: torch.Tensor, attend) -> torch.Tensor:
-        """embeds, hidden: [B, T, H] -> output before the final norm [B, T, H]; `attend` is the attention (cached or training)."""
+        """embeds, hidden: [B, T, H] -> output before the final norm [B, T, H]; `attend` is the attention (cached or
+        training)."""
         normed = self.hidden_norm(hidden)
         residual = normed if self.norm_before_residual else hidden
         x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # [B, T, 2H]
@@ -88,8 +90,8 @@ class Eagle3Head(DraftVocabulary, DraftHead):
         self.register_buffer("d2t", torch.zeros(draft_vocab_size, dtype=torch.long))
 
     @property
-    def layer(self) -> nn.Module:
-        return self.layers[0]
+    def layer(self) -> Eagle3Layer:
+        return cast(Eagle3Layer, self.layers[0])  # nn.ModuleList's items are typed as any nn.Module
 
     def combine(self, target_hidden: torch.Tensor) -> torch.Tensor:
         return self.fc(target_hidden)
@@ -100,7 +102,11 @@ class Eagle3Head(DraftVocabulary, DraftHead):
 
 
 def new_eagle3_head(
-    target: CausalLM, *, draft_vocab: list[int] | None = None, aux_layers: tuple[int, ...] | None = None, seed: int = 0
+    target: CausalLM | GenericCausalLM,
+    *,
+    draft_vocab: list[int] | None = None,
+    aux_layers: tuple[int, ...] | None = None,
+    seed: int = 0,
 ) -> Eagle3Head:
     """A head of the default shape for `target`: its layer settings, its embedding (shared), and a draft vocabulary
     `draft_vocab` (target ids, increasing; None = the full vocabulary). The head's own weights are random; the LM head
@@ -140,8 +146,8 @@ class Eagle3Drafter(HeadDrafter):
         random: bool = False  # random weights of the default shape: for timing and losslessness checks only
 
     def __init__(self, target: LoadedModel, options: Options) -> None:
-        head, weights_hash, options = resolve_head("eagle3", target, options)
-        super().__init__(head, options, weights_hash)
+        head, weights_hash, resolved = resolve_head("eagle3", target, options)
+        super().__init__(head, resolved, weights_hash)
 
 
 # ---------------------------------------------------------------------------- checkpoints
@@ -150,7 +156,7 @@ class Eagle3Drafter(HeadDrafter):
 def _eagle3(
     layer: ModelConfig,
     state: dict,
-    target: CausalLM,
+    target: CausalLM | GenericCausalLM,
     folder: Path,
     *,
     target_hidden: int,
@@ -184,7 +190,7 @@ def _eagle3(
     return load_into(head, state, folder, set() if own_embedding else {"embed_tokens.weight"}, target)
 
 
-def read_speculators(config: dict, state: dict, target: CausalLM, folder: Path) -> Eagle3Head:
+def read_speculators(config: dict, state: dict, target: CausalLM | GenericCausalLM, folder: Path) -> Eagle3Head:
     layer = layer_config(config.get("transformer_layer_config") or {}, f"{folder}/config.json transformer_layer_config")
     return _eagle3(
         layer,
@@ -198,7 +204,7 @@ def read_speculators(config: dict, state: dict, target: CausalLM, folder: Path) 
     )
 
 
-def read_modelopt(config: dict, state: dict, target: CausalLM, folder: Path) -> Eagle3Head:
+def read_modelopt(config: dict, state: dict, target: CausalLM | GenericCausalLM, folder: Path) -> Eagle3Head:
     eagle = config["eagle_config"]
     if not eagle.get("use_aux_hidden_state", True):
         raise SpecdecError(

@@ -1,16 +1,22 @@
-"""What every head's checkpoint reader shares: the layer settings of a config, the check against the verifier (the target
-the head will run on), the strict copy of the weights, and the draft-vocabulary map. The readers themselves live with
-their heads (eagle3.py, mtp.py, dflash.py) and are found through `heads.HEAD_KINDS`."""
+"""What every head's checkpoint reader shares: the layer settings of a config, the check against the verifier (the
+target the head will run on), the strict copy of the weights, and the draft-vocabulary map. The readers themselves live
+with their heads (eagle3.py, mtp.py, dflash.py) and are found through `heads.HEAD_KINDS`."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
 from specdec_tune import SpecdecError
 from specdec_tune.profiles.drafters.heads import DraftHead
 from specdec_tune.profiles.models.llama import CausalLM, ModelConfig
+
+if TYPE_CHECKING:
+    from specdec_tune.profiles.models.generic import GenericCausalLM
+
+_Head = TypeVar("_Head", bound=DraftHead)
 
 
 def layer_config(hf: dict, where: str) -> ModelConfig:
@@ -23,12 +29,19 @@ def layer_config(hf: dict, where: str) -> ModelConfig:
 
 
 def check_verifier(
-    folder: Path, what: str, target: CausalLM, *, hidden: int, vocab: int, layer_ids: tuple[int, ...] = ()
+    folder: Path,
+    what: str,
+    target: CausalLM | GenericCausalLM,
+    *,
+    hidden: int,
+    vocab: int,
+    layer_ids: tuple[int, ...] = (),
 ) -> None:
     t = target.config
     if hidden != t.hidden_size:
         raise SpecdecError(
-            f"the {what} in {folder} reads target states of width {hidden}, but the target's hidden size is {t.hidden_size}",
+            f"the {what} in {folder} reads target states of width {hidden}, but the target's hidden size is "
+            f"{t.hidden_size}",
             "use a head trained for this target (its verifier)",
         )
     if vocab != t.vocab_size:
@@ -39,14 +52,15 @@ def check_verifier(
     bad = [i for i in layer_ids if not 0 <= i <= t.num_layers]
     if bad:
         raise SpecdecError(
-            f"the {what} in {folder} reads target layers {list(layer_ids)}; {bad} do not exist in the {t.num_layers}-layer target",
+            f"the {what} in {folder} reads target layers {list(layer_ids)}; {bad} do not exist in the "
+            f"{t.num_layers}-layer target",
             "use a head trained for this target (eagle_aux_hidden_state_layer_ids)",
         )
 
 
 def load_into(
-    head: DraftHead, state: dict[str, torch.Tensor], folder: Path, shared: set[str], target: CausalLM
-) -> DraftHead:
+    head: _Head, state: dict[str, torch.Tensor], folder: Path, shared: set[str], target: CausalLM | GenericCausalLM
+) -> _Head:
     """Copy `state` into `head` strictly: every weight but the target's shared ones, with matching shapes."""
     expected = {k: v for k, v in head.state_dict().items() if k not in shared}
     missing = sorted(set(expected) - set(state))
@@ -67,7 +81,9 @@ def load_into(
     return head.to(device=target.device, dtype=target.dtype)
 
 
-def draft_map(state: dict, draft_vocab: int, layer: ModelConfig, target: CausalLM, folder: Path, what: str) -> dict:
+def draft_map(
+    state: dict, draft_vocab: int, layer: ModelConfig, target: CausalLM | GenericCausalLM, folder: Path, what: str
+) -> dict:
     """`state` with t2d dropped and d2t checked (or zeros added for the full vocabulary in order)."""
     state = {k: v for k, v in state.items() if k != "t2d"}
     if "d2t" in state:

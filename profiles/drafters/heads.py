@@ -19,18 +19,19 @@ import dataclasses
 import importlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import torch
 from torch import nn
 
 from specdec_tune import SpecdecError
 from specdec_tune.kernels.sampling import sample_tokens
-from specdec_tune.profiles.drafters.base import Draft, Drafter, DraftRequest
+from specdec_tune.profiles.drafters.base import Draft, Drafter, DraftKind, DraftRequest
 from specdec_tune.profiles.drafters.quant import quantize_linear_weights
-from specdec_tune.profiles.models.llama import KVCache, ModelConfig, rope_lookup, step_coordinates
+from specdec_tune.profiles.models.llama import DecoderLayer, KVCache, ModelConfig, rope_lookup, step_coordinates
 
 if TYPE_CHECKING:
+    from specdec_tune.profiles.models.generic import GenericCausalLM, LogitHead
     from specdec_tune.profiles.models.llama import CausalLM
 
 
@@ -40,12 +41,14 @@ def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
 
 
 class DraftHead(nn.Module):
-    """What the drafting loop needs from a head. Subclasses set `hidden_layers` and implement `layer`, `combine` and `features_with`."""
+    """What the drafting loop needs from a head. Subclasses set `hidden_layers` and implement `layer`, `combine` and
+    `features_with`."""
 
     config: ModelConfig  # the head's transformer layer (vocab_size = the target's vocabulary)
     hidden_layers: tuple[int, ...]  # target layers read (CausalLM.forward_capture ids)
     embed_tokens: nn.Embedding  # usually the target's, shared
-    lm_head: nn.Linear  # its own (EAGLE-3, draft vocabulary) or the target's (MTP)
+    # its own (EAGLE-3, draft vocabulary) or the target's (MTP; a transformers target's is a LogitHead)
+    lm_head: nn.Linear | LogitHead
     block: ClassVar[bool] = False  # drafts a whole block in one pass (DFlash, DSpark), else one token per step
 
     def __init__(self) -> None:
@@ -57,7 +60,7 @@ class DraftHead(nn.Module):
         raise NotImplementedError
 
     @property
-    def layer(self) -> nn.Module:
+    def layer(self) -> DecoderLayer:
         """The head's decoder layer (its `self_attn` is the one attention the head runs)."""
         raise NotImplementedError
 
@@ -116,10 +119,11 @@ class DraftVocabulary:
 
     d2t: torch.Tensor
     config: ModelConfig
+    lm_head: nn.Linear | LogitHead  # its own, or the target's (a transformers target's is a LogitHead)
 
     @property
     def draft_vocab_size(self) -> int:
-        return self.lm_head.out_features
+        return self.lm_head.weight.shape[0]  # [V_draft, hidden]: a LogitHead has no out_features
 
     def to_target_ids(self, ids: torch.Tensor) -> torch.Tensor:
         return ids + self.d2t[ids]
@@ -140,8 +144,9 @@ def head_layer_config(target: ModelConfig, **changes) -> ModelConfig:
 
 
 Reader = Callable[
-    [dict, dict, "CausalLM", Path], DraftHead
+    [dict, dict, "CausalLM | GenericCausalLM", Path], DraftHead
 ]  # (config.json, weights, target, folder) -> the head, checked
+_Head = TypeVar("_Head", bound=DraftHead)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,38 +159,37 @@ class Layout:
 
 
 @dataclasses.dataclass(frozen=True)
-class HeadKind:
+class HeadKind(Generic[_Head]):
     """One kind of learned head as the rest of the package sees it; each head's module registers its kinds."""
 
     name: str  # the mechanism: "eagle3", "mtp", "dflash", "dspark"
-    new: Callable[
-        ..., DraftHead
-    ]  # (target CausalLM, **shape) -> random weights of the default shape; shape keys: draft_vocab,
-    #                                aux_layers, seed, draft_layers, block_size, mask_token_id, markov_rank (each kind reads its own)
-    read: Reader  # its speculators checkpoint
-    speculators_fields: Callable[[DraftHead], dict]  # its algorithm fields in speculators' config.json
-    shared: Callable[[DraftHead], set[str]]  # the target's tensors it runs with: left out of its checkpoint
+    # (target CausalLM, **shape) -> random weights of the default shape; shape keys: draft_vocab, aux_layers, seed,
+    # draft_layers, block_size, mask_token_id, markov_rank (each kind reads its own)
+    new: Callable[..., _Head]
+    read: Callable[[dict, dict, CausalLM | GenericCausalLM, Path], _Head]  # its speculators checkpoint (a `Reader`)
+    speculators_fields: Callable[[_Head], dict]  # its algorithm fields in speculators' config.json
+    shared: Callable[[_Head], set[str]]  # the target's tensors it runs with: left out of its checkpoint
     training_fields: tuple[str, ...]  # the trainer's settings that shape it (and so name its cached demo head)
     eval_draft_len: int  # the D its learning curve is measured at
     reads_aux_states: bool = True  # reads target states below the last layer (MTP reads the last layer's only)
     layouts: tuple[Layout, ...] = ()
 
 
-HEAD_KINDS: dict[str, HeadKind] = {}
+HEAD_KINDS: dict[str, HeadKind[Any]] = {}
 
 
-def register_head_kind(kind: HeadKind) -> None:
+def register_head_kind(kind: HeadKind[Any]) -> None:
     HEAD_KINDS[kind.name] = kind
 
 
-def head_kinds() -> dict[str, HeadKind]:
+def head_kinds() -> dict[str, HeadKind[Any]]:
     """Every learned head's kind by name; their modules register them as they are imported, here on first use."""
     for module in ("eagle3", "mtp", "dflash"):
         importlib.import_module(f"specdec_tune.profiles.drafters.{module}")
     return HEAD_KINDS
 
 
-def head_kind(name: str) -> HeadKind:
+def head_kind(name: str) -> HeadKind[Any]:
     kinds = head_kinds()
     if name not in kinds:
         raise SpecdecError(f"{name!r} is not a learned head", f"use one of {', '.join(kinds)}")
@@ -203,7 +207,7 @@ def shares_embedding(head: DraftHead) -> set[str]:
 class HeadDrafter(Drafter):
     """The drafting loop shared by every head (see the module docstring). Subclasses pick the head."""
 
-    kind = "serial"
+    kind: ClassVar[DraftKind] = "serial"
     replay = "head"  # the head's state is a function of the prefix: rounds replay from one teacher-forced pass
 
     def __init__(self, head: DraftHead, options: object, weights_hash: str | None) -> None:
@@ -219,10 +223,10 @@ class HeadDrafter(Drafter):
     def from_head(cls, head: DraftHead, weights_hash: str | None = None) -> HeadDrafter:
         """This mechanism's drafter around a head already in memory (training, tests)."""
         drafter = cls.__new__(cls)
-        HeadDrafter.__init__(drafter, head, cls.Options(), weights_hash)  # type: ignore[attr-defined]
+        HeadDrafter.__init__(drafter, head, cls.Options(), weights_hash)
         return drafter
 
-    def describe(self) -> dict[str, object]:
+    def describe(self) -> dict[str, Any]:
         out = super().describe()
         out["hidden_layers"] = list(self.hidden_layers)
         return out
@@ -276,6 +280,7 @@ class HeadDrafter(Drafter):
         head = self.head
         device = next(head.parameters()).device
         self._ensure_cache(B, max(len(s) for s in seqs) + K + 1)
+        assert self.cache is not None  # _ensure_cache made it
 
         # Catch-up: positions fed[b]..len-2 with target states and tokens x_{p+1}.
         tokens = torch.zeros((B, T), dtype=torch.long)
@@ -283,6 +288,7 @@ class HeadDrafter(Drafter):
             tokens[b, : len(s) - 1 - f] = torch.tensor(s[f + 1 :], dtype=torch.long)
         start = torch.tensor(self.fed, dtype=torch.long, device=device)
         dtype = next(head.parameters()).dtype
+        assert request.hidden_states is not None  # _checked_counts raised otherwise
         hidden = head.combine(request.hidden_states[:, :T].to(device=device, dtype=dtype))  # [B, T, hidden]
         logits, carry = head.step(tokens.to(device), hidden, self.cache, start)
         rows = torch.arange(B, device=device)
@@ -312,7 +318,8 @@ class HeadDrafter(Drafter):
     def replay_proposals(
         self, ids: list[int], states: torch.Tensor, known: list[int], max_tokens: int
     ) -> list[list[int]]:
-        """The greedy drafts (`max_tokens` long) of the rounds that start with ids[:N] known, for each N in `known` (≥ 2).
+        """The greedy drafts (`max_tokens` long) of the rounds that start with ids[:N] known, for each N in
+        `known` (≥ 2).
 
         states [1, len(ids) - 1, len(hidden_layers) * hidden]: the target's states at positions 0..len(ids)-2 from one
         teacher-forced pass. The head's cache at positions 0..N-2 depends only on those states and tokens (the draft

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -28,6 +28,7 @@ from specdec_tune.profiles.drafters.heads import DraftHead, HeadDrafter, HeadKin
 from specdec_tune.profiles.models.llama import CausalLM, DecoderLayer, ModelConfig, RMSNorm
 
 if TYPE_CHECKING:
+    from specdec_tune.profiles.models.generic import GenericCausalLM, LogitHead
     from specdec_tune.profiles.models.loading import LoadedModel
 
 
@@ -42,7 +43,8 @@ class MtpLayer(DecoderLayer):
         self.final_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
     def mix(self, embeds: torch.Tensor, hidden: torch.Tensor, attend) -> torch.Tensor:
-        """embeds, hidden: [B, T, H] -> the layer's output before final_layernorm [B, T, H]; `attend` is the attention."""
+        """embeds, hidden: [B, T, H] -> the layer's output before final_layernorm [B, T, H]; `attend` is the
+        attention."""
         u = self.input_proj(torch.cat([self.token_layernorm(embeds), self.hidden_layernorm(hidden)], dim=-1))
         r = u + attend(self.input_layernorm(u))
         return r + self.mlp(self.post_attention_layernorm(r))
@@ -55,7 +57,7 @@ class MtpHead(DraftHead):
         *,
         final_layer_id: int,
         embed_tokens: nn.Embedding,
-        lm_head: nn.Linear,
+        lm_head: nn.Linear | LogitHead,
         carry_normed: bool = True,
     ) -> None:
         super().__init__()
@@ -67,8 +69,8 @@ class MtpHead(DraftHead):
         self.carry_normed = carry_normed
 
     @property
-    def layer(self) -> nn.Module:
-        return self.mtp_layers[0]
+    def layer(self) -> MtpLayer:
+        return cast(MtpLayer, self.mtp_layers[0])  # nn.ModuleList's items are typed as any nn.Module
 
     def combine(self, target_hidden: torch.Tensor) -> torch.Tensor:
         return target_hidden
@@ -80,12 +82,12 @@ class MtpHead(DraftHead):
         return normed, normed if self.carry_normed else y
 
 
-def new_mtp_head(target: CausalLM, seed: int = 0) -> MtpHead:
+def new_mtp_head(target: CausalLM | GenericCausalLM, seed: int = 0) -> MtpHead:
     """A head of the default shape for `target` (its layer settings, embedding and LM head, shared). The layer starts as
     a copy of the target's last layer, the projection as [0, I] (pass the target state through), the norms as ones."""
     c = head_layer_config(target.config)
     head = MtpHead(c, final_layer_id=target.config.num_layers, embed_tokens=target.embed_tokens, lm_head=target.lm_head)
-    layer = head.mtp_layers[0]
+    layer = head.layer
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         last = target.layers[-1].state_dict()
@@ -106,14 +108,14 @@ class MtpDrafter(HeadDrafter):
         random: bool = False  # the untrained default head: for timing and losslessness checks only
 
     def __init__(self, target: LoadedModel, options: Options) -> None:
-        head, weights_hash, options = resolve_head("mtp", target, options)
-        super().__init__(head, options, weights_hash)
+        head, weights_hash, resolved = resolve_head("mtp", target, options)
+        super().__init__(head, resolved, weights_hash)
 
 
 # ---------------------------------------------------------------------------- checkpoints
 
 
-def read_speculators(config: dict, state: dict, target: CausalLM, folder: Path) -> MtpHead:
+def read_speculators(config: dict, state: dict, target: CausalLM | GenericCausalLM, folder: Path) -> MtpHead:
     layer = layer_config(config.get("transformer_layer_config") or {}, f"{folder}/config.json transformer_layer_config")
     layers = int(config.get("num_nextn_predict_layers", 1))
     if layers != 1:

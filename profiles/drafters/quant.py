@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -168,7 +169,10 @@ def quantization_error(w: torch.Tensor, fmt: str) -> float:
 # ----------------------------------------------------------------------------------------- modules
 
 
-def quantize_linear_weights(module: nn.Module, fmt: str, skip: tuple[str, ...] = ()) -> nn.Module:
+_Module = TypeVar("_Module", bound=nn.Module)
+
+
+def quantize_linear_weights(module: _Module, fmt: str, skip: tuple[str, ...] = ()) -> _Module:
     """A deep copy of ``module`` whose ``nn.Linear`` weights are fake-quantized in ``fmt``.
 
     - Only ``nn.Linear`` (and subclasses) weights change; biases, embeddings and norms stay exact.
@@ -211,9 +215,9 @@ def quantize_linear_weights(module: nn.Module, fmt: str, skip: tuple[str, ...] =
 
     new_modules = dict(new.named_modules(remove_duplicate=False))
     for name, linear in targets:
-        param = untie.get(id(linear.weight))
-        if param is not None:
-            new_modules[name].weight = param
+        untied = untie.get(id(linear.weight))
+        if untied is not None:
+            new_modules[name].weight = untied
     return new
 
 

@@ -247,7 +247,8 @@ def builtin_covers(hf_config: dict) -> bool:
 
 
 def model_config(hf_config: dict) -> ModelConfig:
-    """A model's shapes from its config.json (no weights read), as the forward that `load_model` picks would see them."""
+    """A model's shapes from its config.json (no weights read), as the forward that `load_model` picks would see
+    them."""
     if builtin_covers(hf_config):
         return ModelConfig.from_hf(hf_config)
     from transformers import AutoConfig

@@ -26,12 +26,17 @@ import contextlib
 import copy
 import dataclasses
 import inspect
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
 
 from specdec_tune import SpecdecError
 from specdec_tune.profiles.models.llama import DecoderStack, KVCache, ModelConfig, step_coordinates
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 ATTENTION_KINDS = ("full_attention", "sliding_attention")
 _LAYER_LISTS = ("layers", "h", "blocks")  # where decoder classes keep their layers
@@ -116,7 +121,9 @@ class RowKVCache(KVCache):
     ) -> None:
         super().__init__(config, len(layer_index), batch, capacity, dtype, device)
         self.layer_index = layer_index  # transformers' layer_idx -> position in k / v (a cut model keeps its ids)
-        self.rows = self.slots = None  # [B, T] cache coordinates of the step's tokens, set before each forward
+        # [B, T] cache coordinates of the step's tokens, set before each forward
+        self.rows: torch.Tensor | None = None
+        self.slots: torch.Tensor | None = None
         self.visible = 0  # L: keys 0..L-1 are visible to some query of the step
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
@@ -170,9 +177,10 @@ def _child(module: nn.Module, names: tuple[str, ...], what: str, family: str):
 
 
 class GenericCausalLM(DecoderStack, nn.Module):
-    """llama.CausalLM's interface (DecoderStack's forward, forward_capture and cuts; new_cache) over a transformers decoder."""
+    """llama.CausalLM's interface (DecoderStack's forward, forward_capture and cuts; new_cache) over a transformers
+    decoder."""
 
-    def __init__(self, decoder: nn.Module, lm_head: LogitHead, layer_ids: list[int] | None = None) -> None:
+    def __init__(self, decoder: PreTrainedModel, lm_head: LogitHead, layer_ids: list[int] | None = None) -> None:
         super().__init__()
         family = decoder.config.model_type
         self.layers_name, all_layers = _child(decoder, _LAYER_LISTS, "decoder layers", family)
@@ -191,7 +199,7 @@ class GenericCausalLM(DecoderStack, nn.Module):
         self.decoder = decoder
         self.lm_head = lm_head
         self.layers = getattr(decoder, self.layers_name)
-        self.embed_tokens = decoder.get_input_embeddings()
+        self.embed_tokens = cast(nn.Embedding, decoder.get_input_embeddings())  # typed as any nn.Module
         self.config = dataclasses.replace(generic_config(decoder.config), num_layers=len(ids))
         self.kinds = layer_kinds(decoder.config)
         self.window = getattr(decoder.config, "sliding_window", None)
@@ -252,7 +260,7 @@ class GenericCausalLM(DecoderStack, nn.Module):
         return result, hidden
 
     @contextlib.contextmanager
-    def count_experts(self):
+    def count_experts(self) -> Iterator[list[int]]:
         """Within the block, each MoE layer's forward appends the number of distinct experts its tokens woke to the
         yielded list (one entry per MoE layer per forward). Empty for a dense model."""
         woke: list[int] = []
@@ -274,7 +282,8 @@ class GenericCausalLM(DecoderStack, nn.Module):
 
 def _layer_idx(layer: nn.Module, default: int) -> int:
     attn = next((m for m in layer.modules() if hasattr(m, "layer_idx") and m is not layer), None)
-    return int(attn.layer_idx) if attn is not None and attn.layer_idx is not None else default
+    idx = getattr(attn, "layer_idx", None)  # None where no attention module was found
+    return int(idx) if idx is not None else default
 
 
 def _capture(store: dict, i: int):

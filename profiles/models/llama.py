@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from specdec_tune import SpecdecError
+
+if TYPE_CHECKING:
+    from typing import Self
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -258,6 +262,14 @@ class DecoderStack:
     embed_tokens: nn.Embedding
     layers: nn.ModuleList
 
+    if TYPE_CHECKING:  # each forward defines these (declared here for the type checker only: no runtime stubs)
+
+        def _cut(self, layer_ids: list[int]) -> Self: ...
+
+        def _run(
+            self, tokens: torch.Tensor, cache: Any, start_pos: torch.Tensor, logits: str, layer_ids: tuple[int, ...]
+        ) -> tuple[torch.Tensor | None, torch.Tensor | None]: ...
+
     @property
     def dtype(self) -> torch.dtype:
         return self.embed_tokens.weight.dtype
@@ -266,11 +278,11 @@ class DecoderStack:
     def device(self) -> torch.device:
         return self.embed_tokens.weight.device
 
-    def truncated(self, num_layers: int):
+    def truncated(self, num_layers: int) -> Self:
         """The first `num_layers` layers with this model's embedding, final norm and head, sharing weights."""
         return self.sublayers(list(range(num_layers)))
 
-    def sublayers(self, layer_ids: list[int]):
+    def sublayers(self, layer_ids: list[int]) -> Self:
         """These layers (in order) with this model's embedding, final norm and head, sharing weights."""
         n = self.config.num_layers
         if not layer_ids or any(not 0 <= i < n for i in layer_ids) or sorted(set(layer_ids)) != layer_ids:
@@ -281,7 +293,7 @@ class DecoderStack:
 
     def forward(
         self, tokens: torch.Tensor, cache: KVCache, start_pos: torch.Tensor, logits: str = "all"
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | None:
         """Run T new tokens per row on top of the cache.
 
         tokens: [B, T] int64; start_pos: [B] int64, row b's tokens go to positions start_pos[b]+t.
@@ -307,7 +319,9 @@ class DecoderStack:
             raise SpecdecError(
                 f"hidden-state layer ids {list(layer_ids)} are not in 0..{n}", f"pick ids of this {n}-layer model"
             )
-        return self._run(tokens, cache, start_pos, logits, layer_ids)  # type: ignore[return-value]
+        out, hidden = self._run(tokens, cache, start_pos, logits, layer_ids)
+        assert hidden is not None  # layer_ids is not empty (checked above): _run concatenates their states
+        return out, hidden
 
 
 class CausalLM(DecoderStack, nn.Module):

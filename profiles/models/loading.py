@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -19,13 +20,16 @@ from specdec_tune.profiles.models.generic import GenericCausalLM, LogitHead
 from specdec_tune.profiles.models.llama import SUPPORTED_ARCHITECTURES, CausalLM, ModelConfig
 from specdec_tune.records import sha256_json
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
 IMPLEMENTATIONS = ("auto", "builtin", "transformers")  # auto: the built-in forward where it covers the model
 
 
 @dataclasses.dataclass
 class LoadedModel:
     model: CausalLM | GenericCausalLM
-    tokenizer: object | None  # a transformers tokenizer, or None when the folder has none
+    tokenizer: PreTrainedTokenizerBase | None  # a transformers tokenizer, or None when the folder has none
     ref: ModelRef
 
 
@@ -55,6 +59,7 @@ def load_model(
         raise SpecdecError(
             f"unknown model implementation {implementation!r}", f"use one of {', '.join(IMPLEMENTATIONS)}"
         )
+    model: CausalLM | GenericCausalLM
     if implementation == "builtin" or (implementation == "auto" and builtin_covers(hf_config)):
         model = _load_builtin(folder, hf_config, shards, torch_dtype, dev)
     else:
@@ -134,18 +139,23 @@ def _load_transformers(folder: Path, hf_config: dict, torch_dtype: torch.dtype, 
         config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
         # eager where a family soft-caps attention scores (transformers' SDPA cannot), SDPA elsewhere
         attention = "eager" if getattr(config, "attn_logit_softcapping", None) else "sdpa"
-        hf, info = AutoModelForCausalLM.from_pretrained(
-            str(folder),
-            config=config,
-            dtype=torch_dtype,
-            use_safetensors=True,
-            trust_remote_code=False,
-            attn_implementation=attention,
-            output_loading_info=True,
+        # with output_loading_info the call returns (model, loading info), which transformers' annotation leaves out
+        hf, info = cast(
+            "tuple[PreTrainedModel, dict[str, list[str]]]",
+            AutoModelForCausalLM.from_pretrained(
+                str(folder),
+                config=config,
+                dtype=torch_dtype,
+                use_safetensors=True,
+                trust_remote_code=False,
+                attn_implementation=attention,
+                output_loading_info=True,
+            ),
         )
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         raise SpecdecError(
-            f"transformers cannot load {folder} as a {family} model ({type(e).__name__}: {str(e).splitlines()[0][:200]})",
+            f"transformers cannot load {folder} as a {family} model ({type(e).__name__}: "
+            f"{str(e).splitlines()[0][:200]})",
             "check the folder's config.json and safetensors weights",
         ) from None
     missing = sorted(
@@ -178,7 +188,7 @@ def describe_model(
     return ref, _load_tokenizer(folder, trust_remote_code), hf_config
 
 
-def _load_tokenizer(folder: Path, trust_remote_code: bool):
+def _load_tokenizer(folder: Path, trust_remote_code: bool) -> PreTrainedTokenizerBase | None:
     if not any((folder / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         return None
     from transformers import AutoTokenizer

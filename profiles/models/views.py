@@ -28,9 +28,9 @@ def engine_model_view(folder: Path, dest: Path) -> Path:
 
 
 def write_cut_draft(target_path: str | None, layers: int, out: Path, dtype: str) -> Path:
-    """A draft model cut from the target as a folder of its own (every engine loads a draft model from one): the target's
-    config with num_hidden_layers cut (and `architectures` named), the embedding, its first `layers` layers, the final
-    norm and the LM head, in `dtype` ("float32", "bfloat16", "float16")."""
+    """A draft model cut from the target as a folder of its own (every engine loads a draft model from one): the
+    target's config with num_hidden_layers cut (and `architectures` named), the embedding, its first `layers` layers,
+    the final norm and the LM head, in `dtype` ("float32", "bfloat16", "float16")."""
     import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
