@@ -143,7 +143,8 @@ class DeviceSpeed:
 
             def probe() -> float:
                 timing = step.timing(1, warmup=1, repeats=PROBE_REPEATS)
-                assert timing is not None, f"the speed probe (batch {probed}, one token) ran out of memory"
+                if timing is None:  # the bucket is infeasible on this device now (`throughput_check` records it)
+                    raise torch.OutOfMemoryError(f"CUDA out of memory: the speed probe (batch {probed}, one token)")
                 return timing.median_ms
 
             self.probes[probed] = probe

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from specdec_tune import __version__
+from specdec_tune import SpecdecError, __version__
 from specdec_tune.profiles import intervals, micro, replay
 from specdec_tune.profiles.calibration import CalibrationPrompt
 from specdec_tune.profiles.drafters import Drafter, DraftRequest, create
@@ -212,7 +212,11 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
 
         def probe_ms() -> float:
             timing = probe.timing(1, warmup=1, repeats=3)
-            assert timing is not None  # one token at batch 1 fits: the verify phase's first cell
+            if timing is None:
+                raise SpecdecError(
+                    f"the target does not fit on {self.device}: one token at batch 1 ran out of memory",
+                    "profile on a device with more memory, or a smaller --ctx",
+                )
             return timing.median_ms
 
         self.guard = SpeedGuard(probe=probe_ms)

@@ -55,7 +55,7 @@ from specdec_tune.profiles.calibration import load_calibration, select_prompts
 from specdec_tune.profiles.drafters.base import registry
 from specdec_tune.profiles.drafters.checkpoints import register_demo_head, save_head
 from specdec_tune.profiles.drafters.dflash import DFlashHead, default_mask_token
-from specdec_tune.profiles.drafters.heads import HEAD_KINDS, DraftHead, DraftVocabulary, default_aux_layers, head_kind
+from specdec_tune.profiles.drafters.heads import DraftHead, DraftVocabulary, default_aux_layers, head_kind, head_kinds
 from specdec_tune.profiles.fingerprint import cpu_has_native_bf16
 from specdec_tune.profiles.models.folders import architectures, cache_root, model_folder
 from specdec_tune.profiles.models.llama import gqa_attention
@@ -67,7 +67,6 @@ from specdec_tune.records import sha256_json, write_json
 from specdec_tune.settings import TrainSettings
 
 log = logging.getLogger(__name__)
-MECHANISMS = tuple(HEAD_KINDS)
 SHAPE_FIELDS = (
     "ttt_steps",
     "step_decay",
@@ -459,10 +458,11 @@ def measure_al(
 
 def train(settings: TrainSettings, progress: Callable[[str], None] | None = None) -> dict:
     """Prepare data, train within the budget, measure the learning curve, save; returns the training record."""
-    if settings.mechanism not in MECHANISMS:
+    mechanisms = tuple(head_kinds())
+    if settings.mechanism not in mechanisms:
         raise SpecdecError(
-            f"train-drafter trains {', '.join(MECHANISMS)}, not {settings.mechanism!r}",
-            f"pass --mechanism {' or '.join(MECHANISMS)}",
+            f"train-drafter trains {', '.join(mechanisms)}, not {settings.mechanism!r}",
+            f"pass --mechanism {' or '.join(mechanisms)}",
         )
     settings.validate()
     say = progress or (lambda msg: log.info(msg))
