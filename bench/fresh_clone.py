@@ -162,7 +162,7 @@ def one_run(index: int, keep: bool, pip_cache: bool) -> dict:
         record["bundle_files"] = sum(1 for p in bundle.rglob("*") if p.is_file()) if bundle.is_dir() else 0
     finally:
         if keep:
-            record["kept_at"] = str(work)
+            print(f"kept {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
     return record
