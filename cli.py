@@ -157,24 +157,26 @@ def decode(
     """Run the speculative decoding loop on calibration prompts and report acceptance (vLLM's counters)."""
     from specdec_tune.profiles import decode_run
 
-    result = decode_run.run(
-        DecodeSettings(
-            target=target,
-            drafter=drafter,
-            drafter_options=_parse_kv(drafter_option, "--drafter-option"),
-            num_draft_tokens=num_draft_tokens,
-            prompts=prompts,
-            split=split,
-            num_prompts=num_prompts,
-            batch_size=batch_size,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            seed=seed,
-            dtype=dtype,
-            check_lossless=check_lossless,
-            trust_remote_code=trust_remote_code,
+    with _progress() if not as_json else contextlib.nullcontext(Progress()) as progress:
+        result = decode_run.run(
+            DecodeSettings(
+                target=target,
+                drafter=drafter,
+                drafter_options=_parse_kv(drafter_option, "--drafter-option"),
+                num_draft_tokens=num_draft_tokens,
+                prompts=prompts,
+                split=split,
+                num_prompts=num_prompts,
+                batch_size=batch_size,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                seed=seed,
+                dtype=dtype,
+                check_lossless=check_lossless,
+                trust_remote_code=trust_remote_code,
+            ),
+            progress,
         )
-    )
     if as_json:
         console.print_json(json.dumps(result))
         return

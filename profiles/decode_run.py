@@ -13,21 +13,28 @@ from specdec_tune.profiles.models.loading import LoadedModel, load_model
 from specdec_tune.profiles.prompts import encode_prompts
 from specdec_tune.profiles.specdec import SpecCounters, generate
 from specdec_tune.profiles.train_drafter import cached_demo_head  # noqa: F401  (registers it: head drafters without model= load it)
+from specdec_tune.progress import Progress
 from specdec_tune.settings import DecodeSettings
 
 
-def decode_prompts(target: LoadedModel, token_ids: list[list[int]], batch_size: int, **kwargs):
-    """`generate` over consecutive batches; returns (tokens per prompt, counters per prompt, decode seconds)."""
+def decode_prompts(
+    target: LoadedModel, token_ids: list[list[int]], batch_size: int, progress: Progress | None = None, **kwargs
+):
+    """`generate` over consecutive batches; returns (tokens per prompt, counters per prompt, decode seconds). Each
+    batch is a unit of `progress`'s "decode" phase."""
     tokens, counters, seconds = [], [], 0.0
     for start in range(0, len(token_ids), batch_size):
         out = generate(target.model, token_ids[start : start + batch_size], **kwargs)
         tokens += out.tokens
         counters += out.per_prompt
         seconds += out.total_s
+        if progress is not None:
+            done = min(start + batch_size, len(token_ids))
+            progress.tick("decode", done, len(token_ids), f"{done} of {len(token_ids)} prompts")
     return tokens, counters, seconds
 
 
-def run(settings: DecodeSettings) -> dict:
+def run(settings: DecodeSettings, progress: Progress | None = None) -> dict:
     settings.validate()
     if settings.drafter is not None and settings.drafter not in available():  # before the target loads
         raise SpecdecError(
@@ -59,7 +66,7 @@ def run(settings: DecodeSettings) -> dict:
         stop_token_ids=stop,
     )
     tokens, counters, seconds = decode_prompts(
-        target, ids, settings.batch_size, drafter=drafter, num_draft_tokens=D, **kwargs
+        target, ids, settings.batch_size, progress, drafter=drafter, num_draft_tokens=D, **kwargs
     )
 
     by_domain: dict[str, list[int]] = {}
