@@ -4,6 +4,8 @@ applicable (neither a pass nor a failure), and says so."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.plan_schema import Plan
 from specdec_tune.profiles.decode_run import decode_prompts
@@ -49,7 +51,7 @@ def lossless_gate(plan: Plan, profile: Profile, s: MeasureSettings) -> dict:
         )
     ]
     stop = list(target.model.config.eos_token_ids)
-    kwargs = dict(max_new_tokens=s.new_tokens, temperature=0.0, seed=s.seed, stop_token_ids=stop)
+    kwargs: dict[str, Any] = dict(max_new_tokens=s.new_tokens, temperature=0.0, seed=s.seed, stop_token_ids=stop)
     plain, _, _ = decode_prompts(target, ids, len(ids), **kwargs)
     runs = []
     for D in ds:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 
@@ -59,7 +60,7 @@ def run(settings: DecodeSettings, progress: Progress | None = None) -> dict:
     stop = list(target.model.config.eos_token_ids) or (
         [target.tokenizer.eos_token_id] if target.tokenizer.eos_token_id is not None else []
     )
-    kwargs = dict(
+    kwargs: dict[str, Any] = dict(
         max_new_tokens=settings.max_new_tokens,
         temperature=settings.temperature,
         seed=settings.seed,
