@@ -716,6 +716,14 @@ def search(
             "0 = the profile's engine option tensor_parallel_size, else 1.",
         ),
     ] = SEARCH.tensor_parallel,
+    tie_tolerance: Annotated[
+        float,
+        typer.Option(
+            "--tie-tolerance",
+            help="Expected loss (a share, e.g. 0.005) up to which a shorter draft is taken over the bucket's best; 0: "
+            "every expected difference decides.",
+        ),
+    ] = SEARCH.tie_tolerance,
 ) -> None:
     """Choose the mechanism and draft length per batch bucket from a profile; writes OUT/plan.json."""
     from specdec_tune.autotune.search import search as run_search
@@ -726,6 +734,10 @@ def search(
         raise SpecdecError(
             f"--memory-fraction {memory_fraction:g} is outside (0, 1]",
             "give the share of device memory to plan into, e.g. 0.9",
+        )
+    if not 0 <= tie_tolerance < 1:
+        raise SpecdecError(
+            f"--tie-tolerance {tie_tolerance:g} is outside [0, 1)", "give a share of the expected speedup, e.g. 0.005"
         )
     for name, value in (
         ("--trials", trials),
@@ -753,21 +765,22 @@ def search(
         mix=_mix_option(mix) if mix is not None else (),
         memory_fraction=memory_fraction,
         tensor_parallel=tensor_parallel,
+        tie_tolerance=tie_tolerance,
     )
     plan = run_search(loaded, sha256_file(profile), settings)
     _print_plan_table(plan)
     console.print(
         "why: the guideline that set D (g1 compute-bound GEMMs, g2/g3 attention tile, g4 draft cost, schedule: "
-        "D never rises with batch, memory: a longer draft does not fit in memory); next D: the runner-up "
-        "and its predicted change",
+        "D never rises with batch, memory: a longer draft does not fit in memory); vs next D: the runner-up, the "
+        "choice's expected gain over it and the share of draws of the profile in which the choice is faster (p)",
         markup=False,
     )
     console.print(
         "[low–high]: 95% interval of the prediction, from the acceptance bootstrap over prompts and the timing "
-        "interval of the median, taken together at their worst and best; - where the profile has none. Within a "
-        "bucket, a draft length whose tokens/s ratio to the best has a 95% interval holding 1 (acceptance paired over "
-        "the same prompts) ties with it and the shorter draft wins (without per-prompt counts: overlapping intervals; "
-        f"without intervals: within {settings.tie_tolerance:.0%})",
+        "interval of the median, taken together at their worst and best; - where the profile has none. Each bucket "
+        "takes the D with the highest expected speedup over draws of the profile's uncertainty (timing cells shared "
+        "by every D, acceptance paired over the same prompts); a shorter draft only where its expected loss is within "
+        f"{settings.tie_tolerance:.1%}",
         markup=False,
     )
     for line in _plan_findings(plan):
@@ -822,11 +835,11 @@ def plan_table(plan: Plan) -> Table:
         title=f"plan for {where}: {plan.mechanism} (weights {plan.quant}), max D {plan.max_draft_len}, "
         f"max batch {plan.max_batch}, tile policy {plan.tile.policy}{mix}"
     )
-    for col in ("batch", "D", "speedup", "tok/s", "tok/s/user", "tok/fwd", "source", "why", "next D", "fits"):
+    for col in ("batch", "D", "speedup", "tok/s", "tok/s/user", "tok/fwd", "source", "why", "vs next D", "fits"):
         table.add_column(col, justify="right", no_wrap=True)
     for b in plan.buckets:
         pred, why = b.predicted, b.rationale.model_extra or {}
-        nxt, guideline = why.get("next_best"), why.get("guideline")
+        nxt, guideline, d = why.get("next_best"), why.get("guideline"), b.rationale.decision
         table.add_row(
             str(b.batch),
             str(b.draft_len),
@@ -836,7 +849,13 @@ def plan_table(plan: Plan) -> Table:
             f"{pred.tokens_per_forward.value:.3f}",
             pred.speedup.source,
             f"g{guideline}" if isinstance(guideline, int) else str(guideline),
-            f"{nxt['draft_len']} ({-nxt['loss_pct']:+.1f}%)" if nxt else "-",
+            (
+                f"{d.runner_up_draft_len}: {d.expected_gain_pct:+.1f}%, p {d.p_beats_runner_up:.2f}"
+                if d
+                else f"{nxt['draft_len']} ({-nxt['loss_pct']:+.1f}%)"
+                if nxt
+                else "-"
+            ),
             str(b.memory.max_concurrency) if b.memory else "-",
         )
     return table
@@ -878,9 +897,9 @@ def _plan_findings(plan: Plan) -> list[str]:
     untied = plan.study.untied_schedule
     if untied and [D for _, D in untied] != [d for _, d in plan.schedule]:
         lines.append(
-            f"without ties (every predicted difference deciding) {plan.mechanism} would take D = "
+            f"without the shorter-draft tolerance (every expected difference deciding) {plan.mechanism} would take D = "
             f"{', '.join(str(D) for _, D in untied)} at batch {', '.join(str(B) for B, _ in untied)}: "
-            f"{plan.study.untied_gain_pct:+.1f}% predicted mean speedup, inside the noise"
+            f"{plan.study.untied_gain_pct:+.1f}% expected mean speedup"
         )
     return lines
 

@@ -229,7 +229,7 @@ class SearchSettings:
     mechanisms: tuple[str, ...] = ()  # () = every profiled mechanism
     quant_formats: tuple[str, ...] = ("none",)
     tile_rows: int = 0  # attention tile for the tile policy; 0 = the device's
-    tie_tolerance: float = 0.02  # predicted differences below this share count as ties: the shorter draft wins
+    tie_tolerance: float = 0.005  # a shorter draft is taken over the best where its expected loss is at most this share
     storage: str | None = None  # Optuna storage URL; None = a journal file under out_dir
     study_name: str = ""  # "" = named after the profile and these settings
     out_dir: Path = Path("artifacts")

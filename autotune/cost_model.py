@@ -34,17 +34,23 @@ enters at its value; a prediction none of whose inputs has one (a version-1 prof
 The baseline is the one reference every D at a batch is divided by: its own spread moves all of them
 together and cannot change which D wins, so it is left out of the speedup's interval (TPS(B, 0) keeps it).
 
-Two draft lengths (`ratio`). Whether D beats D' at one batch is a question about their ratio, not about the two
-figures apart: both are decoded on the same prompts, and a prompt that accepts well at one accepts well at the other,
-so the prompts' spread moves AL(D) and AL(D') together and cancels in the ratio. With the profile's per-prompt counts
-(the "all" record's `per_prompt`), AL(D)/AL(D') is bootstrapped paired: each resample draws prompts once and
-computes both (for a mix, each resample mixes the domains as above), and its 2.5 / 97.5 percentiles, widened for the
-prompts' count about the resamples' median (`intervals.widening`), bound the ratio.
-The two rounds were timed in separate cells, so their errors are independent, and on a log scale
-    r = TPS(D)/TPS(D') = [AL(D)/AL(D')] · [T_round(D')/T_round(D)]
-    ln r_low  = ln r − sqrt(δ_AL,low² + δ_D,high² + δ_D',low²)      δ_X,high = ln(X_high / X), δ_X,low = ln(X / X_low)
-    ln r_high = ln r + sqrt(δ_AL,high² + δ_D,low² + δ_D',high²)
-where δ_AL,low = ln(ratio / ratio_low) of the paired interval and the T_round bounds are those of the prediction.
+Deciding under uncertainty (`draws`). A decision between two draft lengths at one batch is a question about how
+likely each is to be faster, not about the two figures' intervals apart. The model is drawn `DRAWS` times, each draw
+the whole profile at once:
+    timing      every timed cell (a verify step, a draft point, an engine round) moved by one draw of its own error,
+                value · exp(z · σ), z ~ N(0, 1), σ the log distance of its 95% interval's bound from its value / 1.96
+                (the upper bound's for z > 0, the lower's for z < 0); every prediction of the draw reads the same
+                moved cells, so two draft lengths whose rounds verify some of the same widths, and the baseline they
+                are both divided by, move together as they do on the device
+    acceptance  one paired bootstrap resample of the prompts (the "all" record's per-prompt counts, or the mix of
+                domains), every D on the same prompts, widened about the resamples' median for the prompts' count
+                (`intervals.widening`); a record without per-prompt counts moves every D by one z of its interval
+Each draw is this model on those inputs (`CostModel.drawn`), so the formula is the same one as the point prediction's.
+The search takes at each bucket the D with the highest expected speedup (the mean over the draws), and a shorter
+draft over it only where its expected loss is below the stated tolerance; the plan records the expected gain over the
+runner-up and the share of draws in which the choice beats it. The 95% interval of TPS(D) / TPS(D') is the draws'
+2.5 and 97.5 percentiles of the ratio (`ratio`): the cells the two share cancel in it, where adding the two rounds'
+intervals as independent errors would count them twice.
 
 A mix of domains (`mix`, shares w_d of the requests, Σ w_d = 1). Let every request generate N tokens. A
 request of domain d takes N / AL_d(D) rounds, so the mix emits N·Σ w_d tokens over N·Σ w_d / AL_d(D)
@@ -67,6 +73,7 @@ Every figure carries its source; a result is as weak as its weakest input, weake
 from __future__ import annotations
 
 import bisect
+import copy
 import dataclasses
 import math
 
@@ -106,13 +113,6 @@ def bounded(value: float, source: str, low: float | None, high: float | None) ->
 
 def weakest(*sources: str) -> str:
     return max(sources, key=_RANK.__getitem__)
-
-
-def overlap(a: Figure, b: Figure) -> bool | None:
-    """Whether two intervals overlap; None where either figure has none."""
-    if not (a.has_interval and b.has_interval):
-        return None
-    return a.low <= b.high and b.low <= a.high  # type: ignore[operator]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,6 +230,21 @@ def _round_shares(record: AcceptanceRecord, max_draft_len: int, draft_len: int) 
     return shares
 
 
+DRAWS = 200  # draws of the profile a decision averages over (module docstring, "Deciding")
+
+
+def drawn_value(f: Figure, z: float) -> float:
+    """A figure's value at one draw of its error: value · exp(z · σ), σ the log distance of the interval's bound on z's
+    side / 1.96; the value itself where the figure has no interval (or cannot run)."""
+    if not f.has_interval or not 0 < f.value < math.inf:
+        return f.value
+    low, high = f.bounds()
+    bound = high if z > 0 else low
+    if bound <= 0:
+        return f.value
+    return f.value * math.exp(z * abs(math.log(bound / f.value)) / intervals.Z95)
+
+
 @dataclasses.dataclass(frozen=True)
 class Acceptance:
     """One drafter's acceptance over a workload: one profiled record, or a mix of domains (module docstring)."""
@@ -239,15 +254,20 @@ class Acceptance:
     # (`intervals.draws`); None where the profile kept no per-prompt counts
     paired_draws: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
     paired_widening: float = 1.0  # `intervals.widening` for the prompts the draws resample
+    drawn: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)  # [D_max + 1] at one draw
 
-    def tokens_per_forward_ratio(self, draft_len: int, other: int) -> tuple[float, float] | None:
-        """The 95% interval of AL(D) / AL(D') over the paired resamples (widened about their median for the prompts'
-        count), or None without them."""
-        if self.paired_draws is None or math.isinf(self.paired_widening):
-            return None
-        ratios = self.paired_draws[:, draft_len] / self.paired_draws[:, other]
-        low, high = intervals.widened(np.median(ratios), ratios, self.paired_widening)
-        return float(low), float(high)
+    def at_draw(self, index: int, z: float) -> Acceptance:
+        """This acceptance at one draw (module docstring, "Deciding"): the `index`-th paired resample widened about the
+        resamples' median, or, without per-prompt counts, every D moved by `z` of its interval."""
+        n = self.max_draft_len
+        if self.paired_draws is not None:
+            rows = self.paired_draws[:, : n + 1]
+            center = np.median(rows, axis=0)
+            widen = self.paired_widening if math.isfinite(self.paired_widening) else 1.0
+            row = np.maximum(center + widen * (rows[index % len(rows)] - center), 1.0)
+        else:
+            row = np.array([drawn_value(self.tokens_per_forward(D), z) for D in range(n + 1)])
+        return dataclasses.replace(self, drawn=row)
 
     @property
     def max_draft_len(self) -> int:
@@ -255,6 +275,8 @@ class Acceptance:
 
     def tokens_per_forward(self, draft_len: int) -> Figure:
         figures = [(w, _record_tokens_per_forward(r, draft_len)) for w, r in self.parts]
+        if self.drawn is not None:
+            return Figure(float(self.drawn[draft_len]), weakest(*(f.source for _, f in figures)))
         if len(figures) == 1:
             return figures[0][1]
         value = 1.0 / sum(w / f.value for w, f in figures)
@@ -347,6 +369,7 @@ class CostModel:
         )
         self._predictions: dict[tuple[int, int, str, str], Prediction] = {}
         self._ratios: dict[tuple[int, int, int, str, str], Figure | None] = {}
+        self._draws: Draws | None = None
         self.ctx = ctx if ctx is not None else profile.workload.ctx_buckets[0]
         if self.ctx not in profile.workload.ctx_buckets:
             raise SpecdecError(
@@ -424,6 +447,40 @@ class CostModel:
         """The longest D measured for this mechanism (a block drafter's block can cap it below the workload's D_max)."""
         lens = [a.max_draft_len for (m, _), a in self._al.items() if m == mechanism]
         return min(lens) if lens else self.max_draft_len
+
+    # ------------------------------------------------------------------ draws of the profile's uncertainty
+
+    @property
+    def draws(self) -> Draws:
+        """`DRAWS` draws of this model (module docstring, "Deciding"), made once and seeded: the same profile gives
+        the same draws."""
+        if self._draws is None:
+            self._draws = Draws(self, DRAWS)
+        return self._draws
+
+    def drawn(self, index: int, rng: np.random.Generator) -> CostModel:
+        """This model at one draw: every timed cell moved by one draw of its error, acceptance at the `index`-th paired
+        resample (module docstring, "Deciding"). Its figures carry no intervals."""
+        other = copy.copy(self)
+        other._predictions, other._ratios, other._draws = {}, {}, None
+
+        def moved(f: Figure) -> Figure:
+            return Figure(drawn_value(f, float(rng.standard_normal())), f.source)
+
+        other._verify = {t: {B: moved(f) for B, f in by_batch.items()} for t, by_batch in self._verify.items()}
+        other._draft = {key: {B: moved(f) for B, f in by_batch.items()} for key, by_batch in self._draft.items()}
+        other._rounds = {
+            key: {
+                D: {
+                    B: r.model_copy(update={"median_ms": moved(_timed(r)).value, "ci_low_ms": None, "ci_high_ms": None})
+                    for B, r in by_batch.items()
+                }
+                for D, by_batch in by_len.items()
+            }
+            for key, by_len in self._rounds.items()
+        }
+        other._al = {key: a.at_draw(index, float(rng.standard_normal())) for key, a in self._al.items()}
+        return other
 
     # ------------------------------------------------------------------ components
 
@@ -665,24 +722,38 @@ class CostModel:
             return None
         if draft_len == other:
             return Figure(1.0, a.tokens_per_s.source, 1.0, 1.0)
-        al_ratio = self.acceptance(mechanism, quant).tokens_per_forward_ratio(draft_len, other)
-        if al_ratio is None:
-            return None
         value = a.tokens_per_s.value / b.tokens_per_s.value
-        al = a.tokens_per_forward.value / b.tokens_per_forward.value
-
-        def spread(f: Figure) -> tuple[float, float]:  # log distance of the round's bounds from its value
-            low, high = f.bounds()
-            return math.log(f.value / low), math.log(high / f.value)
-
-        (a_down, a_up), (b_down, b_up) = spread(a.round_ms), spread(b.round_ms)
-        down = math.hypot(
-            math.log(al / min(al_ratio[0], al)), a_up, b_down
-        )  # D's round slower, D''s faster: the ratio falls
-        up = math.hypot(math.log(max(al_ratio[1], al) / al), a_down, b_up)
-        return bounded(
-            value, weakest(a.tokens_per_s.source, b.tokens_per_s.source), value * math.exp(-down), value * math.exp(up)
+        if not (a.tokens_per_s.has_interval or b.tokens_per_s.has_interval):
+            return Figure(value, weakest(a.tokens_per_s.source, b.tokens_per_s.source))
+        ratios = self.draws.tokens_per_s(batch, draft_len, mechanism, quant) / self.draws.tokens_per_s(
+            batch, other, mechanism, quant
         )
+        low, high = np.percentile(ratios, [2.5, 97.5])
+        return bounded(value, weakest(a.tokens_per_s.source, b.tokens_per_s.source), float(low), float(high))
+
+
+class Draws:
+    """`n` draws of a cost model (module docstring, "Deciding"), and each operating point's figures over them."""
+
+    def __init__(self, cost: CostModel, n: int, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        self.models = [cost.drawn(i, rng) for i in range(n)]
+        self._figures: dict[tuple[str, int, int, str, str], np.ndarray] = {}
+
+    def _figure(self, name: str, batch: int, draft_len: int, mechanism: str, quant: str) -> np.ndarray:
+        key = (name, batch, draft_len, mechanism, quant)
+        if key not in self._figures:
+            self._figures[key] = np.array(
+                [getattr(m.predict(batch, draft_len, mechanism, quant), name).value for m in self.models]
+            )
+        return self._figures[key]
+
+    def tokens_per_s(self, batch: int, draft_len: int, mechanism: str, quant: str = "none") -> np.ndarray:
+        return self._figure("tokens_per_s", batch, draft_len, mechanism, quant)
+
+    def speedup(self, batch: int, draft_len: int, mechanism: str, quant: str = "none") -> np.ndarray:
+        """Each draw's TPS(B, D) / TPS(B, 0), the baseline drawn with it."""
+        return self._figure("speedup", batch, draft_len, mechanism, quant)
 
 
 def _sum(*parts: Figure) -> Figure:

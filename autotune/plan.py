@@ -249,6 +249,7 @@ def rationale(space: Space, c: Candidate, B: int, D: int) -> dict:
         },
         "next_best": {"draft_len": others[0][1], "loss_pct": _loss_pct(own, others[0][0])} if others else None,
         "tie": tie,
+        "decision": decision(space, c, B, D, runner_up),
         "intervals": {
             "chosen": _bounds_of(p),
             "runner_up": _bounds_of(space.cost.predict(B, runner_up, m, q)) if runner_up is not None else None,
@@ -263,33 +264,35 @@ def rationale(space: Space, c: Candidate, B: int, D: int) -> dict:
 
 
 def _tie(space: Space, c: Candidate, B: int, D: int) -> dict | None:
-    """Where the bucket's strictly best D (within the schedule's maximum) is not D because the two tie."""
+    """Where the bucket's best D by expected speedup is longer, and D was taken over it within the tie tolerance."""
     _, best = space.bucket_best(B, c.mechanism, c.quant, c.tile_policy)
-    if best == D:
+    if best == D or space.tie_rule(B, D, best, c.mechanism, c.quant) is None:
         return None
-    rule = space.tie_rule(B, D, best, c.mechanism, c.quant)
-    if rule is None:
+    loss = _loss_pct(space.bucket_score(B, best, c.mechanism, c.quant), space.bucket_score(B, D, c.mechanism, c.quant))
+    text = (
+        f"D={D} is expected {loss:.1f}% below D={best} (mean speedup over {len(space.cost.draws.models)} draws of the "
+        f"profile), within the {space.tie_tolerance:.1%} a shorter draft may give up: the shorter draft is taken"
+    )
+    return {"rule": "expected", "with_draft_len": best, "expected_loss_pct": loss, "text": text}
+
+
+def decision(space: Space, c: Candidate, B: int, D: int, runner_up: int | None) -> dict | None:
+    """The bucket's decision under the profile's uncertainty: its expected speedup, and against the runner-up the
+    expected gain and the share of draws in which the choice beats it (None where the bucket has one choice)."""
+    if runner_up is None:
         return None
-    shorter = "the shorter draft is taken" if D < best else "the longer draft is kept (the schedule's maximum)"
-    if rule == "paired":
-        r = space.cost.ratio(B, D, best, c.mechanism, c.quant)
-        assert r is not None  # the "paired" rule is the one that found a ratio
-        text = (
-            f"D={D} is predicted at {r.value:.3f}x D={best}'s tokens/s ({r.source}), 95% interval "
-            f"{r.low:.3f}-{r.high:.3f} (acceptance paired over the same prompts): inside the noise, {shorter}"
-        )
-        return {"rule": rule, "with_draft_len": best, "ratio": [r.low, r.value, r.high], "text": text}
-    if rule == "intervals":
-        text = f"D={best} and D={D} overlap within their 95% intervals: {shorter}"
-    else:
-        gain = -_loss_pct(
-            space.bucket_score(B, D, c.mechanism, c.quant), space.bucket_score(B, best, c.mechanism, c.quant)
-        )
-        text = (
-            f"D={best} is {gain:.1f}% ahead of D={D}, within the {space.tie_tolerance:.0%} tie tolerance "
-            f"(no intervals): {shorter}"
-        )
-    return {"rule": rule, "with_draft_len": best, "text": text}
+    mine, theirs = (
+        space.bucket_score(B, D, c.mechanism, c.quant),
+        space.bucket_score(B, runner_up, c.mechanism, c.quant),
+    )
+    return {
+        "expected_speedup": mine,
+        "runner_up_draft_len": runner_up,
+        "runner_up_expected_speedup": theirs,
+        "expected_gain_pct": 100 * (mine / theirs - 1) if theirs else 0.0,
+        "p_beats_runner_up": space.beats(B, D, runner_up, c.mechanism, c.quant),
+        "draws": len(space.cost.draws.models),
+    }
 
 
 def fit_flags(space: Space, B: int, D: int) -> list[str]:
@@ -337,8 +340,8 @@ def device_times(profile: Profile, predictions: list[Prediction]) -> dict:
 def per_domain(space: Space, c: Candidate, domains: dict[str, Space]) -> dict | None:
     """Each domain's own best schedule for the chosen drafter, where the domains disagree on D at some bucket.
 
-    Each domain's choice at a bucket already takes the shortest draft whose interval overlaps its best, so two
-    different choices are apart beyond their intervals (or, without intervals, beyond the tie tolerance).
+    Each domain's choice at a bucket is its own expected-value decision (a shorter draft within the tie tolerance of its
+    best taken), so two different choices are apart beyond that tolerance.
     """
     served = space.served(c.max_batch)
     own: dict[str, dict] = {}
@@ -368,12 +371,7 @@ def per_domain(space: Space, c: Candidate, domains: dict[str, Space]) -> dict | 
             "batch": B,
             "draft_len": D,
             "by_domain": {d: choice[d][B] for d in domains},
-            "apart_by": "95% intervals"
-            if all(
-                ds.cost.predict(B, choice[d][B], c.mechanism, c.quant).tokens_per_s.has_interval
-                for d, ds in domains.items()
-            )
-            else f"the {space.tie_tolerance:.0%} tie tolerance (no intervals)",
+            "apart_by": f"the {space.tie_tolerance:.1%} tie tolerance of their expected speedups",
         }
         for B, D in zip(served, c.schedule)
         if len({choice[d][B] for d in domains}) > 1

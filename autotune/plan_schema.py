@@ -74,9 +74,21 @@ else:
     )
 
 
+class Decision(Record):
+    """A bucket's choice under the profile's uncertainty (autotune/space.py, "Deciding"), against its runner-up."""
+
+    expected_speedup: float = Field(ge=0)  # the mean over the cost model's draws
+    runner_up_draft_len: int = Field(ge=0)
+    runner_up_expected_speedup: float = Field(ge=0)
+    expected_gain_pct: float  # the choice's expected speedup over the runner-up's, - 1
+    p_beats_runner_up: float = Field(ge=0, le=1)  # the share of draws in which the choice is faster
+    draws: int = Field(ge=1)
+
+
 class Rationale(BaseModel):
     model_config = ConfigDict(frozen=True, extra="allow")  # the figures behind the decision, for people
     text: str = Field(min_length=1)
+    decision: Decision | None = None
 
 
 class BucketMemory(Record):

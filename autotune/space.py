@@ -22,16 +22,14 @@ Objectives (all from predictions; each figure keeps its measured/interpolated/mo
   pareto      both of the last two at once (NSGA-II); the plan carries the front
 A floor missed by a relative shortfall s costs SLO_PENALTY·s in the (unitless) objective.
 
-Ties (`bucket_value`). Within a bucket, a draft length whose difference from the bucket's best is inside the
-noise of that difference counts as tied with it, and the cheaper one wins: the shorter draft, D = 0 cheapest.
-The noise of a difference is the 95% interval of the ratio TPS(D) / TPS(best) (`CostModel.ratio`): acceptance
-resampled over the same prompts for both draft lengths (paired), the two rounds' timing intervals apart. Two
-draft lengths decoded on the same prompts accept alike where a prompt is easy or hard, so their ratio is far
-tighter than either figure; comparing the two figures' own intervals would call most real differences ties.
-Where the profile kept no per-prompt counts, overlapping tokens/s intervals are ties; where either figure has
-no interval (a version-1 profile), predicted differences below the tie tolerance (2%) are. A draft length that
-misses a floor the best meets is never tied with it. The plan reports what ties cost against the strict optimum
-(no ties at all).
+Deciding (`bucket_score`, `bucket_value`). A bucket's score is its expected speedup under the profile's uncertainty:
+the mean over the cost model's draws (cost_model.py, "Deciding": timing cells drawn once per draw and shared by every
+draft length, acceptance resampled over the same prompts for all of them). The draft length with the highest
+expected speedup wins the bucket. A shorter draft is preferred over it only where its expected loss is within the tie
+tolerance (default 1%): the cheaper draft wastes less verify work where the served traffic accepts less than the
+calibration set, and that is worth a loss this small, not more. A draft length that misses a floor the best meets is
+never preferred over it. The plan reports, per bucket, the expected gain over the runner-up and the share of draws in
+which the choice beats it, and what the tolerance cost against the strict optimum (every expected difference deciding).
 
 Batch buckets the profile could not run (the one-token verify step out of memory, or never timed, at the
 plan's context) are not in the space; the plan's notes name them.
@@ -43,8 +41,10 @@ import contextlib
 import dataclasses
 import math
 
+import numpy as np
+
 from specdec_tune import SpecdecError
-from specdec_tune.autotune.cost_model import CostModel, Prediction, overlap
+from specdec_tune.autotune.cost_model import CostModel, Prediction
 from specdec_tune.autotune.hardware import find_device_spec
 from specdec_tune.settings import OBJECTIVES
 
@@ -191,8 +191,8 @@ class Space:
         )
 
     def bucket_score(self, B: int, D: int, m: str, q: str) -> float:
-        """Speedup at one bucket, less the per-user-floor penalty."""
-        return self.cost.predict(B, D, m, q).speedup.value - self.floor_penalty(B, D, m, q)
+        """Expected speedup at one bucket (the mean over the cost model's draws), less the per-user-floor penalty."""
+        return float(self.cost.draws.speedup(B, D, m, q).mean()) - self.floor_penalty(B, D, m, q)
 
     def served(self, cap: int) -> list[int]:
         return [B for B in self.buckets if B <= cap]
@@ -265,29 +265,23 @@ class Space:
         return self._best[key]
 
     def tie_rule(self, B: int, D: int, other: int, m: str, q: str) -> str | None:
-        """How D counts as tied with `other` at one bucket: "paired" (the 95% interval of TPS(D) / TPS(other) holds 1),
-        "intervals" (no per-prompt counts: their 95% tokens/s intervals overlap), "tolerance" (no intervals: scores
-        within the tie tolerance), or None (not tied; always None when strict)."""
-        if self.strict:
+        """ "expected" where D is shorter than `other` and its expected loss against it is within the tie tolerance (and
+        it meets the floors `other` meets), so that the shorter draft is taken; None otherwise (always when strict)."""
+        if self.strict or D >= other:
             return None
-        meets_floor = self.floor_penalty(B, D, m, q) <= self.floor_penalty(B, other, m, q) + 1e-12
-        ratio = self.cost.ratio(B, D, other, m, q)
-        if ratio is not None:
-            return "paired" if ratio.low <= 1 <= ratio.high and meets_floor else None  # type: ignore[operator]
-        a, b = self.cost.predict(B, D, m, q), self.cost.predict(B, other, m, q)
-        overlapping = overlap(a.tokens_per_s, b.tokens_per_s)
-        if overlapping is not None:
-            return "intervals" if overlapping and meets_floor else None
+        if self.floor_penalty(B, D, m, q) > self.floor_penalty(B, other, m, q) + 1e-12:
+            return None
         score, top = self.bucket_score(B, D, m, q), self.bucket_score(B, other, m, q)
-        return "tolerance" if score >= top - self.tie_tolerance * abs(top) else None
+        return "expected" if score >= top - self.tie_tolerance * abs(top) else None
+
+    def beats(self, B: int, D: int, other: int, m: str, q: str) -> float:
+        """The share of the draws in which D's speedup beats `other`'s at one bucket (ties count half)."""
+        a, b = self.cost.draws.speedup(B, D, m, q), self.cost.draws.speedup(B, other, m, q)
+        return float(np.mean(a > b) + 0.5 * np.mean(a == b))
 
     def bucket_value(self, B: int, D: int, m: str, q: str, policy: str = "free") -> float:
-        """The bucket's score, flattened to the best where D is tied with the best (`tie_rule`).
-
-        Differences inside the profile's own uncertainty (acceptance from a few dozen prompts, the timing
-        interval of the median) are not decisions; flattening them lets the shorter draft win, which wastes
-        less verify work when the served workload accepts less than the calibration set did.
-        """
+        """The bucket's expected score, flattened to the best where D is a shorter draft within the tie tolerance of
+        it (`tie_rule`), so that the shorter one wins."""
         top, top_D = self.bucket_best(B, m, q, policy)
         score = self.bucket_score(B, D, m, q)
         return top if D == top_D or self.tie_rule(B, D, top_D, m, q) else score

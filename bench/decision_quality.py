@@ -187,7 +187,8 @@ def confirmation_points(rows: list[dict], quants: dict[str, str]) -> list[tuple[
 
 
 def untied_measured(plan: dict, points: list[dict], rows: list[dict]) -> list[dict]:
-    """The search's schedule with every predicted difference deciding (no ties; the plan's `study.untied_schedule`),
+    """The search's schedule with every expected difference deciding (no shorter-draft tolerance; the plan's
+    `study.untied_schedule`),
     measured on the sweep where it swept that D (raw tokens/s and the share of the bucket's oracle), else None."""
     by = {
         (p["batch"], p["draft_len"]): p["measured_tokens_per_s"]
@@ -502,7 +503,7 @@ def table(result: dict) -> str:
         *([confirmation_line(again)] if (again := result.get("confirmation")) else []),
         *(
             [
-                "without ties (the same search with every predicted difference deciding): "
+                "without the shorter-draft tolerance (the same search with every expected difference deciding): "
                 + "; ".join(
                     f"batch {u['batch']} {_config(result['mechanism'], u['draft_len'])} "
                     + (f"{100 * u['vs_oracle']:.1f}% of the oracle" if u["vs_oracle"] is not None else "not swept")
