@@ -971,7 +971,7 @@ def export(
     """Write the deployment bundle: engine configs, manifest, report, validation (it must pass to be written)."""
     import dataclasses
 
-    from specdec_tune.exporters.validation_text import describe_repair
+    from specdec_tune.exporters.validation_text import describe_repair, summary_line
     from specdec_tune.pipeline.export import export as run_export
 
     if repair_rounds < 0:
@@ -1013,20 +1013,7 @@ def export(
     console.print(table)
     v = manifest["validation"]
     where = f" in {manifest['primary_engine']}" if manifest.get("primary_engine") else ""
-    drift = (
-        f" at the device's current speed ({v['device_drift_pct']:.1f}% from profile time)"
-        if v.get("device_drift_pct") is not None
-        else ""
-    )
-    console.print(
-        f"validated: configs ok; lossless {v['lossless']}; worst throughput error{where} "
-        + (
-            f"{v['throughput_worst_error_pct']:+.1f}%{drift}"
-            if v["throughput_worst_error_pct"] is not None
-            else "not measured"
-        ),
-        markup=False,
-    )
+    console.print(summary_line(v, where), markup=False)
     if v.get("repairs"):
         console.print(
             f"repaired in {len(v['repairs'])} round(s): rewrote {plan} (re-planned) and {profile} (re-measured cells)",

@@ -41,7 +41,8 @@ the whole profile at once:
                 value · exp(z · σ), z ~ N(0, 1), σ the log distance of its 95% interval's bound from its value / 1.96
                 (the upper bound's for z > 0, the lower's for z < 0); every prediction of the draw reads the same
                 moved cells, so two draft lengths whose rounds verify some of the same widths, and the baseline they
-                are both divided by, move together as they do on the device
+                are both divided by, move together as they do on the device; each batch's verify cells are then
+                fitted non-decreasing in the tokens verified (`_increasing_in_tokens`), as a device's steps are
     acceptance  one paired bootstrap resample of the prompts (the "all" record's per-prompt counts, or the mix of
                 domains), every D on the same prompts, widened about the resamples' median for the prompts' count
                 (`intervals.widening`); a record without per-prompt counts moves every D by one z of its interval
@@ -467,7 +468,9 @@ class CostModel:
         def moved(f: Figure) -> Figure:
             return Figure(drawn_value(f, float(rng.standard_normal())), f.source)
 
-        other._verify = {t: {B: moved(f) for B, f in by_batch.items()} for t, by_batch in self._verify.items()}
+        other._verify = _increasing_in_tokens(
+            {t: {B: moved(f) for B, f in by_batch.items()} for t, by_batch in self._verify.items()}, self._verify
+        )
         other._draft = {key: {B: moved(f) for B, f in by_batch.items()} for key, by_batch in self._draft.items()}
         other._rounds = {
             key: {
@@ -754,6 +757,30 @@ class Draws:
     def speedup(self, batch: int, draft_len: int, mechanism: str, quant: str = "none") -> np.ndarray:
         """Each draw's TPS(B, D) / TPS(B, 0), the baseline drawn with it."""
         return self._figure("speedup", batch, draft_len, mechanism, quant)
+
+
+def _increasing_in_tokens(
+    drawn: dict[int, dict[int, Figure]], cells: dict[int, dict[int, Figure]]
+) -> dict[int, dict[int, Figure]]:
+    """A draw's verify cells made non-decreasing in the tokens verified at every batch: the weighted isotonic fit of
+    each batch's line, weights 1 / σ² of the cells' own intervals (equal where a line has a cell without one). A step
+    verifying more tokens is never cheaper, and cells drawn apart would otherwise make a longer draft look free."""
+    fitted = {t: dict(by_batch) for t, by_batch in drawn.items()}
+    for batch in {B for by_batch in drawn.values() for B in by_batch}:
+        tokens = sorted(t for t in drawn if batch in drawn[t])
+        sigmas = [_log_sigma(cells[t][batch]) for t in tokens]
+        weights = np.array([1 / s**2 for s in sigmas] if all(sigmas) else [1.0] * len(tokens))
+        line = intervals.isotonic_line(np.array([drawn[t][batch].value for t in tokens]), weights)
+        for t, value in zip(tokens, line.tolist()):
+            fitted[t][batch] = Figure(value, drawn[t][batch].source)
+    return fitted
+
+
+def _log_sigma(f: Figure) -> float:
+    """The log-scale σ of a figure's 95% interval (its wider side), 0 where it has none."""
+    if not f.has_interval or not 0 < f.low < f.value < f.high < math.inf:  # type: ignore[operator]
+        return 0.0
+    return max(math.log(f.high / f.value), math.log(f.value / f.low)) / intervals.Z95  # type: ignore[operator]
 
 
 def _sum(*parts: Figure) -> Figure:

@@ -407,7 +407,7 @@ def run(args) -> dict:
         "figures": "raw measured tokens/s; `scaled` beside them: see scaling",
         "scaling": {
             "method": SCALING.format(ctx=plan["ctx"]),
-            "probe_ms_at_profile_time": speed.profiled_ms,
+            "probe_ms_at_profile_time": {B: ms for (B, tokens), ms in speed.profiled_ms.items() if tokens == 1},
             "applied": speed.profiled_ms is not None,
             "why_not": speed.why,
         },

@@ -51,7 +51,7 @@ from specdec_tune.exporters.native_checks import Facts
 from specdec_tune.exporters.report import bundle_readme, write_report
 from specdec_tune.exporters.safety import noisy_thresholds, safety_lines, top_band_cost
 from specdec_tune.exporters.staleness import changed_factors, staleness_factors
-from specdec_tune.exporters.validation_text import lossless_text
+from specdec_tune.exporters.validation_text import lossless_text, throughput_text, tolerance_forgone
 from specdec_tune.exporters.versions import DEFAULT_VERSIONS, rules_line
 from specdec_tune.profiles.drafters.speculators_layout import head_fields
 from specdec_tune.profiles.models.folders import architectures, model_folder
@@ -244,7 +244,11 @@ def write_bundle(
         "drafter_onnx": onnx_summary(staged.drafter_onnx),
         "validation": {
             "configs_ok": True,
+            "speculating_batches": [B for B, D in plan.schedule if D > 0],
+            "buckets": len(plan.schedule),
+            "tolerance_forgone": tolerance_forgone(plan),
             "lossless": lossless_text(validation["lossless"]),
+            "throughput": throughput_text(tp),
             "throughput_worst_error_pct": (tp.get("worst") or {}).get("error_pct"),
             "device_drift_pct": tp.get("device_drift_pct"),
             "repairs": validation.get("repairs", []),

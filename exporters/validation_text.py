@@ -28,25 +28,78 @@ def lossless_text(gate: dict | None) -> str:
     return "passed" if gate["passed"] else "FAILED"
 
 
+def throughput_text(tp: dict) -> str:
+    """The throughput check's outcome in words (pipeline/throughput_check.py, "Verdicts"): passed, FAILED at the
+    batches that failed, inconclusive at the batches it could not judge, not applicable (with why), or skipped."""
+    if "skipped" in tp:
+        return f"skipped ({tp['skipped']})"
+    if tp.get("error"):
+        return f"FAILED ({tp['error']})"
+    if not tp.get("checked"):
+        return f"not applicable ({tp.get('why', 'not run')})"
+    failed = [r["batch"] for r in tp.get("buckets", []) if r.get("verdict") == "failed"]
+    if failed or tp.get("failed") or not tp.get("passed", False) and not tp.get("inconclusive_batches"):
+        return "FAILED" + (f" at batch {', '.join(map(str, failed))}" if failed else "")
+    if tp.get("inconclusive_batches"):
+        return f"inconclusive at batch {', '.join(map(str, tp['inconclusive_batches']))}"
+    return "passed"
+
+
+def tolerance_forgone(plan) -> dict | None:
+    """What the shorter-draft tolerance gave up in the plan: the schedule every expected difference would decide and
+    its expected gain in mean speedup (None where the tolerance changed nothing)."""
+    untied = plan.study.untied_schedule
+    if not untied or [D for _, D in untied] == [D for _, D in plan.schedule]:
+        return None
+    return {"schedule": [list(bd) for bd in untied], "expected_gain_pct": plan.study.untied_gain_pct}
+
+
+def summary_line(v: dict, where: str = "") -> str:
+    """The export's one line: configs, how many buckets speculate, each gate's outcome, and what the shorter-draft
+    tolerance gave up (the manifest's `validation`)."""
+    batches = v.get("speculating_batches", [])
+    speculates = (
+        f"speculates at {len(batches)} of {v['buckets']} buckets (batch {', '.join(map(str, batches))})"
+        if batches
+        else f"speculates at none of {v.get('buckets', 0)} buckets: the bundle serves plain decoding"
+    )
+    worst, drift = v.get("throughput_worst_error_pct"), v.get("device_drift_pct")
+    throughput = f"throughput{where} {v.get('throughput', 'not run')}"
+    if worst is not None:
+        throughput += f", worst error {worst:+.1f}%"
+    if worst is not None and drift is not None:
+        throughput += f" at the device's current speed ({drift:.1f}% from profile time)"
+    forgone = v.get("tolerance_forgone")
+    tie = (
+        f"the shorter-draft tolerance gives up {forgone['expected_gain_pct']:+.1f}% expected mean speedup (D = "
+        + ", ".join(str(D) for _, D in forgone["schedule"])
+        + " without it)"
+        if forgone
+        else "no expected gain given up to the shorter-draft tolerance"
+    )
+    return f"validated: configs ok; {speculates}; lossless {v['lossless']}; {throughput}; {tie}"
+
+
 def describe_throughput_row(r: dict) -> str:
     """One bucket of the throughput check, as the report and the CLI print it."""
     if "infeasible" in r:
         return f"batch {r['batch']}, D={r['draft_len']}: infeasible ({r['infeasible']})"
-    noise = ""
-    if r.get("inside_noise"):
-        (b_lo, b_hi), (m_lo, m_hi) = (
-            r["predicted_interval_tokens_per_s"],
-            r["measured_at_profile_speed_range_tokens_per_s"],
+    said = ""
+    if r.get("verdict") in ("inside the noise", "inconclusive", "failed"):
+        (b_lo, b_hi) = r["predicted_interval_tokens_per_s"]
+        m_lo, m_hi = (
+            r.get("measured_at_profile_speed_interval_tokens_per_s")
+            or r["measured_at_profile_speed_range_tokens_per_s"]
         )
-        noise = (
-            f"; inside the noise (predicted [{b_lo:.1f}–{b_hi:.1f}], the runs at profile-time speed "
-            f"[{m_lo:.1f}–{m_hi:.1f}])"
+        said = (
+            f"; {r['verdict']} (predicted [{b_lo:.1f}–{b_hi:.1f}], measured at profile-time speed [{m_lo:.1f}–"
+            f"{m_hi:.1f}] over {r.get('runs', '?')} runs; the plan's margin here {r.get('margin_pct', 0):.1f}%)"
         )
     return (
         f"batch {r['batch']}, D={r['draft_len']}: predicted {r['predicted_tokens_per_s']:.0f} tokens/s "
         f"({r['predicted_source']}) ({r['predicted_at_current_speed_tokens_per_s']:.0f} at the device's current speed, "
         f"x{1 / r['device_speed_ratio']:.3f}), measured {r['measured_tokens_per_s']:.0f}: {r['error_pct']:+.1f}% "
-        f"({r['raw_error_pct']:+.1f}% unscaled){noise}"
+        f"({r['raw_error_pct']:+.1f}% unscaled){said}"
     )
 
 
@@ -76,7 +129,7 @@ def describe_repair(record: dict) -> list[str]:
         f"tokens/s, measured {r['measured_tokens_per_s']:.1f} ({r['error_pct']:+.1f}%)"
         for r in record["failing"]
     )
-    outcome = "passed" if record["passed"] else "still failing"
+    outcome = "passed" if record["passed"] else "still failing" if record.get("failed", True) else "inconclusive"
     lines = [f"repair round {record['round']}: re-measured the verify cells behind {failing}"]
     lines += [f"  {_cell_change_text(c)}" for c in record["cells"]]
     before, after = schedule_text(record["before"]), schedule_text(record["after"])
@@ -104,7 +157,7 @@ def describe_row(r: dict) -> str:
     if "error_pct" not in r:
         return f"batch {r['batch']}, D={r['draft_len']}: not measured ({r['error']})"
     applied = "" if r["draft_len_ok"] else f", but vLLM ran D={r['draft_len_applied']}"
-    flag = "" if r["throughput_within"] else " [beyond the tolerance and the noise]"
+    flag = "" if r["throughput_within"] else f" [throughput {r.get('verdict', 'beyond the tolerance and the noise')}]"
     return (
         f"batch {r['batch']}, D={r['draft_len']}{applied}{flag}: predicted {r['predicted_tokens_per_s']:.0f} tokens/s "
         f"({r['predicted_source']}), vLLM {r['measured_tokens_per_s']:.0f} "

@@ -31,13 +31,11 @@ from specdec_tune.settings import ExportSettings, SearchSettings
 
 
 def failing_rows(tp: dict) -> list[dict]:
-    """The timed buckets of a throughput check outside its tolerance and outside the noise (none where the check did
-    not run)."""
+    """The timed buckets a throughput check failed (pipeline/throughput_check.py, "Verdicts"; an inconclusive bucket is
+    not one), none where the check did not run."""
     if not tp.get("checked"):
         return []
-    return [
-        r for r in tp["buckets"] if "error_pct" in r and not r.get("within", abs(r["error_pct"]) <= tp["tolerance_pct"])
-    ]
+    return [r for r in tp["buckets"] if r.get("verdict") == "failed"]
 
 
 def round_widths(cost, mechanism: str, quant: str, batch: int, draft_len: int) -> list[int]:
@@ -105,6 +103,7 @@ def repair_record(
         "worst_error_pct_before": _worst_error_pct(tp_before),
         "worst_error_pct_after": _worst_error_pct(tp_after),
         "passed": bool(tp_after.get("checked") and tp_after.get("passed")),
+        "failed": _check_failed(tp_after),
     }
 
 
@@ -171,7 +170,7 @@ class Checked:
 
 
 def _check_failed(tp: dict) -> bool:
-    return bool(tp.get("checked")) and not tp.get("passed")
+    return bool(tp.get("checked")) and bool(tp.get("failed"))
 
 
 def repair_throughput(

@@ -3,12 +3,26 @@ this device, against the plan's prediction.
 
 Each bucket decodes calibration prompts cut to the plan's context (the profile's dtype, every row decoding the full
 length), its timed runs brought back to profile-time speed by the probes on either side of each (`DeviceSpeed`), and
-the relative error per bucket is judged against the tolerance and the noise (`bucket_row`). Only the rounds in which
-every row of the batch is still decoding count: the batch a continuously batched server keeps full.
+the relative error per bucket is judged against the tolerance and the noise (`bucket_row`, `verdict`). Only the rounds
+in which every row of the batch is still decoding count: the batch a continuously batched server keeps full.
+
+Verdicts (`verdict`). A bucket's runs at profile-time speed give a 95% interval of its tokens/s
+(`intervals.runs_interval`); the plan's margin at the bucket is the expected gap to its runner-up (the decision the plan
+recorded), the tolerance where it recorded none.
+    passed            the measured interval lies within the tolerance of the prediction
+    failed            beyond the tolerance, and the measured and the predicted 95% intervals are apart
+    inside the noise  beyond the tolerance, the intervals overlap, and the measured interval is narrower than the
+                      plan's margin: the prediction's own interval holds the measurement, measured as finely as the
+                      plan decides
+    inconclusive      none of these: the runs are too spread to say
+An open verdict measures the bucket again, up to `MORE_RUNS` times its runs, before it is called inconclusive; an
+inconclusive bucket is neither a pass nor a failure (nothing is repaired or refused on it), and the check that holds one
+has not passed.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -19,6 +33,7 @@ from specdec_tune import SpecdecError
 from specdec_tune.autotune.plan_schema import Bucket, Plan
 from specdec_tune.pipeline.lossless import plan_drafter
 from specdec_tune.profiles.fingerprint import device_fingerprint, resolve_device
+from specdec_tune.profiles.intervals import runs_interval
 from specdec_tune.profiles.models.loading import load_model
 from specdec_tune.profiles.prompts import cut_to_context, prompts_by_domain
 from specdec_tune.profiles.schema import Profile
@@ -103,10 +118,16 @@ def measure_decode(
     }
 
 
+MORE_RUNS = 3  # a bucket whose verdict is open is measured again, up to this many times its runs
+
+
 class DeviceSpeed:
     """This device's speed now against profile time, probed between the timed runs of each measurement.
 
-    The probe is one verify step (the bucket's batch, one token, `ctx` cached), a step the profile measured.
+    The probe is one verify step (the bucket's batch, one token, `ctx` cached), a step the profile measured. A bucket
+    that does not speculate is predicted from that very step (TPS(B, 0) = B / T_verif(B, 1)), so a measurement scaled by
+    it would agree with the prediction whatever the step's profiled time: it is probed on the two-token step instead
+    (`reference`), a cell its prediction does not read.
     It runs before a measurement's first timed run and after each run; a run's speed ratio is the mean of the
     probes on either side of it against the profile's figure for that step (the fitted curve's, which the
     prediction was built from): > 1 where the device runs slower now. Pairing each run with the probes next to
@@ -118,33 +139,47 @@ class DeviceSpeed:
 
     def __init__(self, target, profile, ctx: int, seed: int = 0) -> None:
         self.target, self.ctx, self.seed = target, ctx, seed
-        self.profiled_ms = {
-            p.batch: p.median_ms
+        self.profiled_ms: dict[tuple[int, int], float] = {
+            (p.batch, p.tokens): p.median_ms
             for p in profile.verify
-            if (p.tokens, p.ctx) == (1, ctx) and p.source in ("measured", "fitted") and p.median_ms
+            if p.tokens in (1, 2) and p.ctx == ctx and p.source in ("measured", "fitted") and p.median_ms
         }
-        self.why = None if self.profiled_ms else f"the profile has no measured verify step with one token at ctx {ctx}"
-        self.probes: dict[int, Callable[[], float]] = {}
+        one_token = any(t == 1 for _, t in self.profiled_ms)
+        self.why = None if one_token else f"the profile has no measured verify step with one token at ctx {ctx}"
+        self.probes: dict[tuple[int, int], Callable[[], float]] = {}
 
-    def probed_batch(self, batch: int) -> int | None:
-        """The batch whose profiled step stands for `batch`: itself where measured, else the nearest measured one."""
-        return min(self.profiled_ms, key=lambda b: (abs(b - batch), b)) if self.profiled_ms else None
+    def probed_batch(self, batch: int, tokens: int = 1) -> int | None:
+        """The batch whose profiled step of `tokens` stands for `batch`: itself where measured, else the nearest."""
+        batches = [b for b, t in self.profiled_ms if t == tokens]
+        return min(batches, key=lambda b: (abs(b - batch), b)) if batches else None
 
-    def measure(self, fn: Callable[[Callable[[], None]], T], batch: int = 1) -> tuple[T, list[float]]:
-        """(fn's result, the speed ratio now / at profile time of each of its timed runs, probed at `batch`'s step).
+    def reference(self, batch: int, draft_len: int) -> tuple[int, int] | None:
+        """(batch, tokens) of the step that probes a bucket's speed: the one-token step, or for a bucket that does not
+        speculate the two-token step where the profile measured one (class docstring)."""
+        tokens = 2 if draft_len == 0 and self.probed_batch(batch, 2) is not None else 1
+        probed = self.probed_batch(batch, tokens)
+        return None if probed is None else (probed, tokens)
+
+    def measure(
+        self, fn: Callable[[Callable[[], None]], T], batch: int = 1, draft_len: int = 1
+    ) -> tuple[T, list[float]]:
+        """(fn's result, the speed ratio now / at profile time of each of its timed runs, probed at the bucket's
+        reference step, `reference`).
 
         `fn` receives `between`, to call before its first timed run and after each (as `measure_decode` does);
         a probe is added where it called fewer than two."""
-        probed = self.probed_batch(batch)
+        probed = self.reference(batch, draft_len)
         if probed is None:
             return fn(lambda: None), [1.0]
         if probed not in self.probes:
-            step = VerifyStep(self.target.model, probed, self.ctx, 1, self.seed)
+            step = VerifyStep(self.target.model, probed[0], self.ctx, probed[1], self.seed)
 
-            def probe() -> float:
-                timing = step.timing(1, warmup=1, repeats=PROBE_REPEATS)
+            def probe(step: VerifyStep = step, probed: tuple[int, int] = probed) -> float:
+                timing = step.timing(probed[1], warmup=1, repeats=PROBE_REPEATS)
                 if timing is None:  # the bucket is infeasible on this device now (`throughput_check` records it)
-                    raise torch.OutOfMemoryError(f"CUDA out of memory: the speed probe (batch {probed}, one token)")
+                    raise torch.OutOfMemoryError(
+                        f"CUDA out of memory: the speed probe (batch {probed[0]}, {probed[1]} token(s))"
+                    )
                 return timing.median_ms
 
             self.probes[probed] = probe
@@ -179,21 +214,54 @@ def at_profile_speed_tokens_per_s(decoded: dict, ratios: list[float]) -> tuple[f
     return (statistics.median(each) if "tokens_per_s_runs" in decoded else measured * ratios[0]), each
 
 
+def margin_pct(bucket: Bucket, tolerance_pct: float) -> float:
+    """The margin the plan decided a bucket on: the expected gap to its runner-up in percent (the plan's `decision`),
+    the tolerance where it recorded none."""
+    decision = bucket.rationale.decision
+    return abs(decision.expected_gain_pct) if decision is not None else tolerance_pct
+
+
+def verdict(
+    predicted: float,
+    predicted_interval: tuple[float, float],
+    measured_interval: tuple[float, float],
+    error_pct: float,
+    tolerance_pct: float,
+    margin: float,
+) -> str:
+    """A bucket's verdict from its prediction and its measured 95% interval (module docstring, "Verdicts"). The error is
+    predicted / measured - 1, so the measurements within the tolerance t of a prediction p lie in [p / (1 + t),
+    p / (1 - t)]."""
+    (p_low, p_high), (low, high) = predicted_interval, measured_interval
+    t = tolerance_pct / 100
+    if predicted / (1 + t) <= low and (t >= 1 or high <= predicted / (1 - t)):
+        return "passed"
+    if abs(error_pct) <= tolerance_pct:
+        return "inconclusive"
+    if high < p_low or p_high < low:
+        return "failed"
+    centre = math.sqrt(low * high)
+    return "inside the noise" if (high - low) / 2 <= margin / 100 * centre else "inconclusive"
+
+
 def bucket_row(bucket: Bucket, decoded: dict, ratios: list[float], tolerance_pct: float) -> dict:
     """One bucket of the throughput check: its prediction against its measurement at profile-time speed.
 
     at profile speed   c_i = r_i x ratio_i  (run i's tokens/s r_i; ratio_i probed on either side of it)
     error              predicted / median_i(c_i) - 1,  the same as the prediction at the current speed
                        (predicted x m / median(c), m the median raw tokens/s) against m
-    inside the noise   the prediction's 95% interval overlaps [min_i c_i, max_i c_i]
+    measured interval  `intervals.runs_interval` over the c_i
+    verdict            `verdict`, against the plan's margin at the bucket (`margin_pct`)
     """
     figure = bucket.predicted.tokens_per_s
     predicted, measured = figure.value, decoded["tokens_per_s"]
     corrected, at_profile_speed = at_profile_speed_tokens_per_s(decoded, ratios)
     scale = measured / corrected  # the prediction at the current speed = predicted x scale
     low, high = figure.low or predicted, figure.high or predicted
-    inside_noise = low <= max(at_profile_speed) and min(at_profile_speed) <= high
+    measured_interval = runs_interval(at_profile_speed)
     error_pct = 100 * (predicted / corrected - 1)
+    margin = margin_pct(bucket, tolerance_pct)
+    said = verdict(predicted, (low, high), measured_interval, error_pct, tolerance_pct, margin)
     return {
         "batch": bucket.batch,
         "draft_len": bucket.draft_len,
@@ -207,10 +275,26 @@ def bucket_row(bucket: Bucket, decoded: dict, ratios: list[float], tolerance_pct
         "measured_tokens_per_s": measured,
         "measured_range_tokens_per_s": decoded.get("tokens_per_s_range", [measured, measured]),
         "measured_at_profile_speed_range_tokens_per_s": [min(at_profile_speed), max(at_profile_speed)],
+        "measured_at_profile_speed_interval_tokens_per_s": list(measured_interval),
+        "runs": len(at_profile_speed),
         "raw_error_pct": 100 * (predicted - measured) / measured,
         "error_pct": error_pct,
-        "inside_noise": inside_noise,
-        "within": abs(error_pct) <= tolerance_pct or inside_noise,
+        "margin_pct": margin,
+        "verdict": said,
+        "inside_noise": said == "inside the noise",
+        "within": said in ("passed", "inside the noise"),
+    }
+
+
+def merged_decodes(first: dict, more: dict) -> dict:
+    """Two measurements of one bucket as one: their runs together, the median and range over all of them."""
+    runs = (first.get("tokens_per_s_runs") or [first["tokens_per_s"]]) + (
+        more.get("tokens_per_s_runs") or [more["tokens_per_s"]]
+    )
+    return more | {
+        "tokens_per_s": statistics.median(runs),
+        "tokens_per_s_range": [min(runs), max(runs)],
+        "tokens_per_s_runs": runs,
     }
 
 
@@ -276,13 +360,21 @@ def throughput_check(
                     between=between,
                 )
 
-            decoded, ratios = speed.measure(decode, batch=B)
+            decoded, ratios = speed.measure(decode, batch=B, draft_len=D)
+            row = bucket_row(b, decoded, ratios, s.tolerance_pct)
+            while row["verdict"] == "inconclusive" and row["runs"] < MORE_RUNS * s.repeats:  # measure until it can say
+                more, more_ratios = speed.measure(decode, batch=B, draft_len=D)
+                decoded, ratios = merged_decodes(decoded, more), ratios + more_ratios
+                row = bucket_row(b, decoded, ratios, s.tolerance_pct)
         except (torch.OutOfMemoryError, RuntimeError) as e:
             if not is_out_of_memory(e):
                 raise
             rows.append({"batch": B, "draft_len": D, "infeasible": "out of memory on this device now"})
         else:
-            rows.append(bucket_row(b, decoded, ratios, s.tolerance_pct))
+            reference = speed.reference(B, D)
+            if reference is not None:
+                row["speed_reference"] = {"batch": reference[0], "tokens": reference[1]}
+            rows.append(row)
         if on_row:
             on_row(rows[-1])
     timed = [r for r in rows if "infeasible" not in r]
@@ -297,15 +389,19 @@ def throughput_check(
         "buckets": rows,
         "measured_rounds": "rounds with every row of the batch decoding (a continuously batched server's steady state)",
         "passed": all(r["within"] for r in timed),
+        "failed": any(r["verdict"] == "failed" for r in timed),
+        "inconclusive_batches": [r["batch"] for r in timed if r["verdict"] == "inconclusive"],
         "worst": {"batch": worst["batch"], "error_pct": worst["error_pct"]},
         "rule": (
-            f"a bucket passes when its error at the current speed is within {s.tolerance_pct:g}%, or when the "
-            "prediction's 95% interval and the range of the timed runs at profile-time speed overlap (a difference "
-            "inside the noise)"
+            f"a bucket passes when the 95% interval of its runs at profile-time speed lies within {s.tolerance_pct:g}% "
+            "of the prediction, or, beyond it, when that interval overlaps the prediction's and is narrower than the "
+            "plan's margin at the bucket (inside the noise); it fails when the two intervals are apart beyond the "
+            f"tolerance; otherwise it is measured again (up to {MORE_RUNS}x its runs) and else inconclusive"
         ),
         "speed_scaling": (
             "each timed run's tokens/s times the speed ratio probed on either side of it (the probed step's time "
-            "now over its profile time), median over the runs"
+            "now over its profile time), median over the runs; a bucket that does not speculate is probed on the "
+            "two-token step, which its prediction does not read"
         ),
         "device_drift_pct": drift,
     }

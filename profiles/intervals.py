@@ -83,6 +83,20 @@ def median_interval(samples: Sequence[float], confidence: float = 0.95) -> tuple
     return float(values_sorted[j - 1]), float(values_sorted[k - 1])
 
 
+def runs_interval(samples: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A `confidence` interval (low, high) for the typical value of a few repeated runs (a rate measured 3-9 times):
+    the geometric mean exp(m) with m ± t(n - 1) · s / sqrt(n) on the log scale (m, s the logs' mean and sd). Unlike
+    `median_interval` it narrows with every run from the second on; one run gives (x, x)."""
+    logs = np.log(np.asarray(samples, dtype=np.float64).ravel())
+    if logs.size == 0 or not np.all(np.isfinite(logs)):
+        raise ValueError("runs_interval needs positive finite samples")
+    if logs.size == 1:
+        return float(np.exp(logs[0])), float(np.exp(logs[0]))
+    half = t_quantile((1 + confidence) / 2, logs.size - 1) * float(np.std(logs, ddof=1)) / math.sqrt(logs.size)
+    mean = float(np.mean(logs))
+    return math.exp(mean - half), math.exp(mean + half)
+
+
 def pooled_rel_sd(groups: Iterable[Sequence[float]]) -> float | None:
     """The per-sample relative spread several cells' timings share, robustly: 1.4826 x the median of
     |ln(x / m)| over the samples x of every cell with at least 3 samples, m the cell's median (for odd n the
@@ -156,7 +170,7 @@ def pooled_half_width(n: float, rel_sd: float, median: float) -> float:
     return Z95 * math.sqrt(math.pi / 2) * rel_sd * median / math.sqrt(n)
 
 
-def _pava(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+def isotonic_line(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """Weighted isotonic regression of one line: argmin_f sum w_i (f_i - y_i)^2 s.t. f_1 <= ... <= f_L.
 
     Pool adjacent violators: scan left to right keeping blocks of pooled cells, each fitted by its weighted
@@ -182,14 +196,14 @@ def _pava(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
 
 
 def _project_axis(values: np.ndarray, weights: np.ndarray, axis: int) -> np.ndarray:
-    """The weighted projection onto arrays non-decreasing along `axis`: `_pava` on every 1-D line."""
+    """The weighted projection onto arrays non-decreasing along `axis`: `isotonic_line` on every 1-D line."""
     line_values = np.moveaxis(values, axis, -1)
     line_weights = np.moveaxis(weights, axis, -1)
     flat_values = line_values.reshape(-1, line_values.shape[-1])
     flat_weights = line_weights.reshape(-1, line_weights.shape[-1])
     fitted = np.empty_like(flat_values)
     for line in range(flat_values.shape[0]):
-        fitted[line] = _pava(flat_values[line], flat_weights[line])
+        fitted[line] = isotonic_line(flat_values[line], flat_weights[line])
     return np.moveaxis(fitted.reshape(line_values.shape), -1, axis)
 
 

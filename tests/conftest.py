@@ -125,7 +125,8 @@ def tiny_hf_dir(hf_variant_dir) -> Path:
 
 
 def build_plan(buckets: list[dict], *, mechanism: str = "ngram", quant: str = "none", ctx: int = 128, **fields):
-    """A valid `Plan` record around `buckets` ({"batch", "draft_len", and optionally "tokens_per_s": a figure dict}):
+    """A valid `Plan` record around `buckets` ({"batch", "draft_len", and optionally "tokens_per_s": a figure dict,
+    "rationale": the bucket's rationale record}):
     every other figure and field a plausible placeholder, for the checks that read a plan's schedule and predictions."""
     from specdec_tune.autotune.plan_schema import PREDICTED_FIGURES, Plan
 
@@ -133,7 +134,8 @@ def build_plan(buckets: list[dict], *, mechanism: str = "ngram", quant: str = "n
 
     def bucket(b: dict) -> dict:
         predicted = {name: one for name in PREDICTED_FIGURES} | {"tokens_per_s": b.get("tokens_per_s", one)}
-        return {"batch": b["batch"], "draft_len": b["draft_len"], "predicted": predicted, "rationale": {"text": "test"}}
+        rationale = b.get("rationale", {"text": "test"})
+        return {"batch": b["batch"], "draft_len": b["draft_len"], "predicted": predicted, "rationale": rationale}
 
     digest = "0" * 64
     schedule = [bucket(b) for b in buckets]
@@ -216,8 +218,11 @@ def fixed_speed():
             def __init__(self, *args, **kwargs):
                 self.why = None
 
-            def measure(self, fn, batch=1):
+            def measure(self, fn, batch=1, draft_len=1):
                 return fn(lambda: None), [ratio]
+
+            def reference(self, batch, draft_len):
+                return None
 
         return Fixed
 
