@@ -376,6 +376,14 @@ def test_tuning_cost_reads_an_oracle_result_from_before_every_mechanism_was_swep
     assert o["oracle_kind"] == old.get("oracle_kind", "D-only (plan's mechanism)") and o["mechanisms"]
 
 
+def test_the_committed_tuning_cost_quotes_the_committed_oracle_sweep():
+    """tuning_cost.json copies the oracle sweep's cost from decision_quality.json when it is written: a sweep committed
+    after it leaves the docs quoting an oracle no committed file has."""
+    path = ROOT / "bench" / "results" / "decision_quality.json"
+    committed = json.loads((ROOT / "bench" / "results" / "tuning_cost.json").read_text())["oracle"]
+    assert committed == tuning_cost.oracle_cost(json.loads(path.read_text()), path) | {"from": committed["from"]}
+
+
 # ---------------------------------------------------------------------------- counting forwards
 
 
