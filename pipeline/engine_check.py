@@ -47,7 +47,7 @@ from specdec_tune.profiles.prompts import cut_to_context, prompts_by_domain
 from specdec_tune.profiles.schema import Profile
 from specdec_tune.profiles.timing import Timing
 from specdec_tune.profiles.vllm_engine import VllmEngine, probe_median_ms, speed_ratio
-from specdec_tune.profiles.vllm_profile import steady_steps, with_engines
+from specdec_tune.profiles.vllm_records import steady_steps, with_engines
 from specdec_tune.settings import MeasureSettings
 
 KV_CAPACITY_TOLERANCE_PCT = 10.0
@@ -126,7 +126,7 @@ def run_buckets(
 def steady_figures(runs: list[dict | None], batch: int, between: dict | None = None) -> dict:
     """A bucket's figures from its steady steps (module docstring), pooled over `runs` (one per engine that ran the
     bucket), the median step's interval holding the profile's between-engine term (`between`: engine.between_engines,
-    vllm_profile.with_engines); `error` where it has none to time."""
+    vllm_records.with_engines); `error` where it has none to time."""
     failed: dict | None | Literal[False] = next((run for run in runs if run is None or run.get("error")), False)
     if failed is not False:
         return {"error": (failed or {}).get("error") or "the engine stopped before this bucket"}

@@ -18,14 +18,8 @@ from specdec_tune.exporters.validation_text import describe_row
 from specdec_tune.pipeline.engine_check import engine_refusal, engine_throughput
 from specdec_tune.profiles.timing import Timing
 from specdec_tune.profiles.vllm_engine import VllmEngine
-from specdec_tune.profiles.vllm_profile import (
-    PASSES,
-    TIMING_TOKENS,
-    VllmProfiler,
-    between_engines_sd,
-    counters_of,
-    with_engines,
-)
+from specdec_tune.profiles.vllm_profile import PASSES, TIMING_TOKENS, VllmProfiler
+from specdec_tune.profiles.vllm_records import between_engines_sd, counters_of, with_engines
 from specdec_tune.settings import MeasureSettings, ProfileSettings
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -391,7 +385,7 @@ def test_real_vllm_profile_and_engine_check(tmp_path):
 
 
 def test_a_lookup_drafters_round_moves_to_the_workloads_drafting_rate(fake_profile):
-    from specdec_tune.profiles.vllm_profile import drafting_slope
+    from specdec_tune.profiles.vllm_records import drafting_slope
 
     assert drafting_slope([([10.0, 12.0, 14.0, 10.0], [0.0, 1.0, 2.0, 0.0])]) == pytest.approx(2.0)
     assert drafting_slope([([10.0, 9.0, 8.0], [0.0, 1.0, 2.0])]) == 0.0  # never cheaper for drafting more
