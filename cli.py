@@ -6,6 +6,7 @@ Tracebacks appear only with --debug (or SPECDEC_TUNE_DEBUG=1).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -37,6 +38,7 @@ from specdec_tune.settings import (
     ExportSettings,
     MeasureSettings,
     ProfileSettings,
+    RefineSettings,
     SearchSettings,
     TrainSettings,
 )
@@ -46,7 +48,7 @@ from specdec_tune.settings import (
 
 # the defaults the options show, each written once (settings.py)
 DECODE, PROFILE, TRAIN = DecodeSettings(), ProfileSettings(), TrainSettings()
-SEARCH, MEASURE, EXPORT = SearchSettings(), MeasureSettings(), ExportSettings()
+SEARCH, MEASURE, EXPORT, REFINE = SearchSettings(), MeasureSettings(), ExportSettings(), RefineSettings()
 
 
 def _csv(values) -> str:
@@ -634,6 +636,24 @@ def train_drafter(
     console.print(f"wrote {record['folder']}", markup=False)
 
 
+def _refined(plan, profile, settings: RefineSettings, out: Path):
+    """The plan after the measured refinement (pipeline/refine.py), rewritten in OUT/plan.json; as it was, with a note,
+    where it cannot be refined here."""
+    from specdec_tune.pipeline.refine import refine, refinement_lines, skipped
+    from specdec_tune.records import write_json
+
+    why = skipped(plan, profile)
+    if why is None:
+        plan = refine(plan, profile, settings, out, on_line=lambda line: console.print(line, markup=False))
+        for line in refinement_lines(plan):
+            console.print(line, markup=False)
+    else:
+        console.print(f"refine: skipped: {why}", markup=False)
+        plan = plan.model_copy(update={"notes": [*plan.notes, f"measured refinement skipped: {why}"]})
+    write_json(out / "plan.json", plan.to_json())
+    return plan
+
+
 @app.command(
     epilog="Examples:\n\n  specdec-tune search\n\n"
     "  specdec-tune search --profile artifacts/profile/profile.json --min-user-tps 30 --trials 500\n\n"
@@ -642,7 +662,8 @@ def train_drafter(
     "  specdec-tune search --device h200                               # plan for a GPU you do not have (modeled)\n\n"
     "  specdec-tune search --mix writing=0.5,coding=0.3,humaneval=0.2  # weight the profile's domains by share of "
     "requests\n\n"
-    "  specdec-tune search --storage journal:/shared/study.journal     # several workers, one study"
+    "  specdec-tune search --storage journal:/shared/study.journal     # several workers, one study\n\n"
+    "  specdec-tune search --no-refine                                 # the cost model's plan, nothing decoded"
 )
 def search(
     profile: Annotated[
@@ -724,6 +745,28 @@ def search(
             "every expected difference decides.",
         ),
     ] = SEARCH.tie_tolerance,
+    refine: Annotated[
+        bool,
+        typer.Option(
+            help="Decode the contenders of each bucket the model cannot decide (this device, the profiling split) and "
+            "keep the fastest; skipped for a --device projection or a profile from another device.",
+        ),
+    ] = True,
+    refine_budget: Annotated[
+        float,
+        typer.Option(
+            "--refine-budget",
+            help="Seconds the refinement may decode; 0 = a third of what measuring every D of every bucket costs.",
+        ),
+    ] = REFINE.budget_s,
+    refine_storage: Annotated[
+        str | None,
+        typer.Option(
+            "--refine-storage",
+            help="Optuna storage URL of the refinement's study (several workers may share one); default: "
+            "OUT/refine.journal.",
+        ),
+    ] = REFINE.storage,
 ) -> None:
     """Choose the mechanism and draft length per batch bucket from a profile; writes OUT/plan.json."""
     from specdec_tune.autotune.search import search as run_search
@@ -767,7 +810,11 @@ def search(
         tensor_parallel=tensor_parallel,
         tie_tolerance=tie_tolerance,
     )
+    if refine_budget < 0:
+        raise SpecdecError(f"--refine-budget {refine_budget:g} must not be negative", "pass 0 for the default")
     plan = run_search(loaded, sha256_file(profile), settings)
+    if refine:
+        plan = _refined(plan, loaded, dataclasses.replace(REFINE, budget_s=refine_budget, storage=refine_storage), out)
     _print_plan_table(plan)
     console.print(
         "why: the guideline that set D (g1 compute-bound GEMMs, g2/g3 attention tile, g4 draft cost, schedule: "
@@ -850,7 +897,9 @@ def plan_table(plan: Plan) -> Table:
             pred.speedup.source,
             f"g{guideline}" if isinstance(guideline, int) else str(guideline),
             (
-                f"{d.runner_up_draft_len}: {d.expected_gain_pct:+.1f}%, p {d.p_beats_runner_up:.2f}"
+                f"{b.refinement.model_draft_len}: {_measured_gain(b)}"
+                if b.refinement and b.refinement.chosen_draft_len != b.refinement.model_draft_len
+                else f"{d.runner_up_draft_len}: {d.expected_gain_pct:+.1f}%, p {d.p_beats_runner_up:.2f}"
                 if d
                 else f"{nxt['draft_len']} ({-nxt['loss_pct']:+.1f}%)"
                 if nxt
@@ -859,6 +908,12 @@ def plan_table(plan: Plan) -> Table:
             str(b.memory.max_concurrency) if b.memory else "-",
         )
     return table
+
+
+def _measured_gain(b) -> str:
+    """A refined bucket's measured gain over the model's D, or why there is none."""
+    chosen = next(c for c in b.refinement.contenders if c.draft_len == b.draft_len)
+    return f"{100 * (chosen.vs_model.value - 1):+.1f}% measured" if chosen.vs_model else "model's D pruned"
 
 
 def _print_plan_table(plan: Plan) -> None:

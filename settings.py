@@ -255,6 +255,22 @@ class MeasureSettings:
     )
 
 
+# The K engines run when a user sets none or copies the docs' example: vLLM's n-gram and draft-model examples
+# use 5; suffix decoding defaults K to its tree depth (24); EAGLE-3 examples use 3; MTP defaults to its layer count (1).
+ENGINE_DEFAULT_DRAFT_LEN = {"ngram": 5, "draft_model": 5, "suffix": 24, "eagle3": 3, "mtp": 1, "dflash": 7, "dspark": 7}
+
+
+@dataclasses.dataclass(frozen=True)
+class RefineSettings:
+    """The measured refinement after a search (pipeline/refine.py)."""
+
+    groups: int = 4  # batches of prompts a contender decodes at most (the pruner halves at 2, 4, ...)
+    new_tokens: int = 32
+    budget_s: float = 0.0  # 0: a third of what measuring every D of every bucket would cost
+    storage: str | None = None  # an Optuna storage URL; default: a journal beside plan.json
+    seed: int = 0
+
+
 @dataclasses.dataclass(frozen=True)
 class ExportSettings:
     plan: Path = Path("artifacts/plan.json")

@@ -65,7 +65,8 @@ def _bounds_of(p: Prediction) -> dict:
     return {"draft_len": p.draft_len, "tokens_per_s": _interval(p.tokens_per_s), "speedup": _interval(p.speedup)}
 
 
-def _predicted(p: Prediction) -> dict:
+def predicted_json(p: Prediction) -> dict:
+    """A prediction's figures as a bucket of plan.json holds them."""
     return {name: figure_json(getattr(p, name)) for name in PREDICTED_FIGURES}
 
 
@@ -309,17 +310,17 @@ def fit_flags(space: Space, B: int, D: int) -> list[str]:
     return flags
 
 
-def bucket_memory(space: Space, c: Candidate, B: int, D: int) -> dict:
+def bucket_memory(cost: CostModel, mechanism: str, quant: str, B: int, D: int) -> dict:
     """What the bucket holds in device memory at the plan's context, and the concurrency that fits at its D."""
-    need = space.cost.memory_need(B, D, c.mechanism, c.quant)
-    memory = space.cost.memory
+    need = cost.memory_need(B, D, mechanism, quant)
+    memory = cost.memory
     assert need is not None and memory is not None, "called only for a profile with a memory record (build_plan)"
     return {
         "needed_bytes": need.total_bytes,
         "weights_bytes": need.weights_bytes,
         "kv_bytes": need.kv_bytes,
         "activation_bytes": need.activation_bytes,
-        "max_concurrency": memory.max_concurrency(space.cost.ctx, D, c.mechanism, c.quant),
+        "max_concurrency": memory.max_concurrency(cost.ctx, D, mechanism, quant),
     }
 
 
@@ -439,10 +440,10 @@ def build_plan(
         {
             "batch": B,
             "draft_len": D,
-            "predicted": _predicted(p),
+            "predicted": predicted_json(p),
             "rationale": rationale(space, c, B, D),
             "flags": fit_flags(space, B, D),
-            **({"memory": bucket_memory(space, c, B, D)} if space.cost.memory else {}),
+            **({"memory": bucket_memory(space.cost, c.mechanism, c.quant, B, D)} if space.cost.memory else {}),
         }
         for B, D, p in zip(served, c.schedule, predictions)
     ]

@@ -116,6 +116,42 @@ class PlanMemory(BaseModel):
     target_kv_bytes_per_token: float = Field(ge=0)
 
 
+class Contender(Record):
+    """One draft length a bucket's refinement decoded (pipeline/refine.py)."""
+
+    draft_len: int = Field(ge=0)
+    role: str = Field(min_length=1)  # why it was measured: the model's choice, the runner-up, the best single D, ...
+    predicted_tokens_per_s: float = Field(ge=0)
+    # the geometric mean of the tokens/s of the groups it decoded (a pruned one's too) and its 95% interval; and of its
+    # groups' tokens/s over the model's D's on the same prompts (1 for the model's D)
+    measured_tokens_per_s: Figure | None = None
+    vs_model: Figure | None = None  # the mean of its groups, 95% interval; where it ran them all
+    groups: int = Field(ge=0)
+    outcome: Literal["measured", "pruned", "not measured"]  # not measured: another worker still has it
+
+
+class BucketRefinement(Record):
+    model_draft_len: int = Field(ge=0)  # the cost model's choice
+    chosen_draft_len: int = Field(ge=0)  # the fastest contender measured to the end (the model's where none was)
+    contenders: list[Contender] = Field(min_length=1)
+
+
+class Refinement(Record):
+    """What the measured refinement did (pipeline/refine.py): its budget, what it spent and where its study lives."""
+
+    source: Literal["measured (refinement)"]
+    split: Literal["profile"]
+    groups: int = Field(ge=1)
+    new_tokens: int = Field(ge=1)
+    budget_s: float = Field(ge=0)
+    spent_s: float = Field(ge=0)
+    uncertain_batches: list[int]
+    certain_when: str
+    trials: int = Field(ge=0)
+    pruned: int = Field(ge=0)
+    storage: str | None = None
+
+
 class Bucket(Record):
     batch: int = Field(ge=1)
     draft_len: int = Field(ge=0)
@@ -123,6 +159,7 @@ class Bucket(Record):
     rationale: Rationale
     flags: list[str] = []
     memory: BucketMemory | None = None
+    refinement: BucketRefinement | None = None
 
 
 HEX64 = r"^[0-9a-f]{64}$"
@@ -265,6 +302,7 @@ class Plan(Record):
     study: Study
     settings_hash: str = Field(pattern=HEX64)
     search_settings: RecordedSearchSettings
+    refinement: Refinement | None = None  # the measured refinement; absent where it did not run
 
     @model_validator(mode="after")
     def _consistent(self) -> Plan:

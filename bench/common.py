@@ -23,7 +23,7 @@ from specdec_tune.profiles.intervals import pooled_half_width, pooled_rel_sd
 from specdec_tune.profiles.models.generic import GenericCausalLM
 from specdec_tune.profiles.models.llama import CausalLM
 from specdec_tune.records import write_json
-from specdec_tune.settings import SearchSettings
+from specdec_tune.settings import ENGINE_DEFAULT_DRAFT_LEN, SearchSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -158,9 +158,7 @@ def write_table(args, text: str) -> None:
 # (the torch decision-quality bench and the vLLM engine oracle share these; pure but `searched_for`)
 
 
-# The K engines run when a user sets none or copies the docs' example: vLLM's n-gram and draft-model examples
-# use 5; suffix decoding defaults K to its tree depth (24); EAGLE-3 examples use 3; MTP defaults to its layer count (1).
-ENGINE_DEFAULT_K = {"ngram": 5, "draft_model": 5, "suffix": 24, "eagle3": 3, "mtp": 1, "dflash": 7, "dspark": 7}
+ENGINE_DEFAULT_K = ENGINE_DEFAULT_DRAFT_LEN  # the K engines run when a user sets none (settings.py)
 
 CONFIRMATION = (
     "the oracle is the best of a bucket's measured points, and the best of several noisy figures reads high (the "

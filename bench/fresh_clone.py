@@ -105,9 +105,29 @@ def schedule(plan_path: Path) -> dict | None:
                 "batch": b.get("batch"),
                 "draft_len": b.get("draft_len"),
                 "speedup": {k: speedup.get(k) for k in ("value", "low", "high", "source")},
+                "model_draft_len": (b.get("refinement") or {}).get("model_draft_len"),
             }
         )
-    return {"mechanism": plan.get("mechanism"), "quant": plan.get("quant"), "buckets": buckets}
+    refinement = plan.get("refinement") or {}
+    return {
+        "mechanism": plan.get("mechanism"),
+        "quant": plan.get("quant"),
+        "buckets": buckets,
+        "refinement": {k: refinement.get(k) for k in ("uncertain_batches", "trials", "pruned", "budget_s", "spent_s")},
+    }
+
+
+def refined_text(plan: dict) -> str:
+    """What search's measured refinement decoded and which buckets it moved off the model's D."""
+    r = plan.get("refinement") or {}
+    if not r.get("trials"):
+        return "none"
+    moved = [
+        f"{b['batch']}: {b['model_draft_len']}->{b['draft_len']}"
+        for b in plan.get("buckets", [])
+        if b.get("model_draft_len") is not None and b["model_draft_len"] != b["draft_len"]
+    ]
+    return f"{r['trials']} trials, {r['spent_s']:.0f} s; " + (", ".join(moved) or "no bucket moved")
 
 
 def profile_facts(profile_path: Path) -> dict | None:
@@ -195,8 +215,8 @@ def table(result: dict) -> str:
             "the README's main job, wall seconds per part (measured)"
         ),
         "",
-        "| run | install s | profile s | search s | export s | total s | exit | plan: D per batch | bundle files |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| run | install s | profile s | search s | export s | total s | exit | plan: D per batch | refined | files |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["runs"]:
         parts = [f"{r['parts'][p]['s']:.0f}" if p in r["parts"] else "-" for p, _ in PARTS]
@@ -204,7 +224,7 @@ def table(result: dict) -> str:
         sched = ", ".join(f"{b['batch']}: {b['draft_len']}" for b in plan.get("buckets", [])) or "-"
         lines.append(
             f"| {r['run']} | {' | '.join(parts)} | {r.get('total_s', 0):.0f} | {r['rc']} | "
-            f"{plan.get('mechanism') or '-'} {sched} | {r.get('bundle_files', 0)} |"
+            f"{plan.get('mechanism') or '-'} {sched} | {refined_text(plan)} | {r.get('bundle_files', 0)} |"
         )
     return "\n".join(lines) + "\n"
 

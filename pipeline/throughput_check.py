@@ -190,7 +190,7 @@ class DeviceSpeed:
         return result, [(a + b) / 2 / self.profiled_ms[probed] for a, b in zip(probes_ms, probes_ms[1:])]
 
 
-def _another_device(profiled: dict) -> str:
+def another_device(profiled: dict) -> str:
     """How this device differs from the profiled one in what sets its speed ('' when it is the same kind)."""
     here = device_fingerprint(
         resolve_device("cuda" if profiled.get("kind") == "cuda" and torch.cuda.is_available() else "cpu"), torch.float32
@@ -321,7 +321,7 @@ def throughput_check(
     """
     if plan.projected:
         return {"checked": False, "why": f"the plan is for {plan.device.name} (modeled), not this device"}
-    other = _another_device(profile.device)
+    other = another_device(profile.device)
     if other:
         return {
             "checked": False,

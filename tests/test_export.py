@@ -702,7 +702,7 @@ def loop_check(monkeypatch, fixed_speed, make_plan):
         monkeypatch.setattr(validate, "plan_drafter", lambda *a: None)
         monkeypatch.setattr(validate, "load_model", lambda *a, **k: None)
         monkeypatch.setattr(validate, "context_prompts", lambda *a: [[1, 2, 3]])
-        monkeypatch.setattr(validate, "_another_device", lambda profiled: "")
+        monkeypatch.setattr(validate, "another_device", lambda profiled: "")
         profile = types.SimpleNamespace(target={"path": "x"}, device={"dtype": "float32"})
         one = {
             "batch": 1,
@@ -786,7 +786,7 @@ def test_a_bucket_without_speculation_is_checked_against_a_step_its_prediction_d
     monkeypatch.setattr(validate, "plan_drafter", lambda *a: None)
     monkeypatch.setattr(validate, "load_model", lambda *a, **k: types.SimpleNamespace(model=None))
     monkeypatch.setattr(validate, "context_prompts", lambda *a: [[1, 2, 3]])
-    monkeypatch.setattr(validate, "_another_device", lambda profiled: "")
+    monkeypatch.setattr(validate, "another_device", lambda profiled: "")
     verify = [
         types.SimpleNamespace(batch=B, tokens=t, ctx=128, median_ms=ms, source="measured")
         for (B, t), ms in profiled_ms.items()

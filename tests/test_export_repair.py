@@ -93,7 +93,7 @@ def simulated_device(monkeypatch, fixed_speed, true_speed):
     """Everything the lossless gate and the throughput check would run on the demo model, answered by `true_speed`."""
     _, tokens_per_s = true_speed
     monkeypatch.setattr(validate, "DeviceSpeed", fixed_speed(1.0))
-    monkeypatch.setattr(validate, "_another_device", lambda profiled: "")
+    monkeypatch.setattr(validate, "another_device", lambda profiled: "")
     monkeypatch.setattr(validate, "load_model", lambda *a, **k: None)
     monkeypatch.setattr(validate, "plan_drafter", lambda plan, profile, target: (plan.mechanism, plan.quant))
     monkeypatch.setattr(validate, "context_prompts", lambda *a: [[1, 2, 3]])

@@ -1,0 +1,383 @@
+"""Measured refinement: where the cost model cannot separate a bucket's contenders, decode them and keep the fastest.
+
+The search decides each bucket on the mean of the profile's draws (autotune/space.py); a bucket is uncertain where
+its choice beats the runner-up in fewer than `CERTAIN` of the draws, or where a shorter draft was taken within the
+tie tolerance. At each uncertain bucket B the contenders are, in the plan's mechanism and weights,
+
+    the plan's D, the runner-up D, the D the tolerance passed over, the best single D across buckets (the plan's
+    `single_draft_len`), the engine's default K (`ENGINE_DEFAULT_DRAFT_LEN`, capped at the profile's D_max), and D = 0
+
+each decoded end to end in this tool's loop on the profiling split of the calibration prompts (never the held-back
+split the lossless gate reads), cut to the plan's context. One Optuna study holds one trial per (bucket, D). A trial
+measures in groups: one group is one batch of B prompts decoding `new_tokens`, its tokens/s counted over the rounds in
+which every row still decodes (what the cost model predicts), and the trial reports the mean of its groups after each.
+The trials of a bucket run interleaved, group by group in a shuffled order each round, so that the device's drift
+falls on every contender alike. A successive-halving pruner (`BucketHalving`) keeps, at groups 2, 4, ..., the better
+half of a bucket's trials by their mean so far, always at least two.
+
+    budget   a third of what measuring every D of every bucket with as many groups would cost, at the plan's predicted
+             tokens/s (`--refine-budget` sets seconds instead). It is looked at between groups: every contender decodes
+             at least `MIN_GROUPS`, and where the budget is spent the contenders still in stop with as many groups
+    result   per bucket, among the trials not pruned, the highest geometric mean of its groups' tokens/s over the
+             model's D's (a group decodes the same prompts for every contender, so the ratio pairs them), D kept from
+             rising with batch; each figure's 95% interval is the t-interval over the groups on a log scale
+             (`intervals.runs_interval`). Where it is not the model's D, the bucket takes it, its prediction the cost
+             model's at that D, and its rationale says why; the figures are labelled `measured (refinement)`
+
+The study lives in a journal beside the plan (or any Optuna storage URL: several workers, one per device, may measure
+one study, each taking the (bucket, D) no other has started); a killed run resumes it, a finished trial is never
+measured again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from specdec_tune import SpecdecError
+from specdec_tune.autotune.plan import bucket_memory, cost_model_of, predicted_json
+from specdec_tune.autotune.plan_schema import BucketRefinement, Contender, Figure, Plan, Refinement
+from specdec_tune.pipeline.lossless import plan_drafter
+from specdec_tune.pipeline.throughput_check import WARMUP_TOKENS, another_device, context_prompts
+from specdec_tune.profiles.intervals import runs_interval
+from specdec_tune.profiles.models.loading import load_model
+from specdec_tune.profiles.schema import Profile
+from specdec_tune.profiles.specdec import generate
+from specdec_tune.settings import ENGINE_DEFAULT_DRAFT_LEN, RefineSettings
+
+MIN_GROUPS = 2  # groups every contender decodes whatever the budget
+CERTAIN = 0.9  # a choice faster than its runner-up in at least this share of the draws is not measured
+LABEL = "measured (refinement)"
+
+
+def skipped(plan: Plan, profile: Profile) -> str | None:
+    """Why this plan cannot be refined here, or None."""
+    if plan.projected:
+        return f"the plan is for {plan.device.name} (modeled): only the device that runs it can measure it"
+    if profile.backend != "torch":
+        return f"measured refinement runs in this tool's loop; the {profile.backend} backend's engines are not refined"
+    other = another_device(profile.device)
+    return f"the profile was measured on another device ({other})" if other else None
+
+
+def uncertain(plan: Plan) -> list[int]:
+    """The batches whose choice the model did not settle (module docstring)."""
+    batches = []
+    for b in plan.buckets:
+        decision, tie = b.rationale.decision, getattr(b.rationale, "tie", None)
+        if tie or decision is None or decision.p_beats_runner_up < CERTAIN:
+            batches.append(b.batch)
+    return batches
+
+
+def contenders(plan: Plan, batch: int, max_draft_len: int) -> dict[int, str]:
+    """{D: why it is measured} at one bucket (module docstring), longest role first where two name one D."""
+    bucket = next(b for b in plan.buckets if b.batch == batch)
+    roles: dict[int, str] = {bucket.draft_len: "the model's choice"}
+    if bucket.rationale.decision is not None:
+        roles.setdefault(bucket.rationale.decision.runner_up_draft_len, "the runner-up")
+    tie = getattr(bucket.rationale, "tie", None)
+    if isinstance(tie, dict) and "with_draft_len" in tie:
+        roles.setdefault(int(tie["with_draft_len"]), "passed over by the tie tolerance")
+    roles.setdefault(plan.single_draft_len.draft_len, "the best single D")
+    default = min(ENGINE_DEFAULT_DRAFT_LEN.get(plan.mechanism, 3), max_draft_len)
+    roles.setdefault(default, "the engine's default K")
+    roles.setdefault(0, "no speculation")
+    return {D: why for D, why in roles.items() if D <= max_draft_len}
+
+
+class BucketHalving(optuna.pruners.BasePruner):
+    """Successive halving within a bucket: at group r = 2, 4, 8, ... a trial is pruned where its mean so far is below
+    the `keep`-th best mean at r among its bucket's trials that reached r (keep = half of them, at least two)."""
+
+    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        step = trial.last_step
+        if step is None or step < 2 or step & (step - 1):  # rungs at 2, 4, 8, ...
+            return False
+        batch = trial.user_attrs["batch"]
+        at_rung = [
+            t.intermediate_values[step]
+            for t in study.get_trials(deepcopy=False)
+            if t.user_attrs.get("batch") == batch and step in t.intermediate_values
+        ]
+        keep = max(2, len(at_rung) // 2)
+        if len(at_rung) <= keep:
+            return False
+        return trial.intermediate_values[step] < sorted(at_rung, reverse=True)[keep - 1]
+
+
+def _key(t: optuna.trial.FrozenTrial) -> tuple[int, int]:
+    return t.user_attrs["batch"], t.user_attrs["draft_len"]
+
+
+@dataclasses.dataclass
+class _Running:
+    trial: optuna.Trial
+    batch: int
+    draft_len: int
+    rates: list[float] = dataclasses.field(default_factory=list)
+    warm: bool = False
+
+
+def sweep_cost_s(plan: Plan, profile: Profile, s: RefineSettings, max_draft_len: int) -> float:
+    """What measuring every D of every bucket with `s.groups` groups costs at the plan's predicted tokens/s."""
+    cost = cost_model_of(profile, plan)
+    return sum(
+        s.groups * b.batch * s.new_tokens / cost.predict(b.batch, D, plan.mechanism, plan.quant).tokens_per_s.value
+        for b in plan.buckets
+        for D in range(max_draft_len + 1)
+    )
+
+
+def refine(
+    plan: Plan, profile: Profile, s: RefineSettings, out_dir: Path, on_line: Callable[[str], None] = print
+) -> Plan:
+    """The plan with its uncertain buckets measured (module docstring); a plan with none comes back as it was, its
+    `refinement` saying so."""
+    batches = uncertain(plan)
+    max_draft_len = min(profile.workload.max_draft_len, cost_model_of(profile, plan).draft_len_limit(plan.mechanism))
+    budget_s = s.budget_s or sweep_cost_s(plan, profile, s, max_draft_len) / 3
+    summary: dict[str, Any] = {
+        "source": LABEL,
+        "split": "profile",
+        "groups": s.groups,
+        "new_tokens": s.new_tokens,
+        "budget_s": budget_s,
+        "uncertain_batches": batches,
+        "certain_when": f"the choice beats its runner-up in at least {CERTAIN:.0%} of the draws, no tie",
+    }
+    if not batches:
+        return plan.model_copy(update={"refinement": Refinement(**summary, spent_s=0.0, trials=0, pruned=0)})
+    storage = s.storage or f"journal:{out_dir / 'refine.journal'}"
+    study = optuna.create_study(
+        storage=_storage(storage),
+        study_name=f"refine-{plan.settings_hash[:12]}-{plan.profile.sha256[:12]}",
+        direction="maximize",
+        pruner=BucketHalving(),
+        load_if_exists=True,
+    )
+    wanted = {(B, D): why for B in batches for D, why in contenders(plan, B, max_draft_len).items()}
+    kept = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    done = {_key(t): t for t in study.get_trials(deepcopy=False, states=kept) if "batch" in t.user_attrs}
+    started = {_key(t) for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}
+    todo = [k for k in wanted if k not in done and (k not in started or s.storage is None)]
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        if s.storage is None:  # a run of this journal that was killed: its open trials start over
+            study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+    t0 = time.monotonic()
+    if todo:
+        on_line(
+            f"refine: {len(wanted)} contenders at batch {', '.join(map(str, batches))}, "
+            f"{len(done)} already measured; budget {budget_s:.0f} s"
+        )
+        _measure(plan, profile, s, study, todo, budget_s, on_line)
+    spent_s = time.monotonic() - t0
+    finished = {_key(t): t for t in study.get_trials(deepcopy=False, states=kept) if "batch" in t.user_attrs}
+    return _refined(plan, profile, wanted, finished, summary | {"storage": storage, "spent_s": spent_s})
+
+
+def _storage(url: str) -> Any:
+    if url.startswith("journal:"):
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        return JournalStorage(JournalFileBackend(url.removeprefix("journal:")))
+    return url
+
+
+def _measure(
+    plan: Plan,
+    profile: Profile,
+    s: RefineSettings,
+    study: optuna.Study,
+    todo: list[tuple[int, int]],
+    budget_s: float,
+    on_line: Callable[[str], None],
+) -> None:
+    """Every (batch, D) of `todo` as a trial, interleaved group by group, until each finished, was pruned or the budget
+    ran out (module docstring)."""
+    target = load_model(profile.target["path"], dtype=profile.device.get("dtype") or "auto")
+    drafter = plan_drafter(plan, profile, target)
+    pool = context_prompts(target, plan.ctx, s.new_tokens, max(D for _, D in todo), "profile")
+    if not pool:
+        raise SpecdecError(
+            f"no prompt of the profiling split reaches the plan's context of {plan.ctx} tokens", "pass --no-refine"
+        )
+    running = []
+    for B, D in todo:
+        trial = study.ask()
+        trial.set_user_attr("batch", B)
+        trial.set_user_attr("draft_len", D)
+        running.append(_Running(trial, B, D))
+    rng = random.Random(s.seed)
+    t0 = time.monotonic()
+    for group in range(s.groups):
+        if group >= MIN_GROUPS and time.monotonic() - t0 > budget_s:
+            on_line(f"refine: the budget of {budget_s:.0f} s is spent after {group} groups of {s.groups}")
+            break
+        order = running[:]
+        rng.shuffle(order)  # every contender decodes the same prompts in this group, in another order each time
+        for r in order:
+            ids = [pool[(group * r.batch + i) % len(pool)] for i in range(r.batch)]
+            kwargs: dict[str, Any] = dict(
+                drafter=drafter if r.draft_len else None,
+                num_draft_tokens=r.draft_len,
+                max_new_tokens=s.new_tokens,
+                temperature=0.0,
+                seed=s.seed,
+                stop_token_ids=(),
+            )
+            if not r.warm:
+                generate(target.model, ids, **(kwargs | {"max_new_tokens": WARMUP_TOKENS}))
+                r.warm = True
+            out = generate(target.model, ids, **kwargs)
+            r.rates.append(out.full_batch_tokens / out.full_batch_s)
+            r.trial.set_user_attr("rates", r.rates)  # a pruned contender's groups still pair with the others'
+            r.trial.report(statistics.fmean(r.rates), step=len(r.rates))
+            if r.trial.should_prune():
+                study.tell(r.trial, state=optuna.trial.TrialState.PRUNED)
+                running.remove(r)
+                on_line(f"refine: batch {r.batch} D={r.draft_len} pruned after {len(r.rates)} groups")
+        on_line(f"refine: group {group + 1} of {s.groups} done, {len(running)} contenders left")
+    for r in running:
+        study.tell(r.trial, statistics.fmean(r.rates))
+
+
+def _figure(values: list[float]) -> Figure:
+    low, high = runs_interval(values)
+    return Figure(value=statistics.geometric_mean(values), source="measured", low=low, high=high)
+
+
+def _contender(
+    t: optuna.trial.FrozenTrial | None, D: int, role: str, predicted: float, reference: list[float]
+) -> Contender:
+    """One contender's record; `reference` the model's D's group rates (pruned or not; empty where it has none)."""
+    rates = list(t.user_attrs.get("rates", [])) if t is not None else []
+    paired = [r / m for r, m in zip(rates, reference)]
+    return Contender(
+        draft_len=D,
+        role=role,
+        predicted_tokens_per_s=predicted,
+        measured_tokens_per_s=_figure(rates) if rates else None,
+        vs_model=_figure(paired) if paired else None,
+        groups=len(rates),
+        outcome="not measured" if t is None else "pruned" if t.state == optuna.trial.TrialState.PRUNED else "measured",
+    )
+
+
+def _refined(
+    plan: Plan,
+    profile: Profile,
+    wanted: dict[tuple[int, int], str],
+    finished: dict[tuple[int, int], optuna.trial.FrozenTrial],
+    summary: dict[str, Any],
+) -> Plan:
+    """The plan with each measured bucket's fastest contender (module docstring, "result"): by the geometric mean of its
+    groups' tokens/s over the model's D's on the same prompts (the groups both decoded, the model's D pruned or not);
+    D does not rise with batch."""
+    cost = cost_model_of(profile, plan)
+    buckets: list[dict] = []
+    pruned, ceiling = 0, plan.max_draft_len
+    batches = {B for B, _ in wanted}
+    for b in plan.buckets:
+        keys = [k for k in wanted if k[0] == b.batch]
+        if not keys:
+            buckets.append(b.model_dump())
+            ceiling = b.draft_len
+            continue
+        model_trial = finished.get((b.batch, b.draft_len))
+        reference = list(model_trial.user_attrs.get("rates", [])) if model_trial is not None else []
+        rows = [
+            _contender(
+                finished.get(k),
+                k[1],
+                wanted[k],
+                cost.predict(b.batch, k[1], plan.mechanism, plan.quant).tokens_per_s.value,
+                reference,
+            )
+            for k in keys
+        ]
+        pruned += sum(c.outcome == "pruned" for c in rows)
+        # D does not rise with batch: at most the D of the batch below, at least that of any larger bucket not measured
+        floor = max((x.draft_len for x in plan.buckets if x.batch > b.batch and x.batch not in batches), default=0)
+        allowed = [c for c in rows if c.outcome == "measured" and floor <= c.draft_len <= ceiling]
+        score = (lambda c: c.vs_model.value) if reference else (lambda c: c.measured_tokens_per_s.value)
+        best = max(allowed, key=score) if allowed else None
+        chosen = best.draft_len if best else min(max(b.draft_len, floor), ceiling)
+        ceiling = chosen
+        record = BucketRefinement(model_draft_len=b.draft_len, chosen_draft_len=chosen, contenders=rows)
+        if chosen == b.draft_len:
+            buckets.append(b.model_dump() | {"refinement": record.model_dump()})
+            continue
+        why = (
+            {"text": _why(b.draft_len, best, rows), "guideline": "measured"}
+            if best
+            else {
+                "text": f"no contender measured within D {floor}-{chosen}, the range that keeps D from rising with "
+                f"batch after its neighbours' refinement: D={chosen}, the model's D={b.draft_len} brought into it",
+                "guideline": "schedule",
+            }
+        )
+        buckets.append(
+            b.model_dump()
+            | {
+                "draft_len": chosen,
+                "predicted": predicted_json(cost.predict(b.batch, chosen, plan.mechanism, plan.quant)),
+                "rationale": why,
+                "flags": [],
+                "refinement": record.model_dump(),
+                **({"memory": bucket_memory(cost, plan.mechanism, plan.quant, b.batch, chosen)} if b.memory else {}),
+            }
+        )
+    refinement = Refinement(**summary, trials=sum(1 for k in wanted if k in finished), pruned=pruned)
+    fields = plan.model_dump() | {
+        "buckets": buckets,
+        "max_draft_len": max(b["draft_len"] for b in buckets),
+        "refinement": refinement.model_dump(),
+    }
+    return Plan.model_validate(fields)
+
+
+def _why(model_draft_len: int, best: Contender, rows: list[Contender]) -> str:
+    m = best.measured_tokens_per_s
+    assert m is not None
+    text = (
+        f"{LABEL}: D={best.draft_len} decoded {m.value:.1f} tok/s [{m.low:.1f}–{m.high:.1f}] over {best.groups} groups"
+    )
+    if best.vs_model is not None:
+        v = best.vs_model
+        text += f", x{v.value:.3f} [{v.low:.3f}–{v.high:.3f}] the model's D={model_draft_len} on the same prompts"
+    else:
+        text += f"; the model's D={model_draft_len} was pruned"
+    mine = next(c for c in rows if c.draft_len == model_draft_len)
+    return text + f" (predicted {best.predicted_tokens_per_s:.1f} against {mine.predicted_tokens_per_s:.1f} tok/s)"
+
+
+def refinement_lines(plan: Plan) -> list[str]:
+    """What the refinement measured at each bucket and what the bucket took, one line each."""
+    lines = []
+    for b in plan.buckets:
+        r = b.refinement
+        if r is None:
+            continue
+        figures = ", ".join(
+            f"D={c.draft_len} {c.measured_tokens_per_s.value:.1f} "
+            f"[{c.measured_tokens_per_s.low:.1f}–{c.measured_tokens_per_s.high:.1f}]"
+            if c.measured_tokens_per_s is not None
+            else f"D={c.draft_len} {c.outcome}"
+            for c in sorted(r.contenders, key=lambda c: c.draft_len)
+        )
+        verdict = (
+            f"keeps D={r.model_draft_len}"
+            if r.chosen_draft_len == r.model_draft_len
+            else f"takes D={r.chosen_draft_len} over the model's D={r.model_draft_len}"
+        )
+        lines.append(f"batch {b.batch} ({LABEL}, tok/s over the groups, 95% interval): {figures}; {verdict}")
+    return lines

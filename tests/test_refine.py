@@ -1,0 +1,149 @@
+"""The measured refinement (pipeline/refine.py): which contenders it decodes, how it prunes and decides, that a study
+resumes without decoding again, and where it does not run. The decoder is a stand-in whose tokens/s per draft length
+is known (seeded noise), so that each verdict can be checked against the truth."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from specdec_tune.autotune.plan_schema import Plan, load_plan
+from specdec_tune.autotune.search import search
+from specdec_tune.pipeline import refine as refine_module
+from specdec_tune.pipeline.refine import contenders, refine, skipped, uncertain
+from specdec_tune.profiles.schema import load_profile
+from specdec_tune.records import sha256_file
+from specdec_tune.settings import RefineSettings, SearchSettings
+
+PROFILE_PATH = Path(__file__).parent / "data" / "demo_profile.json"
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory) -> tuple[Plan, object]:
+    folder = tmp_path_factory.mktemp("plan")
+    profile = load_profile(PROFILE_PATH)
+    plan = search(profile, sha256_file(PROFILE_PATH), SearchSettings(seed=0, trials=40, out_dir=folder))
+    return plan, profile
+
+
+class FakeDecoder:
+    """generate() at a known tokens/s per (batch, D), times a seeded lognormal noise of `noise`; counts its calls."""
+
+    def __init__(self, rates: dict[tuple[int, int], float], noise: float = 0.02) -> None:
+        self.rates, self.rng, self.noise, self.calls = rates, random.Random(0), noise, 0
+
+    def __call__(self, model, ids, *, num_draft_tokens, max_new_tokens, **_):
+        self.calls += 1
+        rate = self.rates[(len(ids), num_draft_tokens)] * self.rng.lognormvariate(0, self.noise)
+        tokens = len(ids) * max_new_tokens
+        return type("Out", (), {"full_batch_tokens": tokens, "full_batch_s": tokens / rate})()
+
+
+def _fake(monkeypatch, decoder: FakeDecoder) -> None:
+    target = type("Target", (), {"model": None})()
+    monkeypatch.setattr(refine_module, "load_model", lambda *a, **k: target)
+    monkeypatch.setattr(refine_module, "plan_drafter", lambda *a: object())
+    monkeypatch.setattr(refine_module, "context_prompts", lambda *a: [[1, 2, 3]] * 4)
+    monkeypatch.setattr(refine_module, "generate", decoder)
+
+
+def _truth(plan: Plan, best: dict[int, int]) -> dict[tuple[int, int], float]:
+    """tokens/s per (batch, D): 100 x batch, 10% more at the bucket's `best` D, 3% less per step of D away from it."""
+    return {
+        (b.batch, D): 100.0 * b.batch * (1.10 if D == best[b.batch] else 1.0 - 0.03 * abs(D - best[b.batch]))
+        for b in plan.buckets
+        for D in range(64)
+    }
+
+
+def test_the_uncertain_buckets_measure_the_runner_up_the_single_d_the_default_and_no_speculation(searched):
+    plan, profile = searched
+    batches = uncertain(plan)
+    assert batches, "the demo plan has buckets its draws do not settle"
+    for B in batches:
+        bucket = next(b for b in plan.buckets if b.batch == B)
+        roles = contenders(plan, B, profile.workload.max_draft_len)
+        assert roles[bucket.draft_len] == "the model's choice" and 0 in roles
+        assert plan.single_draft_len.draft_len in roles
+        if bucket.rationale.decision is not None:
+            assert bucket.rationale.decision.runner_up_draft_len in roles
+    certain = [b for b in plan.buckets if b.batch not in batches]
+    assert all(b.rationale.decision.p_beats_runner_up >= refine_module.CERTAIN for b in certain if b.rationale.decision)
+
+
+def test_the_refinement_takes_the_fastest_contender_and_keeps_d_from_rising(searched, tmp_path, monkeypatch):
+    plan, profile = searched
+    batches = uncertain(plan)
+    # at every uncertain bucket the truth favours the contender the model ranked lowest among the speculating ones
+    best = {b.batch: b.draft_len for b in plan.buckets}
+    for B in batches:
+        roles = contenders(plan, B, profile.workload.max_draft_len)
+        best[B] = min(D for D in roles if D > 0)
+    decoder = FakeDecoder(_truth(plan, best))
+    _fake(monkeypatch, decoder)
+    refined = refine(plan, profile, RefineSettings(budget_s=1e9), tmp_path, on_line=lambda line: None)
+    Plan.model_validate(refined.to_json())
+    ceiling = plan.max_draft_len
+    for b, model in zip(refined.buckets, plan.buckets):
+        assert b.draft_len <= ceiling  # D never rises with batch
+        if b.batch not in batches:
+            assert b.refinement is None and b.draft_len == model.draft_len
+            ceiling = b.draft_len
+            continue
+        r = b.refinement
+        measured = {c.draft_len: c for c in r.contenders if c.measured_tokens_per_s is not None}
+        assert r.chosen_draft_len == b.draft_len and r.model_draft_len == model.draft_len
+        floor = max((x.draft_len for x in plan.buckets if x.batch > b.batch and x.batch not in batches), default=0)
+        allowed = [D for D in measured if floor <= D <= ceiling]
+        if allowed:
+            assert b.draft_len == max(allowed, key=lambda D: decoder.rates[(b.batch, D)])
+        else:
+            assert b.draft_len == min(max(model.draft_len, floor), ceiling)
+        ceiling = b.draft_len
+        assert all(c.vs_model is not None for c in measured.values())  # paired with the model's D, pruned or not
+        if b.draft_len != r.model_draft_len:
+            assert b.rationale.text.startswith("measured (refinement)")
+            assert measured[b.draft_len].vs_model.low > 1.0  # 10% against 2% noise: apart
+    assert refined.refinement.trials == sum(len(contenders(plan, B, profile.workload.max_draft_len)) for B in batches)
+    assert refined.refinement.pruned > 0  # successive halving dropped the slow ones
+
+
+def test_a_refinement_resumes_its_study_without_decoding_again(searched, tmp_path, monkeypatch):
+    plan, profile = searched
+    decoder = FakeDecoder({(b.batch, D): 50.0 * b.batch + D for b in plan.buckets for D in range(64)})
+    _fake(monkeypatch, decoder)
+    first = refine(plan, profile, RefineSettings(budget_s=1e9), tmp_path, on_line=lambda line: None)
+    calls = decoder.calls
+    assert calls > 0 and (tmp_path / "refine.journal").exists()
+    again = refine(plan, profile, RefineSettings(budget_s=1e9), tmp_path, on_line=lambda line: None)
+    assert decoder.calls == calls
+    assert [b.draft_len for b in again.buckets] == [b.draft_len for b in first.buckets]
+
+
+def test_a_spent_budget_stops_every_contender_after_the_same_groups(searched, tmp_path, monkeypatch):
+    plan, profile = searched
+    decoder = FakeDecoder({(b.batch, D): 50.0 * b.batch for b in plan.buckets for D in range(64)}, noise=0.0)
+    _fake(monkeypatch, decoder)
+    refined = refine(plan, profile, RefineSettings(budget_s=1e-9, groups=6), tmp_path, on_line=lambda line: None)
+    groups = {c.groups for b in refined.buckets if b.refinement for c in b.refinement.contenders}
+    assert groups == {refine_module.MIN_GROUPS}
+
+
+def test_a_projected_plan_or_an_engine_profile_is_not_refined(searched):
+    plan, profile = searched
+    assert skipped(plan.model_copy(update={"device": plan.device.model_copy(update={"projected_from": "x"})}), profile)
+    assert "vllm" in skipped(plan, profile.model_copy(update={"backend": "vllm"}))
+
+
+def test_search_without_refine_writes_the_models_plan(tmp_path):
+    from specdec_tune.cli import main
+
+    assert main(["search", "--profile", str(PROFILE_PATH), "--out", str(tmp_path), "--no-refine"]) == 0
+    plan = load_plan(tmp_path / "plan.json")
+    assert plan.refinement is None and not (tmp_path / "refine.journal").exists()
+    assert "refinement" not in json.dumps(plan.to_json()["buckets"])
+    assert dataclasses.asdict(RefineSettings())["budget_s"] == 0  # the default budget is derived, not fixed
