@@ -110,8 +110,9 @@ PromptsOpt = Annotated[
     str,
     typer.Option(
         "--prompts",
-        help="Calibration set: default, mtbench, humaneval, or a JSONL file of {domain, prompt}; "
-        "comma-separate to combine.",
+        help="Calibration set: default, mtbench, humaneval, or a file of prompts or conversations (JSONL of "
+        "{domain, prompt}, OpenAI chat 'messages' or ShareGPT 'conversations'; a .json array too; FILE:domain=NAME "
+        "or FILE:domain_field=FIELD where records carry no 'domain'); comma-separate to combine.",
     ),
 ]
 TrustOpt = Annotated[

@@ -7,13 +7,13 @@ tie tolerance. At each uncertain bucket B the contenders are, in the plan's mech
     the plan's D, the runner-up D, the D the tolerance passed over, the best single D across buckets (the plan's
     `single_draft_len`), the engine's default K (`ENGINE_DEFAULT_DRAFT_LEN`, capped at the profile's D_max), and D = 0
 
-each decoded end to end in this tool's loop on the profiling split of the calibration prompts (never the held-back
-split the lossless gate reads), cut to the plan's context. One Optuna study holds one trial per (bucket, D). A trial
-measures in groups: one group is one batch of B prompts decoding `new_tokens`, its tokens/s counted over the rounds in
-which every row still decodes (what the cost model predicts), and the trial reports the mean of its groups after each.
-The trials of a bucket run interleaved, group by group in a shuffled order each round, so that the device's drift
-falls on every contender alike. A successive-halving pruner (`BucketHalving`) keeps, at groups 2, 4, ..., the better
-half of a bucket's trials by their mean so far, always at least two.
+each decoded end to end in this tool's loop on the profiling split of the profile's calibration prompts (the traffic it
+decided on; never the held-back split the lossless gate reads), cut to the plan's context. One Optuna study holds one
+trial per (bucket, D). A trial measures in groups: one group is one batch of B prompts decoding `new_tokens`, its
+tokens/s counted over the rounds in which every row still decodes (what the cost model predicts), and the trial reports
+the mean of its groups after each. The trials of a bucket run interleaved, group by group in a shuffled order each
+round, so that the device's drift falls on every contender alike. A successive-halving pruner (`BucketHalving`) keeps,
+at groups 2, 4, ..., the better half of a bucket's trials by their mean so far, always at least two.
 
     budget   a third of what measuring every D of every bucket with as many groups would cost, at the plan's predicted
              tokens/s (`--refine-budget` sets seconds instead). It is looked at between groups: every contender decodes
@@ -46,6 +46,7 @@ from specdec_tune.autotune.plan import bucket_memory, cost_model_of, predicted_j
 from specdec_tune.autotune.plan_schema import BucketRefinement, Contender, Figure, Plan, Refinement
 from specdec_tune.pipeline.lossless import plan_drafter
 from specdec_tune.pipeline.throughput_check import WARMUP_TOKENS, another_device, context_prompts
+from specdec_tune.profiles.calibration import load_calibration
 from specdec_tune.profiles.intervals import runs_interval
 from specdec_tune.profiles.models.loading import load_model
 from specdec_tune.profiles.schema import Profile
@@ -64,7 +65,13 @@ def skipped(plan: Plan, profile: Profile) -> str | None:
     if profile.backend != "torch":
         return f"measured refinement runs in this tool's loop; the {profile.backend} backend's engines are not refined"
     other = another_device(profile.device)
-    return f"the profile was measured on another device ({other})" if other else None
+    if other:
+        return f"the profile was measured on another device ({other})"
+    try:
+        load_calibration(profile.workload.calibration)
+    except SpecdecError as e:
+        return f"the profile's calibration prompts do not load here ({e.message})"
+    return None
 
 
 def uncertain(plan: Plan) -> list[int]:
@@ -205,10 +212,12 @@ def _measure(
     ran out (module docstring)."""
     target = load_model(profile.target["path"], dtype=profile.device.get("dtype") or "auto")
     drafter = plan_drafter(plan, profile, target)
-    pool = context_prompts(target, plan.ctx, s.new_tokens, max(D for _, D in todo), "profile")
+    spec = profile.workload.calibration
+    pool = context_prompts(target, plan.ctx, s.new_tokens, max(D for _, D in todo), "profile", spec)
     if not pool:
         raise SpecdecError(
-            f"no prompt of the profiling split reaches the plan's context of {plan.ctx} tokens", "pass --no-refine"
+            f"no prompt of the profiling split of {spec} reaches the plan's context of {plan.ctx} tokens",
+            "pass --no-refine",
         )
     running = []
     for B, D in todo:

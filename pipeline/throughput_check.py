@@ -49,20 +49,23 @@ T = TypeVar("T")
 
 
 def context_prompts_by_domain(
-    target, ctx: int, new_tokens: int, max_draft: int, split: str, whole: bool = False
+    target, ctx: int, new_tokens: int, max_draft: int, split: str, whole: bool = False, spec: str = "default"
 ) -> list[tuple[list[int], str]]:
     """(ids, domain) of the calibration prompts at least ctx − new_tokens/2 tokens long, cut to that length from the
     left (the chat template's reply header stays last), so that the KV cache averages `ctx` over the decode. The
     length filter favours the domains of long prompts (HumanEval, extraction): the domains say what was decoded.
-    `whole`: the prompts between half that length and all of it, uncut (`cut_to_context`)."""
+    `whole`: the prompts between half that length and all of it, uncut (`cut_to_context`). `spec`: the calibration
+    set, as `--prompts` takes it."""
     every = prompts_by_domain(
-        target.tokenizer, target.model.config.max_position_embeddings, 1000, new_tokens, max_draft, split
+        target.tokenizer, target.model.config.max_position_embeddings, 1000, new_tokens, max_draft, split, spec
     )
     return cut_to_context(every, ctx, new_tokens, whole)
 
 
-def context_prompts(target, ctx: int, new_tokens: int, max_draft: int, split: str) -> list[list[int]]:
-    return [ids for ids, _ in context_prompts_by_domain(target, ctx, new_tokens, max_draft, split)]
+def context_prompts(
+    target, ctx: int, new_tokens: int, max_draft: int, split: str, spec: str = "default"
+) -> list[list[int]]:
+    return [ids for ids, _ in context_prompts_by_domain(target, ctx, new_tokens, max_draft, split, spec=spec)]
 
 
 def measure_decode(

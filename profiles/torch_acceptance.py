@@ -7,11 +7,14 @@
     loop          the speculative loop at D_max for temperatures > 0 (and everything with --acceptance loop),
                   smaller D derived from its rounds
     more prompts  greedy acceptance grows per domain until tokens per forward is within ±half-width at the D a plan
-                  could take, the split runs out, or the budget ends
+                  could take, the split runs out, or the budget ends; an MT-Bench domain whose first turns are used
+                  up goes on with their second turns (profiles/second_turns.py)
 
 `AcceptancePhases` is a mixin of `TorchProfiler`: it reads the profiler's target (`target`, `model`, `device`), its
 drafters, settings (`s`), prompts (`pool`, `prompt_set`, `encoded`, `sampled_prompts`, `stop_ids`) and
-`_relevant_draft_lens`, and keeps what it measured on the profiler (`replayed`, `looped`, `replay_checks`, `used`).
+`_relevant_draft_lens`, and keeps what it measured on the profiler (`replayed`, `looped`, `replay_checks`, `used`); the
+growth adds MT-Bench's second turns to `pool` and `encoded` where a domain runs out of first turns
+(`second_turn_domains`: the domains it did that for).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from specdec_tune.profiles.calibration import CalibrationPrompt
 from specdec_tune.profiles.drafters import Drafter, create
 from specdec_tune.profiles.models.loading import load_model
 from specdec_tune.profiles.profile_run import Budget, parse_drafter_spec
+from specdec_tune.profiles.prompts import encode_fitting
+from specdec_tune.profiles.second_turns import second_turns
 from specdec_tune.profiles.specdec import SpecCounters, generate
 from specdec_tune.profiles.store import MeasurementLog
 
@@ -78,6 +83,7 @@ class AcceptancePhases:
         stop_ids: list[int]
         replay_units: list[tuple[str, str]]  # (drafter, weight format)
         used: list[CalibrationPrompt]
+        second_turn_domains: set[str]
         trajectory_s_per_prompt: float
         unit_s_per_prompt: dict[tuple[str, str], float]
         trajectory: dict[str, list[int]]
@@ -436,6 +442,10 @@ class AcceptancePhases:
                 d: [q for q in self.pool.prompts if q.domain == d and q.id in self.encoded and q not in self.used]
                 for d in wide
             }
+            spent = [d for d in wide if not unused[d] and d not in self.second_turn_domains]
+            if spent and budget.deadline - FINISH_RESERVE_S > time.monotonic():
+                self._add_second_turns(spent)
+                continue
             by_width = sorted(wide, key=wide.__getitem__, reverse=True)
             dealt = [
                 unused[d][k] for k in range(max(map(len, unused.values()))) for d in by_width if k < len(unused[d])
@@ -455,6 +465,26 @@ class AcceptancePhases:
                     for d, w in sorted(wide.items())
                 ]
             self._replay_prompts(log, added, units)
+
+    def _add_second_turns(self, domains: list[str]) -> None:
+        """The second turns of these domains' MT-Bench questions (profiles/second_turns.py), added to the pool."""
+        self.second_turn_domains.update(domains)
+        firsts = [p for p in self.pool.prompts if p.domain in domains]
+        context = self.model.config.max_position_embeddings
+        added = second_turns(
+            self.target, firsts, context_tokens=context, stop_ids=self.stop_ids, batch=self.s.acceptance_batch
+        )
+        if not added:
+            return
+        self._tick("second turns", len(added), len(added))
+        self.pool = type(self.pool)(self.pool.name, self.pool.prompts + tuple(added))
+        self.encoded |= encode_fitting(
+            self.target.tokenizer,
+            type(self.pool)("second turns", tuple(added)),
+            context_tokens=context,
+            max_new_tokens=self.s.new_tokens,
+            max_draft_tokens=self.s.max_draft_len or 0,
+        )
 
     def _half_widths(self, relevant: list[int]) -> dict[str, float]:
         """Per domain, the largest relative half-width of tokens per forward over the relevant D and replayed

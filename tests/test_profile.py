@@ -628,6 +628,9 @@ def _growth_profiler(counts: tuple[tuple[str, int], ...], widths: dict[str, floa
     prof = TorchProfiler.__new__(TorchProfiler)
     prof.s, prof.pool, prof.progress = ProfileSettings(acceptance_half_width=0.02), pool, Progress()
     prof.used, prof.encoded, prof.replay_units = [], {p.id: [1] for p in pool}, [("ngram", "none")]
+    prof.second_turn_domains = set()
+    prof.model = type("Model", (), {"config": type("Config", (), {"max_position_embeddings": 2048})()})()
+    prof.target, prof.stop_ids = None, []
     prof._relevant_draft_lens = lambda verify: {1}
     prof._half_widths = lambda relevant: widths
     prof._replay_prompts = lambda log, prompts, units: replay_prompts(prof, prompts)

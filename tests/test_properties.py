@@ -140,6 +140,20 @@ jsonl_lines = st.lists(
         json_values.map(json.dumps),
         st.fixed_dictionaries({"domain": st.text(max_size=8), "prompt": st.text(max_size=40)}).map(json.dumps),
         st.fixed_dictionaries({"domain": json_values, "prompt": json_values}).map(json.dumps),
+        st.fixed_dictionaries(
+            {
+                "domain": st.text(max_size=8),
+                "messages": st.lists(
+                    st.fixed_dictionaries(
+                        {
+                            "role": st.one_of(st.sampled_from(["system", "user", "assistant", "tool"]), json_values),
+                            "content": st.one_of(st.text(max_size=20), json_values),
+                        }
+                    ),
+                    max_size=4,
+                ),
+            }
+        ).map(json.dumps),
     ),
     max_size=6,
 )

@@ -147,3 +147,21 @@ def test_search_without_refine_writes_the_models_plan(tmp_path):
     assert plan.refinement is None and not (tmp_path / "refine.journal").exists()
     assert "refinement" not in json.dumps(plan.to_json()["buckets"])
     assert dataclasses.asdict(RefineSettings())["budget_s"] == 0  # the default budget is derived, not fixed
+
+
+def test_the_refinement_decodes_the_profiles_own_prompts_or_says_why_not(searched, tmp_path, monkeypatch):
+    plan, profile = searched
+    user = tmp_path / "traffic.jsonl"
+    user.write_text("".join(json.dumps({"domain": "chat", "prompt": f"question {i}"}) + "\n" for i in range(8)))
+    mine = profile.model_copy(update={"workload": profile.workload.model_copy(update={"calibration": str(user)})})
+    monkeypatch.setattr(refine_module, "another_device", lambda device: None)
+    assert skipped(plan, mine) is None
+    gone = mine.model_copy(update={"workload": mine.workload.model_copy(update={"calibration": str(user) + ".old"})})
+    assert "calibration prompts do not load here" in skipped(plan, gone)
+
+    best = {b.batch: b.draft_len for b in plan.buckets}
+    _fake(monkeypatch, FakeDecoder(_truth(plan, best)))
+    specs = []
+    monkeypatch.setattr(refine_module, "context_prompts", lambda *a: specs.append(a[-1]) or [[1, 2, 3]] * 4)
+    refine(plan, mine, RefineSettings(groups=2), tmp_path, on_line=lambda line: None)
+    assert specs == [str(user)]
