@@ -261,6 +261,14 @@ def profile(
             "holds (0: none added).",
         ),
     ] = PROFILE.acceptance_half_width,
+    second_turns: Annotated[
+        bool,
+        typer.Option(
+            "--second-turns",
+            help="Grow MT-Bench categories past their first turns with the second ones (the question, the target's "
+            "own answer, the follow-up): acceptance of multi-turn chat, where lookup drafters copy from the answer.",
+        ),
+    ] = PROFILE.second_turns,
     acceptance: Annotated[
         str,
         typer.Option(
@@ -357,6 +365,7 @@ def profile(
         force=force,
         trust_remote_code=trust_remote_code,
         acceptance_half_width=half_width,
+        second_turns=second_turns,
         acceptance=acceptance,
         verify_visits=verify_visits,
         engine=engine,

@@ -37,6 +37,7 @@ class ProfileSettings:
         3  # to start with: more are added (7 per MT-Bench category in the profiling split) until the interval is tight
     )
     acceptance_half_width: float = 0.02  # target relative half-width (95%) of tokens per forward at the relevant D
+    second_turns: bool = False  # growth goes on with MT-Bench's second turns (profiles/second_turns.py)
     acceptance: str = "replay"  # greedy acceptance: "replay" where the drafter allows it, or "loop" for every drafter
     sampled_prompts_per_domain: int = (
         1  # prompts per domain for temperatures > 0 (the loop, at D_max: the costliest unit)

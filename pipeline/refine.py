@@ -26,7 +26,8 @@ at groups 2, 4, ..., the better half of a bucket's trials by their mean so far, 
 
 The study lives in a journal beside the plan (or any Optuna storage URL: several workers, one per device, may measure
 one study, each taking the (bucket, D) no other has started); a killed run resumes it, a finished trial is never
-measured again.
+measured again, and the export's repair (pipeline/repair.py), which re-plans on re-measured cells, refines its new plan
+from the same study.
 """
 
 from __future__ import annotations
@@ -165,7 +166,9 @@ def refine(
     storage = s.storage or f"journal:{out_dir / 'refine.journal'}"
     study = optuna.create_study(
         storage=_storage(storage),
-        study_name=f"refine-{plan.settings_hash[:12]}-{plan.profile.sha256[:12]}",
+        # named by what the decodes depend on (search settings, and the profile's device, models and workload), not
+        # by profile.json's bytes: a repair that re-measures cells and re-plans finds the trials it already decoded
+        study_name=f"refine-{plan.settings_hash[:12]}-{profile.fingerprint[:12]}",
         direction="maximize",
         pruner=BucketHalving(),
         load_if_exists=True,
@@ -188,6 +191,17 @@ def refine(
     spent_s = time.monotonic() - t0
     finished = {_key(t): t for t in study.get_trials(deepcopy=False, states=kept) if "batch" in t.user_attrs}
     return _refined(plan, profile, wanted, finished, summary | {"storage": storage, "spent_s": spent_s})
+
+
+def settings_of(refinement: Refinement, out_dir: Path) -> RefineSettings:
+    """The RefineSettings a plan's refinement ran with (its own journal in `out_dir` as the default storage)."""
+    own = refinement.storage in (None, f"journal:{out_dir / 'refine.journal'}")
+    return RefineSettings(
+        groups=refinement.groups,
+        new_tokens=refinement.new_tokens,
+        budget_s=refinement.budget_s,
+        storage=None if own else refinement.storage,
+    )
 
 
 def _storage(url: str) -> Any:
@@ -377,16 +391,26 @@ def refinement_lines(plan: Plan) -> list[str]:
         if r is None:
             continue
         figures = ", ".join(
-            f"D={c.draft_len} {c.measured_tokens_per_s.value:.1f} "
-            f"[{c.measured_tokens_per_s.low:.1f}–{c.measured_tokens_per_s.high:.1f}]"
-            if c.measured_tokens_per_s is not None
-            else f"D={c.draft_len} {c.outcome}"
-            for c in sorted(r.contenders, key=lambda c: c.draft_len)
+            _contender_text(c, r.model_draft_len) for c in sorted(r.contenders, key=lambda c: c.draft_len)
         )
         verdict = (
             f"keeps D={r.model_draft_len}"
             if r.chosen_draft_len == r.model_draft_len
             else f"takes D={r.chosen_draft_len} over the model's D={r.model_draft_len}"
         )
-        lines.append(f"batch {b.batch} ({LABEL}, tok/s over the groups, 95% interval): {figures}; {verdict}")
+        lines.append(
+            f"batch {b.batch} ({LABEL}: tok/s, and over the model's D on the same prompts with its 95% interval): "
+            f"{figures}; {verdict}"
+        )
     return lines
+
+
+def _contender_text(c: Contender, model_draft_len: int) -> str:
+    """One contender's measured tokens/s and its paired ratio over the model's D (the figure it is judged by)."""
+    m = c.measured_tokens_per_s
+    if m is None:
+        return f"D={c.draft_len} {c.outcome}"
+    text = f"D={c.draft_len} {m.value:.1f}"
+    if c.vs_model is not None and c.draft_len != model_draft_len:
+        text += f" x{c.vs_model.value:.3f} [{c.vs_model.low:.3f}–{c.vs_model.high:.3f}]"
+    return text + (" (pruned)" if c.outcome == "pruned" else "")

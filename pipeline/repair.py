@@ -1,12 +1,13 @@
 """Repairing a failed throughput check before refusing: on a shared machine a profile cell that caught a slow spell
 makes a right plan look wrong.
 
-Each round re-measures the verify cells the failing buckets' predictions rest on (`prediction_cells`; the profile
-stage rewrites profile.json: `verify_curve.remeasure`), searches the plan again with its own settings (the search stage
-rewrites plan.json), and checks again the buckets that failed or whose D or prediction the re-plan changed, for at
-most `MeasureSettings.repair_rounds` rounds; each round is recorded (`repair_record`). Export refuses only when the
-disagreement survives, naming the buckets, their cells and the figures (`throughput_refusal`). A plan modeled for
-another device, or a profile whose backend cannot re-measure its cells here, is not repaired.
+Each round re-measures the verify cells the failing buckets' predictions rest on (`prediction_cells`; the profile stage
+rewrites profile.json: `verify_curve.remeasure`), searches the plan again with its own settings (the search stage
+rewrites plan.json; a refined plan is refined again from its own study), and checks again the buckets that failed or
+whose D or prediction the re-plan changed, for at most `MeasureSettings.repair_rounds` rounds; each round is recorded
+(`repair_record`). Export refuses only when the disagreement survives, naming the buckets, their cells and the figures
+(`throughput_refusal`). A plan modeled for another device, or a profile whose backend cannot re-measure its cells here,
+is not repaired.
 """
 
 from __future__ import annotations
@@ -18,15 +19,16 @@ from pathlib import Path
 
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.cost_model import CostModel
-from specdec_tune.autotune.plan_schema import Plan
+from specdec_tune.autotune.plan_schema import Plan, Refinement
 from specdec_tune.autotune.search import search
 from specdec_tune.autotune.study import IN_MEMORY
 from specdec_tune.exporters.validation_text import describe_throughput_row, ms_text, schedule_of, schedule_text
+from specdec_tune.pipeline import refine
 from specdec_tune.pipeline.throughput_check import throughput_check
 from specdec_tune.profiles.backends import backend_of
 from specdec_tune.profiles.schema import Profile, load_profile
 from specdec_tune.profiles.verify_curve import remeasure
-from specdec_tune.records import sha256_file
+from specdec_tune.records import sha256_file, write_json
 from specdec_tune.settings import ExportSettings, SearchSettings
 
 
@@ -205,7 +207,7 @@ def repair_throughput(
             + ", ".join(str(B) for B in sorted({c[0] for c in cells}))
         )
         profile = load_profile(s.profile)
-        replanned = replan(s.plan, s.profile, profile, settings)
+        replanned = replan(s.plan, s.profile, profile, settings, plan.refinement)
         step(f"repair round {round_number}: re-planned, {schedule_text(schedule_of(replanned))}")
         standing = {r["batch"]: r for r in tp["buckets"] if r.get("within")}
 
@@ -236,13 +238,26 @@ def _not_repairable(plan: Plan, profile: Profile) -> str | None:
     return None
 
 
-def replan(plan_path: Path, profile_path: Path, profile: Profile, settings: SearchSettings) -> Plan:
+def replan(
+    plan_path: Path,
+    profile_path: Path,
+    profile: Profile,
+    settings: SearchSettings,
+    refinement: Refinement | None = None,
+) -> Plan:
     """Search again on the re-measured profile with the plan's own settings, in a fresh study (the plan's own scored its
-    trials on the cells before they were re-measured); the search stage writes the plan over plan_path."""
+    trials on the cells before they were re-measured), and where the plan was refined, refine the new one from the same
+    refinement study (pipeline/refine.py: the contenders decoded before are not decoded again); the search stage
+    writes the plan over plan_path."""
     with tempfile.TemporaryDirectory(prefix="specdec-replan-", dir=plan_path.parent) as folder:
         plan = search(
             profile, sha256_file(profile_path), dataclasses.replace(settings, out_dir=Path(folder), storage=IN_MEMORY)
         )
+        if refinement is not None and not refine.skipped(plan, profile):
+            plan = refine.refine(
+                plan, profile, refine.settings_of(refinement, plan_path.parent), plan_path.parent, lambda line: None
+            )
+            write_json(Path(folder) / "plan.json", plan.to_json())
         (Path(folder) / "plan.json").replace(plan_path)  # a rename: plan_path holds the old plan or the new one
     return plan
 

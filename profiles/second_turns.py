@@ -5,7 +5,11 @@ the follow-up question, rendered by the chat template as a served two-turn chat 
 is the target's greedy continuation of the first turn, at most `ANSWER_TOKENS` tokens or to its end of sequence, so
 the text a lookup drafter copies from is what the target itself wrote. Only questions of the profiling split get a
 second turn (the held-back split stays unseen), and only where the acceptance phase has used every first turn of a
-domain whose interval is still too wide (profiles/torch_acceptance.py, "more prompts").
+domain whose interval is still too wide (profiles/torch_acceptance.py, "more prompts"), with `profile --second-turns`.
+
+Off by default: with the target's own answer in the context a lookup drafter copies far more, so such a profile
+describes multi-turn chat, while the export's checks decode held-back first turns and read the difference as a wrong
+prediction.
 """
 
 from __future__ import annotations

@@ -7,13 +7,13 @@
     loop          the speculative loop at D_max for temperatures > 0 (and everything with --acceptance loop),
                   smaller D derived from its rounds
     more prompts  greedy acceptance grows per domain until tokens per forward is within ±half-width at the D a plan
-                  could take, the split runs out, or the budget ends; an MT-Bench domain whose first turns are used
-                  up goes on with their second turns (profiles/second_turns.py)
+                  could take, the split runs out, or the budget ends; with `second_turns`, an MT-Bench domain whose
+                  first turns are used up goes on with their second turns (profiles/second_turns.py)
 
 `AcceptancePhases` is a mixin of `TorchProfiler`: it reads the profiler's target (`target`, `model`, `device`), its
 drafters, settings (`s`), prompts (`pool`, `prompt_set`, `encoded`, `sampled_prompts`, `stop_ids`) and
-`_relevant_draft_lens`, and keeps what it measured on the profiler (`replayed`, `looped`, `replay_checks`, `used`); the
-growth adds MT-Bench's second turns to `pool` and `encoded` where a domain runs out of first turns
+`_relevant_draft_lens`, and keeps what it measured on the profiler (`replayed`, `looped`, `replay_checks`, `used`); with
+`s.second_turns` the growth adds MT-Bench's second turns to `pool` and `encoded` where a domain runs out of first turns
 (`second_turn_domains`: the domains it did that for).
 """
 
@@ -442,7 +442,9 @@ class AcceptancePhases:
                 d: [q for q in self.pool.prompts if q.domain == d and q.id in self.encoded and q not in self.used]
                 for d in wide
             }
-            spent = [d for d in wide if not unused[d] and d not in self.second_turn_domains]
+            spent = (
+                [d for d in wide if not unused[d] and d not in self.second_turn_domains] if self.s.second_turns else []
+            )
             if spent and budget.deadline - FINISH_RESERVE_S > time.monotonic():
                 self._add_second_turns(spent)
                 continue

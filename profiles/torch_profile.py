@@ -153,6 +153,7 @@ class TorchProfiler(AcceptancePhases, ProfileRun):
                 "target": dataclasses.asdict(self.target.ref),
                 "drafters": self._drafter_infos(),
                 "workload": self._workload(),
+                **({"second_turns": True} if s.second_turns else {}),  # other prompts than a first-turn profile's
             }
         )
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from specdec_tune.autotune.plan_schema import Plan, load_plan
 from specdec_tune.autotune.search import search
 from specdec_tune.pipeline import refine as refine_module
-from specdec_tune.pipeline.refine import contenders, refine, skipped, uncertain
+from specdec_tune.pipeline.refine import contenders, refine, refinement_lines, skipped, uncertain
 from specdec_tune.profiles.schema import load_profile
 from specdec_tune.records import sha256_file
 from specdec_tune.settings import RefineSettings, SearchSettings
@@ -98,7 +99,7 @@ def test_the_refinement_takes_the_fastest_contender_and_keeps_d_from_rising(sear
         measured = {c.draft_len: c for c in r.contenders if c.measured_tokens_per_s is not None}
         assert r.chosen_draft_len == b.draft_len and r.model_draft_len == model.draft_len
         floor = max((x.draft_len for x in plan.buckets if x.batch > b.batch and x.batch not in batches), default=0)
-        allowed = [D for D in measured if floor <= D <= ceiling]
+        allowed = [D for D, c in measured.items() if c.outcome == "measured" and floor <= D <= ceiling]
         if allowed:
             assert b.draft_len == max(allowed, key=lambda D: decoder.rates[(b.batch, D)])
         else:
@@ -110,6 +111,8 @@ def test_the_refinement_takes_the_fastest_contender_and_keeps_d_from_rising(sear
             assert measured[b.draft_len].vs_model.low > 1.0  # 10% against 2% noise: apart
     assert refined.refinement.trials == sum(len(contenders(plan, B, profile.workload.max_draft_len)) for B in batches)
     assert refined.refinement.pruned > 0  # successive halving dropped the slow ones
+    lines = refinement_lines(refined)  # each measured contender's paired ratio over the model's D, with its interval
+    assert len(lines) == len(batches) and all(re.search(r"D=\d+ [\d.]+ x[\d.]+ \[[\d.]+–[\d.]+\]", x) for x in lines)
 
 
 def test_a_refinement_resumes_its_study_without_decoding_again(searched, tmp_path, monkeypatch):
@@ -165,3 +168,21 @@ def test_the_refinement_decodes_the_profiles_own_prompts_or_says_why_not(searche
     monkeypatch.setattr(refine_module, "context_prompts", lambda *a: specs.append(a[-1]) or [[1, 2, 3]] * 4)
     refine(plan, mine, RefineSettings(groups=2), tmp_path, on_line=lambda line: None)
     assert specs == [str(user)]
+
+
+def test_a_repair_re_plan_is_refined_again_from_the_same_study(searched, tmp_path, monkeypatch):
+    from specdec_tune.pipeline.repair import replan, search_settings_of
+    from specdec_tune.records import write_json
+
+    plan, profile = searched
+    decoder = FakeDecoder(_truth(plan, {b.batch: b.draft_len for b in plan.buckets}))
+    _fake(monkeypatch, decoder)
+    monkeypatch.setattr(refine_module, "skipped", lambda plan, profile: None)
+    refined = refine(plan, profile, RefineSettings(groups=2), tmp_path, on_line=lambda line: None)
+    decoded = decoder.calls
+    write_json(tmp_path / "plan.json", refined.to_json())
+    again = replan(tmp_path / "plan.json", PROFILE_PATH, profile, search_settings_of(plan), refined.refinement)
+    assert decoder.calls == decoded  # every contender was decoded before: the study's trials stand
+    assert again.refinement is not None and again.refinement.trials == refined.refinement.trials
+    assert [b.draft_len for b in again.buckets] == [b.draft_len for b in refined.buckets]
+    assert load_plan(tmp_path / "plan.json").refinement == again.refinement

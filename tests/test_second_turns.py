@@ -1,6 +1,6 @@
 """MT-Bench's second turns (profiles/second_turns.py): the question, the target's own greedy answer and the follow-up,
-only for questions of the profiling split, and added by the acceptance growth only where a domain's first turns ran
-out."""
+only for questions of the profiling split, and added by the acceptance growth (with --second-turns) only where a
+domain's first turns ran out."""
 
 from __future__ import annotations
 
@@ -44,8 +44,8 @@ def test_a_second_turn_holds_the_targets_own_greedy_answer():
 class Growth(AcceptancePhases):
     """The growth loop alone: one domain stays wider than the target until it has used `needed` prompts."""
 
-    def __init__(self, pool: CalibrationSet, needed: int) -> None:
-        self.s = ProfileSettings(acceptance_half_width=0.05, drafters=("ngram",))
+    def __init__(self, pool: CalibrationSet, needed: int, on: bool = True) -> None:
+        self.s = ProfileSettings(acceptance_half_width=0.05, drafters=("ngram",), second_turns=on)
         self.pool, self.used, self.second_turn_domains = pool, [], set()
         self.encoded = {p.id: [1] for p in pool}
         self.replay_units = [("ngram", "none")]
@@ -67,8 +67,8 @@ class Growth(AcceptancePhases):
         self.used += added
 
 
-@pytest.mark.parametrize("needed, added", [(3, False), (6, True)])
-def test_the_growth_adds_second_turns_only_where_the_first_ones_ran_out(monkeypatch, needed, added):
+@pytest.mark.parametrize("needed, on, added", [(3, True, False), (6, True, True), (6, False, False)])
+def test_the_growth_adds_second_turns_only_where_the_first_ones_ran_out(monkeypatch, needed, on, added):
     firsts = tuple(CalibrationPrompt(f"mtbench/{i}", "writing", f"q{i}") for i in range(4))
     made = []
 
@@ -80,8 +80,8 @@ def test_the_growth_adds_second_turns_only_where_the_first_ones_ran_out(monkeypa
 
     monkeypatch.setattr(torch_acceptance, "second_turns", fake_second_turns)
     monkeypatch.setattr(torch_acceptance, "encode_fitting", lambda tok, prompts, **_: {p.id: [1] for p in prompts})
-    growth = Growth(CalibrationSet("pool", firsts), needed)
+    growth = Growth(CalibrationSet("pool", firsts), needed, on)
     notes = growth._grow_acceptance(None, Budget(10.0), [])
-    assert "within" in notes[0]
+    assert ("within" if added or needed <= len(firsts) else "no more prompts") in notes[0]
     assert made == ([[p.id for p in firsts]] if added else [])
     assert sum(p.id.endswith(SUFFIX) for p in growth.used) == (len(firsts) if added else 0)  # a round takes them all
