@@ -307,7 +307,7 @@ def _refined(
     D does not rise with batch."""
     cost = cost_model_of(profile, plan)
     buckets: list[dict] = []
-    pruned, ceiling = 0, plan.max_draft_len
+    pruned, ceiling = 0, max(D for _, D in wanted)  # the first bucket may take any contender, one past the plan's too
     batches = {B for B, _ in wanted}
     for b in plan.buckets:
         keys = [k for k in wanted if k[0] == b.batch]

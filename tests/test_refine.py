@@ -79,16 +79,17 @@ def test_the_uncertain_buckets_measure_the_runner_up_the_single_d_the_default_an
 def test_the_refinement_takes_the_fastest_contender_and_keeps_d_from_rising(searched, tmp_path, monkeypatch):
     plan, profile = searched
     batches = uncertain(plan)
-    # at every uncertain bucket the truth favours the contender the model ranked lowest among the speculating ones
+    # at every uncertain bucket the truth favours the shortest speculating contender, and at the first the longest
+    # (longer than any D of the model's plan: the first bucket is not held under it)
     best = {b.batch: b.draft_len for b in plan.buckets}
     for B in batches:
         roles = contenders(plan, B, profile.workload.max_draft_len)
-        best[B] = min(D for D in roles if D > 0)
+        best[B] = (max if B == plan.buckets[0].batch else min)(D for D in roles if D > 0)
     decoder = FakeDecoder(_truth(plan, best))
     _fake(monkeypatch, decoder)
     refined = refine(plan, profile, RefineSettings(budget_s=1e9), tmp_path, on_line=lambda line: None)
     Plan.model_validate(refined.to_json())
-    ceiling = plan.max_draft_len
+    ceiling = profile.workload.max_draft_len
     for b, model in zip(refined.buckets, plan.buckets):
         assert b.draft_len <= ceiling  # D never rises with batch
         if b.batch not in batches:
@@ -111,6 +112,8 @@ def test_the_refinement_takes_the_fastest_contender_and_keeps_d_from_rising(sear
             assert measured[b.draft_len].vs_model.low > 1.0  # 10% against 2% noise: apart
     assert refined.refinement.trials == sum(len(contenders(plan, B, profile.workload.max_draft_len)) for B in batches)
     assert refined.refinement.pruned > 0  # successive halving dropped the slow ones
+    if plan.buckets[0].batch in batches:
+        assert refined.buckets[0].draft_len == best[plan.buckets[0].batch] > plan.max_draft_len
     lines = refinement_lines(refined)  # each measured contender's paired ratio over the model's D, with its interval
     assert len(lines) == len(batches) and all(re.search(r"D=\d+ [\d.]+ x[\d.]+ \[[\d.]+–[\d.]+\]", x) for x in lines)
 
