@@ -828,8 +828,9 @@ def search(
     _print_plan_table(plan)
     console.print(
         "why: the guideline that set D (g1 compute-bound GEMMs, g2/g3 attention tile, g4 draft cost, schedule: "
-        "D never rises with batch, memory: a longer draft does not fit in memory); vs next D: the runner-up, the "
-        "choice's expected gain over it and the share of draws of the profile in which the choice is faster (p)",
+        "D never rises with batch, memory: a longer draft does not fit in memory, refined: decoded faster than the "
+        "model's D); vs next D: the runner-up, the choice's expected gain over it and the share of draws of the "
+        "profile in which the choice is faster (p), or for a refined bucket the model's D and the measured gain",
         markup=False,
     )
     console.print(

@@ -340,7 +340,7 @@ def _refined(
             buckets.append(b.model_dump() | {"refinement": record.model_dump()})
             continue
         why = (
-            {"text": _why(b.draft_len, best, rows), "guideline": "measured"}
+            {"text": _why(b.draft_len, best, rows), "guideline": "refined"}
             if best
             else {
                 "text": f"no contender measured within D {floor}-{chosen}, the range that keeps D from rising with "
