@@ -214,6 +214,7 @@ SEARCH_CMD = [
     "400",
     "--seed",
     "5",
+    "--no-refine",  # the plan of the search alone: a subprocess is not under tests/conftest.py's stand-in
 ]
 
 
