@@ -896,8 +896,7 @@ def plan_table(plan: Plan) -> Table:
     for col in ("batch", "D", "speedup", "tok/s", "tok/s/user", "tok/fwd", "source", "why", "vs next D", "fits"):
         table.add_column(col, justify="right", no_wrap=True)
     for b in plan.buckets:
-        pred, why = b.predicted, b.rationale.model_extra or {}
-        nxt, guideline, d = why.get("next_best"), why.get("guideline"), b.rationale.decision
+        pred, guideline = b.predicted, (b.rationale.model_extra or {}).get("guideline")
         table.add_row(
             str(b.batch),
             str(b.draft_len),
@@ -907,24 +906,24 @@ def plan_table(plan: Plan) -> Table:
             f"{pred.tokens_per_forward.value:.3f}",
             pred.speedup.source,
             f"g{guideline}" if isinstance(guideline, int) else str(guideline),
-            (
-                f"{b.refinement.model_draft_len}: {_measured_gain(b)}"
-                if b.refinement and b.refinement.chosen_draft_len != b.refinement.model_draft_len
-                else f"{d.runner_up_draft_len}: {d.expected_gain_pct:+.1f}%, p {d.p_beats_runner_up:.2f}"
-                if d
-                else f"{nxt['draft_len']} ({-nxt['loss_pct']:+.1f}%)"
-                if nxt
-                else "-"
-            ),
+            _vs_next_d(b),
             str(b.memory.max_concurrency) if b.memory else "-",
         )
     return table
 
 
-def _measured_gain(b) -> str:
-    """A refined bucket's measured gain over the model's D, or why there is none."""
-    chosen = next(c for c in b.refinement.contenders if c.draft_len == b.draft_len)
-    return f"{100 * (chosen.vs_model.value - 1):+.1f}% measured" if chosen.vs_model else "model's D pruned"
+def _vs_next_d(b) -> str:
+    """The table's `vs next D`: a refined bucket's model D and the measured gain over it; else the runner-up, the
+    expected gain over it and the share of draws the choice wins; else the next best D's modeled loss."""
+    r = b.refinement
+    if r and r.chosen_draft_len != r.model_draft_len:
+        chosen = next(c for c in r.contenders if c.draft_len == b.draft_len)
+        gain = f"{100 * (chosen.vs_model.value - 1):+.1f}% measured" if chosen.vs_model else "model's D pruned"
+        return f"{r.model_draft_len}: {gain}"
+    d, nxt = b.rationale.decision, (b.rationale.model_extra or {}).get("next_best")
+    if d:
+        return f"{d.runner_up_draft_len}: {d.expected_gain_pct:+.1f}%, p {d.p_beats_runner_up:.2f}"
+    return f"{nxt['draft_len']} ({-nxt['loss_pct']:+.1f}%)" if nxt else "-"
 
 
 def _print_plan_table(plan: Plan) -> None:

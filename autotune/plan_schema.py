@@ -121,11 +121,11 @@ class Contender(Record):
 
     draft_len: int = Field(ge=0)
     role: str = Field(min_length=1)  # why it was measured: the model's choice, the runner-up, the best single D, ...
-    predicted_tokens_per_s: float = Field(ge=0)
-    # the geometric mean of the tokens/s of the groups it decoded (a pruned one's too) and its 95% interval; and of its
-    # groups' tokens/s over the model's D's on the same prompts (1 for the model's D)
+    predicted_tokens_per_s: float = Field(ge=0)  # the cost model's (modeled), for the measured figures beside
+    # measured, over the groups it decoded (a pruned one's too), each the geometric mean with its 95% interval: its
+    # tokens/s, and its tokens/s over the model's D's group by group on the same prompts (1 for the model's D)
     measured_tokens_per_s: Figure | None = None
-    vs_model: Figure | None = None  # the mean of its groups, 95% interval; where it ran them all
+    vs_model: Figure | None = None
     groups: int = Field(ge=0)
     outcome: Literal["measured", "pruned", "not measured"]  # not measured: another worker still has it
 

@@ -43,8 +43,10 @@ from typing import Any
 import optuna
 
 from specdec_tune import SpecdecError
+from specdec_tune.autotune.cost_model import CostModel
 from specdec_tune.autotune.plan import bucket_memory, cost_model_of, predicted_json
 from specdec_tune.autotune.plan_schema import BucketRefinement, Contender, Figure, Plan, Refinement
+from specdec_tune.autotune.study import open_storage
 from specdec_tune.pipeline.lossless import plan_drafter
 from specdec_tune.pipeline.throughput_check import WARMUP_TOKENS, another_device, context_prompts
 from specdec_tune.profiles.calibration import load_calibration
@@ -134,9 +136,8 @@ class _Running:
     warm: bool = False
 
 
-def sweep_cost_s(plan: Plan, profile: Profile, s: RefineSettings, max_draft_len: int) -> float:
+def sweep_cost_s(plan: Plan, cost: CostModel, s: RefineSettings, max_draft_len: int) -> float:
     """What measuring every D of every bucket with `s.groups` groups costs at the plan's predicted tokens/s."""
-    cost = cost_model_of(profile, plan)
     return sum(
         s.groups * b.batch * s.new_tokens / cost.predict(b.batch, D, plan.mechanism, plan.quant).tokens_per_s.value
         for b in plan.buckets
@@ -150,8 +151,9 @@ def refine(
     """The plan with its uncertain buckets measured (module docstring); a plan with none comes back as it was, its
     `refinement` saying so."""
     batches = uncertain(plan)
-    max_draft_len = min(profile.workload.max_draft_len, cost_model_of(profile, plan).draft_len_limit(plan.mechanism))
-    budget_s = s.budget_s or sweep_cost_s(plan, profile, s, max_draft_len) / 3
+    cost = cost_model_of(profile, plan)
+    max_draft_len = min(profile.workload.max_draft_len, cost.draft_len_limit(plan.mechanism))
+    budget_s = s.budget_s or sweep_cost_s(plan, cost, s, max_draft_len) / 3
     summary: dict[str, Any] = {
         "source": LABEL,
         "split": "profile",
@@ -165,7 +167,7 @@ def refine(
         return plan.model_copy(update={"refinement": Refinement(**summary, spent_s=0.0, trials=0, pruned=0)})
     storage = s.storage or f"journal:{out_dir / 'refine.journal'}"
     study = optuna.create_study(
-        storage=_storage(storage),
+        storage=open_storage(storage),
         # named by what the decodes depend on (search settings, and the profile's device, models and workload), not
         # by profile.json's bytes: a repair that re-measures cells and re-plans finds the trials it already decoded
         study_name=f"refine-{plan.settings_hash[:12]}-{profile.fingerprint[:12]}",
@@ -176,11 +178,13 @@ def refine(
     wanted = {(B, D): why for B in batches for D, why in contenders(plan, B, max_draft_len).items()}
     kept = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     done = {_key(t): t for t in study.get_trials(deepcopy=False, states=kept) if "batch" in t.user_attrs}
-    started = {_key(t) for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}
-    todo = [k for k in wanted if k not in done and (k not in started or s.storage is None)]
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        if s.storage is None:  # a run of this journal that was killed: its open trials start over
+    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    if s.storage is None:  # a run of this journal that was killed: its open trials start over
+        for t in running:
             study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+        running = []
+    started = {_key(t) for t in running}  # another worker's, on a shared storage
+    todo = [k for k in wanted if k not in done and k not in started]
     t0 = time.monotonic()
     if todo:
         on_line(
@@ -190,7 +194,7 @@ def refine(
         _measure(plan, profile, s, study, todo, budget_s, on_line)
     spent_s = time.monotonic() - t0
     finished = {_key(t): t for t in study.get_trials(deepcopy=False, states=kept) if "batch" in t.user_attrs}
-    return _refined(plan, profile, wanted, finished, summary | {"storage": storage, "spent_s": spent_s})
+    return _refined(plan, cost, wanted, finished, summary | {"storage": storage, "spent_s": spent_s})
 
 
 def settings_of(refinement: Refinement, out_dir: Path) -> RefineSettings:
@@ -202,15 +206,6 @@ def settings_of(refinement: Refinement, out_dir: Path) -> RefineSettings:
         budget_s=refinement.budget_s,
         storage=None if own else refinement.storage,
     )
-
-
-def _storage(url: str) -> Any:
-    if url.startswith("journal:"):
-        from optuna.storages import JournalStorage
-        from optuna.storages.journal import JournalFileBackend
-
-        return JournalStorage(JournalFileBackend(url.removeprefix("journal:")))
-    return url
 
 
 def _measure(
@@ -297,7 +292,7 @@ def _contender(
 
 def _refined(
     plan: Plan,
-    profile: Profile,
+    cost: CostModel,
     wanted: dict[tuple[int, int], str],
     finished: dict[tuple[int, int], optuna.trial.FrozenTrial],
     summary: dict[str, Any],
@@ -305,7 +300,6 @@ def _refined(
     """The plan with each measured bucket's fastest contender (module docstring, "result"): by the geometric mean of its
     groups' tokens/s over the model's D's on the same prompts (the groups both decoded, the model's D pruned or not);
     D does not rise with batch."""
-    cost = cost_model_of(profile, plan)
     buckets: list[dict] = []
     pruned, ceiling = 0, max(D for _, D in wanted)  # the first bucket may take any contender, one past the plan's too
     batches = {B for B, _ in wanted}

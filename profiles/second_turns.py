@@ -20,9 +20,7 @@ from specdec_tune.profiles.calibration import CalibrationPrompt, CalibrationSet,
 from specdec_tune.profiles.prompts import encode_fitting
 from specdec_tune.profiles.specdec import generate
 
-ANSWER_TOKENS = (
-    64  # of the target's first answer: enough for a lookup drafter's context, a tenth of a full answer's cost
-)
+ANSWER_TOKENS = 64  # of the target's first answer: context a lookup drafter can copy from, at a bounded cost
 SUFFIX = "/turn2"  # a second turn's id: its question's id and this
 MTBENCH = "mtbench/"  # the ids of MT-Bench's questions (profiles/calibration.py)
 
