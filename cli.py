@@ -828,9 +828,10 @@ def search(
     _print_plan_table(plan)
     console.print(
         "why: the guideline that set D (g1 compute-bound GEMMs, g2/g3 attention tile, g4 draft cost, schedule: "
-        "D never rises with batch, memory: a longer draft does not fit in memory, refined: decoded faster than the "
-        "model's D); vs next D: the runner-up, the choice's expected gain over it and the share of draws of the "
-        "profile in which the choice is faster (p), or for a refined bucket the model's D and the measured gain",
+        "D never rises with batch, memory: a longer draft does not fit in memory, refined: expected faster than the "
+        "model's D once decoded); vs next D: the runner-up, the choice's expected gain over it and the share of draws "
+        "of the profile in which the choice is faster (p), or for a refined bucket the model's D, the expected gain "
+        "(the model and the measured groups together) and the measured one",
         markup=False,
     )
     console.print(
@@ -918,7 +919,11 @@ def _vs_next_d(b) -> str:
     r = b.refinement
     if r and r.chosen_draft_len != r.model_draft_len:
         chosen = next(c for c in r.contenders if c.draft_len == b.draft_len)
-        gain = f"{100 * (chosen.vs_model.value - 1):+.1f}% measured" if chosen.vs_model else "model's D pruned"
+        if chosen.vs_model is None:
+            return f"{r.model_draft_len}: model's D pruned"
+        measured = f"{100 * (chosen.vs_model.value - 1):+.1f}% measured"
+        e = chosen.expected_vs_model
+        gain = f"{100 * (e.value - 1):+.1f}% ({measured})" if e is not None else measured
         return f"{r.model_draft_len}: {gain}"
     d, nxt = b.rationale.decision, (b.rationale.model_extra or {}).get("next_best")
     if d:

@@ -126,6 +126,9 @@ class Contender(Record):
     # tokens/s, and its tokens/s over the model's D's group by group on the same prompts (1 for the model's D)
     measured_tokens_per_s: Figure | None = None
     vs_model: Figure | None = None
+    # what the bucket decides on: the expected ratio over the model's D, the model's draws and the groups combined
+    # (pipeline/refine.py `expected_vs_model`, source "fitted")
+    expected_vs_model: Figure | None = None
     groups: int = Field(ge=0)
     outcome: Literal["measured", "pruned", "not measured"]  # not measured: another worker still has it
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.cost_model import normalise_mix
 from specdec_tune.autotune.search import search
+from specdec_tune.pipeline.refine import refine, skipped
 from specdec_tune.profiles.drafters.dflash import DFlashHead
 from specdec_tune.profiles.drafters.eagle3 import Eagle3Head
 from specdec_tune.profiles.drafters.heads import DraftHead
@@ -23,7 +24,7 @@ from specdec_tune.profiles.intervals import pooled_half_width, pooled_rel_sd
 from specdec_tune.profiles.models.generic import GenericCausalLM
 from specdec_tune.profiles.models.llama import CausalLM
 from specdec_tune.records import write_json
-from specdec_tune.settings import ENGINE_DEFAULT_DRAFT_LEN, SearchSettings
+from specdec_tune.settings import ENGINE_DEFAULT_DRAFT_LEN, RefineSettings, SearchSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -381,16 +382,26 @@ def confirmed(rows: list[dict], runs: dict[tuple[int, str, int], list[float]], r
 
 
 def searched_for(
-    profile, profile_sha256: str, held: list[tuple[list[int], str]], seed: int
+    profile,
+    profile_sha256: str,
+    held: list[tuple[list[int], str]],
+    seed: int,
+    refined: RefineSettings | None = None,
 ) -> tuple[list[list[int]], dict, dict, float]:
     """(prompts, mix, plan, search seconds): the plan is searched, and every point predicted, for the domain mix of the
     prompts decoded. The length filter keeps mostly HumanEval and extraction prompts, which accept more than the
-    profile's equal mix of nine domains."""
+    profile's equal mix of nine domains. With `refined`, the search's measured refinement runs as `search` runs it
+    (on the profiling split, never the held-back prompts decoded here; its seconds are in the search's), and the plan's
+    "refine_skipped" says why not where it cannot run (None where it ran)."""
     domains = [d for _, d in held]
     mix = normalise_mix(profile, {d: domains.count(d) for d in dict.fromkeys(domains)})
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        plan = search(
-            profile, profile_sha256, SearchSettings(seed=seed, out_dir=Path(tmp), mix=tuple(mix.items()))
-        ).to_json()
+        found = search(profile, profile_sha256, SearchSettings(seed=seed, out_dir=Path(tmp), mix=tuple(mix.items())))
+        why = skipped(found, profile) if refined is not None else "--no-refine"
+        if refined is not None and why is None:
+            found = refine(found, profile, refined, Path(tmp), on_line=lambda line: print(line, file=sys.stderr))
+        elif refined is not None:
+            print(f"the plan is not refined: {why}", file=sys.stderr)
+        plan = found.to_json() | {"refine_skipped": why}
     return [ids for ids, _ in held], mix, plan, time.perf_counter() - started

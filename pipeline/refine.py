@@ -6,11 +6,13 @@ tie tolerance. At each uncertain bucket B the contenders are, in the plan's mech
 
     the plan's D, the runner-up D, the D the tolerance passed over, the best single D across buckets (the plan's
     `single_draft_len`), the engine's default K (`ENGINE_DEFAULT_DRAFT_LEN`, capped at the profile's D_max), and D = 0
+    where the draws leave it a chance (it beats the plan's D in at least `NO_SPEC_CHANCE` of them)
 
 each decoded end to end in this tool's loop on the profiling split of the profile's calibration prompts (the traffic it
 decided on; never the held-back split the lossless gate reads), cut to the plan's context. One Optuna study holds one
-trial per (bucket, D). A trial measures in groups: one group is one batch of B prompts decoding `new_tokens`, its
-tokens/s counted over the rounds in which every row still decodes (what the cost model predicts), and the trial reports
+trial per (bucket, D). A trial measures in groups: one group is `group_rows(B)` prompts (whole batches of B, at least
+`GROUP_PROMPTS`) decoding `new_tokens`, its tokens/s counted over the rounds in which every row of a batch still decodes
+(what the cost model predicts), and the trial reports
 the mean of its groups after each. The trials of a bucket run interleaved, group by group in a shuffled order each
 round, so that the device's drift falls on every contender alike. A successive-halving pruner (`BucketHalving`) keeps,
 at groups 2, 4, ..., the better half of a bucket's trials by their mean so far, always at least two.
@@ -18,11 +20,12 @@ at groups 2, 4, ..., the better half of a bucket's trials by their mean so far, 
     budget   a third of what measuring every D of every bucket with as many groups would cost, at the plan's predicted
              tokens/s (`--refine-budget` sets seconds instead). It is looked at between groups: every contender decodes
              at least `MIN_GROUPS`, and where the budget is spent the contenders still in stop with as many groups
-    result   per bucket, among the trials not pruned, the highest geometric mean of its groups' tokens/s over the
-             model's D's (a group decodes the same prompts for every contender, so the ratio pairs them), D kept from
-             rising with batch; each figure's 95% interval is the t-interval over the groups on a log scale
-             (`intervals.runs_interval`). Where it is not the model's D, the bucket takes it, its prediction the cost
-             model's at that D, and its rationale says why; the figures are labelled `measured (refinement)`
+    result   per bucket, among the trials not pruned, the highest expected tokens/s over the model's D, the cost
+             model's draws and the measured groups combined (`expected_vs_model`: a group decodes the same prompts for
+             every contender, so the ratio pairs them; a few noisy groups move the prediction little), D kept from
+             rising with batch. Each measured figure's 95% interval is the t-interval over the groups on a log scale
+             (`intervals.runs_interval`). Where the choice is not the model's D, the bucket takes it, its prediction
+             the cost model's at that D, and its rationale says why; the figures are labelled `measured (refinement)`
 
 The study lives in a journal beside the plan (or any Optuna storage URL: several workers, one per device, may measure
 one study, each taking the (bucket, D) no other has started); a killed run resumes it, a finished trial is never
@@ -33,6 +36,7 @@ from the same study.
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import statistics
 import time
@@ -40,6 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
 
 from specdec_tune import SpecdecError
@@ -57,6 +62,12 @@ from specdec_tune.profiles.specdec import generate
 from specdec_tune.settings import ENGINE_DEFAULT_DRAFT_LEN, RefineSettings
 
 MIN_GROUPS = 2  # groups every contender decodes whatever the budget
+GROUP_PROMPTS = 4  # prompts a group decodes at least: at batch B, ceil(GROUP_PROMPTS / B) batches of B
+# The cost model's error on the ratio of two D's tokens/s at one batch, beside its draws' spread: the rms of
+# log(measured ratio / predicted ratio) over the 112 D-pairs of bench/results/decision_quality.json is 0.055, that
+# sweep's own noise included (a point's relative sd about 0.04).
+MODEL_RATIO_SD = 0.05
+NO_SPEC_CHANCE = 0.01  # D = 0 is decoded where it beats the model's D in at least this share of the draws
 CERTAIN = 0.9  # a choice faster than its runner-up in at least this share of the draws is not measured
 LABEL = "measured (refinement)"
 
@@ -87,7 +98,7 @@ def uncertain(plan: Plan) -> list[int]:
     return batches
 
 
-def contenders(plan: Plan, batch: int, max_draft_len: int) -> dict[int, str]:
+def contenders(plan: Plan, batch: int, max_draft_len: int, cost: CostModel) -> dict[int, str]:
     """{D: why it is measured} at one bucket (module docstring), longest role first where two name one D."""
     bucket = next(b for b in plan.buckets if b.batch == batch)
     roles: dict[int, str] = {bucket.draft_len: "the model's choice"}
@@ -99,7 +110,8 @@ def contenders(plan: Plan, batch: int, max_draft_len: int) -> dict[int, str]:
     roles.setdefault(plan.single_draft_len.draft_len, "the best single D")
     default = min(ENGINE_DEFAULT_DRAFT_LEN.get(plan.mechanism, 3), max_draft_len)
     roles.setdefault(default, "the engine's default K")
-    roles.setdefault(0, "no speculation")
+    if float((cost.draws.speedup(batch, bucket.draft_len, plan.mechanism, plan.quant) <= 1).mean()) >= NO_SPEC_CHANCE:
+        roles.setdefault(0, "no speculation")
     return {D: why for D, why in roles.items() if D <= max_draft_len}
 
 
@@ -136,10 +148,18 @@ class _Running:
     warm: bool = False
 
 
+def group_rows(batch: int) -> int:
+    """Prompts one group decodes at `batch`: whole batches, at least GROUP_PROMPTS."""
+    return batch * -(-GROUP_PROMPTS // batch)
+
+
 def sweep_cost_s(plan: Plan, cost: CostModel, s: RefineSettings, max_draft_len: int) -> float:
     """What measuring every D of every bucket with `s.groups` groups costs at the plan's predicted tokens/s."""
     return sum(
-        s.groups * b.batch * s.new_tokens / cost.predict(b.batch, D, plan.mechanism, plan.quant).tokens_per_s.value
+        s.groups
+        * group_rows(b.batch)
+        * s.new_tokens
+        / cost.predict(b.batch, D, plan.mechanism, plan.quant).tokens_per_s.value
         for b in plan.buckets
         for D in range(max_draft_len + 1)
     )
@@ -175,7 +195,7 @@ def refine(
         pruner=BucketHalving(),
         load_if_exists=True,
     )
-    wanted = {(B, D): why for B in batches for D, why in contenders(plan, B, max_draft_len).items()}
+    wanted = {(B, D): why for B in batches for D, why in contenders(plan, B, max_draft_len, cost).items()}
     kept = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     done = {_key(t): t for t in study.get_trials(deepcopy=False, states=kept) if "batch" in t.user_attrs}
     running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
@@ -243,7 +263,8 @@ def _measure(
         order = running[:]
         rng.shuffle(order)  # every contender decodes the same prompts in this group, in another order each time
         for r in order:
-            ids = [pool[(group * r.batch + i) % len(pool)] for i in range(r.batch)]
+            rows = group_rows(r.batch)
+            ids = [pool[(group * rows + i) % len(pool)] for i in range(rows)]
             kwargs: dict[str, Any] = dict(
                 drafter=drafter if r.draft_len else None,
                 num_draft_tokens=r.draft_len,
@@ -253,10 +274,10 @@ def _measure(
                 stop_token_ids=(),
             )
             if not r.warm:
-                generate(target.model, ids, **(kwargs | {"max_new_tokens": WARMUP_TOKENS}))
+                generate(target.model, ids[: r.batch], **(kwargs | {"max_new_tokens": WARMUP_TOKENS}))
                 r.warm = True
-            out = generate(target.model, ids, **kwargs)
-            r.rates.append(out.full_batch_tokens / out.full_batch_s)
+            outs = [generate(target.model, ids[i : i + r.batch], **kwargs) for i in range(0, rows, r.batch)]
+            r.rates.append(sum(o.full_batch_tokens for o in outs) / sum(o.full_batch_s for o in outs))
             r.trial.set_user_attr("rates", r.rates)  # a pruned contender's groups still pair with the others'
             r.trial.report(statistics.fmean(r.rates), step=len(r.rates))
             if r.trial.should_prune():
@@ -274,10 +295,15 @@ def _figure(values: list[float]) -> Figure:
 
 
 def _contender(
-    t: optuna.trial.FrozenTrial | None, D: int, role: str, predicted: float, reference: list[float]
+    t: optuna.trial.FrozenTrial | None,
+    D: int,
+    role: str,
+    predicted: float,
+    reference: list[float],
+    expected: Figure | None,
 ) -> Contender:
     """One contender's record; `reference` the model's D's group rates (pruned or not; empty where it has none)."""
-    rates = list(t.user_attrs.get("rates", [])) if t is not None else []
+    rates = _rates(t)
     paired = [r / m for r, m in zip(rates, reference)]
     return Contender(
         draft_len=D,
@@ -285,9 +311,48 @@ def _contender(
         predicted_tokens_per_s=predicted,
         measured_tokens_per_s=_figure(rates) if rates else None,
         vs_model=_figure(paired) if paired else None,
+        expected_vs_model=expected,
         groups=len(rates),
         outcome="not measured" if t is None else "pruned" if t.state == optuna.trial.TrialState.PRUNED else "measured",
     )
+
+
+def _rates(t: optuna.trial.FrozenTrial | None) -> list[float]:
+    return list(t.user_attrs.get("rates", [])) if t is not None else []
+
+
+def expected_vs_model(model_log_ratios: dict[int, np.ndarray], paired: dict[int, list[float]]) -> dict[int, Figure]:
+    """Each contender's tokens/s over the model's D at one bucket, expected from the model and the groups together.
+
+    For a contender D, the cost model's draws give log(TPS_D / TPS_model) a normal prior N(mu_m, s_m^2), s_m^2 the
+    draws' variance + MODEL_RATIO_SD^2; its n paired groups give the mean x of their log-ratios with variance
+    v^2 / n, v^2 pooled over the bucket's contenders (sum of squares about each one's mean over sum of n - 1). The
+    posterior is normal with precision 1/s_m^2 + n/v^2 and mean (mu_m/s_m^2 + x n/v^2) over that precision; the
+    figure is its expected ratio exp(mu + var/2), 95% interval exp(mu -+ 1.96 sd), source "fitted" (the model fitted
+    to what was measured). A few noisy groups move a prediction little; many consistent ones decide. `paired` holds
+    each D's paired log-ratios (the model's D itself excluded: its ratio is 1)."""
+    groups = {D: np.asarray(x, dtype=np.float64) for D, x in paired.items() if len(x)}
+    df = sum(x.size - 1 for x in groups.values())
+    pooled = sum(float(((x - x.mean()) ** 2).sum()) for x in groups.values()) / df if df else None
+    out = {}
+    for D, draws in model_log_ratios.items():
+        prior_mean, prior_var = float(draws.mean()), float(draws.var()) + MODEL_RATIO_SD**2
+        x = groups.get(D)
+        if x is None or pooled is None:
+            mean, var = prior_mean, prior_var
+        elif pooled == 0.0:  # noiseless groups: they alone decide
+            mean, var = float(x.mean()), 0.0
+        else:
+            precision = 1 / prior_var + x.size / pooled
+            mean, var = (prior_mean / prior_var + float(x.mean()) * x.size / pooled) / precision, 1 / precision
+        sd = math.sqrt(var)
+        out[D] = Figure(
+            value=math.exp(mean + var / 2),
+            source="fitted",
+            low=math.exp(mean - 1.96 * sd),
+            high=math.exp(mean + 1.96 * sd),
+        )
+    return out
 
 
 def _refined(
@@ -309,8 +374,17 @@ def _refined(
             buckets.append(b.model_dump())
             ceiling = b.draft_len
             continue
-        model_trial = finished.get((b.batch, b.draft_len))
-        reference = list(model_trial.user_attrs.get("rates", [])) if model_trial is not None else []
+        reference = _rates(finished.get((b.batch, b.draft_len)))
+        expected = {}
+        if reference:  # the model's D decoded: every other contender pairs with it group by group
+            draws = cost.draws
+            model = np.log(draws.speedup(b.batch, b.draft_len, plan.mechanism, plan.quant))
+            others = [D for B, D in keys if D != b.draft_len]
+            paired = {D: [math.log(r / m) for r, m in zip(_rates(finished.get((B, D))), reference)] for B, D in keys}
+            expected = expected_vs_model(
+                {D: np.log(draws.speedup(b.batch, D, plan.mechanism, plan.quant)) - model for D in others},
+                {D: paired[D] for D in others},
+            ) | {b.draft_len: Figure(value=1.0, source="measured", low=1.0, high=1.0)}
         rows = [
             _contender(
                 finished.get(k),
@@ -318,6 +392,7 @@ def _refined(
                 wanted[k],
                 cost.predict(b.batch, k[1], plan.mechanism, plan.quant).tokens_per_s.value,
                 reference,
+                expected.get(k[1]),
             )
             for k in keys
         ]
@@ -325,7 +400,7 @@ def _refined(
         # D does not rise with batch: at most the D of the batch below, at least that of any larger bucket not measured
         floor = max((x.draft_len for x in plan.buckets if x.batch > b.batch and x.batch not in batches), default=0)
         allowed = [c for c in rows if c.outcome == "measured" and floor <= c.draft_len <= ceiling]
-        score = (lambda c: c.vs_model.value) if reference else (lambda c: c.measured_tokens_per_s.value)
+        score = (lambda c: c.expected_vs_model.value) if reference else (lambda c: c.measured_tokens_per_s.value)
         best = max(allowed, key=score) if allowed else None
         chosen = best.draft_len if best else min(max(b.draft_len, floor), ceiling)
         ceiling = chosen
@@ -363,14 +438,17 @@ def _refined(
 
 
 def _why(model_draft_len: int, best: Contender, rows: list[Contender]) -> str:
-    m = best.measured_tokens_per_s
+    m, e = best.measured_tokens_per_s, best.expected_vs_model
     assert m is not None
     text = (
         f"{LABEL}: D={best.draft_len} decoded {m.value:.1f} tok/s [{m.low:.1f}–{m.high:.1f}] over {best.groups} groups"
     )
-    if best.vs_model is not None:
+    if best.vs_model is not None and e is not None:
         v = best.vs_model
-        text += f", x{v.value:.3f} [{v.low:.3f}–{v.high:.3f}] the model's D={model_draft_len} on the same prompts"
+        text += (
+            f", x{v.value:.3f} [{v.low:.3f}–{v.high:.3f}] the model's D={model_draft_len} on the same prompts; "
+            f"expected x{e.value:.3f} [{e.low:.3f}–{e.high:.3f}] with the model's draws"
+        )
     else:
         text += f"; the model's D={model_draft_len} was pruned"
     mine = next(c for c in rows if c.draft_len == model_draft_len)
@@ -393,7 +471,8 @@ def refinement_lines(plan: Plan) -> list[str]:
             else f"takes D={r.chosen_draft_len} over the model's D={r.model_draft_len}"
         )
         lines.append(
-            f"batch {b.batch} ({LABEL}: tok/s, and over the model's D on the same prompts with its 95% interval): "
+            f"batch {b.batch} ({LABEL}: tok/s, over the model's D on the same prompts with its 95% interval, and "
+            "expected with the model's draws): "
             f"{figures}; {verdict}"
         )
     return lines
@@ -407,4 +486,6 @@ def _contender_text(c: Contender, model_draft_len: int) -> str:
     text = f"D={c.draft_len} {m.value:.1f}"
     if c.vs_model is not None and c.draft_len != model_draft_len:
         text += f" x{c.vs_model.value:.3f} [{c.vs_model.low:.3f}–{c.vs_model.high:.3f}]"
+        if (e := c.expected_vs_model) is not None:
+            text += f" expected x{e.value:.3f}"
     return text + (" (pruned)" if c.outcome == "pruned" else "")

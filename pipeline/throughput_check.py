@@ -150,6 +150,7 @@ class DeviceSpeed:
         one_token = any(t == 1 for _, t in self.profiled_ms)
         self.why = None if one_token else f"the profile has no measured verify step with one token at ctx {ctx}"
         self.probes: dict[tuple[int, int], Callable[[], float]] = {}
+        self.last_probes: list[float] = []  # the last `measure`'s probes, each its ms over the profile's (in order)
 
     def probed_batch(self, batch: int, tokens: int = 1) -> int | None:
         """The batch whose profiled step of `tokens` stands for `batch`: itself where measured, else the nearest."""
@@ -173,6 +174,7 @@ class DeviceSpeed:
         a probe is added where it called fewer than two."""
         probed = self.reference(batch, draft_len)
         if probed is None:
+            self.last_probes = []
             return fn(lambda: None), [1.0]
         if probed not in self.probes:
             step = VerifyStep(self.target.model, probed[0], self.ctx, probed[1], self.seed)
@@ -190,6 +192,7 @@ class DeviceSpeed:
         result = fn(lambda: probes_ms.append(self.probes[probed]()))
         while len(probes_ms) < 2:
             probes_ms.append(self.probes[probed]())
+        self.last_probes = [ms / self.profiled_ms[probed] for ms in probes_ms]
         return result, [(a + b) / 2 / self.profiled_ms[probed] for a, b in zip(probes_ms, probes_ms[1:])]
 
 

@@ -229,8 +229,18 @@ def test_decision_quality_measures_plan_and_oracle_again_and_judges_the_bounds_o
     """The sweep's oracle at batch 1 (ngram D=2, 70) is measured again with the plan (suffix D=1, 60): the re-measure's
     medians decide the ratio, with the interval the runs' spread gives; batch 2's plan is its oracle (no runs)."""
     r = _result([[1, 1], [2, 1]], "suffix")
-    pairs = decision_quality.confirmation_points(r["buckets"], {"ngram": "none", "suffix": "none"})
-    assert pairs == [(1, "suffix", "none", 1), (1, "ngram", "none", 2)]
+    points = decision_quality.headline_points(r["buckets"], "suffix", {"ngram": "none", "suffix": "none"})
+    # batch 1: the plan, no speculation, the default K (suffix D=2, also the best single), the oracle; batch 2: the
+    # plan (its oracle), no speculation, the default K and best single
+    assert points == [
+        (1, "suffix", "none", 1),
+        (1, "none", "none", 0),
+        (1, "suffix", "none", 2),
+        (1, "ngram", "none", 2),
+        (2, "suffix", "none", 1),
+        (2, "none", "none", 0),
+        (2, "suffix", "none", 2),
+    ]
     spread = [math.exp(-0.1), 1.0, math.exp(0.1)]
     again = decision_quality.confirmed(
         r["buckets"], {(1, "suffix", 1): [66 * f for f in spread], (1, "ngram", 2): [67 * f for f in spread]}, 3
@@ -531,3 +541,61 @@ def test_the_benches_prompts_cut_to_the_context_or_whole_where_they_fit():
     )
     whole = cut_to_context(prompts, ctx=64, new_tokens=16, whole=True)  # between 28 and 56 tokens, as they are
     assert whole == [(list(range(40)), "d40")]
+
+
+def test_decision_quality_headline_pairs_every_baseline_round_by_round_and_holds_the_targets():
+    """Planted runs measured again (3 rounds, the device 10% slower in round 2 for every configuration alike): the
+    paired ratios cancel the slow round; a plan 3% below the best single configuration and 4% below the oracle at
+    batch 1 breaks the targets, a plan level with them keeps them."""
+    r = _result([[1, 1], [2, 1]], "suffix")
+    drift = [1.0, 0.9, 1.0]
+
+    def runs(level: dict) -> dict:
+        return {key: [tps * f * (1 + 0.001 * i) for i, f in enumerate(drift)] for key, tps in level.items()}
+
+    level = {
+        (1, "suffix", 1): 67.0,
+        (1, "none", 0): 50.0,
+        (1, "suffix", 2): 66.0,
+        (1, "ngram", 2): 67.0,
+        (2, "suffix", 1): 120.0,
+        (2, "none", 0): 100.0,
+        (2, "suffix", 2): 115.0,
+    }
+    good = decision_quality.headline(r["buckets"], runs(level), "suffix")
+    one, two = good["buckets"]
+    assert (
+        one["plan_vs"]["oracle"]["value"] == pytest.approx(1.0, abs=1e-3)
+        and not one["plan_vs"]["oracle"]["same_config"]
+    )
+    assert one["plan_vs"]["oracle"]["high"] - one["plan_vs"]["oracle"]["low"] < 0.01  # the slow round cancels
+    assert two["plan_vs"]["oracle"] == {"value": 1.0, "low": 1.0, "high": 1.0, "same_config": True}
+    plan_speedup = (67 / 50 + 120 / 100) / 2
+    assert good["mean_speedup"]["plan"]["value"] == pytest.approx(plan_speedup, rel=1e-3)
+    assert good["plan_vs_mean_speedup"]["single_d"]["value"] == pytest.approx(
+        plan_speedup / ((66 / 50 + 115 / 100) / 2), rel=1e-3
+    )
+    assert decision_quality.headline_bounds(good, tuning_vs_oracle=0.2) == []
+
+    worse = level | {(1, "suffix", 1): 64.0}  # 4.5% below the oracle, and below the default K there
+    bad = decision_quality.headline(r["buckets"], runs(worse), "suffix")
+    violations = decision_quality.headline_bounds(bad, tuning_vs_oracle=0.5)
+    assert any("batch 1" in v and "of the oracle (ngram D=2)" in v for v in violations)
+    assert any("of the engine's default (suffix D=2)" in v for v in violations)
+    assert any("tuning cost 0.50" in v for v in violations)
+    lines = decision_quality.headline_lines(
+        {
+            "headline": bad,
+            "refinement": None,
+            "refine_skipped": "--no-refine",
+            "cost": {
+                "profile_s": 200.0,
+                "search_s": 5.0,
+                "refine_s": 0.0,
+                "tuning_vs_oracle": 0.5,
+                "oracle_sweep_s": 410.0,
+            },
+            "targets_stated": decision_quality.TARGETS,
+        }
+    )
+    assert lines[0].startswith("headline: the plan (not refined (--no-refine))") and "| 1 | suffix D=1 |" in lines[3]

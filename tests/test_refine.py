@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from specdec_tune.autotune.plan import cost_model_of
 from specdec_tune.autotune.plan_schema import Plan, load_plan
 from specdec_tune.autotune.search import search
 from specdec_tune.pipeline import refine as refine_module
@@ -34,8 +35,8 @@ def searched(tmp_path_factory) -> tuple[Plan, object]:
 class FakeDecoder:
     """generate() at a known tokens/s per (batch, D), times a seeded lognormal noise of `noise`; counts its calls."""
 
-    def __init__(self, rates: dict[tuple[int, int], float], noise: float = 0.02) -> None:
-        self.rates, self.rng, self.noise, self.calls = rates, random.Random(0), noise, 0
+    def __init__(self, rates: dict[tuple[int, int], float], noise: float = 0.02, seed: int = 0) -> None:
+        self.rates, self.rng, self.noise, self.calls = rates, random.Random(seed), noise, 0
 
     def __call__(self, model, ids, *, num_draft_tokens, max_new_tokens, **_):
         self.calls += 1
@@ -67,8 +68,12 @@ def test_the_uncertain_buckets_measure_the_runner_up_the_single_d_the_default_an
     assert batches, "the demo plan has buckets its draws do not settle"
     for B in batches:
         bucket = next(b for b in plan.buckets if b.batch == B)
-        roles = contenders(plan, B, profile.workload.max_draft_len)
-        assert roles[bucket.draft_len] == "the model's choice" and 0 in roles
+        roles = contenders(plan, B, profile.workload.max_draft_len, cost_model_of(profile, plan))
+        assert roles[bucket.draft_len] == "the model's choice"
+        no_spec_chance = (
+            cost_model_of(profile, plan).draws.speedup(B, bucket.draft_len, plan.mechanism, plan.quant) <= 1
+        ).mean()
+        assert (0 in roles) == (bucket.draft_len == 0 or no_spec_chance >= refine_module.NO_SPEC_CHANCE)
         assert plan.single_draft_len.draft_len in roles
         if bucket.rationale.decision is not None:
             assert bucket.rationale.decision.runner_up_draft_len in roles
@@ -83,7 +88,7 @@ def test_the_refinement_takes_the_fastest_contender_and_keeps_d_from_rising(sear
     # (longer than any D of the model's plan: the first bucket is not held under it)
     best = {b.batch: b.draft_len for b in plan.buckets}
     for B in batches:
-        roles = contenders(plan, B, profile.workload.max_draft_len)
+        roles = contenders(plan, B, profile.workload.max_draft_len, cost_model_of(profile, plan))
         best[B] = (max if B == plan.buckets[0].batch else min)(D for D in roles if D > 0)
     decoder = FakeDecoder(_truth(plan, best))
     _fake(monkeypatch, decoder)
@@ -110,7 +115,9 @@ def test_the_refinement_takes_the_fastest_contender_and_keeps_d_from_rising(sear
         if b.draft_len != r.model_draft_len:
             assert b.rationale.text.startswith("measured (refinement)")
             assert measured[b.draft_len].vs_model.low > 1.0  # 10% against 2% noise: apart
-    assert refined.refinement.trials == sum(len(contenders(plan, B, profile.workload.max_draft_len)) for B in batches)
+    assert refined.refinement.trials == sum(
+        len(contenders(plan, B, profile.workload.max_draft_len, cost_model_of(profile, plan))) for B in batches
+    )
     assert refined.refinement.pruned > 0  # successive halving dropped the slow ones
     if plan.buckets[0].batch in batches:
         assert refined.buckets[0].draft_len == best[plan.buckets[0].batch] > plan.max_draft_len
@@ -189,3 +196,62 @@ def test_a_repair_re_plan_is_refined_again_from_the_same_study(searched, tmp_pat
     assert again.refinement is not None and again.refinement.trials == refined.refinement.trials
     assert [b.draft_len for b in again.buckets] == [b.draft_len for b in refined.buckets]
     assert load_plan(tmp_path / "plan.json").refinement == again.refinement
+
+
+def test_the_expected_ratio_weighs_the_model_against_the_groups():
+    import math
+
+    import numpy as np
+
+    from specdec_tune.pipeline.refine import MODEL_RATIO_SD, expected_vs_model
+
+    prior = {1: np.full(200, math.log(0.97)), 2: np.full(200, math.log(0.97))}
+    noisy = [math.log(1.30), math.log(0.90)]  # 2 groups, far apart: mean +0.08
+    steady = [math.log(1.11), math.log(1.09), math.log(1.10), math.log(1.12), math.log(1.08), math.log(1.10)]
+    few = expected_vs_model(prior, {1: noisy})[1]
+    many = expected_vs_model(prior, {1: steady})[1]
+    # few noisy groups move the prediction a little toward them, many consistent ones decide
+    assert 0.97 < few.value < math.exp(sum(noisy) / 2) and few.source == "fitted"
+    assert abs(math.log(many.value) - math.log(1.10)) < 0.01 and many.low > 1.05
+    # pooled: a noisy contender beside a steady one is judged by the bucket's noise, not by its own two groups
+    both = expected_vs_model(prior, {1: noisy, 2: steady})
+    assert both[1].value > few.value and both[2].value > 1.03
+    # no groups: the model alone, its interval the draws' spread and the model's ratio error
+    alone = expected_vs_model(prior, {})[1]
+    assert math.isclose(math.log(alone.value), math.log(0.97) + MODEL_RATIO_SD**2 / 2)
+    assert math.isclose(math.log(alone.high / alone.low), 2 * 1.96 * MODEL_RATIO_SD)
+
+
+def test_noisy_groups_do_not_overturn_a_right_model(searched, tmp_path, monkeypatch):
+    """The truth is the cost model's prediction at every D, the groups are noisy (25% per call): a rule that takes the
+    best measured ratio loses throughput to noise; the expected ratio stays within the model's own tie tolerance."""
+    plan, profile = searched
+    cost = cost_model_of(profile, plan)
+    batches = uncertain(plan)
+    truth = {
+        (b.batch, D): cost.predict(b.batch, D, plan.mechanism, plan.quant).tokens_per_s.value
+        for b in plan.buckets
+        for D in range(profile.workload.max_draft_len + 1)
+    }
+    lost, lost_by_best_measured = [], []
+    for seed in range(6):
+        _fake(monkeypatch, FakeDecoder(truth, noise=0.25, seed=seed))
+        (tmp_path / str(seed)).mkdir()
+        settings = RefineSettings(budget_s=1e9, groups=2)
+        refined = refine(plan, profile, settings, tmp_path / str(seed), on_line=lambda line: None)
+        for b in refined.buckets:
+            if b.batch in batches:
+                best_true = max(truth[(b.batch, c.draft_len)] for c in b.refinement.contenders)
+                measured = [c for c in b.refinement.contenders if c.outcome == "measured"]
+                noisy_pick = max(measured, key=lambda c: c.vs_model.value).draft_len
+                lost.append(1 - truth[(b.batch, b.draft_len)] / best_true)
+                lost_by_best_measured.append(1 - truth[(b.batch, noisy_pick)] / best_true)
+    assert max(lost) < 0.01 and sum(lost) < sum(lost_by_best_measured)
+
+
+def test_a_group_decodes_at_least_group_prompts_in_whole_batches():
+    from specdec_tune.pipeline.refine import GROUP_PROMPTS, group_rows
+
+    for B in (1, 2, 3, 4, 8, 16):
+        rows = group_rows(B)
+        assert rows % B == 0 and rows >= GROUP_PROMPTS and rows - B < GROUP_PROMPTS
