@@ -41,7 +41,18 @@ from specdec_tune.profiles.vllm_engine import VllmEngine, probe_median_ms, speed
 from specdec_tune.records import sha256_file, sha256_json
 from specdec_tune.vllm_spelling import speculative_config
 
-from common import ENGINE_DEFAULT_K, confirmed, point_key, point_record, searched_for, shown, summarize
+from common import (
+    ENGINE_DEFAULT_K,
+    TARGETS,
+    confirmed,
+    headline,
+    point_key,
+    point_record,
+    role_keys,
+    searched_for,
+    shown,
+    summarize,
+)
 
 NO_SPEC = "none"
 SCALING = (
@@ -86,44 +97,30 @@ def interleaved(
     return out
 
 
-def confirm(
-    engine,
-    profile,
-    rows: list[dict],
-    schedule: list[list[int]],
-    mech: str,
-    pool,
-    args,
-    plan_config: dict | None,
-    drafts: dict,
-) -> dict:
-    """The re-measure (decision_quality.CONFIRMATION) in vLLM: the plan's own engine (its per-batch table; no
-    speculation where it never speculates) and each bucket's oracle config, `args.confirm` engines each, taking turns;
-    a config runs only the buckets it is compared at, and each engine's bucket figure is one run."""
-    configs, batches_of = {PLAN: plan_config}, {PLAN: []}
+def confirm(engine, profile, rows: list[dict], mech: str, pool, args, drafts: dict) -> tuple[dict, dict | None]:
+    """The re-measure in vLLM, as common.HEADLINE: at each bucket the plan's D, no speculation (a plain engine), the
+    engine's default K, the sweep's best single configuration and the oracle, each in a single-K engine of its own (the
+    same engine kind for the plan and every baseline), `args.confirm` engines each, taking turns; a configuration runs
+    only the buckets it stands for, and each engine's bucket figure is one run. (plan / oracle as
+    decision_quality.CONFIRMATION, the headline; None with fewer than two passes.)"""
+    configs: dict = {}
+    batches_of: dict = {}
     for r in rows:
-        if (r["plan_mechanism"], r["plan_draft_len"]) == (r["oracle_mechanism"], r["oracle_draft_len"]):
-            continue
-        key = (r["oracle_mechanism"], r["oracle_draft_len"])
-        configs.setdefault(key, _config(profile, *key, drafts))
-        batches_of.setdefault(key, []).append(r["batch"])
-        batches_of[PLAN].append(r["batch"])
-    if not batches_of[PLAN]:
-        return confirmed(rows, {}, args.confirm)
+        for B, m, D in dict.fromkeys(role_keys(r, mech).values()):
+            configs.setdefault((m, D), _config(profile, m, D, drafts))
+            batches_of.setdefault((m, D), []).append(B)
     runs = interleaved(
-        engine, profile, sorted(set(batches_of[PLAN])), pool, args.rows, configs, args.confirm, {}, batches_of
+        engine, profile, sorted({r["batch"] for r in rows}), pool, args.rows, configs, args.confirm, {}, batches_of
     )
-    plan_at = dict(map(tuple, schedule))
     again: dict = {}
-    for key, by_batch in runs.items():
+    for (m, D), by_batch in runs.items():
         for B, engine_runs in by_batch.items():
-            m, D = (mech, plan_at[B]) if key == PLAN else key
             for run in engine_runs:
                 fig = steady_figures([run], B)
                 if "error" in fig:
                     raise SpecdecError(f"{m} D={D} at batch {B}, measured again: {fig['error']}", "run with more rows")
                 again.setdefault(point_key(B, m, D), []).append(fig["measured_tokens_per_s"])
-    return confirmed(rows, again, args.confirm)
+    return confirmed(rows, again, args.confirm), headline(rows, again, mech) if args.confirm >= 2 else None
 
 
 def _config(profile, mechanism: str, draft_len: int, drafts: dict[str, Path]) -> dict | None:
@@ -284,10 +281,8 @@ def run_engine(args, engine=None) -> dict:
         )
         default_k = min(ENGINE_DEFAULT_K.get(mech, 3), mechanisms[mech]["max_draft_len"])
         summary = summarize(points, schedule, mech, default_k)
-        confirmation = (
-            confirm(engine, profile, summary["buckets"], schedule, mech, pool, args, configs.get(PLAN), drafts)
-            if args.confirm
-            else None
+        confirmation, measured_again = (
+            confirm(engine, profile, summary["buckets"], mech, pool, args, drafts) if args.confirm else (None, None)
         )
     oracle_s = sum(v for k, v in unit_s.items() if k != f"{PLAN[0]}/{PLAN[1]}")
     applied = speed is not None and all(p["probe_ms"] for p in points)
@@ -331,6 +326,8 @@ def run_engine(args, engine=None) -> dict:
         "sweep": points,
         "settings": settings,
         "confirmation": confirmation,
+        "headline": measured_again,
+        "targets_stated": TARGETS,
         "sweep_reused_from": {"path": shown(args.reuse_sweep), "sha256": sha256_file(args.reuse_sweep)}
         if reused
         else None,

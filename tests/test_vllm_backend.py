@@ -473,7 +473,7 @@ def test_the_engine_oracle_interleaves_its_configurations(fake_profile, tmp_path
     assert PLAN not in runs
 
 
-def test_the_engine_oracle_measures_the_plan_and_the_oracle_again_where_they_differ(fake_profile):
+def test_the_engine_oracle_measures_the_plan_and_every_baseline_again_each_in_a_single_k_engine(fake_profile):
     import argparse
 
     sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
@@ -481,42 +481,43 @@ def test_the_engine_oracle_measures_the_plan_and_the_oracle_again_where_they_dif
 
     profile, _ = fake_profile
     engine = FakeVllm()
-    rows = [
-        {
-            "batch": 1,
+
+    def row(B: int, plan: int, oracle: int, single: int) -> dict:
+        return {
+            "batch": B,
             "plan_mechanism": "ngram",
-            "plan_draft_len": 2,
+            "plan_draft_len": plan,
             "oracle_mechanism": "ngram",
-            "oracle_draft_len": 2,
-        },
-        {
-            "batch": 2,
-            "plan_mechanism": "ngram",
-            "plan_draft_len": 1,
-            "oracle_mechanism": "ngram",
-            "oracle_draft_len": 3,
-        },
-    ]
-    plan_config = {
-        "method": "ngram",
-        "num_speculative_tokens": 2,
-        "num_speculative_tokens_per_batch_size": [[1, 1, 2], [2, 2, 1]],
-    }
+            "oracle_draft_len": oracle,
+            "single_mechanism": "ngram",
+            "single_draft_len": single,
+            "default_draft_len": 3,
+        }
+
+    rows = [row(1, 2, 2, 2), row(2, 1, 3, 2)]
     args = argparse.Namespace(confirm=3, rows=4)
-    again = confirm(
-        engine, profile, rows, [[1, 2], [2, 1]], "ngram", [[1, 2, 3, 4, 5, 6, 7, 8]] * 4, args, plan_config, {}
-    )
-    ks = [j["speculative_config"]["num_speculative_tokens"] for j in engine.jobs]
-    assert ks == [2, 3, 3, 2, 2, 3]  # the plan's own engine and the oracle's, taking turns, three each
-    assert all(
-        [r["name"] for r in j["runs"]] == ["warmup", "bucket/2"] for j in engine.jobs
-    )  # only the bucket they differ at
+    again, measured = confirm(engine, profile, rows, "ngram", [[1, 2, 3, 4, 5, 6, 7, 8]] * 4, args, {})
+    ks = [(j.get("speculative_config") or {}).get("num_speculative_tokens", 0) for j in engine.jobs]
+    # K = 2 (batch 1's plan, oracle and single; batch 2's single), 0 (plain), 3 (the default K; batch 2's oracle),
+    # 1 (batch 2's plan): four engines a pass, three passes, odd passes in reverse
+    assert ks == [2, 0, 3, 1, 1, 3, 0, 2, 2, 0, 3, 1]
+    assert all(j["speculative_config"]["method"] == "ngram" for j in engine.jobs if j.get("speculative_config"))
+    assert not any("num_speculative_tokens_per_batch_size" in (j.get("speculative_config") or {}) for j in engine.jobs)
+    by_k = {k: [r["name"] for r in j["runs"]] for k, j in zip(ks, engine.jobs)}
+    assert by_k[1] == ["warmup", "bucket/2"] and by_k[2] == ["warmup", "bucket/1", "bucket/2"]
     one, two = again["buckets"]
     assert one["same_config"] and one["plan_vs_oracle"] == 1.0 and again["repeats"] == 3
-    assert (
-        len(two["plan_runs_tokens_per_s"]) == len(two["oracle_runs_tokens_per_s"]) == 3
-        and two["low"] < two["plan_vs_oracle"] < two["high"]
-    )
+    assert len(two["plan_runs_tokens_per_s"]) == len(two["oracle_runs_tokens_per_s"]) == 3
+    assert measured["rounds"] == 3 and [b["batch"] for b in measured["buckets"]] == [1, 2]
+    b2 = measured["buckets"][1]
+    assert b2["configs"] == {
+        "plan": "ngram D=1",
+        "no_spec": "no spec",
+        "engine_default": "ngram D=3",
+        "single_d": "ngram D=2",
+        "oracle": "ngram D=3",
+    }
+    assert all(x["low"] <= x["value"] <= x["high"] for x in b2["plan_vs"].values())
 
 
 def test_the_engine_oracle_scales_each_point_by_the_speed_probe(drifting_profile, tmp_path):
