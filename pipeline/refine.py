@@ -379,11 +379,10 @@ def _refined(
         if reference:  # the model's D decoded: every other contender pairs with it group by group
             draws = cost.draws
             model = np.log(draws.speedup(b.batch, b.draft_len, plan.mechanism, plan.quant))
-            others = [D for B, D in keys if D != b.draft_len]
-            paired = {D: [math.log(r / m) for r, m in zip(_rates(finished.get((B, D))), reference)] for B, D in keys}
+            others = [D for _, D in keys if D != b.draft_len]
             expected = expected_vs_model(
                 {D: np.log(draws.speedup(b.batch, D, plan.mechanism, plan.quant)) - model for D in others},
-                {D: paired[D] for D in others},
+                {D: [math.log(r / m) for r, m in zip(_rates(finished.get((b.batch, D))), reference)] for D in others},
             ) | {b.draft_len: Figure(value=1.0, source="measured", low=1.0, high=1.0)}
         rows = [
             _contender(
