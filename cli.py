@@ -758,8 +758,9 @@ def search(
     refine: Annotated[
         bool,
         typer.Option(
-            help="Decode the contenders of each bucket the model cannot decide (this device, the profiling split) and "
-            "keep the fastest; skipped for a --device projection or a profile from another device.",
+            help="Decode the contenders of each bucket the model cannot decide (this device, the profiling split, the "
+            "profile's engine: this tool's loop or vLLM) and keep the fastest; skipped for a --device projection or a "
+            "profile from another device.",
         ),
     ] = True,
     refine_budget: Annotated[
@@ -917,8 +918,8 @@ def _vs_next_d(b) -> str:
     """The table's `vs next D`: a refined bucket's model D and the measured gain over it; else the runner-up, the
     expected gain over it and the share of draws the choice wins; else the next best D's modeled loss."""
     r = b.refinement
-    if r and r.chosen_draft_len != r.model_draft_len:
-        chosen = next(c for c in r.contenders if c.draft_len == b.draft_len)
+    if r and (r.chosen_draft_len != r.model_draft_len or r.chosen_engine):
+        chosen = next(c for c in r.contenders if c.draft_len == b.draft_len and c.engine == r.chosen_engine)
         if chosen.vs_model is None:
             return f"{r.model_draft_len}: model's D pruned"
         measured = f"{100 * (chosen.vs_model.value - 1):+.1f}% measured"

@@ -120,6 +120,8 @@ class Contender(Record):
     """One draft length a bucket's refinement decoded (pipeline/refine.py)."""
 
     draft_len: int = Field(ge=0)
+    # "plain": vLLM's engine without a speculative config, beside D = 0 as a K = 0 band of a speculative engine
+    engine: Literal["plain"] | None = None
     role: str = Field(min_length=1)  # why it was measured: the model's choice, the runner-up, the best single D, ...
     predicted_tokens_per_s: float = Field(ge=0)  # the cost model's (modeled), for the measured figures beside
     # measured, over the groups it decoded (a pruned one's too), each the geometric mean with its 95% interval: its
@@ -136,6 +138,7 @@ class Contender(Record):
 class BucketRefinement(Record):
     model_draft_len: int = Field(ge=0)  # the cost model's choice
     chosen_draft_len: int = Field(ge=0)  # the fastest contender measured to the end (the model's where none was)
+    chosen_engine: Literal["plain"] | None = None  # vLLM's plain engine took the bucket (its D is 0)
     contenders: list[Contender] = Field(min_length=1)
 
 

@@ -35,11 +35,11 @@ from specdec_tune.pipeline.engine_check import (
     run_buckets,
     steady_figures,
 )
-from specdec_tune.profiles.models.views import write_cut_draft
+from specdec_tune.pipeline.refine_engine import cut_drafts, engine_config
 from specdec_tune.profiles.schema import load_profile
 from specdec_tune.profiles.vllm_engine import VllmEngine, probe_median_ms, speed_ratio
 from specdec_tune.records import sha256_file, sha256_json
-from specdec_tune.vllm_spelling import speculative_config
+from specdec_tune.settings import RefineSettings
 
 from common import (
     ENGINE_DEFAULT_K,
@@ -107,7 +107,7 @@ def confirm(engine, profile, rows: list[dict], mech: str, pool, args, drafts: di
     batches_of: dict = {}
     for r in rows:
         for B, m, D in dict.fromkeys(role_keys(r, mech).values()):
-            configs.setdefault((m, D), _config(profile, m, D, drafts))
+            configs.setdefault((m, D), engine_config(profile, m, D, drafts))
             batches_of.setdefault((m, D), []).append(B)
     runs = interleaved(
         engine, profile, sorted({r["batch"] for r in rows}), pool, args.rows, configs, args.confirm, {}, batches_of
@@ -121,18 +121,6 @@ def confirm(engine, profile, rows: list[dict], mech: str, pool, args, drafts: di
                     raise SpecdecError(f"{m} D={D} at batch {B}, measured again: {fig['error']}", "run with more rows")
                 again.setdefault(point_key(B, m, D), []).append(fig["measured_tokens_per_s"])
     return confirmed(rows, again, args.confirm), headline(rows, again, mech) if args.confirm >= 2 else None
-
-
-def _config(profile, mechanism: str, draft_len: int, drafts: dict[str, Path]) -> dict | None:
-    if draft_len == 0:
-        return None
-    info = next(d for d in profile.drafters if d.name == mechanism)
-    return speculative_config(
-        mechanism,
-        draft_len,
-        info.options,
-        model=str(drafts[mechanism]) if mechanism in drafts else info.options.get("model"),
-    )
 
 
 def _sweep_settings(
@@ -181,7 +169,8 @@ def run_engine(args, engine=None) -> dict:
         raise SpecdecError(
             f"only {len(held)} held-back prompts reach the context {ctx}", "use fewer or smaller batches"
         )
-    pool, mix, plan, search_s = searched_for(profile, sha256_file(args.profile), held[:needed], args.seed)
+    refined = None if args.no_refine else RefineSettings(seed=args.seed)
+    pool, mix, plan, search_s = searched_for(profile, sha256_file(args.profile), held[:needed], args.seed, refined)
     buckets = [b for b in plan["buckets"] if b["batch"] in batches]
     cost = CostModel(profile, ctx=plan["ctx"], mix=mix)
     mech = plan["mechanism"]
@@ -206,17 +195,11 @@ def run_engine(args, engine=None) -> dict:
         u for u in units if not all((B, *u) in before for B in batches)
     ]  # the rest was measured by an earlier sweep with these settings
     with tempfile.TemporaryDirectory() as tmp:
-        drafts = {
-            d.name: write_cut_draft(
-                profile.target["path"], int(d.model["layers"]), Path(tmp) / d.name, profile.target["dtype"]
-            )
-            for d in profile.drafters
-            if d.name in mechanisms and d.model and d.model.get("shares_target_weights")
-        }
+        drafts = cut_drafts(profile, set(mechanisms), Path(tmp))
         schedule = [[b["batch"], b["draft_len"]] for b in buckets]
-        configs = {u: _config(profile, *u, drafts) for u in todo}
+        configs = {u: engine_config(profile, *u, drafts) for u in todo}
         if any(D for _, D in schedule):  # the plan's schedule in one engine, vLLM's per-batch table choosing D
-            configs[PLAN] = _config(profile, mech, max(D for _, D in schedule), drafts) | {
+            configs[PLAN] = engine_config(profile, mech, max(D for _, D in schedule), drafts) | {
                 "num_speculative_tokens_per_batch_size": to_vllm([tuple(x) for x in schedule])
             }
         runs = interleaved(engine, profile, batches, pool, args.rows, configs, args.repeats, unit_s)
@@ -307,6 +290,8 @@ def run_engine(args, engine=None) -> dict:
         "mechanisms_swept": mechanisms,
         "engine_default_k": default_k,
         "plan_schedule": schedule,
+        "refinement": plan.get("refinement"),
+        "refine_skipped": plan["refine_skipped"],
         "plan_schedule_measured": schedule,
         "plan_schedule_run": plan_run,
         "figures": f"raw measured tokens/s (steady steps of the engine, pooled over {args.repeats} interleaved engines "
@@ -333,6 +318,7 @@ def run_engine(args, engine=None) -> dict:
         else None,
         "cost": {
             "search_s": search_s,
+            "refine_s": (plan.get("refinement") or {}).get("spent_s", 0.0),
             "profile_engine_s": profile_s,
             "oracle_sweep_s": oracle_s,
             "oracle_unit_s": unit_s,

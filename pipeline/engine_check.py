@@ -60,23 +60,33 @@ def held_back_prompts(
 ) -> list[tuple[list[int], str]]:
     """The held-back prompts cut to (or, `whole`, fitting) the context, with the target's tokenizer alone (no weights
     loaded)."""
+    return split_prompts(profile, ctx, new_tokens, max_draft, "held_back", "default", whole)
+
+
+def split_prompts(
+    profile: Profile, ctx: int, new_tokens: int, max_draft: int, split: str, spec: str, whole: bool
+) -> list[tuple[list[int], str]]:
+    """One split of a calibration set (`spec`, as `--prompts` takes it), as `held_back_prompts` gives its own."""
     _, tokenizer, config = describe_model(
         profile.target["path"], profile.target.get("dtype", "auto"), resolve_device("cpu")
     )
     prompts = prompts_by_domain(
-        tokenizer, int(config.get("max_position_embeddings") or 2048), 1000, new_tokens, max_draft, "held_back"
+        tokenizer, int(config.get("max_position_embeddings") or 2048), 1000, new_tokens, max_draft, split, spec
     )
     return cut_to_context(prompts, ctx, new_tokens, whole)
 
 
-def decoded_prompts(profile, ctx: int, max_draft: int, needed: int) -> tuple[list[tuple[list[int], str]], str]:
-    """The held-back prompts (ids, domain) the engine check and the engine bench decode, and which way: whole, those
-    that fit the context as they are, where at least `needed` do (the text a lookup drafter copies from kept, as in the
-    profile's acceptance runs); else each long enough cut to the context (`prompts.cut_to_context`)."""
-    whole = held_back_prompts(profile, ctx, BUCKET_TOKENS, max_draft, whole=True)
+def decoded_prompts(
+    profile, ctx: int, max_draft: int, needed: int, split: str = "held_back", spec: str = "default"
+) -> tuple[list[tuple[list[int], str]], str]:
+    """The held-back prompts (ids, domain) the engine check and the engine bench decode (or another split's), and which
+    way: whole, those that fit the context as they are, where at least `needed` do (the text a lookup drafter copies
+    from kept, as in the profile's acceptance runs); else each long enough cut to the context
+    (`prompts.cut_to_context`)."""
+    whole = split_prompts(profile, ctx, BUCKET_TOKENS, max_draft, split, spec, whole=True)
     if len(whole) >= needed:
         return whole, "whole"
-    return held_back_prompts(profile, ctx, BUCKET_TOKENS, max_draft), "cut"
+    return split_prompts(profile, ctx, BUCKET_TOKENS, max_draft, split, spec, whole=False), "cut"
 
 
 def run_buckets(

@@ -8,17 +8,20 @@ tie tolerance. At each uncertain bucket B the contenders are, in the plan's mech
     `single_draft_len`), the engine's default K (`ENGINE_DEFAULT_DRAFT_LEN`, capped at the profile's D_max), and D = 0
     where the draws leave it a chance (it beats the plan's D in at least `NO_SPEC_CHANCE` of them)
 
-each decoded end to end in this tool's loop on the profiling split of the profile's calibration prompts (the traffic it
-decided on; never the held-back split the lossless gate reads), cut to the plan's context. One Optuna study holds one
-trial per (bucket, D). A trial measures in groups: one group is `group_rows(B)` prompts (whole batches of B, at least
-`GROUP_PROMPTS`) decoding `new_tokens`, its tokens/s counted over the rounds in which every row of a batch still decodes
-(what the cost model predicts), and the trial reports
-the mean of its groups after each. The trials of a bucket run interleaved, group by group in a shuffled order each
-round, so that the device's drift falls on every contender alike. A successive-halving pruner (`BucketHalving`) keeps,
-at groups 2, 4, ..., the better half of a bucket's trials by their mean so far, always at least two.
+each decoded end to end in the profile's own engine (this tool's loop, `_LoopGroups`; vLLM, pipeline/refine_engine.py,
+where no speculation is two contenders: a K = 0 band of a speculative engine and the plain engine) on the profiling
+split of the profile's calibration prompts (the traffic it decided on; never the held-back split the lossless gate
+reads), cut to the plan's context. One Optuna study holds one trial per (bucket, D, engine). A trial measures in
+groups: one group is `group_rows(B)` prompts (whole batches of B, at least `GROUP_PROMPTS`) decoding `new_tokens`, its
+tokens/s counted over the rounds in which every row of a batch still decodes (what the cost model predicts), and the
+trial reports the mean of its groups after each. The trials of a bucket run interleaved, group by group in a shuffled
+order each round, so that the device's drift falls on every contender alike. A successive-halving pruner
+(`BucketHalving`) keeps, at groups 2, 4, ..., the better half of a bucket's trials by their mean so far, always at
+least two.
 
     budget   a third of what measuring every D of every bucket with as many groups would cost, at the plan's predicted
-             tokens/s (`--refine-budget` sets seconds instead). It is looked at between groups: every contender decodes
+             tokens/s (in vLLM: an engine per D and group, each costing what the profile's engines cost on average;
+             `--refine-budget` sets seconds instead). It is looked at between groups: every contender decodes
              at least `MIN_GROUPS`, and where the budget is spent the contenders still in stop with as many groups
     result   per bucket, among the trials not pruned, the highest expected tokens/s over the model's D, the cost
              model's draws and the measured groups combined (`expected_vs_model`: a group decodes the same prompts for
@@ -40,7 +43,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +56,7 @@ from specdec_tune.autotune.plan import bucket_memory, cost_model_of, predicted_j
 from specdec_tune.autotune.plan_schema import BucketRefinement, Contender, Figure, Plan, Refinement
 from specdec_tune.autotune.study import open_storage
 from specdec_tune.pipeline.lossless import plan_drafter
+from specdec_tune.pipeline.refine_engine import PLAIN, EngineGroups, engine_s
 from specdec_tune.pipeline.throughput_check import WARMUP_TOKENS, another_device, context_prompts
 from specdec_tune.profiles.calibration import load_calibration
 from specdec_tune.profiles.intervals import runs_interval
@@ -76,11 +80,16 @@ def skipped(plan: Plan, profile: Profile) -> str | None:
     """Why this plan cannot be refined here, or None."""
     if plan.projected:
         return f"the plan is for {plan.device.name} (modeled): only the device that runs it can measure it"
-    if profile.backend != "torch":
-        return f"measured refinement runs in this tool's loop; the {profile.backend} backend's engines are not refined"
     other = another_device(profile.device)
     if other:
         return f"the profile was measured on another device ({other})"
+    if profile.backend == "vllm":
+        from specdec_tune.profiles.vllm_engine import VllmEngine
+
+        try:
+            VllmEngine.locate()
+        except SpecdecError as e:
+            return f"the profile's engine does not run here ({e.message})"
     try:
         load_calibration(profile.workload.calibration)
     except SpecdecError as e:
@@ -135,8 +144,17 @@ class BucketHalving(optuna.pruners.BasePruner):
         return trial.intermediate_values[step] < sorted(at_rung, reverse=True)[keep - 1]
 
 
-def _key(t: optuna.trial.FrozenTrial) -> tuple[int, int]:
-    return t.user_attrs["batch"], t.user_attrs["draft_len"]
+# A contender: (batch, D, engine), engine "" where the backend runs every D one way (this tool's loop; in vLLM a
+# speculative engine, D = 0 a K = 0 band of it) and PLAIN for vLLM's engine without a speculative config
+Key = tuple[int, int, str]
+
+
+def _key(t: optuna.trial.FrozenTrial) -> Key:
+    return t.user_attrs["batch"], t.user_attrs["draft_len"], t.user_attrs.get("engine", "")
+
+
+def _name(key: Key) -> str:
+    return "the plain engine" if key[2] == PLAIN else f"D={key[1]}"
 
 
 @dataclasses.dataclass
@@ -144,8 +162,12 @@ class _Running:
     trial: optuna.Trial
     batch: int
     draft_len: int
+    engine: str
     rates: list[float] = dataclasses.field(default_factory=list)
-    warm: bool = False
+
+    @property
+    def key(self) -> Key:
+        return self.batch, self.draft_len, self.engine
 
 
 def group_rows(batch: int) -> int:
@@ -153,8 +175,11 @@ def group_rows(batch: int) -> int:
     return batch * -(-GROUP_PROMPTS // batch)
 
 
-def sweep_cost_s(plan: Plan, cost: CostModel, s: RefineSettings, max_draft_len: int) -> float:
-    """What measuring every D of every bucket with `s.groups` groups costs at the plan's predicted tokens/s."""
+def sweep_cost_s(plan: Plan, profile: Profile, cost: CostModel, s: RefineSettings, max_draft_len: int) -> float:
+    """What measuring every D of every bucket with `s.groups` groups costs at the plan's predicted tokens/s; in vLLM
+    every D is an engine of its own in every group (refine_engine.engine_s)."""
+    if profile.backend == "vllm":
+        return s.groups * (max_draft_len + 1) * engine_s(profile)
     return sum(
         s.groups
         * group_rows(b.batch)
@@ -173,7 +198,7 @@ def refine(
     batches = uncertain(plan)
     cost = cost_model_of(profile, plan)
     max_draft_len = min(profile.workload.max_draft_len, cost.draft_len_limit(plan.mechanism))
-    budget_s = s.budget_s or sweep_cost_s(plan, cost, s, max_draft_len) / 3
+    budget_s = s.budget_s or sweep_cost_s(plan, profile, cost, s, max_draft_len) / 3
     summary: dict[str, Any] = {
         "source": LABEL,
         "split": "profile",
@@ -195,7 +220,7 @@ def refine(
         pruner=BucketHalving(),
         load_if_exists=True,
     )
-    wanted = {(B, D): why for B in batches for D, why in contenders(plan, B, max_draft_len, cost).items()}
+    wanted = _wanted(plan, profile, batches, max_draft_len, cost)
     kept = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     done = {_key(t): t for t in study.get_trials(deepcopy=False, states=kept) if "batch" in t.user_attrs}
     running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
@@ -228,65 +253,111 @@ def settings_of(refinement: Refinement, out_dir: Path) -> RefineSettings:
     )
 
 
+class _LoopGroups:
+    """Groups decoded in this tool's loop (the torch backend): each contender's rows as batches of B, one after another
+    in the group's order, after a short warm-up the first time."""
+
+    def __init__(self, plan: Plan, profile: Profile, s: RefineSettings, todo: list[Key]) -> None:
+        self.target = load_model(profile.target["path"], dtype=profile.device.get("dtype") or "auto")
+        self.drafter = plan_drafter(plan, profile, self.target)
+        self.s = s
+        spec = profile.workload.calibration
+        self.pool = context_prompts(self.target, plan.ctx, s.new_tokens, max(k[1] for k in todo), "profile", spec)
+        if not self.pool:
+            raise SpecdecError(
+                f"no prompt of the profiling split of {spec} reaches the plan's context of {plan.ctx} tokens",
+                "pass --no-refine",
+            )
+        self.warm: set[Key] = set()
+
+    def __enter__(self) -> _LoopGroups:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def rates(self, group: int, order: list[_Running]) -> list[float]:
+        out = []
+        for r in order:
+            rows = group_rows(r.batch)
+            ids = [self.pool[(group * rows + i) % len(self.pool)] for i in range(rows)]
+            kwargs: dict[str, Any] = dict(
+                drafter=self.drafter if r.draft_len else None,
+                num_draft_tokens=r.draft_len,
+                max_new_tokens=self.s.new_tokens,
+                temperature=0.0,
+                seed=self.s.seed,
+                stop_token_ids=(),
+            )
+            if r.key not in self.warm:
+                generate(self.target.model, ids[: r.batch], **(kwargs | {"max_new_tokens": WARMUP_TOKENS}))
+                self.warm.add(r.key)
+            outs = [generate(self.target.model, ids[i : i + r.batch], **kwargs) for i in range(0, rows, r.batch)]
+            out.append(sum(o.full_batch_tokens for o in outs) / sum(o.full_batch_s for o in outs))
+        return out
+
+
+def _wanted(plan: Plan, profile: Profile, batches: list[int], max_draft_len: int, cost: CostModel) -> dict[Key, str]:
+    """{contender: why it is measured} over the uncertain batches; in vLLM, where no speculation is a contender, the
+    plain engine beside the K = 0 band of a speculative engine (two engine paths: a mixed plan's D = 0 buckets run the
+    second, a plan that never speculates the first)."""
+    wanted: dict[Key, str] = {}
+    two_ways = profile.backend == "vllm"
+    for B in batches:
+        for D, why in contenders(plan, B, max_draft_len, cost).items():
+            wanted[B, D, ""] = why + (" (K = 0 in the speculative engine)" if D == 0 and two_ways else "")
+            if D == 0 and two_ways:
+                wanted[B, 0, PLAIN] = "no speculation: the plain engine, no speculative config"
+    return wanted
+
+
+def _groups_of(plan: Plan, profile: Profile, s: RefineSettings, todo: list[Key]) -> Any:
+    """The backend's group decoder: `rates(group, order)` gives each contender's tokens/s on the group's prompts."""
+    if profile.backend == "vllm":
+        return EngineGroups(plan, profile, todo, group_rows(1), s.seed)
+    return _LoopGroups(plan, profile, s, todo)
+
+
 def _measure(
     plan: Plan,
     profile: Profile,
     s: RefineSettings,
     study: optuna.Study,
-    todo: list[tuple[int, int]],
+    todo: list[Key],
     budget_s: float,
     on_line: Callable[[str], None],
 ) -> None:
-    """Every (batch, D) of `todo` as a trial, interleaved group by group, until each finished, was pruned or the budget
+    """Every contender of `todo` as a trial, interleaved group by group, until each finished, was pruned or the budget
     ran out (module docstring)."""
-    target = load_model(profile.target["path"], dtype=profile.device.get("dtype") or "auto")
-    drafter = plan_drafter(plan, profile, target)
-    spec = profile.workload.calibration
-    pool = context_prompts(target, plan.ctx, s.new_tokens, max(D for _, D in todo), "profile", spec)
-    if not pool:
-        raise SpecdecError(
-            f"no prompt of the profiling split of {spec} reaches the plan's context of {plan.ctx} tokens",
-            "pass --no-refine",
-        )
-    running = []
-    for B, D in todo:
-        trial = study.ask()
-        trial.set_user_attr("batch", B)
-        trial.set_user_attr("draft_len", D)
-        running.append(_Running(trial, B, D))
-    rng = random.Random(s.seed)
-    t0 = time.monotonic()
-    for group in range(s.groups):
-        if group >= MIN_GROUPS and time.monotonic() - t0 > budget_s:
-            on_line(f"refine: the budget of {budget_s:.0f} s is spent after {group} groups of {s.groups}")
-            break
-        order = running[:]
-        rng.shuffle(order)  # every contender decodes the same prompts in this group, in another order each time
-        for r in order:
-            rows = group_rows(r.batch)
-            ids = [pool[(group * rows + i) % len(pool)] for i in range(rows)]
-            kwargs: dict[str, Any] = dict(
-                drafter=drafter if r.draft_len else None,
-                num_draft_tokens=r.draft_len,
-                max_new_tokens=s.new_tokens,
-                temperature=0.0,
-                seed=s.seed,
-                stop_token_ids=(),
-            )
-            if not r.warm:
-                generate(target.model, ids[: r.batch], **(kwargs | {"max_new_tokens": WARMUP_TOKENS}))
-                r.warm = True
-            outs = [generate(target.model, ids[i : i + r.batch], **kwargs) for i in range(0, rows, r.batch)]
-            r.rates.append(sum(o.full_batch_tokens for o in outs) / sum(o.full_batch_s for o in outs))
-            r.trial.set_user_attr("rates", r.rates)  # a pruned contender's groups still pair with the others'
-            r.trial.report(statistics.fmean(r.rates), step=len(r.rates))
-            if r.trial.should_prune():
-                study.tell(r.trial, state=optuna.trial.TrialState.PRUNED)
-                running.remove(r)
-                on_line(f"refine: batch {r.batch} D={r.draft_len} pruned after {len(r.rates)} groups")
-        on_line(f"refine: group {group + 1} of {s.groups} done, {len(running)} contenders left")
-    for r in running:
-        study.tell(r.trial, statistics.fmean(r.rates))
+    with _groups_of(plan, profile, s, todo) as groups:
+        running = []
+        for B, D, engine in todo:
+            trial = study.ask()
+            trial.set_user_attr("batch", B)
+            trial.set_user_attr("draft_len", D)
+            if engine:
+                trial.set_user_attr("engine", engine)
+            running.append(_Running(trial, B, D, engine))
+        rng = random.Random(s.seed)
+        t0 = time.monotonic()
+        for group in range(s.groups):
+            if group >= MIN_GROUPS and time.monotonic() - t0 > budget_s:
+                on_line(f"refine: the budget of {budget_s:.0f} s is spent after {group} groups of {s.groups}")
+                break
+            order = running[:]
+            rng.shuffle(order)  # every contender decodes the same prompts in this group, in another order each time
+            for r, rate in zip(order, groups.rates(group, order)):
+                r.rates.append(rate)
+                r.trial.set_user_attr("rates", r.rates)  # a pruned contender's groups still pair with the others'
+                r.trial.report(statistics.fmean(r.rates), step=len(r.rates))
+            for r in order:
+                if r.trial.should_prune():
+                    study.tell(r.trial, state=optuna.trial.TrialState.PRUNED)
+                    running.remove(r)
+                    on_line(f"refine: batch {r.batch} {_name(r.key)} pruned after {len(r.rates)} groups")
+            on_line(f"refine: group {group + 1} of {s.groups} done, {len(running)} contenders left")
+        for r in running:
+            study.tell(r.trial, statistics.fmean(r.rates))
 
 
 def _figure(values: list[float]) -> Figure:
@@ -296,7 +367,7 @@ def _figure(values: list[float]) -> Figure:
 
 def _contender(
     t: optuna.trial.FrozenTrial | None,
-    D: int,
+    key: Key,
     role: str,
     predicted: float,
     reference: list[float],
@@ -306,7 +377,8 @@ def _contender(
     rates = _rates(t)
     paired = [r / m for r, m in zip(rates, reference)]
     return Contender(
-        draft_len=D,
+        draft_len=key[1],
+        engine=key[2] or None,
         role=role,
         predicted_tokens_per_s=predicted,
         measured_tokens_per_s=_figure(rates) if rates else None,
@@ -321,7 +393,9 @@ def _rates(t: optuna.trial.FrozenTrial | None) -> list[float]:
     return list(t.user_attrs.get("rates", [])) if t is not None else []
 
 
-def expected_vs_model(model_log_ratios: dict[int, np.ndarray], paired: dict[int, list[float]]) -> dict[int, Figure]:
+def expected_vs_model(
+    model_log_ratios: dict[Hashable, np.ndarray], paired: dict[Hashable, list[float]]
+) -> dict[Hashable, Figure]:
     """Each contender's tokens/s over the model's D at one bucket, expected from the model and the groups together.
 
     For a contender D, the cost model's draws give log(TPS_D / TPS_model) a normal prior N(mu_m, s_m^2), s_m^2 the
@@ -358,40 +432,41 @@ def expected_vs_model(model_log_ratios: dict[int, np.ndarray], paired: dict[int,
 def _refined(
     plan: Plan,
     cost: CostModel,
-    wanted: dict[tuple[int, int], str],
-    finished: dict[tuple[int, int], optuna.trial.FrozenTrial],
+    wanted: dict[Key, str],
+    finished: dict[Key, optuna.trial.FrozenTrial],
     summary: dict[str, Any],
 ) -> Plan:
     """The plan with each measured bucket's fastest contender (module docstring, "result"): by the geometric mean of its
     groups' tokens/s over the model's D's on the same prompts (the groups both decoded, the model's D pruned or not);
     D does not rise with batch."""
     buckets: list[dict] = []
-    pruned, ceiling = 0, max(D for _, D in wanted)  # the first bucket may take any contender, one past the plan's too
-    batches = {B for B, _ in wanted}
+    pruned, ceiling = 0, max(k[1] for k in wanted)  # the first bucket may take any contender, one past the plan's too
+    batches = {k[0] for k in wanted}
     for b in plan.buckets:
         keys = [k for k in wanted if k[0] == b.batch]
         if not keys:
             buckets.append(b.model_dump())
             ceiling = b.draft_len
             continue
-        reference = _rates(finished.get((b.batch, b.draft_len)))
-        expected = {}
+        mine: Key = (b.batch, b.draft_len, "")
+        reference = _rates(finished.get(mine))
+        expected: dict[Key, Figure] = {}
         if reference:  # the model's D decoded: every other contender pairs with it group by group
             draws = cost.draws
             model = np.log(draws.speedup(b.batch, b.draft_len, plan.mechanism, plan.quant))
-            others = [D for _, D in keys if D != b.draft_len]
+            others = [k for k in keys if k != mine]
             expected = expected_vs_model(
-                {D: np.log(draws.speedup(b.batch, D, plan.mechanism, plan.quant)) - model for D in others},
-                {D: [math.log(r / m) for r, m in zip(_rates(finished.get((b.batch, D))), reference)] for D in others},
-            ) | {b.draft_len: Figure(value=1.0, source="measured", low=1.0, high=1.0)}
+                {k: np.log(draws.speedup(b.batch, k[1], plan.mechanism, plan.quant)) - model for k in others},
+                {k: [math.log(r / m) for r, m in zip(_rates(finished.get(k)), reference)] for k in others},
+            ) | {mine: Figure(value=1.0, source="measured", low=1.0, high=1.0)}
         rows = [
             _contender(
                 finished.get(k),
-                k[1],
+                k,
                 wanted[k],
                 cost.predict(b.batch, k[1], plan.mechanism, plan.quant).tokens_per_s.value,
                 reference,
-                expected.get(k[1]),
+                expected.get(k),
             )
             for k in keys
         ]
@@ -403,8 +478,13 @@ def _refined(
         best = max(allowed, key=score) if allowed else None
         chosen = best.draft_len if best else min(max(b.draft_len, floor), ceiling)
         ceiling = chosen
-        record = BucketRefinement(model_draft_len=b.draft_len, chosen_draft_len=chosen, contenders=rows)
-        if chosen == b.draft_len:
+        record = BucketRefinement(
+            model_draft_len=b.draft_len,
+            chosen_draft_len=chosen,
+            chosen_engine=best.engine if best else None,
+            contenders=rows,
+        )
+        if chosen == b.draft_len and record.chosen_engine is None:
             buckets.append(b.model_dump() | {"refinement": record.model_dump()})
             continue
         why = (
@@ -436,12 +516,14 @@ def _refined(
     return Plan.model_validate(fields)
 
 
+def _label(c: Contender) -> str:
+    return "the plain engine" if c.engine == PLAIN else f"D={c.draft_len}"
+
+
 def _why(model_draft_len: int, best: Contender, rows: list[Contender]) -> str:
     m, e = best.measured_tokens_per_s, best.expected_vs_model
     assert m is not None
-    text = (
-        f"{LABEL}: D={best.draft_len} decoded {m.value:.1f} tok/s [{m.low:.1f}–{m.high:.1f}] over {best.groups} groups"
-    )
+    text = f"{LABEL}: {_label(best)} decoded {m.value:.1f} tok/s [{m.low:.1f}–{m.high:.1f}] over {best.groups} groups"
     if best.vs_model is not None and e is not None:
         v = best.vs_model
         text += (
@@ -450,8 +532,13 @@ def _why(model_draft_len: int, best: Contender, rows: list[Contender]) -> str:
         )
     else:
         text += f"; the model's D={model_draft_len} was pruned"
-    mine = next(c for c in rows if c.draft_len == model_draft_len)
-    return text + f" (predicted {best.predicted_tokens_per_s:.1f} against {mine.predicted_tokens_per_s:.1f} tok/s)"
+    mine = next(c for c in rows if c.draft_len == model_draft_len and c.engine is None)
+    text += f" (predicted {best.predicted_tokens_per_s:.1f} against {mine.predicted_tokens_per_s:.1f} tok/s)"
+    if best.engine == PLAIN:
+        text += (
+            "; the bundle runs the plain engine where no bucket speculates, else a K = 0 band of the speculative engine"
+        )
+    return text
 
 
 def refinement_lines(plan: Plan) -> list[str]:
@@ -464,10 +551,11 @@ def refinement_lines(plan: Plan) -> list[str]:
         figures = ", ".join(
             _contender_text(c, r.model_draft_len) for c in sorted(r.contenders, key=lambda c: c.draft_len)
         )
+        chosen = "the plain engine" if r.chosen_engine == PLAIN else f"D={r.chosen_draft_len}"
         verdict = (
             f"keeps D={r.model_draft_len}"
-            if r.chosen_draft_len == r.model_draft_len
-            else f"takes D={r.chosen_draft_len} over the model's D={r.model_draft_len}"
+            if r.chosen_draft_len == r.model_draft_len and r.chosen_engine is None
+            else f"takes {chosen} over the model's D={r.model_draft_len}"
         )
         lines.append(
             f"batch {b.batch} ({LABEL}: tok/s, over the model's D on the same prompts with its 95% interval, and "
@@ -481,9 +569,9 @@ def _contender_text(c: Contender, model_draft_len: int) -> str:
     """One contender's measured tokens/s and its paired ratio over the model's D (the figure it is judged by)."""
     m = c.measured_tokens_per_s
     if m is None:
-        return f"D={c.draft_len} {c.outcome}"
-    text = f"D={c.draft_len} {m.value:.1f}"
-    if c.vs_model is not None and c.draft_len != model_draft_len:
+        return f"{_label(c)} {c.outcome}"
+    text = f"{_label(c)} {m.value:.1f}"
+    if c.vs_model is not None and (c.draft_len != model_draft_len or c.engine is not None):
         text += f" x{c.vs_model.value:.3f} [{c.vs_model.low:.3f}–{c.vs_model.high:.3f}]"
         if (e := c.expected_vs_model) is not None:
             text += f" expected x{e.value:.3f}"

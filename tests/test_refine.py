@@ -146,10 +146,16 @@ def test_a_spent_budget_stops_every_contender_after_the_same_groups(searched, tm
     assert groups == {refine_module.MIN_GROUPS}
 
 
-def test_a_projected_plan_or_an_engine_profile_is_not_refined(searched):
+def test_a_projected_plan_or_an_engine_that_does_not_run_here_is_not_refined(searched, monkeypatch):
+    from specdec_tune.profiles.vllm_engine import VARIABLE
+
     plan, profile = searched
     assert skipped(plan.model_copy(update={"device": plan.device.model_copy(update={"projected_from": "x"})}), profile)
-    assert "vllm" in skipped(plan, profile.model_copy(update={"backend": "vllm"}))
+    monkeypatch.setattr(refine_module, "another_device", lambda device: "")
+    monkeypatch.setenv(VARIABLE, "/nowhere/python")
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
+    why = skipped(plan, profile.model_copy(update={"backend": "vllm"}))
+    assert why.startswith("the profile's engine does not run here") and VARIABLE in why
 
 
 def test_search_without_refine_writes_the_models_plan(tmp_path):

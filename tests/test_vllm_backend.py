@@ -16,6 +16,7 @@ from specdec_tune import SpecdecError
 from specdec_tune.autotune.cost_model import CostModel
 from specdec_tune.exporters.validation_text import describe_row
 from specdec_tune.pipeline.engine_check import engine_refusal, engine_throughput
+from specdec_tune.pipeline.refine import skipped as refine_skipped
 from specdec_tune.profiles.timing import Timing
 from specdec_tune.profiles.vllm_engine import VllmEngine
 from specdec_tune.profiles.vllm_profile import PASSES, TIMING_TOKENS, VllmProfiler
@@ -541,6 +542,7 @@ def test_the_engine_oracle_scales_each_point_by_the_speed_probe(drifting_profile
         seed=0,
         reuse_sweep=None,
         confirm=0,
+        no_refine=True,
     )
     steady, slow = (
         run_engine(args, engine=FakeVllm(slowdown=reference)),
@@ -570,3 +572,52 @@ def test_the_runners_speed_probe_times_the_targets_linear_layers():
     probe = Probe(spec)
     assert [tuple(w.shape) for w in probe.weights[0]] == [(64, 128), (64, 256), (128, 64)] and len(probe.weights) == 2
     assert tuple(probe.x_h.shape) == (spec["rows"], 64) and 0 < probe.ms() < 1e3
+
+
+def test_a_vllm_plan_is_refined_in_per_batch_table_engines_and_the_plain_engine(fake_profile, tmp_path, monkeypatch):
+    from specdec_tune.autotune.plan_schema import Plan
+    from specdec_tune.autotune.search import search as run_search
+    from specdec_tune.pipeline import refine as refine_module
+    from specdec_tune.settings import RefineSettings, SearchSettings
+
+    profile, _ = fake_profile
+    plan = run_search(profile, "0" * 64, SearchSettings(out_dir=tmp_path, trials=40))
+    engine = FakeVllm(refuse={"suffix": SUFFIX_REFUSAL})
+    monkeypatch.setattr(VllmEngine, "locate", classmethod(lambda cls: engine))
+    monkeypatch.setattr(refine_module, "another_device", lambda device: "")
+    assert refine_skipped(plan, profile) is None  # the function itself: tests/conftest.py stands in for it
+    # every bucket uncertain, each with the model's D, no speculation, D = 1 and D_max as contenders
+    monkeypatch.setattr(refine_module, "uncertain", lambda plan: [b.batch for b in plan.buckets])
+    top = profile.workload.max_draft_len
+    monkeypatch.setattr(
+        refine_module,
+        "contenders",
+        lambda plan, B, limit, cost: {
+            D: "r" for D in (next(b.draft_len for b in plan.buckets if b.batch == B), 0, 1, top)
+        },
+    )
+    refined = refine_module.refine(plan, profile, RefineSettings(groups=2, budget_s=1e9), tmp_path, lambda line: None)
+    Plan.model_validate(refined.to_json())
+    wanted = {b.batch: {b.draft_len, 0, 1, top} for b in plan.buckets}
+    per_group = max(len(v) for v in wanted.values()) + 1  # the busiest bucket's contenders, and the plain engine
+    assert len(engine.jobs) == 2 * per_group
+    ran: dict = {}  # (batch, K or "plain") -> engines that ran it
+    for job in engine.jobs:
+        config = job["speculative_config"]
+        for run in job["runs"][1:]:  # after the warm-up
+            B = int(run["name"].split("/")[1])
+            k = "plain" if config is None else engine._k(config, B)
+            ran[B, k] = ran.get((B, k), 0) + 1
+        if config is not None:  # one speculative engine carries each bucket's contender through vLLM's table
+            assert config["num_speculative_tokens"] >= 1
+    assert ran == {(B, k): 2 for B, ks in wanted.items() for k in (*ks, "plain")}
+    for b in refined.buckets:
+        r = b.refinement
+        assert {(c.draft_len, c.engine) for c in r.contenders} == {(D, None) for D in wanted[b.batch]} | {(0, "plain")}
+        assert all(c.groups == 2 and c.measured_tokens_per_s is not None for c in r.contenders)
+        best = max(
+            (c for c in r.contenders if c.outcome == "measured" and c.draft_len <= top),
+            key=lambda c: c.expected_vs_model.value,
+        )
+        if b.batch == plan.buckets[0].batch:  # the first bucket may take any contender
+            assert (r.chosen_draft_len, r.chosen_engine) == (best.draft_len, best.engine)
