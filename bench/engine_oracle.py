@@ -38,7 +38,7 @@ from specdec_tune.pipeline.engine_check import (
 from specdec_tune.pipeline.refine_engine import cut_drafts, engine_config
 from specdec_tune.profiles.schema import load_profile
 from specdec_tune.profiles.vllm_engine import VllmEngine, probe_median_ms, speed_ratio
-from specdec_tune.records import sha256_file, sha256_json
+from specdec_tune.records import sha256_file, sha256_json, write_json
 from specdec_tune.settings import RefineSettings
 
 from common import (
@@ -264,9 +264,15 @@ def run_engine(args, engine=None) -> dict:
         )
         default_k = min(ENGINE_DEFAULT_K.get(mech, 3), mechanisms[mech]["max_draft_len"])
         summary = summarize(points, schedule, mech, default_k)
+        if args.confirm and todo:  # the sweep kept where the re-measure fails: --reuse-sweep takes it
+            checkpoint = args.out.with_suffix(".sweep.json")
+            write_json(checkpoint, {"settings": settings, "sweep": points, "cost": {"oracle_unit_s": unit_s}})
+            print(f"the sweep is kept in {checkpoint} (--reuse-sweep) until the re-measure ends", file=sys.stderr)
         confirmation, measured_again = (
             confirm(engine, profile, summary["buckets"], mech, pool, args, drafts) if args.confirm else (None, None)
         )
+    if args.confirm and todo:
+        checkpoint.unlink(missing_ok=True)
     oracle_s = sum(v for k, v in unit_s.items() if k != f"{PLAN[0]}/{PLAN[1]}")
     applied = speed is not None and all(p["probe_ms"] for p in points)
     profile_s = profile.phase_s.get("engine units", 0.0)
