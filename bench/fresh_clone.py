@@ -13,7 +13,8 @@ Each part is timed with time.monotonic and its exit status recorded; a part that
 The model cache is a new empty folder per run (SPECDEC_TUNE_CACHE), so the demo model's one-time conversion is part of
 the profile as it is in a real fresh clone; pip's own download cache is left as it is (`--no-pip-cache` turns it off).
 After the run it reads the written plan.json (mechanism and D per batch bucket, with the predicted speedup and its
-source) and counts the bundle's files. `--runs N` makes N fresh clones, one after another, and records every run.
+source) and counts the bundle's files. `--runs N` makes N fresh clones, one after another, and records every run, and
+whether their plans (each from a fresh profile) agree within their stated intervals (`agreement`).
 
     python bench/fresh_clone.py                 # one fresh clone (about 8 minutes on 2 cores)
     python bench/fresh_clone.py --runs 3        # three, one after another
@@ -207,6 +208,37 @@ def summary(runs: list[dict]) -> dict:
     return out
 
 
+def agreement(runs: list[dict]) -> dict | None:
+    """Whether the fresh profiles' plans agree within their stated intervals: for every pair of runs that wrote a plan,
+    at every batch bucket, each plan's predicted speedup lies inside the other's 95% interval (their D may differ where
+    both predict the same speedup within the noise). None with fewer than two plans."""
+    plans = [(r["run"], r["plan"]) for r in runs if r.get("plan") and r["plan"].get("buckets")]
+    pairs = []
+    for i, (run_a, a) in enumerate(plans):
+        for run_b, b in plans[i + 1 :]:
+            theirs = {x["batch"]: x for x in b["buckets"]}
+            buckets = []
+            for x in a["buckets"]:
+                y = theirs.get(x["batch"])
+                if y is None:
+                    continue
+                sa, sb = x["speedup"], y["speedup"]
+                inside = sb["low"] <= sa["value"] <= sb["high"] and sa["low"] <= sb["value"] <= sa["high"]
+                buckets.append(
+                    {"batch": x["batch"], "draft_len": [x["draft_len"], y["draft_len"]], "within_intervals": inside}
+                )
+            same = a.get("mechanism") == b.get("mechanism")
+            pairs.append(
+                {
+                    "runs": [run_a, run_b],
+                    "same_mechanism": same,
+                    "buckets": buckets,
+                    "agree": same and all(x["within_intervals"] for x in buckets),
+                }
+            )
+    return {"pairs": pairs, "all_agree": all(p["agree"] for p in pairs)} if pairs else None
+
+
 def table(result: dict) -> str:
     machine = result["machine"]
     lines = [
@@ -225,6 +257,19 @@ def table(result: dict) -> str:
         lines.append(
             f"| {r['run']} | {' | '.join(parts)} | {r.get('total_s', 0):.0f} | {r['rc']} | "
             f"{plan.get('mechanism') or '-'} {sched} | {refined_text(plan)} | {r.get('bundle_files', 0)} |"
+        )
+    agree = result.get("plans_agree")
+    for pair in (agree or {}).get("pairs", []):
+        apart = [str(x["batch"]) for x in pair["buckets"] if not x["within_intervals"]]
+        lines.append(
+            f"\nruns {pair['runs'][0]} and {pair['runs'][1]}: "
+            + (
+                "the plans agree within their stated intervals (each bucket's predicted speedup inside the other's)"
+                if pair["agree"]
+                else "another mechanism"
+                if not pair["same_mechanism"]
+                else f"the predicted speedups lie outside each other's intervals at batch {', '.join(apart)}"
+            )
         )
     return "\n".join(lines) + "\n"
 
@@ -256,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(1, args.runs + 1):
         result["runs"].append(one_run(i, args.keep, not args.no_pip_cache))
         result["summary"] = summary(result["runs"])
+        result["plans_agree"] = agreement(result["runs"])
         args.out.parent.mkdir(parents=True, exist_ok=True)  # written after every run: a killed series keeps its runs
         args.out.write_text(json.dumps(result, indent=2) + "\n")
         args.out.with_suffix(".md").write_text(table(result))

@@ -599,3 +599,24 @@ def test_decision_quality_headline_pairs_every_baseline_round_by_round_and_holds
         }
     )
     assert lines[0].startswith("headline: the plan (not refined (--no-refine))") and "| 1 | suffix D=1 |" in lines[3]
+
+
+def test_fresh_profiles_plans_agree_only_where_each_prediction_is_inside_the_others_interval():
+    import fresh_clone
+
+    def run(index: int, draft_lens: list[int], speedups: list[tuple[float, float, float]]) -> dict:
+        buckets = [
+            {"batch": B, "draft_len": D, "speedup": {"value": v, "low": lo, "high": hi}}
+            for B, D, (v, lo, hi) in zip((1, 2), draft_lens, speedups)
+        ]
+        return {"run": index, "plan": {"mechanism": "suffix", "buckets": buckets}}
+
+    a = run(1, [5, 4], [(1.25, 1.17, 1.34), (1.19, 1.12, 1.27)])
+    b = run(2, [7, 4], [(1.27, 1.19, 1.36), (1.20, 1.13, 1.28)])  # another D at batch 1, inside the noise
+    c = run(3, [5, 4], [(1.40, 1.35, 1.45), (1.19, 1.12, 1.27)])  # batch 1 outside a's interval
+    agree = fresh_clone.agreement([a, b])
+    assert agree["all_agree"] and agree["pairs"][0]["buckets"][0]["draft_len"] == [5, 7]
+    apart = fresh_clone.agreement([a, b, c])
+    assert not apart["all_agree"]
+    assert [p["agree"] for p in apart["pairs"]] == [True, False, False]
+    assert fresh_clone.agreement([a, {"run": 2, "rc": 1}]) is None
