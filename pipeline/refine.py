@@ -378,7 +378,7 @@ def _contender(
     paired = [r / m for r, m in zip(rates, reference)]
     return Contender(
         draft_len=key[1],
-        engine=key[2] or None,
+        engine="plain" if key[2] == PLAIN else None,
         role=role,
         predicted_tokens_per_s=predicted,
         measured_tokens_per_s=_figure(rates) if rates else None,
@@ -450,7 +450,7 @@ def _refined(
             continue
         mine: Key = (b.batch, b.draft_len, "")
         reference = _rates(finished.get(mine))
-        expected: dict[Key, Figure] = {}
+        expected: dict[Hashable, Figure] = {}
         if reference:  # the model's D decoded: every other contender pairs with it group by group
             draws = cost.draws
             model = np.log(draws.speedup(b.batch, b.draft_len, plan.mechanism, plan.quant))
