@@ -266,6 +266,7 @@ class RefineSettings:
     """The measured refinement after a search (pipeline/refine.py)."""
 
     groups: int = 4  # batches of prompts a contender decodes at most (the pruner halves at 2, 4, ...)
+    group_prompts: int = 4  # prompts a group decodes at least: at batch B, ceil(group_prompts / B) batches of B
     new_tokens: int = 32
     budget_s: float = 0.0  # 0: a third of what measuring every D of every bucket would cost
     storage: str | None = None  # an Optuna storage URL; default: a journal beside plan.json

@@ -12,7 +12,7 @@ each decoded end to end in the profile's own engine (this tool's loop, `_LoopGro
 where no speculation is two contenders: a K = 0 band of a speculative engine and the plain engine) on the profiling
 split of the profile's calibration prompts (the traffic it decided on; never the held-back split the lossless gate
 reads), cut to the plan's context. One Optuna study holds one trial per (bucket, D, engine). A trial measures in
-groups: one group is `group_rows(B)` prompts (whole batches of B, at least `GROUP_PROMPTS`) decoding `new_tokens`, its
+groups: one group is `group_rows(B)` prompts (whole batches of B, at least `group_prompts`) decoding `new_tokens`, its
 tokens/s counted over the rounds in which every row of a batch still decodes (what the cost model predicts), and the
 trial reports the mean of its groups after each. The trials of a bucket run interleaved, group by group in a shuffled
 order each round, so that the device's drift falls on every contender alike. A successive-halving pruner
@@ -56,7 +56,7 @@ from specdec_tune.autotune.plan import bucket_memory, cost_model_of, predicted_j
 from specdec_tune.autotune.plan_schema import BucketRefinement, Contender, Figure, Plan, Refinement
 from specdec_tune.autotune.study import open_storage
 from specdec_tune.pipeline.lossless import plan_drafter
-from specdec_tune.pipeline.refine_engine import PLAIN, EngineGroups, engine_s
+from specdec_tune.pipeline.refine_engine import PLAIN, EngineGroups
 from specdec_tune.pipeline.throughput_check import WARMUP_TOKENS, another_device, context_prompts
 from specdec_tune.profiles.calibration import load_calibration
 from specdec_tune.profiles.intervals import runs_interval
@@ -66,7 +66,6 @@ from specdec_tune.profiles.specdec import generate
 from specdec_tune.settings import ENGINE_DEFAULT_DRAFT_LEN, RefineSettings
 
 MIN_GROUPS = 2  # groups every contender decodes whatever the budget
-GROUP_PROMPTS = 4  # prompts a group decodes at least: at batch B, ceil(GROUP_PROMPTS / B) batches of B
 # The cost model's error on the ratio of two D's tokens/s at one batch, beside its draws' spread: the rms of
 # log(measured ratio / predicted ratio) over the 112 D-pairs of bench/results/decision_quality.json is 0.055, that
 # sweep's own noise included (a point's relative sd about 0.04).
@@ -83,13 +82,9 @@ def skipped(plan: Plan, profile: Profile) -> str | None:
     other = another_device(profile.device)
     if other:
         return f"the profile was measured on another device ({other})"
-    if profile.backend == "vllm":
-        from specdec_tune.profiles.vllm_engine import VllmEngine
-
-        try:
-            VllmEngine.locate()
-        except SpecdecError as e:
-            return f"the profile's engine does not run here ({e.message})"
+    why = GROUP_DECODERS[profile.backend].unavailable(profile)
+    if why:
+        return f"the profile's engine does not run here ({why})"
     try:
         load_calibration(profile.workload.calibration)
     except SpecdecError as e:
@@ -170,24 +165,14 @@ class _Running:
         return self.batch, self.draft_len, self.engine
 
 
-def group_rows(batch: int) -> int:
-    """Prompts one group decodes at `batch`: whole batches, at least GROUP_PROMPTS."""
-    return batch * -(-GROUP_PROMPTS // batch)
+def group_rows(batch: int, prompts: int) -> int:
+    """Prompts one group decodes at `batch`: whole batches, at least `prompts` (RefineSettings.group_prompts)."""
+    return batch * -(-prompts // batch)
 
 
 def sweep_cost_s(plan: Plan, profile: Profile, cost: CostModel, s: RefineSettings, max_draft_len: int) -> float:
-    """What measuring every D of every bucket with `s.groups` groups costs at the plan's predicted tokens/s; in vLLM
-    every D is an engine of its own in every group (refine_engine.engine_s)."""
-    if profile.backend == "vllm":
-        return s.groups * (max_draft_len + 1) * engine_s(profile)
-    return sum(
-        s.groups
-        * group_rows(b.batch)
-        * s.new_tokens
-        / cost.predict(b.batch, D, plan.mechanism, plan.quant).tokens_per_s.value
-        for b in plan.buckets
-        for D in range(max_draft_len + 1)
-    )
+    """What measuring every D of every bucket with `s.groups` groups would cost, as the profile's backend runs them."""
+    return GROUP_DECODERS[profile.backend].sweep_cost_s(plan, profile, cost, s, max_draft_len)
 
 
 def refine(
@@ -254,8 +239,26 @@ def settings_of(refinement: Refinement, out_dir: Path) -> RefineSettings:
 
 
 class _LoopGroups:
-    """Groups decoded in this tool's loop (the torch backend): each contender's rows as batches of B, one after another
-    in the group's order, after a short warm-up the first time."""
+    """Groups decoded in this tool's loop (the torch backend): each contender's `group_rows(B)` prompts as batches of
+    B, one after another in the group's order, after a short warm-up the first time."""
+
+    no_spec_engines = ("",)  # D = 0 is plain decoding in the loop
+
+    @staticmethod
+    def unavailable(profile: Profile) -> str | None:
+        return None
+
+    @staticmethod
+    def sweep_cost_s(plan: Plan, profile: Profile, cost: CostModel, s: RefineSettings, max_draft_len: int) -> float:
+        """Every D of every bucket, `s.groups` groups each, at the plan's predicted tokens/s."""
+        return sum(
+            s.groups
+            * group_rows(b.batch, s.group_prompts)
+            * s.new_tokens
+            / cost.predict(b.batch, D, plan.mechanism, plan.quant).tokens_per_s.value
+            for b in plan.buckets
+            for D in range(max_draft_len + 1)
+        )
 
     def __init__(self, plan: Plan, profile: Profile, s: RefineSettings, todo: list[Key]) -> None:
         self.target = load_model(profile.target["path"], dtype=profile.device.get("dtype") or "auto")
@@ -279,7 +282,7 @@ class _LoopGroups:
     def rates(self, group: int, order: list[_Running]) -> list[float]:
         out = []
         for r in order:
-            rows = group_rows(r.batch)
+            rows = group_rows(r.batch, self.s.group_prompts)
             ids = [self.pool[(group * rows + i) % len(self.pool)] for i in range(rows)]
             kwargs: dict[str, Any] = dict(
                 drafter=self.drafter if r.draft_len else None,
@@ -297,25 +300,26 @@ class _LoopGroups:
         return out
 
 
+# Per measurement backend, what decodes its groups (a context manager): `rates(group, order)` each contender's tokens/s
+# on the group's prompts; `no_spec_engines` the ways it runs D = 0; `unavailable` why it cannot run here, or None;
+# `sweep_cost_s` what measuring every D of every bucket would cost in it
+GROUP_DECODERS: dict[str, Any] = {"torch": _LoopGroups, "vllm": EngineGroups}
+
+
 def _wanted(plan: Plan, profile: Profile, batches: list[int], max_draft_len: int, cost: CostModel) -> dict[Key, str]:
-    """{contender: why it is measured} over the uncertain batches; in vLLM, where no speculation is a contender, the
-    plain engine beside the K = 0 band of a speculative engine (two engine paths: a mixed plan's D = 0 buckets run the
-    second, a plan that never speculates the first)."""
+    """{contender: why it is measured} over the uncertain batches; no speculation once per way the backend runs it (in
+    vLLM a K = 0 band of a speculative engine, which a mixed plan's D = 0 buckets run, and the plain engine, which a
+    plan that never speculates runs: two engine paths)."""
     wanted: dict[Key, str] = {}
-    two_ways = profile.backend == "vllm"
+    two_ways = PLAIN in GROUP_DECODERS[profile.backend].no_spec_engines
     for B in batches:
         for D, why in contenders(plan, B, max_draft_len, cost).items():
-            wanted[B, D, ""] = why + (" (K = 0 in the speculative engine)" if D == 0 and two_ways else "")
-            if D == 0 and two_ways:
-                wanted[B, 0, PLAIN] = "no speculation: the plain engine, no speculative config"
+            if D or not two_ways:
+                wanted[B, D, ""] = why
+                continue
+            wanted[B, 0, ""] = why + " (K = 0 in the speculative engine)"
+            wanted[B, 0, PLAIN] = "no speculation: the plain engine, no speculative config"
     return wanted
-
-
-def _groups_of(plan: Plan, profile: Profile, s: RefineSettings, todo: list[Key]) -> Any:
-    """The backend's group decoder: `rates(group, order)` gives each contender's tokens/s on the group's prompts."""
-    if profile.backend == "vllm":
-        return EngineGroups(plan, profile, todo, group_rows(1), s.seed)
-    return _LoopGroups(plan, profile, s, todo)
 
 
 def _measure(
@@ -329,7 +333,7 @@ def _measure(
 ) -> None:
     """Every contender of `todo` as a trial, interleaved group by group, until each finished, was pruned or the budget
     ran out (module docstring)."""
-    with _groups_of(plan, profile, s, todo) as groups:
+    with GROUP_DECODERS[profile.backend](plan, profile, s, todo) as groups:
         running = []
         for B, D, engine in todo:
             trial = study.ask()

@@ -10,8 +10,8 @@ changes every group, so the device's drift and an engine's draw of its between-e
 alike.
 
 Each bucket runs at its concurrency B on the profiling split of the profile's calibration prompts, whole where enough
-fit its context, else cut to it (pipeline/engine_check.decoded_prompts and run_buckets: `rows` requests at least, 48
-tokens each, EOS ignored, a finished request replaced by the next), the pool turned by `rows` prompts each group. A
+fit its context, else cut to it (pipeline/engine_check.decoded_prompts and run_buckets: `group_prompts` requests at
+least, 48 tokens each, EOS ignored, a finished request replaced by the next), the pool turned by as many each group. A
 contender's figure is its run's steady tokens/s as the cost model predicts it (engine_check.steady_figures:
 1e3 · B · tokens per step / median step ms); vLLM must have run the K asked for, else the refinement stops.
 """
@@ -30,6 +30,7 @@ from specdec_tune.pipeline.engine_check import decoded_prompts, run_buckets, ste
 from specdec_tune.profiles.models.views import write_cut_draft
 from specdec_tune.profiles.schema import Profile
 from specdec_tune.profiles.vllm_engine import VllmEngine
+from specdec_tune.settings import RefineSettings
 from specdec_tune.vllm_spelling import speculative_config
 
 PLAIN = "plain"  # pipeline/refine.py's name for the engine without a speculative config
@@ -94,12 +95,27 @@ class EngineGroups:
     """The refinement's groups in vLLM (module docstring). A context manager: the cut draft models live in a folder of
     its own until it closes."""
 
-    def __init__(self, plan: Plan, profile: Profile, todo: list[tuple[int, int, str]], rows: int, seed: int) -> None:
-        self.plan, self.profile, self.rows = plan, profile, rows
+    no_spec_engines = ("", PLAIN)  # a K = 0 band of a speculative engine, and the plain engine
+
+    @staticmethod
+    def unavailable(profile: Profile) -> str | None:
+        try:
+            VllmEngine.locate()
+        except SpecdecError as e:
+            return e.message
+        return None
+
+    @staticmethod
+    def sweep_cost_s(plan: Plan, profile: Profile, cost: object, s: RefineSettings, max_draft_len: int) -> float:
+        """Every D an engine of its own in every group, each costing what the profile's engines cost on average."""
+        return s.groups * (max_draft_len + 1) * engine_s(profile)
+
+    def __init__(self, plan: Plan, profile: Profile, s: RefineSettings, todo: list[tuple[int, int, str]]) -> None:
+        self.plan, self.profile, self.rows = plan, profile, s.group_prompts
         self.engine = VllmEngine.locate()
-        self.rng = random.Random(seed)
+        self.rng = random.Random(s.seed)
         spec = profile.workload.calibration
-        needed = max(rows, *(k[0] for k in todo))
+        needed = max(self.rows, *(k[0] for k in todo))
         prompts, _ = decoded_prompts(profile, plan.ctx, max(k[1] for k in todo), needed, "profile", spec)
         self.pool = [ids for ids, _ in prompts]
         if len(self.pool) < needed:

@@ -256,8 +256,9 @@ def test_noisy_groups_do_not_overturn_a_right_model(searched, tmp_path, monkeypa
 
 
 def test_a_group_decodes_at_least_group_prompts_in_whole_batches():
-    from specdec_tune.pipeline.refine import GROUP_PROMPTS, group_rows
+    from specdec_tune.pipeline.refine import group_rows
 
+    prompts = RefineSettings().group_prompts
     for B in (1, 2, 3, 4, 8, 16):
-        rows = group_rows(B)
-        assert rows % B == 0 and rows >= GROUP_PROMPTS and rows - B < GROUP_PROMPTS
+        rows = group_rows(B, prompts)
+        assert rows % B == 0 and rows >= prompts and rows - B < prompts
