@@ -498,6 +498,11 @@ def config_name(mech: str, D: int) -> str:
     return "no spec" if D == 0 else f"{mech} D={D}"
 
 
+def refined_buckets(plan: dict) -> list[dict]:
+    """Each refined bucket's record (pipeline/refine.py: the model's D, the contenders measured, the choice)."""
+    return [{"batch": b["batch"]} | b["refinement"] for b in plan["buckets"] if b.get("refinement")]
+
+
 def searched_for(
     profile,
     profile_sha256: str,
