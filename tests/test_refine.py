@@ -37,9 +37,11 @@ class FakeDecoder:
 
     def __init__(self, rates: dict[tuple[int, int], float], noise: float = 0.02, seed: int = 0) -> None:
         self.rates, self.rng, self.noise, self.calls = rates, random.Random(seed), noise, 0
+        self.seen: list[tuple[list, int]] = []  # (prompt ids of the batch, D) per call
 
     def __call__(self, model, ids, *, num_draft_tokens, max_new_tokens, **_):
         self.calls += 1
+        self.seen.append((ids, num_draft_tokens))
         rate = self.rates[(len(ids), num_draft_tokens)] * self.rng.lognormvariate(0, self.noise)
         tokens = len(ids) * max_new_tokens
         return type("Out", (), {"full_batch_tokens": tokens, "full_batch_s": tokens / rate})()
@@ -262,3 +264,40 @@ def test_a_group_decodes_at_least_group_prompts_in_whole_batches():
     for B in (1, 2, 3, 4, 8, 16):
         rows = group_rows(B, prompts)
         assert rows % B == 0 and rows >= prompts and rows - B < prompts
+
+
+def test_workers_sharing_a_storage_each_decode_the_contenders_no_other_has_started(searched, tmp_path, monkeypatch):
+    import optuna
+
+    plan, profile = searched
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    B = uncertain(plan)[0]
+    model = next(b.draft_len for b in plan.buckets if b.batch == B)
+    roles = contenders(plan, B, profile.workload.max_draft_len, cost_model_of(profile, plan))
+    other = next(D for D in roles if D != model)
+    # another worker has started (B, other) in the shared study
+    study = optuna.create_study(
+        storage=url,
+        study_name=f"refine-{plan.settings_hash[:12]}-{profile.fingerprint[:12]}",
+        direction="maximize",
+        load_if_exists=True,
+    )
+    theirs = study.ask()
+    theirs.set_user_attr("batch", B)
+    theirs.set_user_attr("draft_len", other)
+    decoder = FakeDecoder(_truth(plan, {b.batch: b.draft_len for b in plan.buckets}))
+    _fake(monkeypatch, decoder)
+    settings = RefineSettings(groups=2, budget_s=1e9, storage=url)
+    first = refine(plan, profile, settings, tmp_path, on_line=lambda line: None)
+    row = next(c for c in first.buckets if c.batch == B).refinement
+    assert next(c for c in row.contenders if c.draft_len == other).outcome == "not measured"
+    assert all(c.outcome != "not measured" for c in row.contenders if c.draft_len != other)
+    assert (B, other) not in {(len(ids), D) for ids, D in decoder.seen}  # the other worker decodes it
+    # the other worker finishes: a later run reads its groups and decodes nothing again
+    theirs.set_user_attr("rates", [100.0 * B, 100.0 * B])
+    study.tell(theirs, 100.0 * B)
+    calls = decoder.calls
+    again = refine(plan, profile, settings, tmp_path, on_line=lambda line: None)
+    assert decoder.calls == calls
+    row = next(c for c in again.buckets if c.batch == B).refinement
+    assert next(c for c in row.contenders if c.draft_len == other).groups == 2
