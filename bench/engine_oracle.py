@@ -27,7 +27,6 @@ from pathlib import Path
 
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.cost_model import CostModel
-from specdec_tune.exporters.schedule import to_vllm
 from specdec_tune.pipeline.engine_check import (
     BUCKET_TOKENS,
     decoded_prompts,
@@ -35,7 +34,7 @@ from specdec_tune.pipeline.engine_check import (
     run_buckets,
     steady_figures,
 )
-from specdec_tune.pipeline.refine_engine import cut_drafts, engine_config
+from specdec_tune.pipeline.refine_engine import cut_drafts, engine_config, table_config
 from specdec_tune.profiles.schema import load_profile
 from specdec_tune.profiles.vllm_engine import VllmEngine, probe_median_ms, speed_ratio
 from specdec_tune.records import sha256_file, sha256_json, write_json
@@ -200,9 +199,7 @@ def run_engine(args, engine=None) -> dict:
         schedule = [[b["batch"], b["draft_len"]] for b in buckets]
         configs = {u: engine_config(profile, *u, drafts) for u in todo}
         if any(D for _, D in schedule):  # the plan's schedule in one engine, vLLM's per-batch table choosing D
-            configs[PLAN] = engine_config(profile, mech, max(D for _, D in schedule), drafts) | {
-                "num_speculative_tokens_per_batch_size": to_vllm([tuple(x) for x in schedule])
-            }
+            configs[PLAN] = table_config(profile, mech, dict(schedule), drafts, always_table=True)
         runs = interleaved(engine, profile, batches, pool, args.rows, configs, args.repeats, unit_s)
         for m, D in units:
             if (m, D) not in runs:

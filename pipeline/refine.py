@@ -242,7 +242,7 @@ class _LoopGroups:
     """Groups decoded in this tool's loop (the torch backend): each contender's `group_rows(B)` prompts as batches of
     B, one after another in the group's order, after a short warm-up the first time."""
 
-    no_spec_engines = ("",)  # D = 0 is plain decoding in the loop
+    plain_engine = False  # D = 0 is plain decoding in the loop: one way
 
     @staticmethod
     def unavailable(profile: Profile) -> str | None:
@@ -301,8 +301,8 @@ class _LoopGroups:
 
 
 # Per measurement backend, what decodes its groups (a context manager): `rates(group, order)` each contender's tokens/s
-# on the group's prompts; `no_spec_engines` the ways it runs D = 0; `unavailable` why it cannot run here, or None;
-# `sweep_cost_s` what measuring every D of every bucket would cost in it
+# on the group's prompts; `plain_engine` whether D = 0 runs two ways (a plain engine apart); `unavailable` why it
+# cannot run here, or None; `sweep_cost_s` what measuring every D of every bucket would cost in it
 GROUP_DECODERS: dict[str, Any] = {"torch": _LoopGroups, "vllm": EngineGroups}
 
 
@@ -311,7 +311,7 @@ def _wanted(plan: Plan, profile: Profile, batches: list[int], max_draft_len: int
     vLLM a K = 0 band of a speculative engine, which a mixed plan's D = 0 buckets run, and the plain engine, which a
     plan that never speculates runs: two engine paths)."""
     wanted: dict[Key, str] = {}
-    two_ways = PLAIN in GROUP_DECODERS[profile.backend].no_spec_engines
+    two_ways = GROUP_DECODERS[profile.backend].plain_engine
     for B in batches:
         for D, why in contenders(plan, B, max_draft_len, cost).items():
             if D or not two_ways:

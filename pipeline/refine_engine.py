@@ -60,13 +60,15 @@ def engine_config(profile: Profile, mechanism: str, draft_len: int, drafts: dict
     )
 
 
-def table_config(profile: Profile, mechanism: str, ks: dict[int, int], drafts: dict[str, Path]) -> dict:
+def table_config(
+    profile: Profile, mechanism: str, ks: dict[int, int], drafts: dict[str, Path], always_table: bool = False
+) -> dict:
     """One speculative engine running K = ks[B] at each batch B: the largest K (at least 1, as vLLM requires) with the
-    per-batch table, or that K alone where every batch takes it."""
+    per-batch table, or that K alone where every batch takes it (unless `always_table`)."""
     top = max(1, *ks.values())
     config = engine_config(profile, mechanism, top, drafts)
     assert config is not None
-    if set(ks.values()) != {top}:
+    if always_table or set(ks.values()) != {top}:
         config["num_speculative_tokens_per_batch_size"] = to_vllm(sorted(ks.items()))
     return config
 
@@ -95,7 +97,7 @@ class EngineGroups:
     """The refinement's groups in vLLM (module docstring). A context manager: the cut draft models live in a folder of
     its own until it closes."""
 
-    no_spec_engines = ("", PLAIN)  # a K = 0 band of a speculative engine, and the plain engine
+    plain_engine = True  # no speculation runs two ways: a K = 0 band of a speculative engine, and the plain engine
 
     @staticmethod
     def unavailable(profile: Profile) -> str | None:
