@@ -1029,6 +1029,14 @@ def export(
     lossless_prompts: LosslessPrompts = MEASURE.prompts,
     new_tokens: NewTokens = MEASURE.new_tokens,
     tolerance: Tolerance = MEASURE.tolerance_pct,
+    data_parallel: Annotated[
+        int,
+        typer.Option(
+            "--data-parallel",
+            help="The engines' data-parallel size: above 1 vLLM runs no per-batch table, so its config "
+            "carries the plan's best static K.",
+        ),
+    ] = EXPORT.data_parallel,
     repair_rounds: Annotated[
         int,
         typer.Option(
@@ -1050,6 +1058,10 @@ def export(
             f"--repair-rounds {repair_rounds} must not be negative",
             "pass --repair-rounds 0 to refuse without re-measuring",
         )
+    if data_parallel < 1:
+        raise SpecdecError(
+            f"--data-parallel {data_parallel} must be at least 1", "pass the engines' data-parallel size"
+        )
     measure = dataclasses.replace(
         _measure_settings(lossless_prompts, new_tokens, tolerance), repair_rounds=repair_rounds
     )
@@ -1062,6 +1074,7 @@ def export(
         measure=measure,
         skip_measure=configs_only,
         onnx_drafter=not no_onnx,
+        data_parallel=data_parallel,
     )
 
     def show_repair(record: dict) -> None:

@@ -283,3 +283,4 @@ class ExportSettings:
     measure: MeasureSettings = MeasureSettings()
     skip_measure: bool = False  # configs only: no lossless gate, no throughput check (recorded as skipped)
     onnx_drafter: bool = True  # the drafter's ONNX graph (drafters with a network of their own)
+    data_parallel: int = 1  # the serving engines' data-parallel size (vLLM drops a per-batch table above 1)

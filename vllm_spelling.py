@@ -22,13 +22,12 @@ class Vllm:
         _no_fields  # the method's own fields, from the drafter's options and its head's config
     )
     extra: tuple[tuple[str, object], ...] = ()  # fixed fields
-    reads_head: bool = (
-        True  # loads a separately trained head of this kind (vLLM 0.32's speculators reader: no mtp type)
-    )
-    lookahead: Callable[[int], int] = lambda k: (
-        0
-    )  # KV slots per request vLLM reserves for num_speculative_tokens k (0.32's rule)
+    # KV slots per request vLLM reserves for num_speculative_tokens k, given the head's config fields (0.32's
+    # VllmConfig.num_lookahead_tokens)
+    lookahead: Callable[[int, dict], int] = lambda k, head: 0
     needs_head: bool = False  # runs a trained head's checkpoint, which `model` must name
+    # runs a drafter forward at K = 0 before it returns an empty draft (0.32's SpecDecodeBaseProposer.propose)
+    forward_at_k0: bool = False
 
 
 def _ngram(o: dict) -> dict:
@@ -49,11 +48,21 @@ def _suffix(o: dict) -> dict:
 VLLM: dict[str, Vllm] = {
     "ngram": Vllm("ngram", _ngram),
     "suffix": Vllm("suffix", _suffix),
-    "draft_model": Vllm("draft_model", extra=(("draft_tensor_parallel_size", 1),), lookahead=lambda k: k),
-    "eagle3": Vllm("eagle3", lookahead=lambda k: k, needs_head=True),
-    "mtp": Vllm("mtp", reads_head=False, lookahead=lambda k: k, needs_head=True),
-    "dflash": Vllm("dflash", lookahead=lambda k: k + 1, needs_head=True),  # a bonus query plus one per draft
-    "dspark": Vllm("dspark", lookahead=lambda k: k, needs_head=True),  # anchor sampling: no bonus query
+    "draft_model": Vllm(
+        "draft_model", extra=(("draft_tensor_parallel_size", 1),), lookahead=lambda k, head: k, forward_at_k0=True
+    ),
+    "eagle3": Vllm("eagle3", lookahead=lambda k, head: k, needs_head=True, forward_at_k0=True),
+    "mtp": Vllm("mtp", lookahead=lambda k, head: k, needs_head=True, forward_at_k0=True),
+    "dflash": Vllm(
+        "dflash", lookahead=lambda k, head: k + 1, needs_head=True, forward_at_k0=True
+    ),  # a bonus query plus one per draft
+    # anchor sampling drafts from the anchor, no bonus query; without it DSpark fills in as DFlash does
+    "dspark": Vllm(
+        "dspark",
+        lookahead=lambda k, head: k if head["sample_from_anchor"] else k + 1,
+        needs_head=True,
+        forward_at_k0=True,
+    ),
 }
 
 

@@ -26,6 +26,7 @@ from typing import overload
 
 from specdec_tune import __version__
 from specdec_tune.autotune.cost_model import SOURCES, CostModel, Figure, Prediction, weakest
+from specdec_tune.autotune.engine_pricing import priced
 from specdec_tune.autotune.hardware import get_device_spec
 from specdec_tune.autotune.plan_schema import PLAN_SCHEMA_VERSION, PREDICTED_FIGURES, Plan, plan_record
 from specdec_tune.autotune.projection import project
@@ -469,7 +470,7 @@ def build_plan(
         key=lambda D: (space.schedule_score(dataclasses.replace(c, schedule=(D,) * len(served))), -D),
     )
     single_value = space.schedule_score(dataclasses.replace(c, schedule=(single,) * len(served)))
-    return plan_record(
+    plan = plan_record(
         {
             "schema_version": PLAN_SCHEMA_VERSION,
             "tool_version": __version__,
@@ -528,6 +529,7 @@ def build_plan(
             "search_settings": recorded_settings(settings),
         }
     )
+    return priced(plan, space.cost)
 
 
 def recorded_settings(settings) -> dict:

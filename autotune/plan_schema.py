@@ -158,6 +158,27 @@ class Refinement(Record):
     storage: str | None = None
 
 
+class BucketEngineCosts(Record):
+    """What the bucket pays in vLLM for running the plan's per-batch table (autotune/engine_pricing.py)."""
+
+    graph_mode_ms: float = Field(ge=0)  # per round: PIECEWISE graphs where a static K runs full ones (modeled)
+    k0_drafter_ms: Figure | None = None  # per round: a K = 0 bucket's drafter forward; None where none runs
+    speedup_as_run: Figure  # the predicted speedup with both costs added to the round
+
+
+class SchedulePricing(Record):
+    """The per-batch schedule as vLLM runs it against the best static K (autotune/engine_pricing.py)."""
+
+    engine: Literal["vllm"]
+    graph_mode: str = Field(min_length=1)
+    graph_mode_ms: float = Field(ge=0)
+    schedule_mean_speedup_as_run: float = Field(ge=0)
+    static_draft_len: int = Field(ge=0)
+    static_mean_speedup: float = Field(ge=0)
+    choice: Literal["schedule", "static"]
+    why: str = Field(min_length=1)
+
+
 class Bucket(Record):
     batch: int = Field(ge=1)
     draft_len: int = Field(ge=0)
@@ -166,6 +187,7 @@ class Bucket(Record):
     flags: list[str] = []
     memory: BucketMemory | None = None
     refinement: BucketRefinement | None = None
+    engine_costs: BucketEngineCosts | None = None  # where the plan needs a per-batch table
 
 
 HEX64 = r"^[0-9a-f]{64}$"
@@ -309,6 +331,7 @@ class Plan(Record):
     settings_hash: str = Field(pattern=HEX64)
     search_settings: RecordedSearchSettings
     refinement: Refinement | None = None  # the measured refinement; absent where it did not run
+    schedule_pricing: SchedulePricing | None = None  # where the plan needs a per-batch table
 
     @model_validator(mode="after")
     def _consistent(self) -> Plan:

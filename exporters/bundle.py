@@ -45,11 +45,12 @@ from specdec_tune.exporters.artifacts import (
 )
 from specdec_tune.exporters.config_checks import check_document
 from specdec_tune.exporters.engines import ENGINE_MODEL_IDS, ExportContext, load_schema_file, serving_engines
+from specdec_tune.exporters.head_folders import ship_head_folders
 from specdec_tune.exporters.mechanisms import mechanism as mechanism_spelling
 from specdec_tune.exporters.memory_limits import engine_memory
 from specdec_tune.exporters.native_checks import Facts
 from specdec_tune.exporters.report import bundle_readme, write_report
-from specdec_tune.exporters.safety import noisy_thresholds, safety_lines, top_band_cost
+from specdec_tune.exporters.safety import engine_costs, noisy_thresholds, safety_lines, top_band_cost
 from specdec_tune.exporters.staleness import changed_factors, staleness_factors
 from specdec_tune.exporters.validation_text import lossless_text, throughput_text, tolerance_forgone
 from specdec_tune.exporters.versions import DEFAULT_VERSIONS, rules_line
@@ -92,12 +93,22 @@ def head_config_fields(mechanism: str, options: dict) -> dict:
     if not spelling.learned_head or not options:  # no drafter: the plan never speculates
         return {}
     fields = head_fields(options)
+    fields |= {field: value for field, value, _ in spelling.head_defaults if fields.get(field) is None}
     where = f"the {mechanism} head's config.json ({options.get('model') or 'none: a random-weight head has no folder'})"
     for field, engine in spelling.needs:
         if fields.get(field) in (None, {}, []):
             raise SpecdecError(
                 f"{where} has no {field}, which {engine} needs",
                 f"give a {mechanism} head whose config.json sets {field}",
+            )
+    layer_type = (fields.get("transformer_layer_config") or {}).get("model_type", "llama")
+    for engine, builds in spelling.layer_types:
+        if layer_type not in builds:
+            raise SpecdecError(
+                f"{where} has transformer_layer_config.model_type {layer_type!r}, which {engine} refuses "
+                f"(it builds {' or '.join(builds)} layers)",
+                f"train the head with `specdec-tune train-drafter` (its layer is llama-style whatever the target) "
+                f"or give one whose transformer_layer_config is {' or '.join(builds)}",
             )
     return fields
 
@@ -145,6 +156,13 @@ def export_context(
         target_config=target_config,
         target_folder=folder,
         predict=predict,
+        schedule_pricing=(
+            plan.schedule_pricing.model_dump()
+            | {"buckets": {b.batch: b.engine_costs.model_dump() for b in plan.buckets if b.engine_costs}}
+            if plan.schedule_pricing
+            else None
+        ),
+        data_parallel=s.data_parallel,
     )
 
 
@@ -171,6 +189,7 @@ class Staged:
     safety: dict
     kernels: dict
     drafter_onnx: dict
+    heads: dict  # the learned head's folder per engine, and which engines refused it (head_folders.ShippedHeads)
 
 
 def stage(plan: Plan, profile: Profile, s: ExportSettings, versions: dict, staging: Path, drafter=None) -> Staged:
@@ -179,6 +198,8 @@ def stage(plan: Plan, profile: Profile, s: ExportSettings, versions: dict, stagi
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     ctx = export_context(plan, profile, s, versions, ship_draft_checkpoint(plan, profile, staging))
+    heads = ship_head_folders(ctx, staging)
+    ctx = dataclasses.replace(ctx, head_folders=heads.folders, head_refused=heads.refused)
     engines, configs = {}, []
     for name, engine in serving_engines().items():
         files = engine.render(ctx)
@@ -203,10 +224,14 @@ def stage(plan: Plan, profile: Profile, s: ExportSettings, versions: dict, stagi
             f"the {bad[0]['engine']} config fails its check: {bad[0]['errors'][0]}", "report this with the plan.json"
         )
     dtype_bytes = 4 if profile.target.get("dtype") == "float32" else 2
-    safety = {"noisy_thresholds": noisy_thresholds(ctx), "top_band": top_band_cost(ctx, dtype_bytes, staging)}
+    safety = {
+        "noisy_thresholds": noisy_thresholds(ctx),
+        "top_band": top_band_cost(ctx, dtype_bytes, staging),
+        "engine_costs": engine_costs(ctx),
+    }
     kernels = ship_kernels(plan, profile, staging)
     drafter_onnx = ship_drafter_onnx(plan, drafter, staging) if s.onnx_drafter else {"skipped": "--no-onnx"}
-    return Staged(ctx, engines, configs, safety, kernels, drafter_onnx)
+    return Staged(ctx, engines, configs, safety, kernels, drafter_onnx, dataclasses.asdict(heads))
 
 
 def write_bundle(
@@ -234,6 +259,7 @@ def write_bundle(
         "profile": {"sha256": sha256_file(s.profile), "fingerprint": profile.fingerprint},
         "target": profile.target,
         "drafter": staged.ctx.drafter,
+        "heads": staged.heads,
         "device": plan.device.model_dump(mode="json"),
         "factors": staleness_factors(plan, profile, versions),
         # the engine the figures were measured in (its config is the one they hold for); none for this tool's own loop

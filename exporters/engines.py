@@ -17,6 +17,7 @@ from specdec_tune.exporters.native_checks import Facts
 
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 
+ENGINE_NAMES = {"vllm": "vLLM", "trtllm": "TensorRT-LLM", "sglang": "SGLang", "speculators": "speculators"}
 # The Hugging Face ids of the embedded demo models, for engines that load by id.
 ENGINE_MODEL_IDS = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 
@@ -44,6 +45,15 @@ class ExportContext:
     predict: Callable[[int, int], dict] | None = (
         None  # tokens/s at (batch, D) under the plan's cost model, as plan.json holds a figure
     )
+    # the plan's per-batch table as vLLM runs it (autotune/engine_pricing.py), with `buckets`: batch -> engine_costs
+    schedule_pricing: dict | None = None
+    data_parallel: int = 1  # the engines' data-parallel size
+    head_folders: dict[str, str] = dataclasses.field(default_factory=dict)  # engine -> its head folder in the bundle
+    head_refused: dict[str, str] = dataclasses.field(default_factory=dict)  # engine -> why it cannot load the head
+
+    def checkpoint_for(self, engine: str) -> str | None:
+        """The drafter checkpoint `engine` loads: its own layout of the head where the bundle ships one."""
+        return self.head_folders.get(engine, self.drafter_model)
 
     @property
     def max_draft_len(self) -> int:
@@ -83,6 +93,21 @@ def deviation(ctx: ExportContext, runs: list[tuple[int, int]], why: str) -> dict
             }
         rows.append(row)
     return {"why": why, "schedule": [[b, d] for b, d in runs], "buckets": rows}
+
+
+def without_head(ctx: ExportContext, engine: str) -> dict | None:
+    """Plain serving, recorded as a deviation, where `engine` cannot load the plan's learned head: no engine loads a
+    separately trained head of the kind (MTP: the words every engine uses), or this head's conversion was refused
+    (exporters/head_folders.py); None where it loads it."""
+    if not ctx.speculates:
+        return None
+    if ctx.spelling.no_separate_head:
+        why = ctx.spelling.no_separate_head
+    elif engine in ctx.head_refused:
+        why = f"{ENGINE_NAMES[engine]} cannot load this head ({ctx.head_refused[engine]}): plain serving"
+    else:
+        return None
+    return deviation(ctx, [(b, 0) for b, _ in ctx.schedule], why)
 
 
 def deviation_text(record: dict) -> str:

@@ -16,6 +16,7 @@ names and rules follow the engines' released sources (exporters/versions.py hold
                   are the block, DSPARK's must be block + 1)
     speculators   whether the drafter is a learned head with a speculators `config.json`, and the head config
                   fields each engine reads (vLLM's speculators reader indexes DFlash/DSpark's layer ids and mask token)
+    every engine  where none loads a separately trained head of the kind (MTP), one sentence all of them record
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import dataclasses
 from collections.abc import Callable
 
 from specdec_tune import SpecdecError
+from specdec_tune.exporters.sglang_heads import DFLASH_LAYOUT, DSPARK_LAYOUT, EAGLE3_LAYOUT, SglangHeadLayout
 from specdec_tune.vllm_spelling import VLLM, Vllm
 
 
@@ -47,6 +49,9 @@ class Trtllm:
     fixed_block: bool = False  # max_draft_len must equal the checkpoint's block_size (DSpark)
     disable_overlap_scheduler: bool = False  # as TensorRT-LLM's own examples of the mode run
     note: str = ""  # a decision the bundle records whenever the mode is exported
+    unverified: tuple[tuple[str, str], ...] = ()  # (release line, what the bundle could not confirm in its code)
+    # a learned head's tensor name in TensorRT-LLM's folder, from SGLang's layout (exporters/head_folders.py)
+    head_weight_name: Callable[[str], str] = lambda name: name
 
     def spelling(self, line: str) -> tuple[str, dict, str] | None:
         """(decoding_type, fixed fields, the field that takes K) in a release line, None where the line has no such
@@ -64,6 +69,8 @@ class Sglang:
     gated: bool = False  # needs an SGLang version the tool checks (versions.py)
     fixed_block: bool = False  # drafts the checkpoint's whole block in one step: a band runs the block's D or none, and
     #                            takes only --speculative-num-draft-tokens (DFLASH and DSPARK force steps and topk to 1)
+    # the learned head's folder as SGLang's draft class reads it (sglang_heads.py); None: no separately trained head
+    head_layout: SglangHeadLayout | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,12 +84,20 @@ class ExportMechanism:
         True  # runs a checkpoint: the engines get its path (vLLM `model`, TensorRT-LLM `speculative_model`)
     )
     needs: tuple[tuple[str, str], ...] = ()  # (head config field, the engine that refuses the head without it)
-    block_drafts: Callable[[int], int] | None = None  # drafts one pass of a block of block_size tokens yields
+    # (head config field, value, whose default it is): written where a head's config leaves the field out, so that
+    # every engine reads what the profile ran, not its own default
+    head_defaults: tuple[tuple[str, object, str], ...] = ()
+    # (the engine's reader, the transformer_layer_config model types it builds a layer for): a head of another
+    # layer type is refused at export
+    layer_types: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    block_drafts: Callable[[dict], int] | None = None  # drafts one pass of the head's block yields (its config fields)
+    # where no engine loads a separately trained head of this kind: why, in the words every engine's config records
+    no_separate_head: str = ""
 
     def drafts_per_block(self, head: dict) -> int:
-        """The draft length a fixed-block engine runs for this head (its config's block_size)."""
+        """The draft length a fixed-block engine runs for this head (its config's block_size and anchor)."""
         assert self.block_drafts is not None, f"{self.name} drafts no fixed block: only fixed-block modes ask"
-        return self.block_drafts(int(head["block_size"]))
+        return self.block_drafts(head)
 
 
 def _ngram_trtllm(o: dict) -> dict:
@@ -94,14 +109,35 @@ def _ngram_trtllm(o: dict) -> dict:
     }
 
 
+def trtllm_layer_ids(aux_ids: list[int], field: str) -> list[int]:
+    """TensorRT-LLM's capture ids for a speculators head's aux layer ids. speculators (and vLLM's reader) count the
+    state entering layer i as i, 0 being the embeddings; TensorRT-LLM captures layer i's output as i
+    (`maybe_capture_hidden_states` at the end of each decoder layer): the same states are the ids less one. TensorRT-LLM
+    cannot capture the embeddings and checks no range (an id past the last layer is left unset)."""
+    if min(aux_ids) < 1:
+        raise SpecdecError(
+            f"the head's {field} {list(aux_ids)} reads the embeddings (id 0), which TensorRT-LLM cannot capture",
+            "use a head whose aux layer ids are decoder layers (1 and up)",
+        )
+    return [int(i) - 1 for i in aux_ids]
+
+
+def _eagle3_trtllm(o: dict) -> dict:
+    ids = o.get("eagle_aux_hidden_state_layer_ids")
+    return {"eagle3_layers_to_capture": trtllm_layer_ids(ids, "eagle_aux_hidden_state_layer_ids")} if ids else {}
+
+
 def _dflash_trtllm(o: dict) -> dict:
-    return {"mask_token_id": o["mask_token_id"], "target_layer_ids": list(o["aux_hidden_state_layer_ids"])}
+    return {
+        "mask_token_id": o["mask_token_id"],
+        "target_layer_ids": trtllm_layer_ids(o["aux_hidden_state_layer_ids"], "aux_hidden_state_layer_ids"),
+    }
 
 
 def _dspark_trtllm(o: dict) -> dict:
     return {
         "mask_token_id": o["mask_token_id"],
-        "target_layer_ids": list(o["aux_hidden_state_layer_ids"]),
+        "target_layer_ids": trtllm_layer_ids(o["aux_hidden_state_layer_ids"], "aux_hidden_state_layer_ids"),
         "block_size": o["block_size"],
         **{k: o[k] for k in ("markov_rank", "markov_head_type") if o.get(k) is not None},
     }
@@ -148,16 +184,32 @@ MECHANISMS: dict[str, ExportMechanism] = {
                 honours_schedule=("1.2", "1.3rc"),
                 legacy=("Draft_Target", ()),
                 disable_overlap_scheduler=True,
+                unverified=(
+                    (
+                        "1.3rc",
+                        "unverified: draft_len_schedule keys are written as upper bounds, the lookup of the "
+                        "one-model Draft_Target (its default in 1.3 release candidates, PR #10860); the two-model "
+                        "drafter (Drafter.get_draft_len_for_batch_size) still looks keys up as lower bounds, and which "
+                        "path the targeted release candidate runs was not confirmed in its code",
+                    ),
+                ),
             ),
             Sglang("STANDALONE"),
         ),
         ExportMechanism(
             "eagle3",
             VLLM["eagle3"],
-            Trtllm("Eagle3", legacy=("Eagle", (("eagle3_one_model", True),))),
-            Sglang("EAGLE3", adaptive=True),
+            Trtllm(
+                "Eagle3",
+                _eagle3_trtllm,
+                legacy=("Eagle", (("eagle3_one_model", True),)),
+                # its loader prefixes `model.` itself and names the decoder layer `midlayer.`
+                head_weight_name=lambda name: name.removeprefix("model.").replace("layers.0.", "midlayer.", 1),
+            ),
+            Sglang("EAGLE3", adaptive=True, head_layout=EAGLE3_LAYOUT),
             learned_head=True,
             needs=_LAYER,
+            layer_types=(("vLLM 0.32 (its speculators reader's eagle3 architectures)", ("llama", "qwen3")),),
         ),
         ExportMechanism(
             "mtp",
@@ -166,25 +218,40 @@ MECHANISMS: dict[str, ExportMechanism] = {
             Sglang("NEXTN", adaptive=True),
             learned_head=True,
             needs=_LAYER,
+            no_separate_head=(
+                "MTP runs the MTP layers inside the target checkpoint: vLLM 0.32 (its speculators reader has no mtp "
+                "type), SGLang 0.5.23 (NEXTN reuses the target's layers) and TensorRT-LLM 1.2 (MTPForCausalLM builds "
+                "them from the target) load no separately trained MTP head, and TensorRT-LLM's replacement MTP heads "
+                "(PR #17378, 1.3 release candidates) are unverified at the targeted release: plain serving"
+            ),
         ),
         ExportMechanism(
             "dflash",
             VLLM["dflash"],
             Trtllm("DFlash", _dflash_trtllm),
-            Sglang("DFLASH", gated=True, fixed_block=True),
+            Sglang("DFLASH", gated=True, fixed_block=True, head_layout=DFLASH_LAYOUT),
             learned_head=True,
             needs=_BLOCK + (("block_size", "SGLang (DFLASH drafts the whole block)"),),
-            block_drafts=lambda block: block - 1,
-        ),  # slot 0 is the anchor
+            block_drafts=lambda head: int(head["block_size"]) - 1,
+        ),  # slot 0 is the anchor (vLLM 0.32 refuses sample_from_anchor for DFlash)
         ExportMechanism(
             "dspark",
             VLLM["dspark"],
             Trtllm("DSpark", _dspark_trtllm, honours_schedule=(), fixed_block=True),
-            Sglang("DSPARK", gated=True, fixed_block=True),
+            Sglang("DSPARK", gated=True, fixed_block=True, head_layout=DSPARK_LAYOUT),
             learned_head=True,
             needs=_BLOCK + (("block_size", "TensorRT-LLM (max_draft_len = block_size)"),),
-            block_drafts=lambda block: block,
-        ),  # sample_from_anchor: every slot drafts
+            head_defaults=(
+                (
+                    "sample_from_anchor",
+                    True,
+                    "speculators 0.9.0's DSparkConfig, as this tool's loop reads the head; vLLM 0.32's reader "
+                    "takes a missing field as false",
+                ),
+            ),
+            # anchor sampling: every slot of the block drafts; without it slot 0 is the anchor
+            block_drafts=lambda head: int(head["block_size"]) - (0 if head["sample_from_anchor"] else 1),
+        ),
     )
 }
 

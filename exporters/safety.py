@@ -66,9 +66,10 @@ def top_band_cost(ctx: ExportContext, dtype_bytes: int, bundle: Path | None = No
     top_lo, top_hi, top_k = bands(ctx.schedule)[-1]
     if top_k != 0 or not ctx.speculates:
         return None
-    slots = ctx.spelling.vllm.lookahead(ctx.max_draft_len)
+    slots = ctx.spelling.vllm.lookahead(ctx.max_draft_len, ctx.head)
     lookahead_bytes = slots * kv_bytes_per_token(ctx.target_config, dtype_bytes) * top_hi
-    folder = Path(ctx.drafter_model) if ctx.drafter_model else None
+    model = ctx.checkpoint_for("vllm")
+    folder = Path(model) if model else None
     if folder is not None and not folder.is_absolute() and bundle is not None:
         folder = bundle / folder
     weights = sum(f.stat().st_size for f in folder.glob("*.safetensors")) if folder and folder.is_dir() else None
@@ -98,8 +99,39 @@ def top_band_cost(ctx: ExportContext, dtype_bytes: int, bundle: Path | None = No
     }
 
 
+def engine_costs(ctx: ExportContext) -> dict:
+    """What each bucket pays in vLLM for the per-batch table: the graph mode it forces and a K = 0 band's drafter
+    forward (autotune/engine_pricing.py), and which the vLLM config carries, the table or the static K."""
+    pricing = ctx.schedule_pricing
+    if not ctx.speculates or pricing is None:
+        text = (
+            "one K for every batch: no per-batch table, so no graph-mode cost and no K = 0 band"
+            if ctx.speculates
+            else "no speculation: no per-batch table"
+        )
+        return {"buckets": {}, "text": text}
+    parts = []
+    for batch, costs in sorted(pricing["buckets"].items()):
+        k0 = costs["k0_drafter_ms"]
+        parts.append(
+            f"B={batch}: graph mode +{costs['graph_mode_ms']:.2f} ms"
+            + (f", K = 0 drafter forward +{k0['value']:.2f} ms ({k0['source']})" if k0 else "")
+            + f", {costs['speedup_as_run']['value']:.3f}x as run"
+        )
+    carried = "the table" if pricing["choice"] == "schedule" else f"static K = {pricing['static_draft_len']}"
+    if ctx.data_parallel > 1:
+        carried = f"static K (data parallel {ctx.data_parallel})"
+    return {
+        "buckets": pricing["buckets"],
+        "choice": pricing["choice"],
+        "text": f"{pricing['why']}; per bucket {'; '.join(parts)}; the vLLM config carries {carried}",
+    }
+
+
 def safety_lines(safety: dict) -> list[str]:
     """What the schedule-safety record flags, one line each (the bundle's README and manifest)."""
-    return [t["text"] for t in safety["noisy_thresholds"]] + (
-        [safety["top_band"]["text"]] if safety["top_band"] else []
+    return (
+        [t["text"] for t in safety["noisy_thresholds"]]
+        + ([safety["top_band"]["text"]] if safety["top_band"] else [])
+        + [safety["engine_costs"]["text"]]
     )

@@ -18,7 +18,15 @@ from __future__ import annotations
 import json
 import shlex
 
-from specdec_tune.exporters.engines import Engine, EngineFiles, ExportContext, deviation, deviation_text, register
+from specdec_tune.exporters.engines import (
+    Engine,
+    EngineFiles,
+    ExportContext,
+    deviation,
+    deviation_text,
+    register,
+    without_head,
+)
 from specdec_tune.exporters.native_checks import check_sglang
 from specdec_tune.exporters.schedule import to_sglang
 from specdec_tune.exporters.versions import gate
@@ -32,8 +40,9 @@ def _flags(ctx: ExportContext, k: int) -> list[str]:
     s = ctx.spelling.sglang
     assert s is not None, "a band that speculates has an SGLang algorithm (render returns first where there is none)"
     flags = ["--speculative-algorithm", s.algorithm]
-    if ctx.drafter_model and not s.lookup:
-        flags += ["--speculative-draft-model-path", ctx.drafter_model]
+    model = ctx.checkpoint_for("sglang")
+    if model and not s.lookup:
+        flags += ["--speculative-draft-model-path", model]
     if s.lookup:
         return flags + ["--speculative-num-draft-tokens", str(k + 1), "--speculative-ngram-max-bfs-breadth", "1"]
     if s.fixed_block:  # one step drafts the block: the verify window is the anchor and its K drafts
@@ -73,8 +82,11 @@ def render(ctx: ExportContext) -> EngineFiles:
     if ctx.speculates and s is not None and s.gated:
         gates.append(gate("sglang", f"algorithm:{s.algorithm}", version))
     runs = list(ctx.schedule)
-    deviation_record = None
-    if ctx.speculates and s is not None and s.fixed_block:
+    deviation_record = without_head(ctx, "sglang")
+    if deviation_record:
+        runs = deviation_record["schedule"]
+        decisions.append(deviation_text(deviation_record))
+    elif ctx.speculates and s is not None and s.fixed_block:
         block = ctx.spelling.drafts_per_block(ctx.head)
         runs = [(b, block if d else 0) for b, d in ctx.schedule]
         if runs != list(ctx.schedule):

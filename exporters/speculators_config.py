@@ -34,7 +34,11 @@ def render(ctx: ExportContext) -> EngineFiles:
         config,
         [
             "speculators carries one default K (the plan's maximum) and the verifier; the schedule lives in the engine "
-            "configs"
+            "configs",
+            *(
+                f"{field} = {json.dumps(ctx.head[field])} written explicitly (default in {whose})"
+                for field, _, whose in ctx.spelling.head_defaults
+            ),
         ],
         [],
     )

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import yaml
 
-from specdec_tune.exporters.engines import Engine, EngineFiles, ExportContext, deviation, deviation_text, register
+from specdec_tune.exporters.engines import (
+    Engine,
+    EngineFiles,
+    ExportContext,
+    deviation,
+    deviation_text,
+    register,
+    without_head,
+)
 from specdec_tune.exporters.schedule import bands, to_trtllm, to_trtllm_lower
 from specdec_tune.exporters.versions import gate, rules_line
 
@@ -12,7 +20,8 @@ from specdec_tune.exporters.versions import gate, rules_line
 def _mechanism_fields(ctx: ExportContext) -> dict:
     t = ctx.spelling.trtllm
     fields = t.fields(ctx.drafter.get("options", {}) | ctx.head)
-    return fields | ({"speculative_model": ctx.drafter_model} if ctx.spelling.checkpoint and ctx.drafter_model else {})
+    model = ctx.checkpoint_for("trtllm")
+    return fields | ({"speculative_model": model} if ctx.spelling.checkpoint and model else {})
 
 
 # Above the largest draft_len_schedule key: in 1.3rc K = 0 (PR #16888, unreleased, would floor one-engine modes at 1,
@@ -41,11 +50,16 @@ def render(ctx: ExportContext) -> EngineFiles:
     if not ctx.speculates:
         decisions.append("the plan speculates at no batch size: no speculative_config")
         return EngineFiles({"config.yaml": _dump(config)}, config, decisions, gates)
+    plain = without_head(ctx, "trtllm")
+    if plain:
+        decisions += [deviation_text(plain), "no speculative_config: plain serving"]
+        return EngineFiles({"config.yaml": _dump(config)}, config, decisions, gates, plain)
     t = ctx.spelling.trtllm
     gates.append(gate("trtllm", f"decoding_type:{t.decoding_type}", version))
     spelled = t.spelling(line)
     if t.note:
         decisions.append(t.note)
+    decisions += [text for on, text in t.unverified if on == line]
     per_batch = len(bands(ctx.schedule)) > 1 or ctx.schedule[-1][0] < ctx.max_batch  # a real schedule
     static: int | None = None
     why: str | None = None
@@ -55,7 +69,7 @@ def render(ctx: ExportContext) -> EngineFiles:
             f"TensorRT-LLM {version} has no {t.decoding_type} decoding (since {gates[-1]['since']}): plain serving",
         )
     elif t.fixed_block:
-        static = ctx.spelling.drafts_per_block(ctx.head)
+        static = int(ctx.head["block_size"])
         why = (
             f"{spelled[0]} drafts its checkpoint's block at every batch size (max_draft_len must equal block_size "
             f"{static})"

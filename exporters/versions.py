@@ -72,6 +72,25 @@ LINES = (
 )
 
 
+# Conventions the exporters follow across engines, each read in the engine's released code:
+#   layer ids     speculators 0.9.0 (models/utils.py) and vLLM 0.32's speculators reader (transformers_utils/configs/
+#                 speculators/algos.py, update_dflash / update_dspark: target_layer_ids = aux id - 1) count the state
+#                 entering layer i as i, 0 being the embeddings; TensorRT-LLM captures decoder layer i's output as i
+#                 (maybe_capture_hidden_states at each layer's end), reads DFlash's ids from `dflash_config` only and
+#                 checks no range: the bundle writes target_layer_ids / eagle3_layers_to_capture as aux id - 1
+#                 (mechanisms.trtllm_layer_ids) and refuses an id that reads the embeddings
+#   DSpark anchor speculators 0.9.0's DSparkConfig defaults sample_from_anchor to true; vLLM 0.32's reader to false
+#                 (update_dspark), and its lookahead follows it (config/vllm.py num_lookahead_tokens): the bundle writes
+#                 the field explicitly (mechanisms.ExportMechanism.head_defaults); TensorRT-LLM has no such field
+#   EAGLE-3 layer vLLM 0.32 builds eagle3 layers of model type llama or qwen3 only (update_eagle3: "Unsupported
+#                 model_type"); the trainer writes llama, the layer it runs
+#   MTP           no engine release the tool targets loads a separately trained MTP head (mechanisms.py, mtp)
+#   vLLM tables   num_speculative_tokens_per_batch_size forces PIECEWISE cudagraphs on the V1 runner
+#                 (config/vllm.py _maybe_override_dynamic_sd_cudagraph_mode) and is dropped with data parallel > 1
+#                 (_maybe_disable_dynamic_sd_for_data_parallel); model drafters run a forward at K = 0
+#                 (v1/spec_decode/llm_base_proposer.py): autotune/engine_pricing.py prices both
+
+
 @dataclasses.dataclass(frozen=True)
 class Feature:
     since: str  # the earliest version known to take it (earlier ones may too)

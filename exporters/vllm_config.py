@@ -5,7 +5,15 @@ from __future__ import annotations
 import json
 import shlex
 
-from specdec_tune.exporters.engines import Engine, EngineFiles, ExportContext, deviation, deviation_text, register
+from specdec_tune.exporters.engines import (
+    Engine,
+    EngineFiles,
+    ExportContext,
+    deviation,
+    deviation_text,
+    register,
+    without_head,
+)
 from specdec_tune.exporters.native_checks import check_vllm
 from specdec_tune.exporters.schedule import to_vllm
 from specdec_tune.exporters.versions import gate
@@ -16,7 +24,8 @@ def _mechanism_fields(ctx: ExportContext) -> dict:
     fields = v.fields(ctx.drafter.get("options", {}) | ctx.head)
     if not ctx.spelling.checkpoint:
         return fields
-    fields |= {"model": ctx.drafter_model} if ctx.drafter_model else {}
+    model = ctx.checkpoint_for("vllm")
+    fields |= {"model": model} if model else {}
     fields |= dict(v.extra)
     if ctx.quant == "fp8":
         fields["quantization"] = "fp8"
@@ -47,14 +56,8 @@ def render(ctx: ExportContext) -> EngineFiles:
         decisions.append("the plan speculates at no batch size: no speculative_config")
         return EngineFiles({"serve.sh": _script(serve)}, None, decisions, gates)
     v = ctx.spelling.vllm
-    record: dict | None
-    if ctx.spelling.learned_head and not v.reads_head:
-        record = deviation(
-            ctx,
-            [(b, 0) for b, _ in ctx.schedule],
-            f"vLLM's {v.method} runs layers inside the target checkpoint; its speculators reader loads no separately "
-            f"trained {v.method} head (types eagle3, peagle, dflash, dflash2, dspark in 0.32): plain serving",
-        )
+    record = without_head(ctx, "vllm")
+    if record:
         decisions.append(deviation_text(record))
         return EngineFiles({"serve.sh": _script(serve)}, None, decisions, gates, record)
     g = gate("vllm", f"method:{v.method}", version)
@@ -68,24 +71,39 @@ def render(ctx: ExportContext) -> EngineFiles:
     g = gate("vllm", "num_speculative_tokens_per_batch_size", version)
     gates.append(g)
     record = None
-    if len(ranges) > 1 and g["emitted"]:
+    static_why = _static_instead(ctx, version, g)
+    if len(ranges) > 1 and static_why is None:
         config["num_speculative_tokens_per_batch_size"] = ranges
         decisions.append(f"per-batch K as ranges {ranges}; num_speculative_tokens {ctx.max_draft_len} is the maximum")
+        if ctx.schedule_pricing:
+            decisions.append(ctx.schedule_pricing["why"])
     elif len(ranges) > 1:
-        single = max(ctx.single_draft_len, 1)
-        config["num_speculative_tokens"] = single
-        record = deviation(
-            ctx,
-            [(b, single) for b, _ in ctx.schedule],
-            f"vLLM {version} has no per-batch table (since {g['since']}): static K = {single}, the plan's best "
-            "single D",
-        )
+        single = ctx.single_draft_len
+        runs = f"static K = {single}" if single else "plain serving (the best single D is 0)"
+        record = deviation(ctx, [(b, single) for b, _ in ctx.schedule], f"{static_why}: {runs}")
         decisions.append(deviation_text(record))
+        if not single:
+            return EngineFiles({"serve.sh": _script(serve)}, None, decisions, gates, record)
+        config["num_speculative_tokens"] = single
     else:
         decisions.append(f"one K ({ctx.max_draft_len}) for every batch size: no per-batch table needed")
     serve += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
     files = {"speculative_config.json": json.dumps(config, indent=2) + "\n", "serve.sh": _script(serve)}
     return EngineFiles(files, config, decisions, gates, record)
+
+
+def _static_instead(ctx: ExportContext, version: str, table_gate: dict) -> str | None:
+    """Why vLLM gets the plan's best static K instead of its per-batch table, or None where it gets the table."""
+    if not table_gate["emitted"]:
+        return f"vLLM {version} has no per-batch table (since {table_gate['since']}), so the plan's best single D"
+    if ctx.data_parallel > 1:
+        return (
+            f"vLLM drops a per-batch table with data parallel {ctx.data_parallel} > 1 "
+            "(config/vllm.py `_maybe_disable_dynamic_sd_for_data_parallel`), so the plan's best single D"
+        )
+    if ctx.schedule_pricing and ctx.schedule_pricing["choice"] == "static":
+        return ctx.schedule_pricing["why"]
+    return None
 
 
 def _script(argv: list[str]) -> str:

@@ -52,6 +52,7 @@ import optuna
 
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.cost_model import CostModel
+from specdec_tune.autotune.engine_pricing import priced
 from specdec_tune.autotune.plan import bucket_memory, cost_model_of, predicted_json
 from specdec_tune.autotune.plan_schema import BucketRefinement, Contender, Figure, Plan, Refinement
 from specdec_tune.autotune.study import open_storage
@@ -517,7 +518,7 @@ def _refined(
         "max_draft_len": max(b["draft_len"] for b in buckets),
         "refinement": refinement.model_dump(),
     }
-    return Plan.model_validate(fields)
+    return priced(Plan.model_validate(fields), cost)
 
 
 def _label(c: Contender) -> str:

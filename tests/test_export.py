@@ -301,8 +301,6 @@ def test_tensorrt_modes_that_cannot_follow_a_schedule_get_the_static_config_they
         and eagle.document["speculative_config"]["eagle3_one_model"]
     )
     assert "draft_len_schedule" not in eagle.document["speculative_config"] and eagle.deviation
-    mtp = engines["trtllm"].render(_context("mtp", [(1, 3)])).document["speculative_config"]
-    assert mtp == {"decoding_type": "MTP", "num_nextn_predict_layers": 3, "speculative_model": "/models/draft"}
     assert (
         not Version(DEFAULT_VERSIONS["trtllm"]).is_prerelease
         and rules_line("trtllm", DEFAULT_VERSIONS["trtllm"]).name == "1.2"
@@ -998,3 +996,78 @@ def test_engine_modules_compare_no_mechanism_name_outside_the_registry():
     ]
     assert found == []
     assert pattern.search('if ctx.mechanism == "ngram":') and pattern.search('STATIC = {"dspark": 1}')
+
+
+def test_an_imported_eagle3_head_whose_layer_type_vllm_refuses_stops_export_naming_engine_and_field(tmp_path):
+    """vLLM 0.32's speculators reader maps an EAGLE-3 layer of model type llama or qwen3 to its architecture and
+    raises "Unsupported model_type" for any other (transformers_utils/configs/speculators/algos.py, update_eagle3)."""
+    own = HEADS["eagle3"] | {
+        "speculators_model_type": "eagle3",
+        "transformer_layer_config": LAYER | {"model_type": "qwen2"},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(own))
+    with pytest.raises(SpecdecError, match=r"transformer_layer_config.model_type 'qwen2', which vLLM 0.32") as e:
+        head_config_fields("eagle3", {"model": str(tmp_path)})
+    assert "\n" not in str(e.value)
+    (tmp_path / "config.json").write_text(json.dumps(own | {"transformer_layer_config": LAYER}))
+    assert head_config_fields("eagle3", {"model": str(tmp_path)})["transformer_layer_config"]["model_type"] == "llama"
+
+
+@pytest.mark.parametrize(("anchor", "drafts", "lookahead"), [(None, 8, 7), (True, 8, 7), (False, 7, 8)])
+def test_dspark_sample_from_anchor_is_written_explicitly_and_sets_drafts_and_lookahead(
+    tmp_path, anchor, drafts, lookahead
+):
+    """speculators 0.9.0's DSparkConfig defaults sample_from_anchor to true (as this tool's loop reads a head), vLLM
+    0.32's reader to false: the bundle writes the field, and a block's drafts and vLLM's lookahead KV slots
+    (VllmConfig.num_lookahead_tokens: K with anchor sampling, K + 1 filling in) follow it."""
+    own = {k: v for k, v in HEADS["dspark"].items() if k != "sample_from_anchor"}
+    if anchor is not None:
+        own["sample_from_anchor"] = anchor
+    (tmp_path / "config.json").write_text(json.dumps(own | {"speculators_model_type": "dspark"}))
+    head = head_config_fields("dspark", {"model": str(tmp_path)})
+    assert head["sample_from_anchor"] is (anchor is not False)
+    ctx = dataclasses.replace(_context("dspark", [(4, 8), (8, 0)]), head=head)
+    assert ctx.spelling.drafts_per_block(head) == drafts
+    written = serving_engines()["speculators"].render(ctx)
+    assert written.document["sample_from_anchor"] is head["sample_from_anchor"]
+    assert ctx.spelling.vllm.lookahead(7, head) == lookahead
+
+
+@pytest.mark.parametrize("trtllm", ["1.2.1", "1.3.0rc29"])
+def test_a_separately_trained_mtp_head_is_plain_serving_in_the_same_words_for_every_engine(trtllm):
+    """vLLM 0.32, SGLang 0.5.23 and TensorRT-LLM 1.2 run MTP from the target checkpoint's own layers: none loads a
+    separately trained head, so no engine is pointed at one; each records the one sentence and serves plainly."""
+    ctx = _context("mtp", [(2, 3), (8, 1)], versions={"trtllm": trtllm})
+    engines = serving_engines()
+    rendered = {name: engines[name].render(ctx) for name in ("vllm", "trtllm", "sglang")}
+    whys = {name: r.deviation["why"] for name, r in rendered.items()}
+    assert len(set(whys.values())) == 1 and "plain serving" in whys["vllm"]
+    assert all([b["draft_len"] for b in r.deviation["buckets"]] == [0, 0] for r in rendered.values())
+    assert rendered["vllm"].document is None and "speculative_config" not in rendered["trtllm"].document
+    assert all(
+        band["draft_len"] == 0 and "--speculative-algorithm" not in band["argv"]
+        for band in rendered["sglang"].document["bands"]
+    )
+    assert not any("/models/draft" in text for r in rendered.values() for text in r.files.values())
+
+
+@pytest.mark.parametrize("mechanism", ["dflash", "dspark", "eagle3"])
+def test_tensorrt_layer_ids_are_the_heads_aux_ids_less_one(mechanism):
+    """speculators and vLLM's reader count the state entering layer i as i (0: the embeddings); TensorRT-LLM captures
+    layer i's output as i (maybe_capture_hidden_states at each decoder layer's end): ids less one, id 0 refused."""
+    spec = serving_engines()["trtllm"].render(_context(mechanism, [(2, 3), (8, 1)], versions={"trtllm": "1.3.0rc29"}))
+    field = "eagle3_layers_to_capture" if mechanism == "eagle3" else "target_layer_ids"
+    assert spec.document["speculative_config"][field] == [1, 14, 26]
+    key = "eagle_aux_hidden_state_layer_ids" if mechanism == "eagle3" else "aux_hidden_state_layer_ids"
+    ctx = dataclasses.replace(_context(mechanism, [(2, 3)]), head=HEADS[mechanism] | {key: [0, 15, 27]})
+    with pytest.raises(SpecdecError, match="reads the embeddings"):
+        serving_engines()["trtllm"].render(dataclasses.replace(ctx, versions=dict(ctx.versions, trtllm="1.3.0rc29")))
+
+
+def test_a_draft_target_schedule_for_a_tensorrt_release_candidate_says_its_lookup_is_unverified():
+    schedule = [(2, 3), (8, 1), (32, 0)]
+    engines = serving_engines()
+    rc = engines["trtllm"].render(_context("draft_model", schedule, versions={"trtllm": "1.3.0rc29"}))
+    assert any(d.startswith("unverified: draft_len_schedule keys are written as upper bounds") for d in rc.decisions)
+    stable = engines["trtllm"].render(_context("draft_model", schedule))
+    assert not any("unverified" in d for d in stable.decisions)

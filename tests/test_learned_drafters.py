@@ -4,6 +4,7 @@ verifier checks, profiling, and (demo) a trained head written by train-drafter l
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -359,6 +360,34 @@ def test_saved_head_loads_back_and_drafts_the_same(tmp_path, target, mechanism):
     assert [c.num_accepted_tokens for c in a.per_prompt] == [c.num_accepted_tokens for c in b.per_prompt]
     if mechanism == "mtp":  # the target's embedding and head are shared, not stored
         assert back.head.lm_head is target.lm_head
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "mistral"])
+def test_a_head_for_a_non_llama_target_is_written_with_the_llama_layer_it_runs(tmp_path, family):
+    """The head's layer is a llama decoder layer whatever the target's family (no biases, no q/k norm); its config
+    says llama, the layer type vLLM 0.32's EAGLE-3 reader builds (it refuses qwen2, mistral, gemma, ...), and the
+    export takes it."""
+    from specdec_tune.exporters.bundle import head_config_fields
+
+    base = tiny_model(vocab=64, layers=6, seed=3)
+    c = dataclasses.replace(base.config, model_type=family, attention_bias=family == "qwen2", qk_norm=family == "qwen3")
+    torch.manual_seed(4)
+    target = init_random(CausalLM(c), seed=4).eval().requires_grad_(False)
+    for mechanism in ("eagle3", "mtp"):
+        folder = save_head(
+            HEADS[mechanism](target),
+            mechanism,
+            tmp_path / mechanism,
+            verifier="tiny",
+            verifier_architectures=["X"],
+            speculative_tokens=3,
+        )
+        config = json.loads((folder / "config.json").read_text())
+        assert config["transformer_layer_config"]["model_type"] == "llama"
+        head_config_fields(mechanism, {"model": str(folder)})
+        drafter = DRAFTERS[mechanism](loaded(target), DRAFTERS[mechanism].Options(model=str(folder)))
+        out = generate(target, PROMPTS, drafter=drafter, num_draft_tokens=3, max_new_tokens=8)
+        assert out.tokens == generate(target, PROMPTS, max_new_tokens=8).tokens
 
 
 def _eagle3_folder(tmp_path, target, edit_config=None, edit_state=None) -> Path:

@@ -136,8 +136,11 @@ class DraftVocabulary:
 
 
 def head_layer_config(target: ModelConfig, **changes) -> ModelConfig:
-    """The target's transformer settings for a one-layer head (what speculators' transformer_layer_config holds)."""
-    return dataclasses.replace(target, num_layers=1, o_bias=False, qk_norm=False, attention_bias=False, **changes)
+    """The target's widths for a one-layer head (what speculators' transformer_layer_config holds). The layer is a
+    llama decoder layer whatever the target's family (no biases, no q/k norm), and says so: the engines build a head's
+    layer from its model type, and vLLM's EAGLE-3 reader builds llama or qwen3 layers only."""
+    llama = dataclasses.replace(target, model_type="llama", num_layers=1, o_bias=False, qk_norm=False)
+    return dataclasses.replace(llama, attention_bias=False, **changes)
 
 
 # ---------------------------------------------------------------------------- head kinds
