@@ -28,6 +28,12 @@ class Vllm:
     needs_head: bool = False  # runs a trained head's checkpoint, which `model` must name
     # runs a drafter forward at K = 0 before it returns an empty draft (0.32's SpecDecodeBaseProposer.propose)
     forward_at_k0: bool = False
+    # drafts one block of 1 + K queries (v1/spec_decode/dflash.py set_inputs_first_pass): K sets the block's length,
+    # where this tool's loop and the other engines run the head's whole block
+    block_of_k: bool = False
+    # runs on the V2 model runner only (config/vllm.py: "DSpark is implemented only by the V2 GPU model runner"),
+    # which keeps full CUDA graphs with a per-batch table
+    v2_runner: bool = False
 
 
 def _ngram(o: dict) -> dict:
@@ -53,15 +59,16 @@ VLLM: dict[str, Vllm] = {
     ),
     "eagle3": Vllm("eagle3", lookahead=lambda k, head: k, needs_head=True, forward_at_k0=True),
     "mtp": Vllm("mtp", lookahead=lambda k, head: k, needs_head=True, forward_at_k0=True),
-    "dflash": Vllm(
-        "dflash", lookahead=lambda k, head: k + 1, needs_head=True, forward_at_k0=True
-    ),  # a bonus query plus one per draft
+    "dflash": Vllm(  # a bonus query plus one per draft
+        "dflash", lookahead=lambda k, head: k + 1, needs_head=True, forward_at_k0=True, block_of_k=True
+    ),
     # anchor sampling drafts from the anchor, no bonus query; without it DSpark fills in as DFlash does
     "dspark": Vllm(
         "dspark",
         lookahead=lambda k, head: k if head["sample_from_anchor"] else k + 1,
         needs_head=True,
         forward_at_k0=True,
+        v2_runner=True,
     ),
 }
 

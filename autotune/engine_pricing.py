@@ -39,12 +39,17 @@ from specdec_tune.vllm_spelling import VLLM
 EAGER_ATTENTION_US_PER_LAYER = 15.0  # host time per layer of a forward that PIECEWISE graphs leave eager (above)
 
 
-def _graph_ms(plan: Plan) -> tuple[float, str]:
+def graph_mode(plan: Plan) -> tuple[float, str]:
     """Per-round cost of the graph mode a table forces, and what it rests on."""
     name = plan.device.name or ""
     spec = find_device_spec(name)
     if spec is None:
         return 0.0, f"none on {name or 'this device'}: vLLM runs no CUDA graphs on a CPU, a table runs as a static K"
+    if plan.mechanism in VLLM and VLLM[plan.mechanism].v2_runner:
+        return (
+            0.0,
+            f"none: vLLM runs {plan.mechanism} on its V2 model runner, which keeps full CUDA graphs with a table",
+        )
     layers = plan.profile.target.num_layers
     ms = layers * EAGER_ATTENTION_US_PER_LAYER / 1000
     return ms, (
@@ -80,7 +85,7 @@ def priced(plan: Plan, cost: CostModel) -> Plan:
     buckets = [{k: v for k, v in b.model_dump(exclude_unset=True).items() if k != "engine_costs"} for b in plan.buckets]
     if plan.max_draft_len == 0 or len(draft_lens) == 1:
         return Plan.model_validate(fields | {"buckets": buckets})
-    graph_ms, graph_text = _graph_ms(plan)
+    graph_ms, graph_text = graph_mode(plan)
     forward_at_k0 = VLLM[plan.mechanism].forward_at_k0 if plan.mechanism in VLLM else False
     as_run = []
     for b, row in zip(plan.buckets, buckets):

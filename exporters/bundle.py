@@ -45,7 +45,7 @@ from specdec_tune.exporters.artifacts import (
 )
 from specdec_tune.exporters.config_checks import check_document
 from specdec_tune.exporters.engines import ENGINE_MODEL_IDS, ExportContext, load_schema_file, serving_engines
-from specdec_tune.exporters.head_folders import ship_head_folders
+from specdec_tune.exporters.head_folders import head_errors, head_loads, ship_head_folders
 from specdec_tune.exporters.mechanisms import mechanism as mechanism_spelling
 from specdec_tune.exporters.memory_limits import engine_memory
 from specdec_tune.exporters.native_checks import Facts
@@ -163,6 +163,7 @@ def export_context(
             else None
         ),
         data_parallel=s.data_parallel,
+        profile_engine=profile.engine.get("name") or None,
     )
 
 
@@ -223,6 +224,10 @@ def stage(plan: Plan, profile: Profile, s: ExportSettings, versions: dict, stagi
         raise SpecdecError(
             f"the {bad[0]['engine']} config fails its check: {bad[0]['errors'][0]}", "report this with the plan.json"
         )
+    for name, load in head_loads(ctx, staging, ctx.target_folder, ctx.target_config).items():
+        engines[name]["head_load"] = load
+        for error in head_errors(load, engines[name].get("deviation")):
+            raise SpecdecError(f"the {name} head folder: {error}", "report this with the head's config.json")
     dtype_bytes = 4 if profile.target.get("dtype") == "float32" else 2
     safety = {
         "noisy_thresholds": noisy_thresholds(ctx),

@@ -48,6 +48,7 @@ class ExportContext:
     # the plan's per-batch table as vLLM runs it (autotune/engine_pricing.py), with `buckets`: batch -> engine_costs
     schedule_pricing: dict | None = None
     data_parallel: int = 1  # the engines' data-parallel size
+    profile_engine: str | None = None  # the serving engine the profile measured in; None: this tool's own loop
     head_folders: dict[str, str] = dataclasses.field(default_factory=dict)  # engine -> its head folder in the bundle
     head_refused: dict[str, str] = dataclasses.field(default_factory=dict)  # engine -> why it cannot load the head
 

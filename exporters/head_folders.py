@@ -23,8 +23,11 @@ from pathlib import Path
 
 from specdec_tune import SpecdecError
 from specdec_tune.exporters.engines import ExportContext
+from specdec_tune.exporters.native_checks import EngineMissing
+from specdec_tune.exporters.sglang_head_check import check_sglang_head
 from specdec_tune.exporters.sglang_heads import write_sglang_head
 from specdec_tune.exporters.speculators_config import config_for
+from specdec_tune.exporters.vllm_head_check import check_head
 
 SPECULATORS_FOLDER = "speculators"
 SGLANG_FOLDER = "sglang/head"
@@ -57,16 +60,17 @@ def ship_head_folders(ctx: ExportContext, staging: Path) -> ShippedHeads:
     for w in weights:
         shutil.copyfile(w, speculators / w.name)
     folders = {"vllm": SPECULATORS_FOLDER, "speculators": SPECULATORS_FOLDER}
-    refused: dict[str, str] = {}
+    refused = {engine: why for engine, check in spelling.engine_refusals if (why := check(ctx.head))}
     decisions = ["the head ships in speculators/ (vLLM's `model`), converted for SGLang and TensorRT-LLM"]
     layout = spelling.sglang.head_layout if spelling.sglang else None
     try:
         sglang = write_sglang_head(layout, speculators, ctx.target_config, staging / SGLANG_FOLDER)
     except SpecdecError as e:
-        sglang = None
-        refused["sglang"] = refused["trtllm"] = e.message
+        sglang, refused["sglang"] = None, e.message
     if sglang is not None and sglang.folder is None:
-        refused["sglang"] = refused["trtllm"] = sglang.reason or "SGLang cannot load this head"
+        refused["sglang"] = sglang.reason or "SGLang cannot load this head"
+    if "sglang" in refused:  # TensorRT-LLM's folder is SGLang's, renamed
+        refused["trtllm"] = f"its folder is converted from SGLang's layout, which refused the head: {refused['sglang']}"
     elif sglang is not None:
         folders["sglang"] = SGLANG_FOLDER
         decisions += [f"SGLang head: {d}" for d in sglang.decisions]
@@ -83,3 +87,40 @@ def _trtllm_head(sglang: Path, out: Path, rename) -> None:
     shutil.copyfile(sglang / "config.json", out / "config.json")
     state = load_file(str(sglang / "model.safetensors"))
     save_file({rename(k): v for k, v in state.items()}, str(out / "model.safetensors"))
+
+
+def head_loads(ctx: ExportContext, bundle: Path, target: Path | None, target_config: dict) -> dict:
+    """Each engine's own loader on the head folder the bundle ships for it: vLLM's reader, draft class and
+    load_weights (vllm_head_check.py), SGLang's (sglang_head_check.py); TensorRT-LLM's loader is not on this machine.
+    Where an engine's interpreter is not set, that it did not run."""
+    if not ctx.head_folders and not ctx.head_refused:
+        return {}
+    loads: dict = {engine: {"refused_at_export": why} for engine, why in ctx.head_refused.items()}
+    checks = {
+        "vllm": lambda f: check_head(f, target),
+        "sglang": lambda f: check_sglang_head(f, target_config),
+    }
+    for engine, check in checks.items():
+        if engine not in ctx.head_folders:
+            continue
+        try:
+            record = check(bundle / ctx.head_folders[engine])
+        except EngineMissing as e:
+            loads[engine] = {"not_run": str(e)}
+            continue
+        loads[engine] = {
+            k: record.get(k) for k in ("ok", "steps_run", "steps_not_run", "unloaded", "dropped", "error", "version")
+        }
+    if "trtllm" in ctx.head_folders:
+        loads["trtllm"] = {"not_run": TRTLLM_UNVERIFIED}
+    return loads
+
+
+def head_errors(load: dict | None, deviation: dict | None) -> list[str]:
+    """A head an engine's own loader did not load whole, where the engine's files do not already serve without it."""
+    if not load or "ok" not in load or load["ok"]:
+        return []
+    if deviation and all(d == 0 for _, d in deviation["schedule"]):
+        return []
+    what = load["error"] or f"unloaded {load['unloaded'][:3]}, dropped {load['dropped'][:3]}"
+    return [f"the engine's own loader did not load the shipped head: {what}"[:300]]

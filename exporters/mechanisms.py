@@ -93,6 +93,8 @@ class ExportMechanism:
     block_drafts: Callable[[dict], int] | None = None  # drafts one pass of the head's block yields (its config fields)
     # where no engine loads a separately trained head of this kind: why, in the words every engine's config records
     no_separate_head: str = ""
+    # (engine, head config fields -> why that engine cannot load this head, or None): it serves without the head
+    engine_refusals: tuple[tuple[str, Callable[[dict], str | None]], ...] = ()
 
     def drafts_per_block(self, head: dict) -> int:
         """The draft length a fixed-block engine runs for this head (its config's block_size and anchor)."""
@@ -141,6 +143,13 @@ def _dspark_trtllm(o: dict) -> dict:
         "block_size": o["block_size"],
         **{k: o[k] for k in ("markov_rank", "markov_head_type") if o.get(k) is not None},
     }
+
+
+def _vllm_markov_head(head: dict) -> str | None:
+    """vLLM 0.32's DSpark builds the vanilla Markov head only (models/qwen3_dspark.py: markov_w1, markov_w2; its
+    reader copies markov_head_type and nothing reads it)."""
+    kind = head.get("markov_head_type") or "vanilla"
+    return None if kind == "vanilla" else f"its DSpark builds the vanilla Markov head only, not markov_head_type {kind}"
 
 
 # the head config fields an engine cannot load a head without
@@ -251,6 +260,7 @@ MECHANISMS: dict[str, ExportMechanism] = {
             ),
             # anchor sampling: every slot of the block drafts; without it slot 0 is the anchor
             block_drafts=lambda head: int(head["block_size"]) - (0 if head["sample_from_anchor"] else 1),
+            engine_refusals=(("vllm", _vllm_markov_head),),
         ),
     )
 }

@@ -60,25 +60,29 @@ def render(ctx: ExportContext) -> EngineFiles:
     if record:
         decisions.append(deviation_text(record))
         return EngineFiles({"serve.sh": _script(serve)}, None, decisions, gates, record)
+    schedule, block_record = _block_schedule(ctx)
+    if block_record:
+        decisions.append(deviation_text(block_record))
+    top = max(d for _, d in schedule)
     g = gate("vllm", f"method:{v.method}", version)
     gates.append(g)
-    config = {"method": v.method, "num_speculative_tokens": ctx.max_draft_len, **_mechanism_fields(ctx)}
+    config = {"method": v.method, "num_speculative_tokens": top, **_mechanism_fields(ctx)}
     if not g["emitted"]:
         decisions.append(
             f"vLLM {version} predates method {v.method!r} (since {g['since']}): the config needs a newer vLLM"
         )
-    ranges = to_vllm(ctx.schedule)
+    ranges = to_vllm(schedule)
     g = gate("vllm", "num_speculative_tokens_per_batch_size", version)
     gates.append(g)
-    record = None
+    record = block_record
     static_why = _static_instead(ctx, version, g)
     if len(ranges) > 1 and static_why is None:
         config["num_speculative_tokens_per_batch_size"] = ranges
-        decisions.append(f"per-batch K as ranges {ranges}; num_speculative_tokens {ctx.max_draft_len} is the maximum")
+        decisions.append(f"per-batch K as ranges {ranges}; num_speculative_tokens {top} is the maximum")
         if ctx.schedule_pricing:
             decisions.append(ctx.schedule_pricing["why"])
     elif len(ranges) > 1:
-        single = ctx.single_draft_len
+        single = top if block_record and ctx.single_draft_len else ctx.single_draft_len
         runs = f"static K = {single}" if single else "plain serving (the best single D is 0)"
         record = deviation(ctx, [(b, single) for b, _ in ctx.schedule], f"{static_why}: {runs}")
         decisions.append(deviation_text(record))
@@ -86,10 +90,28 @@ def render(ctx: ExportContext) -> EngineFiles:
             return EngineFiles({"serve.sh": _script(serve)}, None, decisions, gates, record)
         config["num_speculative_tokens"] = single
     else:
-        decisions.append(f"one K ({ctx.max_draft_len}) for every batch size: no per-batch table needed")
+        decisions.append(f"one K ({top}) for every batch size: no per-batch table needed")
     serve += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
     files = {"speculative_config.json": json.dumps(config, indent=2) + "\n", "serve.sh": _script(serve)}
     return EngineFiles(files, config, decisions, gates, record)
+
+
+def _block_schedule(ctx: ExportContext) -> tuple[list[tuple[int, int]], dict | None]:
+    """The schedule vLLM runs, and its deviation record where it differs: vLLM drafts a DFlash block of 1 + K queries,
+    so a K shorter than the head's block drafts from a shorter block than this tool's loop measured (the whole block,
+    as SGLang and TensorRT-LLM run it); where the profile was measured in the loop, a speculating bucket runs the
+    block's K."""
+    if not ctx.spelling.vllm.block_of_k or ctx.profile_engine == "vllm":
+        return list(ctx.schedule), None
+    block = ctx.spelling.drafts_per_block(ctx.head)
+    runs = [(b, block if d else 0) for b, d in ctx.schedule]
+    if runs == list(ctx.schedule):
+        return runs, None
+    why = (
+        f"vLLM drafts a {ctx.mechanism} block of 1 + K queries (v1/spec_decode/dflash.py), and the profile measured "
+        f"the head's whole block: a speculating bucket runs K = {block}, the block's drafts"
+    )
+    return runs, deviation(ctx, runs, why)
 
 
 def _static_instead(ctx: ExportContext, version: str, table_gate: dict) -> str | None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from specdec_tune.autotune.cost_model import CostModel
-from specdec_tune.autotune.engine_pricing import EAGER_ATTENTION_US_PER_LAYER, priced
+from specdec_tune.autotune.engine_pricing import EAGER_ATTENTION_US_PER_LAYER, graph_mode, priced
 from specdec_tune.autotune.plan import cost_model_of
 from specdec_tune.autotune.search import SearchSettings, search
 from specdec_tune.exporters.bundle import export_context
@@ -91,3 +91,10 @@ def test_data_parallel_above_one_exports_the_static_k_and_says_why(profile, tmp_
     assert "data parallel 2 > 1" in vllm.deviation["why"]
     table = serving_engines()["vllm"].render(dataclasses.replace(ctx, data_parallel=1))
     assert "num_speculative_tokens_per_batch_size" in table.document
+
+
+def test_dspark_runs_on_vllms_v2_runner_which_keeps_full_graphs_with_a_table(profile, tmp_path):
+    plan = _plan(profile, tmp_path, device="h100")
+    assert graph_mode(plan)[0] > 0
+    ms, text = graph_mode(plan.model_copy(update={"mechanism": "dspark"}))
+    assert ms == 0 and "V2 model runner" in text

@@ -23,6 +23,7 @@ from specdec_tune.exporters import schedule as sched
 from specdec_tune.exporters.bundle import head_config_fields, read_manifest
 from specdec_tune.exporters.config_checks import check_document
 from specdec_tune.exporters.engines import ExportContext, serving_engines
+from specdec_tune.exporters.mechanisms import MECHANISMS as MECHANISMS_REGISTRY
 from specdec_tune.exporters.safety import noisy_thresholds, top_band_cost
 from specdec_tune.exporters.staleness import STALE_EXIT_CODE
 from specdec_tune.exporters.versions import DEFAULT_VERSIONS, rules_line
@@ -152,8 +153,9 @@ def test_every_engine_config_validates_for_every_mechanism(mechanism, schedule):
         assert result["errors"] == [], (name, mechanism, result)
         assert files.decisions, "every engine says what it emitted"
         if name == "vllm" and files.document:
+            runs = files.deviation["schedule"] if files.deviation else schedule  # a loop-measured DFlash: its block
             assert files.document["method"] == mechanism and files.document["num_speculative_tokens"] == max(
-                d for _, d in schedule
+                d for _, d in runs
             )
         if name == "trtllm" and files.document.get("speculative_config"):
             spec = files.document["speculative_config"]
@@ -1071,3 +1073,29 @@ def test_a_draft_target_schedule_for_a_tensorrt_release_candidate_says_its_looku
     assert any(d.startswith("unverified: draft_len_schedule keys are written as upper bounds") for d in rc.decisions)
     stable = engines["trtllm"].render(_context("draft_model", schedule))
     assert not any("unverified" in d for d in stable.decisions)
+
+
+def test_vllm_runs_a_dflash_block_of_the_heads_length_where_the_loop_measured_the_whole_block():
+    """vLLM drafts a DFlash block of 1 + K queries (v1/spec_decode/dflash.py); the loop measured the head's whole block
+    (block_size 8: 7 drafts). A loop profile's speculating buckets run K = 7 in vLLM, a vLLM profile's as planned."""
+    ctx = _context("dflash", [(2, 3), (8, 1), (32, 0)])
+    loop = serving_engines()["vllm"].render(ctx)
+    assert loop.document["num_speculative_tokens_per_batch_size"] == [[1, 8, 7], [9, 32, 0]]
+    assert "1 + K queries" in loop.deviation["why"] and loop.document["num_speculative_tokens"] == 7
+    measured = serving_engines()["vllm"].render(dataclasses.replace(ctx, profile_engine="vllm"))
+    assert measured.deviation is None and measured.document["num_speculative_tokens"] == 3
+
+
+def test_a_dspark_head_whose_markov_head_vllm_does_not_build_is_plain_serving_in_vllm(tmp_path):
+    from specdec_tune.exporters.head_folders import ship_head_folders
+
+    head = HEADS["dspark"] | {"markov_head_type": "rnn"}
+    ctx = dataclasses.replace(_context("dspark", [(2, 8), (8, 0)]), head=head, drafter_model=None)
+    assert ship_head_folders(ctx, tmp_path).refused == {}  # no folder: nothing shipped, nothing to refuse
+    refused = {"vllm": MECHANISMS_REGISTRY["dspark"].engine_refusals[0][1](head)}
+    assert "vanilla Markov head only" in refused["vllm"]
+    vllm = serving_engines()["vllm"].render(dataclasses.replace(ctx, head_refused=refused))
+    assert vllm.document is None and vllm.deviation["why"].startswith("vLLM cannot load this head (")
+    assert (
+        MECHANISMS_REGISTRY["dspark"].engine_refusals[0][1](HEADS["dspark"] | {"markov_head_type": "vanilla"}) is None
+    )
