@@ -150,11 +150,19 @@ def register(engine: Engine) -> Engine:
     return engine
 
 
+ENGINE_MODULES = {
+    "vllm": "vllm_config",
+    "trtllm": "trtllm_config",
+    "sglang": "sglang_config",
+    "speculators": "speculators_config",
+}
+
+
 def serving_engines() -> dict[str, Engine]:
-    """Every engine a bundle carries files for, in the bundle's order."""
-    for module in ("vllm_config", "trtllm_config", "sglang_config", "speculators_config"):
+    """Every engine a bundle carries files for, in the bundle's order (whichever module was imported first)."""
+    for module in ENGINE_MODULES.values():
         importlib.import_module(f"specdec_tune.exporters.{module}")
-    return SERVING_ENGINES
+    return {name: SERVING_ENGINES[name] for name in ENGINE_MODULES}
 
 
 def load_schema_file(name: str) -> dict:

@@ -27,14 +27,14 @@ from specdec_tune.exporters.native_checks import EngineMissing
 from specdec_tune.exporters.sglang_head_check import check_sglang_head
 from specdec_tune.exporters.sglang_heads import write_sglang_head
 from specdec_tune.exporters.speculators_config import config_for
+from specdec_tune.exporters.speculators_head_check import check_speculators_head
 from specdec_tune.exporters.vllm_head_check import check_head
 
 SPECULATORS_FOLDER = "speculators"
 SGLANG_FOLDER = "sglang/head"
 TRTLLM_FOLDER = "trtllm/head"
 TRTLLM_UNVERIFIED = (
-    "unverified: TensorRT-LLM's loader was not run on this head (no TensorRT-LLM here); its folder follows the "
-    "released loaders' config and weight names"
+    "unverified (no TensorRT-LLM here): the folder follows its released loaders' config and weight names"
 )
 
 
@@ -91,14 +91,16 @@ def _trtllm_head(sglang: Path, out: Path, rename) -> None:
 
 def head_loads(ctx: ExportContext, bundle: Path, target: Path | None, target_config: dict) -> dict:
     """Each engine's own loader on the head folder the bundle ships for it: vLLM's reader, draft class and
-    load_weights (vllm_head_check.py), SGLang's (sglang_head_check.py); TensorRT-LLM's loader is not on this machine.
-    Where an engine's interpreter is not set, that it did not run."""
+    load_weights (vllm_head_check.py), SGLang's (sglang_head_check.py), speculators' from_pretrained
+    (speculators_head_check.py); TensorRT-LLM's loader is not on this machine. Where an engine's interpreter is not
+    set, that it did not run."""
     if not ctx.head_folders and not ctx.head_refused:
         return {}
     loads: dict = {engine: {"refused_at_export": why} for engine, why in ctx.head_refused.items()}
     checks = {
         "vllm": lambda f: check_head(f, target),
         "sglang": lambda f: check_sglang_head(f, target_config),
+        **({"speculators": lambda f: check_speculators_head(f, target)} if target else {}),
     }
     for engine, check in checks.items():
         if engine not in ctx.head_folders:
@@ -109,7 +111,9 @@ def head_loads(ctx: ExportContext, bundle: Path, target: Path | None, target_con
             loads[engine] = {"not_run": str(e)}
             continue
         loads[engine] = {
-            k: record.get(k) for k in ("ok", "steps_run", "steps_not_run", "unloaded", "dropped", "error", "version")
+            k: record.get(k)
+            for k in ("ok", "steps_run", "steps_not_run", "unloaded", "dropped", "error", "version")
+            if k in record
         }
     if "trtllm" in ctx.head_folders:
         loads["trtllm"] = {"not_run": TRTLLM_UNVERIFIED}
@@ -122,5 +126,5 @@ def head_errors(load: dict | None, deviation: dict | None) -> list[str]:
         return []
     if deviation and all(d == 0 for _, d in deviation["schedule"]):
         return []
-    what = load["error"] or f"unloaded {load['unloaded'][:3]}, dropped {load['dropped'][:3]}"
+    what = load["error"] or f"unloaded {load.get('unloaded', [])[:3]}, dropped {load.get('dropped', [])[:3]}"
     return [f"the engine's own loader did not load the shipped head: {what}"[:300]]

@@ -218,6 +218,14 @@ MECHANISMS: dict[str, ExportMechanism] = {
             Sglang("EAGLE3", adaptive=True, head_layout=EAGLE3_LAYOUT),
             learned_head=True,
             needs=_LAYER,
+            head_defaults=(
+                (
+                    "norm_before_residual",
+                    False,
+                    "speculators 0.9.0's Eagle3SpeculatorConfig, as this tool's loop reads the head; vLLM 0.32's "
+                    "reader takes a missing field as true",
+                ),
+            ),
             layer_types=(("vLLM 0.32 (its speculators reader's eagle3 architectures)", ("llama", "qwen3")),),
         ),
         ExportMechanism(

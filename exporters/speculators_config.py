@@ -38,6 +38,7 @@ def render(ctx: ExportContext) -> EngineFiles:
             *(
                 f"{field} = {json.dumps(ctx.head[field])} written explicitly (default in {whose})"
                 for field, _, whose in ctx.spelling.head_defaults
+                if field in ctx.head
             ),
         ],
         [],

@@ -302,6 +302,29 @@ def t_engine_checks(ec: dict) -> list[str]:
     return lines
 
 
+def t_engine_heads(ec: dict) -> list[str]:
+    """Each learned head x engine: loaded by the engine's own loader (the steps that ran), refused at export (the
+    engine serves without it), or not run."""
+    rows = [r for r in ec["rows"] if r.get("head_load")]
+    engines = list(dict.fromkeys(f"{r['engine']} {r['version']}" for r in rows))
+    lines = ["| head | " + " | ".join(engines) + " |", "|---" * (len(engines) + 1) + "|"]
+    by = {(r["mechanism"], f"{r['engine']} {r['version']}"): r["head_load"] for r in rows}
+    for mech in dict.fromkeys(r["mechanism"] for r in rows):
+        cells = []
+        for e in engines:
+            load = by.get((mech, e)) or {}
+            if "refused_at_export" in load:
+                cells.append("refused: no speculation")
+            elif "not_run" in load:
+                cells.append("not run")
+            elif load:
+                cells.append(("loaded" if load["ok"] else "NOT loaded") + f" ({len(load['steps_run'])} steps)")
+            else:
+                cells.append("")
+        lines.append(f"| {mech} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def t_phases(p: dict) -> list[str]:
     """Wall seconds per profile phase, and their sum."""
     phases = p["phase_s"]
@@ -326,6 +349,7 @@ TABLES: dict[str, Callable[[dict], list[str]]] = {
     "draft_time": t_draft_time,
     "vllm_rounds": t_vllm_rounds,
     "engine_checks": t_engine_checks,
+    "engine_heads": t_engine_heads,
     "phases": t_phases,
 }
 

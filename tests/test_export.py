@@ -1099,3 +1099,18 @@ def test_a_dspark_head_whose_markov_head_vllm_does_not_build_is_plain_serving_in
     assert (
         MECHANISMS_REGISTRY["dspark"].engine_refusals[0][1](HEADS["dspark"] | {"markov_head_type": "vanilla"}) is None
     )
+
+
+def test_an_eagle3_head_without_norm_before_residual_gets_the_value_the_loop_ran_written():
+    """speculators 0.9.0 and this tool's reader default norm_before_residual to false, vLLM 0.32's reader to true: the
+    bundle's speculators config states it."""
+    head = {k: v for k, v in HEADS["eagle3"].items() if k != "norm_before_residual"}
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "config.json").write_text(json.dumps(head | {"speculators_model_type": "eagle3"}))
+        fields = head_config_fields("eagle3", {"model": folder})
+    assert fields["norm_before_residual"] is False
+    written = serving_engines()["speculators"].render(dataclasses.replace(_context("eagle3", [(4, 3)]), head=fields))
+    assert written.document["norm_before_residual"] is False
+    assert any("norm_before_residual = false written explicitly" in d for d in written.decisions)

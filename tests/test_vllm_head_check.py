@@ -103,3 +103,20 @@ def test_vllm_refuses_an_eagle3_layer_that_is_neither_llama_nor_qwen3(heads, tmp
     assert result["steps_not_run"][0]["step"] == "reader"
     assert "Unsupported model_type qwen2 for Eagle3 speculator" in result["steps_not_run"][0]["reason"]
     assert [s["step"] for s in result["steps_not_run"]] == ALL_STEPS
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gemma2"])
+def test_vllm_loads_an_eagle3_head_trained_for_a_non_llama_target(hf_variant_dir, tmp_path, family):
+    """The head's layer is written as what it is, a llama decoder layer, whatever the target's family (gemma2 runs on
+    the generic path): vLLM's reader takes it (it refuses a qwen2 layer type, the test above)."""
+    import specdec_tune.profiles.drafters.eagle3  # noqa: F401
+
+    folder = hf_variant_dir(family, **TARGET, **({"head_dim": 16} if family == "gemma2" else {}))
+    target = load_model(str(folder), dtype="float32")
+    head = head_kind("eagle3").new(target.model, seed=0)
+    written = save_head(
+        head, "eagle3", tmp_path / "h", verifier=str(folder), verifier_architectures=["X"],
+        speculative_tokens=3,
+    )  # fmt: skip
+    assert json.loads((written / "config.json").read_text())["transformer_layer_config"]["model_type"] == "llama"
+    _loaded_all(check_head(written))
