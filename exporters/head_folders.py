@@ -103,7 +103,7 @@ def head_loads(ctx: ExportContext, bundle: Path, target: Path | None, target_con
         **({"speculators": lambda f: check_speculators_head(f, target)} if target else {}),
     }
     for engine, check in checks.items():
-        if engine not in ctx.head_folders:
+        if engine not in ctx.head_folders or engine in ctx.head_refused:
             continue
         try:
             record = check(bundle / ctx.head_folders[engine])
