@@ -274,10 +274,7 @@ def _prefill(
                 pending[b] = hidden[g, : len(prompts[b]) - 1]
         else:
             target(ids, part, start, logits="none")
-        rows = torch.tensor(group, dtype=torch.long, device=device)
-        for k, v, pk, pv in zip(cache.k, cache.v, part.k, part.v):
-            k[rows, :, :width] = pk
-            v[rows, :, :width] = pv
+        cache.write_prefix(torch.tensor(group, dtype=torch.long, device=device), part)
     if not layers:
         return []
     like = next((h for h in pending if h is not None), None)

@@ -56,6 +56,10 @@ OTHER_FAMILIES = {
         "GraniteConfig",
         dict(logits_scaling=4.0, embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.3),
     ),
+    # its final norm is `final_layer_norm` and it keeps 4 KV heads, not the 2 TINY names: found from the module
+    "gpt_neox": ("GPTNeoXConfig", dict(eos_token_id=1, bos_token_id=1)),
+    # multi-query (one KV head, whatever the config says elsewhere) and a parallel attention / MLP block
+    "falcon": ("FalconConfig", dict(eos_token_id=1, bos_token_id=1)),
 }
 
 

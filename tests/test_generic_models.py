@@ -326,3 +326,26 @@ def test_the_packaged_gemma3_checkpoint_decodes_losslessly(capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["target"]["arch"] == "gemma3_text" and result["target"]["format"] == "gguf"
     assert result["lossless"] == {"prompts": 2, "identical_prompts": 2}
+
+
+def test_the_loops_cache_implements_every_member_of_transformers_cache_interface():
+    """transformers' attention and mask code call the cache through `cache_utils.Cache`; a member the installed release
+    defines that RowKVCache lacks fails here (a new release that adds one fails this test, not a user)."""
+    import inspect
+
+    from transformers.cache_utils import Cache
+
+    from specdec_tune.profiles.models.generic import RowKVCache
+
+    members = [name for name, _ in inspect.getmembers(Cache) if not name.startswith("_")]
+    assert members and [name for name in members if not hasattr(RowKVCache, name)] == []
+
+
+@pytest.mark.parametrize(("name", "norm"), [("gpt_neox", "final_layer_norm"), ("falcon", "ln_f")])
+def test_the_layers_and_final_norm_are_found_from_the_module(family, name, norm):
+    hf, loaded = family(name)
+    assert loaded.model.norm is getattr(loaded.model.decoder, norm)
+    cache = loaded.model.new_cache(1, 16)
+    loaded.model.forward(torch.tensor([[1, 2, 3]]), cache, torch.zeros(1, dtype=torch.long), logits="all")
+    heads = {k.shape[1] for k in cache.k}  # the layers' own KV heads: 1 for falcon's multi-query attention
+    assert heads == ({1} if name == "falcon" else {4})

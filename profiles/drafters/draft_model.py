@@ -74,8 +74,7 @@ class DraftModelDrafter(Drafter):
             old, self.cache = self.cache, self.model.new_cache(rows, max(need, 2 * self.capacity, 256))
             self.capacity = self.cache.capacity
             if old is not None:  # grow: copy what is cached
-                for dst, src in zip(self.cache.k + self.cache.v, old.k + old.v):
-                    dst[:, :, : src.shape[2]] = src
+                self.cache.write_prefix(torch.arange(old.batch, device=self.model.device), old)
 
     def keep_rows(self, indices: list[int]) -> None:
         self.checked = [self.checked[i] for i in indices]

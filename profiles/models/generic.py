@@ -39,8 +39,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 ATTENTION_KINDS = ("full_attention", "sliding_attention")
-_LAYER_LISTS = ("layers", "h", "blocks")  # where decoder classes keep their layers
-_FINAL_NORMS = ("norm", "final_layernorm", "ln_f", "final_norm")
 
 
 def generic_config(hf_config) -> ModelConfig:
@@ -125,15 +123,116 @@ class RowKVCache(KVCache):
         self.rows: torch.Tensor | None = None
         self.slots: torch.Tensor | None = None
         self.visible = 0  # L: keys 0..L-1 are visible to some query of the step
+        self.shaped: set[int] = set()  # layers whose k / v have taken the shape of the keys they were first given
+
+    # transformers' Cache interface (cache_utils.Cache) beyond `update`: what a family's attention and mask code asks
+    # of the cache. Lengths are the step's: `visible` keys, the longest row's past before the step's tokens.
+
+    @property
+    def batch_size(self) -> int:
+        return self.k[0].shape[0]
+
+    is_compileable = False
+    is_croppable = False
+    is_dummy = False
+    is_initialized = True
+    is_linear = False
+
+    @property
+    def is_sliding(self) -> list[bool]:
+        return [False] * len(self.k)  # every layer keeps every key; sliding windows are the masks' (module docstring)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0 if self.slots is None else int(self.slots[:, 0].max())
+
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        return self.get_seq_length(layer_idx)
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
+        return self.visible, 0  # (keys the masks span, their offset)
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return self.capacity
+
+    def has_previous_state(self, layer_idx: int | None = None, state_idx: int | None = None) -> bool:
+        return False
+
+    def is_recording_past(self, layer_idx: int) -> bool:
+        return False
+
+    def _unsupported(self, what: str):
+        raise SpecdecError(
+            f"the model asks the loop's cache for {what}, which it does not keep",
+            "the generic path runs attention layers; state-space, recurrent and indexer layers are not supported",
+        )
+
+    def get_conv_state(self, *args, **kwargs):
+        self._unsupported("a convolution state")
+
+    def update_conv_state(self, *args, **kwargs):
+        self._unsupported("a convolution state")
+
+    def get_recurrent_state(self, *args, **kwargs):
+        self._unsupported("a recurrent state")
+
+    def update_recurrent_state(self, *args, **kwargs):
+        self._unsupported("a recurrent state")
+
+    def update_indexer(self, *args, **kwargs):
+        self._unsupported("an indexer's keys")
+
+    def crop(self, *args, **kwargs):
+        self._unsupported("a crop (the loop rolls back by its own row lengths)")
+
+    def reorder_cache(self, *args, **kwargs):
+        self._unsupported("a beam reorder")
+
+    def batch_repeat_interleave(self, *args, **kwargs):
+        self._unsupported("a batch repeat")
+
+    def batch_select_indices(self, *args, **kwargs):
+        self._unsupported("a batch selection")
+
+    def early_initialization(self, *args, **kwargs):
+        pass  # the loop sized the cache before the forward
+
+    def activate_past_recording(self, *args, **kwargs):
+        pass
+
+    def reset(self) -> None:
+        self.visible = 0
+
+    def offload(self, *args, **kwargs):
+        pass  # the cache stays on its device
+
+    def prefetch(self, *args, **kwargs):
+        pass
+
+    def write_prefix(self, rows: torch.Tensor, part: KVCache) -> None:
+        for i in cast(RowKVCache, part).shaped - self.shaped:  # the layers' own KV shapes, as the part found them
+            self._shape(i, part.k[i], part.v[i])
+        super().write_prefix(rows, part)
+
+    def _shape(self, i: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        B, _, L, _ = self.k[i].shape
+        self.k[i] = self.k[i].new_zeros(B, keys.shape[1], L, keys.shape[-1])
+        self.v[i] = self.v[i].new_zeros(B, values.shape[1], L, values.shape[-1])
+        self.shaped.add(i)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         # key_states, value_states: [B, H_kv, T, hd] -> the row's slots; returns keys and values [B, H_kv, L, hd]
         i = self.layer_index[layer_idx]
+        if i not in self.shaped:  # the layer's own KV heads and head sizes (multi-query, per-layer shapes, MLA)
+            self._shape(i, key_states, value_states)
         k, v = self.k[i], self.v[i]
-        if key_states.shape[1] != k.shape[1] or key_states.shape[-1] != k.shape[-1]:
+        if (key_states.shape[1], key_states.shape[-1], value_states.shape[-1]) != (
+            k.shape[1],
+            k.shape[-1],
+            v.shape[-1],
+        ):
             raise SpecdecError(
                 f"layer {layer_idx} writes keys of shape {tuple(key_states.shape)} into a cache of {tuple(k.shape)}",
-                "this family's layers differ in KV heads or head size, which the generic path does not support",
+                "this family's layers change their KV shape between steps, which the generic path does not support",
             )
         k[self.rows, :, self.slots] = key_states.transpose(1, 2).to(k.dtype)  # target [B, T, H_kv, hd]
         v[self.rows, :, self.slots] = value_states.transpose(1, 2).to(v.dtype)
@@ -165,26 +264,56 @@ class LogitHead(nn.Module):
         return logits
 
 
-def _child(module: nn.Module, names: tuple[str, ...], what: str, family: str):
-    for name in names:
-        found = getattr(module, name, None)
-        if found is not None:
-            return name, found
-    raise SpecdecError(
-        f"the {family} decoder keeps no {what} under {'/'.join(names)}",
-        "the generic path needs a decoder with a layer list and a final norm",
-    )
+def decoder_parts(decoder: nn.Module) -> tuple[str, nn.ModuleList, nn.Module]:
+    """(the layer list's attribute name, the layer list, the final norm) of a transformers decoder, found from the
+    module itself: the layer list is the child ModuleList of num_hidden_layers modules; the final norm is the child
+    with weights the decoder applies after its last layer, seen by running it on one token (nn.Identity where it
+    applies none)."""
+    family, n = decoder.config.model_type, int(decoder.config.num_hidden_layers)
+    lists = [(name, m) for name, m in decoder.named_children() if isinstance(m, nn.ModuleList) and len(m) == n]
+    if len(lists) != 1:
+        raise SpecdecError(
+            f"the {family} decoder holds {len(lists)} lists of {n} modules, not one list of its decoder layers",
+            "the generic path needs a decoder that keeps its layers in one list",
+        )
+    name, layers = lists[0]
+    order: list[nn.Module] = []
+    hooks = [m.register_forward_hook(lambda m, a, o: order.append(m)) for _, m in decoder.named_children()]
+    hooks.append(layers[-1].register_forward_hook(lambda m, a, o: order.append(m)))
+    try:
+        with torch.no_grad():
+            param = next(decoder.parameters())
+            decoder(input_ids=torch.zeros((1, 1), dtype=torch.long, device=param.device), use_cache=False)
+    except Exception as e:  # any failure of the family's own forward: one line, the family named
+        raise SpecdecError(
+            f"the {family} decoder does not run on one token ({type(e).__name__}: {str(e).splitlines()[0][:160]})",
+            "the generic path runs decoders that take input_ids alone",
+        ) from None
+    finally:
+        for h in hooks:
+            h.remove()
+    if not any(m is layers[-1] for m in order):
+        raise SpecdecError(
+            f"the {family} decoder did not run its last layer on one token", "the generic path runs every layer"
+        )
+    last = max(i for i, m in enumerate(order) if m is layers[-1])
+    applied = [m for m in order[last + 1 :] if any(True for _ in m.parameters())]
+    return name, layers, applied[-1] if applied else nn.Identity()
 
 
 class GenericCausalLM(DecoderStack, nn.Module):
     """llama.CausalLM's interface (DecoderStack's forward, forward_capture and cuts; new_cache) over a transformers
     decoder."""
 
-    def __init__(self, decoder: PreTrainedModel, lm_head: LogitHead, layer_ids: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        decoder: PreTrainedModel,
+        lm_head: LogitHead,
+        layer_ids: list[int] | None = None,
+        parts: tuple[str, nn.ModuleList, nn.Module] | None = None,
+    ) -> None:
         super().__init__()
-        family = decoder.config.model_type
-        self.layers_name, all_layers = _child(decoder, _LAYER_LISTS, "decoder layers", family)
-        _, self.norm = _child(decoder, _FINAL_NORMS, "final norm", family)
+        self.layers_name, all_layers, self.norm = parts or decoder_parts(decoder)
         ids = list(range(len(all_layers))) if layer_ids is None else layer_ids
         if layer_ids is not None:  # a cut: a shallow copy of the decoder with its own layer list and config
             decoder = copy.copy(decoder)
@@ -210,7 +339,7 @@ class GenericCausalLM(DecoderStack, nn.Module):
         self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
 
     def _cut(self, layer_ids: list[int]) -> GenericCausalLM:
-        return GenericCausalLM(self.decoder, self.lm_head, layer_ids)
+        return GenericCausalLM(self.decoder, self.lm_head, layer_ids, (self.layers_name, self.layers, self.norm))
 
     def new_cache(self, batch: int, capacity: int) -> RowKVCache:
         return RowKVCache(self.config, self.layer_index, batch, capacity, self.dtype, self.device)

@@ -160,6 +160,12 @@ class KVCache:
         self.k = [k.index_select(0, rows) for k in self.k]
         self.v = [v.index_select(0, rows) for v in self.v]
 
+    def write_prefix(self, rows: torch.Tensor, part: KVCache) -> None:
+        """Another cache's slots 0..part.capacity-1 into these rows (a prefill run apart for a group of rows)."""
+        for k, v, pk, pv in zip(self.k, self.v, part.k, part.v):
+            k[rows, :, : part.capacity] = pk
+            v[rows, :, : part.capacity] = pv
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
