@@ -27,7 +27,7 @@ import copy
 import dataclasses
 import inspect
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -38,18 +38,29 @@ from specdec_tune.profiles.models.llama import DecoderStack, KVCache, ModelConfi
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-ATTENTION_KINDS = ("full_attention", "sliding_attention")
+ATTENTION_KINDS = ("full_attention", "sliding_attention", "chunked_attention")
+
+
+def _widest(hf_config, name: str):
+    """A config field, the largest of its per-layer values where the family sets one per layer (a list, or
+    transformers' per-layer configs, whose global attribute raises); None where it has none."""
+    try:
+        value = getattr(hf_config, name, None)
+    except RuntimeError:  # transformers' AmbiguousGlobalPerLayerAttributeError: read the layers' own
+        value = [getattr(c, name, None) for c in getattr(hf_config, "per_layer_config", None) or []]
+    if isinstance(value, (list, tuple)):
+        value = max((v for v in value if v is not None), default=None)
+    return value
 
 
 def generic_config(hf_config) -> ModelConfig:
     """The shapes the loop and the learned heads read, from a transformers config object (its attribute_map resolves
-    each family's own names: n_embd, n_head, ...)."""
-    hidden, heads = int(hf_config.hidden_size), int(hf_config.num_attention_heads)
+    each family's own names: n_embd, n_head, ...; a per-layer field gives its widest layer's: the cache takes each
+    layer's own KV shape as it is written)."""
+    hidden, heads = int(hf_config.hidden_size), int(_widest(hf_config, "num_attention_heads"))
     eos = getattr(hf_config, "eos_token_id", None)
     eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if isinstance(eos, int) else ())
-    inter = (
-        getattr(hf_config, "intermediate_size", None) or getattr(hf_config, "moe_intermediate_size", None) or 4 * hidden
-    )
+    inter = _widest(hf_config, "intermediate_size") or getattr(hf_config, "moe_intermediate_size", None) or 4 * hidden
     rope = getattr(hf_config, "rope_parameters", None) or {}
     return ModelConfig(
         model_type=str(hf_config.model_type),
@@ -58,8 +69,8 @@ def generic_config(hf_config) -> ModelConfig:
         intermediate_size=int(inter),
         num_layers=int(hf_config.num_hidden_layers),
         num_heads=heads,
-        num_kv_heads=int(getattr(hf_config, "num_key_value_heads", None) or heads),
-        head_dim=int(getattr(hf_config, "head_dim", None) or hidden // heads),
+        num_kv_heads=int(_widest(hf_config, "num_key_value_heads") or heads),
+        head_dim=int(_widest(hf_config, "head_dim") or hidden // heads),
         rms_norm_eps=float(
             getattr(hf_config, "rms_norm_eps", None) or getattr(hf_config, "layer_norm_eps", None) or 1e-6
         ),
@@ -242,9 +253,10 @@ class RowKVCache(KVCache):
 class LogitHead(nn.Module):
     """The LM head and the family's logit transform; `weight` is the linear's (learned heads copy rows of it)."""
 
-    def __init__(self, linear: nn.Linear, hf_config) -> None:
+    def __init__(self, linear: nn.Linear, hf_config, before: list[nn.Module] | None = None) -> None:
         super().__init__()
         self.linear = linear
+        self.before = nn.Sequential(*(before or []))  # what the family applies between its decoder and `linear`
         self.softcap = getattr(hf_config, "final_logit_softcapping", None)  # gemma2, gemma3: cap * tanh(logits / cap)
         self.divide = getattr(hf_config, "logits_scaling", None)  # granite: logits / scaling
         self.multiply = getattr(hf_config, "logit_scale", None)  # cohere: logits * scale
@@ -254,7 +266,7 @@ class LogitHead(nn.Module):
         return self.linear.weight
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.linear(hidden)
+        logits = self.linear(self.before(hidden))
         if self.multiply:
             logits = logits * self.multiply
         if self.divide:
@@ -264,19 +276,37 @@ class LogitHead(nn.Module):
         return logits
 
 
-def decoder_parts(decoder: nn.Module) -> tuple[str, nn.ModuleList, nn.Module]:
+def head_modules(model: PreTrainedModel, decoder: nn.Module, linear: nn.Module) -> list[nn.Module]:
+    """The modules with weights a causal LM applies between its decoder and its output projection (a prediction
+    head's dense layer and norm), in order, seen by running it on one token."""
+    order: list[nn.Module] = []
+    hooks = [m.register_forward_hook(lambda m, a, o: order.append(m)) for _, m in model.named_children()]
+    try:
+        with torch.no_grad():
+            param = next(model.parameters())
+            model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=param.device), use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    if decoder not in order or linear not in order:
+        return []
+    between = order[order.index(decoder) + 1 : order.index(linear)]
+    return [m for m in between if any(True for _ in m.parameters())]
+
+
+def decoder_parts(decoder: PreTrainedModel) -> tuple[str, nn.ModuleList, Any]:
     """(the layer list's attribute name, the layer list, the final norm) of a transformers decoder, found from the
     module itself: the layer list is the child ModuleList of num_hidden_layers modules; the final norm is the child
     with weights the decoder applies after its last layer, seen by running it on one token (nn.Identity where it
     applies none)."""
-    family, n = decoder.config.model_type, int(decoder.config.num_hidden_layers)
-    lists = [(name, m) for name, m in decoder.named_children() if isinstance(m, nn.ModuleList) and len(m) == n]
-    if len(lists) != 1:
+    family = decoder.config.model_type
+    lists = [(name, m) for name, m in decoder.named_children() if isinstance(m, nn.ModuleList) and len(m)]
+    if not lists:
         raise SpecdecError(
-            f"the {family} decoder holds {len(lists)} lists of {n} modules, not one list of its decoder layers",
-            "the generic path needs a decoder that keeps its layers in one list",
+            f"the {family} decoder keeps no list of layers", "the generic path needs a decoder with a layer list"
         )
-    name, layers = lists[0]
+    # the decoder layers: the list holding the most weights
+    name, layers = max(lists, key=lambda item: sum(p.numel() for p in item[1].parameters()))
     order: list[nn.Module] = []
     hooks = [m.register_forward_hook(lambda m, a, o: order.append(m)) for _, m in decoder.named_children()]
     hooks.append(layers[-1].register_forward_hook(lambda m, a, o: order.append(m)))
@@ -310,7 +340,7 @@ class GenericCausalLM(DecoderStack, nn.Module):
         decoder: PreTrainedModel,
         lm_head: LogitHead,
         layer_ids: list[int] | None = None,
-        parts: tuple[str, nn.ModuleList, nn.Module] | None = None,
+        parts: tuple[str, nn.ModuleList, Any] | None = None,
     ) -> None:
         super().__init__()
         self.layers_name, all_layers, self.norm = parts or decoder_parts(decoder)
@@ -332,11 +362,34 @@ class GenericCausalLM(DecoderStack, nn.Module):
         self.config = dataclasses.replace(generic_config(decoder.config), num_layers=len(ids))
         self.kinds = layer_kinds(decoder.config)
         self.window = getattr(decoder.config, "sliding_window", None)
+        self.chunk = getattr(decoder.config, "attention_chunk_size", None)
         self.moe = moe_shape(decoder.config)
         # transformers' layer_idx of each kept layer (its attention writes under that id)
-        self.layer_index = {_layer_idx(layer, i): pos for pos, (i, layer) in enumerate(zip(ids, self.layers))}
+        kept = [idx for i, layer in zip(ids, self.layers) for idx in _layer_idxs(layer, i)]
+        self.layer_index = {idx: pos for pos, idx in enumerate(kept)}
         params = inspect.signature(decoder.forward).parameters
         self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._check_runs(decoder.config.model_type, f"layers {ids}" if layer_ids is not None else "")
+
+    def _check_runs(self, family: str, cut: str) -> None:
+        """Two tokens and one more through the loop's cache, as decoding runs them: a family whose layers ask the cache
+        for what it does not keep, or whose modules do not take the loop's masks, is refused here in one line."""
+        tokens = torch.zeros((1, 3), dtype=torch.long, device=self.device)
+        try:
+            with torch.no_grad():
+                cache = self.new_cache(1, 3)
+                self._run(tokens[:, :2], cache, torch.zeros(1, dtype=torch.long, device=self.device), "none", ())
+                self._run(tokens[:, 2:], cache, torch.full((1,), 2, dtype=torch.long, device=self.device), "none", ())
+        except SpecdecError:
+            raise
+        except Exception as e:  # the family's own modules under the loop's cache: named, in transformers' words
+            what = f"the {family} decoder" + (f" cut to its {cut}" if cut else "")
+            raise SpecdecError(
+                f"{what} does not run under the loop's cache ({type(e).__name__}: "
+                f"{str(e).splitlines()[0][:160] if str(e) else 'no message'})",
+                "the generic path runs decoders whose attention writes through transformers' Cache.update"
+                + (", and cuts of decoders whose layers keep no state across layers" if cut else ""),
+            ) from None
 
     def _cut(self, layer_ids: list[int]) -> GenericCausalLM:
         return GenericCausalLM(self.decoder, self.lm_head, layer_ids, (self.layers_name, self.layers, self.norm))
@@ -351,9 +404,12 @@ class GenericCausalLM(DecoderStack, nn.Module):
         out = {}
         for kind in set(self.kinds):
             allowed = visible
+            keys = torch.arange(L, device=positions.device)
             if kind == "sliding_attention" and self.window:  # key k visible to query position p iff p - window < k <= p
-                keys = torch.arange(L, device=positions.device)
                 allowed = allowed & (keys[None, None, :] > positions[:, :, None] - self.window).unsqueeze(1)
+            if kind == "chunked_attention" and self.chunk:  # ... iff k and p lie in the same chunk (and k <= p)
+                same = keys[None, None, :] // self.chunk == positions[:, :, None] // self.chunk
+                allowed = allowed & same.unsqueeze(1)
             out[kind] = torch.zeros(allowed.shape, dtype=self.dtype, device=positions.device).masked_fill(
                 ~allowed, blocked
             )
@@ -409,10 +465,11 @@ class GenericCausalLM(DecoderStack, nn.Module):
                 h.remove()
 
 
-def _layer_idx(layer: nn.Module, default: int) -> int:
-    attn = next((m for m in layer.modules() if hasattr(m, "layer_idx") and m is not layer), None)
-    idx = getattr(attn, "layer_idx", None)  # None where no attention module was found
-    return int(idx) if idx is not None else default
+def _layer_idxs(layer: nn.Module, default: int) -> list[int]:
+    """transformers' layer_idx of every attention module in a decoder layer (a family may run two), in order; the
+    layer's position where none is found."""
+    found = [int(m.layer_idx) for m in layer.modules() if m is not layer and getattr(m, "layer_idx", None) is not None]
+    return list(dict.fromkeys(found)) or [default]
 
 
 def _capture(store: dict, i: int):

@@ -16,7 +16,7 @@ import torch
 from specdec_tune import SpecdecError
 from specdec_tune.profiles.fingerprint import pick_dtype
 from specdec_tune.profiles.models.folders import DEFAULT_TARGET, ModelRef, builtin_covers, model_folder, weights_hash
-from specdec_tune.profiles.models.generic import GenericCausalLM, LogitHead
+from specdec_tune.profiles.models.generic import GenericCausalLM, LogitHead, head_modules
 from specdec_tune.profiles.models.llama import SUPPORTED_ARCHITECTURES, CausalLM, ModelConfig
 from specdec_tune.records import sha256_json
 
@@ -121,7 +121,7 @@ def _load_builtin(
 def _load_transformers(folder: Path, hf_config: dict, torch_dtype: torch.dtype, dev: torch.device) -> GenericCausalLM:
     """Any causal LM the installed transformers implements, from safetensors only, with no remote code."""
     import transformers
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     family = hf_config.get("model_type")
@@ -135,12 +135,10 @@ def _load_transformers(folder: Path, hf_config: dict, torch_dtype: torch.dtype, 
             f"model family {family!r} has no causal LM in the installed transformers {transformers.__version__}",
             f"supported: the built-in {', '.join(SUPPORTED_ARCHITECTURES)} and transformers' causal LMs ({known}, ...)",
         )
-    try:
-        config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
-        # eager where a family soft-caps attention scores (transformers' SDPA cannot), SDPA elsewhere
-        attention = "eager" if getattr(config, "attn_logit_softcapping", None) else "sdpa"
+
+    def load(attention: str):
         # with output_loading_info the call returns (model, loading info), which transformers' annotation leaves out
-        hf, info = cast(
+        return cast(
             "tuple[PreTrainedModel, dict[str, list[str]]]",
             AutoModelForCausalLM.from_pretrained(
                 str(folder),
@@ -152,6 +150,16 @@ def _load_transformers(folder: Path, hf_config: dict, torch_dtype: torch.dtype, 
                 output_loading_info=True,
             ),
         )
+
+    try:
+        config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+        # eager where a family soft-caps attention scores (transformers' SDPA cannot) or has no SDPA, SDPA elsewhere
+        try:
+            hf, info = load("eager" if getattr(config, "attn_logit_softcapping", None) else "sdpa")
+        except ValueError as e:
+            if "does not support an attention implementation" not in str(e):
+                raise
+            hf, info = load("eager")
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         raise SpecdecError(
             f"transformers cannot load {folder} as a {family} model ({type(e).__name__}: "
@@ -166,8 +174,31 @@ def _load_transformers(folder: Path, hf_config: dict, torch_dtype: torch.dtype, 
             f"weights in {folder} lack {len(missing)} tensors, e.g. {missing[0]}",
             "check the checkpoint matches its config.json",
         )
-    decoder = hf.get_decoder() if hasattr(hf, "get_decoder") else hf.model
-    return GenericCausalLM(decoder, LogitHead(hf.get_output_embeddings(), config)).to(dev)
+    # the decoder: get_decoder's answer, else (a family whose get_decoder gives itself or a layer) its base model
+    decoder = next(
+        (
+            d
+            for d in (
+                hf.get_decoder() if hasattr(hf, "get_decoder") else None,
+                hf.base_model,
+                getattr(hf, "model", None),
+            )
+            if isinstance(d, PreTrainedModel) and d is not hf
+        ),
+        hf,
+    )
+    try:
+        output = hf.get_output_embeddings()
+        head = LogitHead(output, config, head_modules(hf, decoder, output))
+        return GenericCausalLM(decoder, head).to(dev)
+    except (AttributeError, KeyError, NotImplementedError, RuntimeError, TypeError, ValueError) as e:
+        # the family's config or modules are not what the generic path reads (per-layer shapes, another decoder
+        # layout): one line naming it, the cause in transformers' words
+        raise SpecdecError(
+            f"the generic path cannot run the {family} model in {folder} ({type(e).__name__}: "
+            f"{str(e).splitlines()[0][:200] if str(e) else 'no message'})",
+            "profile a family the generic path runs (bench/results/model_families.md lists them)",
+        ) from None
 
 
 def describe_model(
