@@ -468,8 +468,8 @@ class GenericCausalLM(DecoderStack, nn.Module):
 def _layer_idxs(layer: nn.Module, default: int) -> list[int]:
     """transformers' layer_idx of every attention module in a decoder layer (a family may run two), in order; the
     layer's position where none is found."""
-    found = [int(m.layer_idx) for m in layer.modules() if m is not layer and getattr(m, "layer_idx", None) is not None]
-    return list(dict.fromkeys(found)) or [default]
+    found = [getattr(m, "layer_idx", None) for m in layer.modules() if m is not layer]
+    return list(dict.fromkeys(int(i) for i in found if i is not None)) or [default]
 
 
 def _capture(store: dict, i: int):
