@@ -90,6 +90,12 @@ def generic_config(hf_config) -> ModelConfig:
 def layer_kinds(hf_config) -> list[str]:
     """The attention kind of each decoder layer: the config's `layer_types`, else one kind from `sliding_window`."""
     n = int(hf_config.num_hidden_layers)
+    if "local" in (getattr(hf_config, "attention_layers", None) or []):  # GPT-Neo's spelling of its window layers
+        raise SpecdecError(
+            f"{hf_config.model_type}'s local attention layers cut their window from the key length, which rows of "
+            "different lengths in one batch do not share",
+            "the generic path runs windows that transformers takes from the masks (layer_types)",
+        )
     kinds = getattr(hf_config, "layer_types", None)
     if not kinds:
         sliding = getattr(hf_config, "sliding_window", None) and getattr(hf_config, "use_sliding_window", True)
