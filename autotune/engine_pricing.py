@@ -31,6 +31,8 @@ drops the table there: exporters/vllm_config.py).
 
 from __future__ import annotations
 
+import dataclasses
+
 from specdec_tune.autotune.cost_model import CostModel, Figure, weakest
 from specdec_tune.autotune.hardware import find_device_spec
 from specdec_tune.autotune.plan_schema import Plan
@@ -97,8 +99,8 @@ def priced(plan: Plan, cost: CostModel) -> Plan:
         as_run.append(speedup.value)
         costs = {
             "graph_mode_ms": round(graph_ms, 4),
-            "k0_drafter_ms": None if k0 is None else _figure(k0),
-            "speedup_as_run": _figure(speedup),
+            "k0_drafter_ms": None if k0 is None else dataclasses.asdict(k0),
+            "speedup_as_run": dataclasses.asdict(speedup),
         }
         row["engine_costs"] = costs
     schedule_mean = sum(as_run) / len(as_run)
@@ -124,7 +126,3 @@ def priced(plan: Plan, cost: CostModel) -> Plan:
         "why": why,
     }
     return Plan.model_validate(fields | {"buckets": buckets, "schedule_pricing": pricing})
-
-
-def _figure(f: Figure) -> dict:
-    return {"value": f.value, "source": f.source, "low": f.low, "high": f.high}

@@ -17,6 +17,7 @@ from specdec_tune.exporters.native_checks import Facts
 
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 
+# how each engine is named in the bundle's sentences
 ENGINE_NAMES = {"vllm": "vLLM", "trtllm": "TensorRT-LLM", "sglang": "SGLang", "speculators": "speculators"}
 # The Hugging Face ids of the embedded demo models, for engines that load by id.
 ENGINE_MODEL_IDS = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}
