@@ -60,6 +60,13 @@ OTHER_FAMILIES = {
     "gpt_neox": ("GPTNeoXConfig", dict(eos_token_id=1, bos_token_id=1)),
     # multi-query (one KV head, whatever the config says elsewhere) and a parallel attention / MLP block
     "falcon": ("FalconConfig", dict(eos_token_id=1, bos_token_id=1)),
+    # local layers that cut a window of 4 from a causal buffer aligned to the key length, not from the masks
+    "gpt_neo": (
+        "GPTNeoConfig",
+        dict(
+            attention_types=[[["global", "local"], 1], [["global"], 1]], window_size=4, eos_token_id=1, bos_token_id=1
+        ),
+    ),
 }
 
 

@@ -1,4 +1,4 @@
-"""The model-family coverage bench (bench/model_families.py) on a fixed sample: a built-in family, two families of the
+"""The model-family coverage bench (bench/model_families.py) on a fixed sample: a built-in family, three families of the
 generic path that decode token-identical to transformers, a state-space family and an encoder-decoder that the tool
 refuses (or, once it runs them, decodes token-identical: never a silent divergence, never a traceback); the
 classification of a wider set from configs alone; the table's counts; the walk through worker processes."""
@@ -25,6 +25,8 @@ SAMPLE = {
     "llama": ("attention decoder", "builtin", ("identical",)),
     "gemma2": ("attention decoder", "generic", ("identical",)),  # sliding window, soft-capping
     "gpt2": ("attention decoder", "generic", ("identical",)),  # learned absolute positions, fused qkv
+    # per-layer input embeddings and KV shared across layers: its draft, a first-layers cut, keeps the stack's tables
+    "gemma4_text": ("attention decoder", "generic", ("identical",)),
     "mamba": ("ssm-recurrent-hybrid", None, LOSSLESS_OR_REFUSED),  # refused today
     "prophetnet": ("other", None, LOSSLESS_OR_REFUSED),  # an encoder-decoder's decoder half, refused today
 }

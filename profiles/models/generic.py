@@ -91,11 +91,7 @@ def layer_kinds(hf_config) -> list[str]:
     """The attention kind of each decoder layer: the config's `layer_types`, else one kind from `sliding_window`."""
     n = int(hf_config.num_hidden_layers)
     if "local" in (getattr(hf_config, "attention_layers", None) or []):  # GPT-Neo's spelling of its window layers
-        raise SpecdecError(
-            f"{hf_config.model_type}'s local attention layers cut their window from the key length, which rows of "
-            "different lengths in one batch do not share",
-            "the generic path runs windows that transformers takes from the masks (layer_types)",
-        )
+        return ["sliding_attention" if a == "local" else "full_attention" for a in hf_config.attention_layers]
     kinds = getattr(hf_config, "layer_types", None)
     if not kinds:
         sliding = getattr(hf_config, "sliding_window", None) and getattr(hf_config, "use_sliding_window", True)
@@ -351,23 +347,27 @@ class GenericCausalLM(DecoderStack, nn.Module):
         super().__init__()
         self.layers_name, all_layers, self.norm = parts or decoder_parts(decoder)
         ids = list(range(len(all_layers))) if layer_ids is None else layer_ids
-        if layer_ids is not None:  # a cut: a shallow copy of the decoder with its own layer list and config
+        if layer_ids is not None:  # a cut: a shallow copy of the decoder with its own layer list (and config)
             decoder = copy.copy(decoder)
             decoder._modules = dict(decoder._modules)
-            config = copy.deepcopy(decoder.config)
-            kinds = layer_kinds(config)
-            config.num_hidden_layers = len(ids)
-            if getattr(config, "layer_types", None):
-                config.layer_types = [kinds[i] for i in ids]
-            decoder.config = config
+            if ids != list(range(len(ids))):  # layers with gaps: the per-layer descriptors follow the kept layers
+                config = copy.deepcopy(decoder.config)
+                kinds = layer_kinds(config)
+                config.num_hidden_layers = len(ids)
+                if getattr(config, "layer_types", None):
+                    config.layer_types = [kinds[i] for i in ids]
+                decoder.config = config
+            # a first-layers cut keeps the config: the family's per-layer tables (per-layer input embeddings, the
+            # layer where KV sharing starts) stay sized for the whole stack, whose loop runs the shorter list
             setattr(decoder, self.layers_name, nn.ModuleList(all_layers[i] for i in ids))
         self.decoder = decoder
         self.lm_head = lm_head
         self.layers = getattr(decoder, self.layers_name)
         self.embed_tokens = cast(nn.Embedding, decoder.get_input_embeddings())  # typed as any nn.Module
         self.config = dataclasses.replace(generic_config(decoder.config), num_layers=len(ids))
-        self.kinds = layer_kinds(decoder.config)
-        self.window = getattr(decoder.config, "sliding_window", None)
+        self.kinds = layer_kinds(decoder.config)[: len(ids)]
+        self.window = getattr(decoder.config, "sliding_window", None) or getattr(decoder.config, "window_size", None)
+        self.own_windows = _own_window_modules(decoder)
         self.chunk = getattr(decoder.config, "attention_chunk_size", None)
         self.moe = moe_shape(decoder.config)
         # transformers' layer_idx of each kept layer (its attention writes under that id)
@@ -403,12 +403,12 @@ class GenericCausalLM(DecoderStack, nn.Module):
     def new_cache(self, batch: int, capacity: int) -> RowKVCache:
         return RowKVCache(self.config, self.layer_index, batch, capacity, self.dtype, self.device)
 
-    def _masks(self, positions: torch.Tensor, visible: torch.Tensor):
-        """Additive masks [B, 1, T, L] per attention kind; one tensor where the model has one kind."""
+    def _masks(self, positions: torch.Tensor, visible: torch.Tensor, kinds: set[str]) -> dict[str, torch.Tensor]:
+        """Additive masks [B, 1, T, L] per attention kind."""
         L = visible.shape[-1]
         blocked = torch.finfo(self.dtype).min
         out = {}
-        for kind in set(self.kinds):
+        for kind in kinds:
             allowed = visible
             keys = torch.arange(L, device=positions.device)
             if kind == "sliding_attention" and self.window:  # key k visible to query position p iff p - window < k <= p
@@ -419,7 +419,7 @@ class GenericCausalLM(DecoderStack, nn.Module):
             out[kind] = torch.zeros(allowed.shape, dtype=self.dtype, device=positions.device).masked_fill(
                 ~allowed, blocked
             )
-        return out if len(out) > 1 else next(iter(out.values()))
+        return out
 
     def _run(self, tokens, cache: RowKVCache, start_pos, logits: str, layer_ids: tuple[int, ...]):
         T = tokens.shape[1]
@@ -431,10 +431,20 @@ class GenericCausalLM(DecoderStack, nn.Module):
             for i in layer_ids
             if i < len(self.layers)
         ]
+        if self.own_windows:  # the decoder takes one mask; the window layers get theirs on the way in
+            masks = self._masks(positions, visible, {"full_attention", "sliding_attention"})
+            hooks += [
+                m.register_forward_pre_hook(_with_mask(masks["sliding_attention"]), with_kwargs=True)
+                for m in self.own_windows
+            ]
+            mask: torch.Tensor | dict[str, torch.Tensor] = masks["full_attention"]
+        else:  # one tensor where the model has one kind, else transformers' per-kind mapping
+            masks = self._masks(positions, visible, set(self.kinds))
+            mask = masks if len(masks) > 1 else next(iter(masks.values()))
         try:
             out = self.decoder(
                 input_ids=tokens,
-                attention_mask=self._masks(positions, visible),
+                attention_mask=mask,
                 position_ids=positions,
                 use_cache=True,
                 **{self.cache_kwarg: cache},
@@ -476,6 +486,30 @@ def _layer_idxs(layer: nn.Module, default: int) -> list[int]:
     layer's position where none is found."""
     found = [getattr(m, "layer_idx", None) for m in layer.modules() if m is not layer]
     return list(dict.fromkeys(int(i) for i in found if i is not None)) or [default]
+
+
+def _own_window_modules(decoder: nn.Module) -> list[nn.Module]:
+    """Attention modules that cut their window from a causal buffer aligned to the key length (GPT-Neo's local
+    layers): rows of different lengths in one batch do not share that alignment, so the buffer is reset to plain
+    causality and the loop's sliding-window mask, built per row, carries the window (`_with_mask`)."""
+    found = []
+    for m in decoder.modules():
+        bias = getattr(m, "bias", None)
+        if (
+            getattr(m, "attention_type", None) == "local"
+            and isinstance(bias, torch.Tensor)
+            and bias.dtype == torch.bool
+        ):
+            m.bias = torch.tril(torch.ones_like(bias))  # [1, 1, P, P]: key k visible to query q iff k <= q
+            found.append(m)
+    return found
+
+
+def _with_mask(mask: torch.Tensor):
+    def hook(module, args, kwargs):
+        return args, kwargs | {"attention_mask": mask}
+
+    return hook
 
 
 def _capture(store: dict, i: int):
