@@ -984,13 +984,15 @@ def _version_overrides(vllm: str | None, trtllm: str | None, sglang: str | None)
     return tuple((k, v) for k, v in (("vllm", vllm), ("trtllm", trtllm), ("sglang", sglang)) if v)
 
 
-def _measure_settings(prompts: int, new_tokens: int, tolerance: float) -> MeasureSettings:
+def _measure_settings(prompts: int, new_tokens: int, tolerance: float, recheck_s: float) -> MeasureSettings:
     for name, value in (("--lossless-prompts", prompts), ("--new-tokens", new_tokens)):
         if value < 1:
             raise SpecdecError(f"{name} {value} must be at least 1", f"pass {name} 1 or more")
     if tolerance <= 0:
         raise SpecdecError(f"--tolerance {tolerance:g} must be positive", "pass a percentage such as --tolerance 15")
-    return MeasureSettings(prompts=prompts, new_tokens=new_tokens, tolerance_pct=tolerance)
+    if recheck_s < 0:
+        raise SpecdecError(f"--recheck-s {recheck_s:g} must not be negative", "pass 0 to measure each bucket once")
+    return MeasureSettings(prompts=prompts, new_tokens=new_tokens, tolerance_pct=tolerance, recheck_s=recheck_s)
 
 
 LosslessPrompts = Annotated[int, typer.Option("--lossless-prompts", help="Held-back prompts for the lossless gate.")]
@@ -999,6 +1001,13 @@ NewTokens = Annotated[
 ]
 Tolerance = Annotated[
     float, typer.Option("--tolerance", help="Largest relative error (%) of predicted against measured throughput.")
+]
+RecheckS = Annotated[
+    float,
+    typer.Option(
+        "--recheck-s",
+        help="Seconds the throughput check may spend measuring again the buckets it cannot judge yet (over all).",
+    ),
 ]
 
 
@@ -1029,6 +1038,7 @@ def export(
     lossless_prompts: LosslessPrompts = MEASURE.prompts,
     new_tokens: NewTokens = MEASURE.new_tokens,
     tolerance: Tolerance = MEASURE.tolerance_pct,
+    recheck_s: RecheckS = MEASURE.recheck_s,
     data_parallel: Annotated[
         int,
         typer.Option(
@@ -1063,7 +1073,7 @@ def export(
             f"--data-parallel {data_parallel} must be at least 1", "pass the engines' data-parallel size"
         )
     measure = dataclasses.replace(
-        _measure_settings(lossless_prompts, new_tokens, tolerance), repair_rounds=repair_rounds
+        _measure_settings(lossless_prompts, new_tokens, tolerance, recheck_s), repair_rounds=repair_rounds
     )
     settings = ExportSettings(
         plan=plan,
@@ -1118,6 +1128,7 @@ def validate(
     lossless_prompts: LosslessPrompts = MEASURE.prompts,
     new_tokens: NewTokens = MEASURE.new_tokens,
     tolerance: Tolerance = MEASURE.tolerance_pct,
+    recheck_s: RecheckS = MEASURE.recheck_s,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Check a bundle again: file hashes, engine configs, lossless gate, predicted vs measured throughput."""
@@ -1125,7 +1136,7 @@ def validate(
     from specdec_tune.pipeline.bundle_checks import validate_bundle
 
     result = validate_bundle(
-        bundle, None if configs_only else _measure_settings(lossless_prompts, new_tokens, tolerance)
+        bundle, None if configs_only else _measure_settings(lossless_prompts, new_tokens, tolerance, recheck_s)
     )
     if as_json:
         print(json.dumps(result, indent=2))
@@ -1160,7 +1171,9 @@ def validate(
 @app.command(
     epilog="Examples:\n\n  specdec-tune check artifacts/bundle\n\n"
     "  specdec-tune check artifacts/bundle --json --vllm-version 0.33.0\n\n"
-    "Exit codes: 0 fresh, 3 stale (each changed factor is named), 1 error."
+    "  specdec-tune check artifacts/bundle --metrics http://localhost:8000/metrics --window 10m\n\n"
+    "  specdec-tune check artifacts/bundle --metrics start.prom --metrics end.prom --window 10m\n\n"
+    "Exit codes: 0 fresh, 3 stale (each changed factor or drifted workload figure is named), 1 error."
 )
 def check(
     bundle: Annotated[Path, typer.Argument(help="The bundle folder.")] = Path("artifacts/bundle"),
@@ -1173,12 +1186,42 @@ def check(
     vllm_version: VllmVersion = None,
     trtllm_version: TrtllmVersion = None,
     sglang_version: SglangVersion = None,
+    metrics: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--metrics",
+            help="The serving engine's Prometheus metrics over a window: two scrape files or more (start ... end), a "
+            "folder of them, or a running server's /metrics URL (with --window).",
+        ),
+    ] = None,
+    window: Annotated[
+        str | None,
+        typer.Option("--window", help="The window: how long to scrape a URL, or the time between scrape files."),
+    ] = None,
+    interval: Annotated[str, typer.Option("--interval", help="Seconds between a URL's scrapes.")] = "2s",
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (for CI).")] = False,
 ) -> None:
-    """Tell whether a bundle still matches the model, drafter, engine and GPU (exit 0 fresh, 3 stale)."""
+    """Tell whether a bundle still matches the model, drafter, engine and GPU, or with --metrics whether the live
+    workload is still the one it was tuned for (exit 0 fresh, 3 stale)."""
     from specdec_tune.exporters.bundle import check_bundle
     from specdec_tune.exporters.staleness import STALE_EXIT_CODE
 
+    if metrics:  # the workload alone: a job that reads production metrics runs away from the serving machine
+        from specdec_tune.pipeline.serving_metrics import duration_s, read_scrapes, window_figures
+        from specdec_tune.pipeline.workload_check import workload_check
+
+        window_s = duration_s(window, "--window") if window else None
+        scrapes = read_scrapes(metrics, window_s, duration_s(interval, "--interval"))
+        workload = workload_check(bundle, window_figures(scrapes, window_s))
+        if as_json:
+            print(json.dumps({"bundle": str(bundle), "fresh": workload["fresh"], "workload": workload}, indent=2))
+        else:
+            for line in workload_lines(workload):
+                console.print(line, markup=False)
+            console.print(f"{bundle}: workload {'fresh' if workload['fresh'] else 'stale'}", markup=False)
+        if not workload["fresh"]:
+            raise typer.Exit(STALE_EXIT_CODE)
+        return
     result = check_bundle(
         bundle, target=target, versions=_version_overrides(vllm_version, trtllm_version, sglang_version)
     )
@@ -1192,6 +1235,59 @@ def check(
         console.print(f"{bundle}: {'fresh' if result['fresh'] else 'stale'}", markup=False)
     if not result["fresh"]:
         raise typer.Exit(STALE_EXIT_CODE)
+
+
+def workload_lines(w: dict) -> list[str]:
+    """`check --metrics` as text: each drifted factor, the figures behind each verdict, what the drift costs."""
+    a, c, win = w["acceptance"], w["concurrency"], w["window"]
+    lines = [f"stale: {text}" for text in w["drifted"]]
+    span = f" over {win['window_s']:.0f} s" if win.get("window_s") else ""
+    lines.append(
+        f"window: {win['engine']}, {win['scrapes']} scrapes{span}, {win['generated_tokens']:.0f} tokens generated, "
+        f"{win['finished_requests']:.0f} requests finished"
+    )
+    if a.get("live") is not None:
+        lo, hi = a["live_interval"]
+        plo, phi = a["profiled_interval"]
+        lines.append(
+            f"acceptance ({a['figure']}): {a['verdict']}: {a['live']:.3f} live [{lo:.3f}-{hi:.3f}] over "
+            f"{a['rounds']:.0f} rounds (measured) vs {a['profiled']:.3f} [{plo:.3f}-{phi:.3f}] profiled at K = "
+            f"{a['at']}"
+        )
+        for p in a.get("per_position", []):
+            had = f", profiled {p['profiled']:.3f}" if p["profiled"] is not None else ""
+            lines.append(f"  position {p['position']}: accepted in {p['live']:.3f} of the rounds live{had}")
+    else:
+        lines.append(f"acceptance: not judged: {a['why']}")
+    if c["verdict"] == "not judged":
+        lines.append(f"concurrency: not judged: {c['why']}")
+    else:
+        bands = ", ".join(
+            f"<= {b['batch']} (K={b['draft_len']}): {100 * b['share']:.0f}%"
+            for b in c["bands"]
+            if b["share"] is not None
+        )
+        above = f"; above {c['largest_bucket']}: {100 * c['share_above']:.0f}%" if c["share_above"] is not None else ""
+        little = f"; Little's mean {c['little_mean']:.2f}" if c.get("little_mean") is not None else ""
+        lines.append(f"concurrency: {c['verdict']}: {c['busy_samples']} busy scrapes: {bands}{above}{little}")
+    t = w.get("throughput")
+    if t:
+        for r in t["buckets"]:
+            lines.append(
+                f"  batch {r['batch']}, K={r['draft_len']}: predicted {r['planned_tokens_per_s']:.1f} tokens/s as "
+                f"planned, {r['live_acceptance_tokens_per_s']:.1f} at the live acceptance (modeled)"
+            )
+        over = t.get("over_live_concurrency")
+        if over:
+            lines.append(
+                f"over the live concurrency: {over['planned_tokens_per_s']:.1f} tokens/s as planned, "
+                f"{over['live_acceptance_tokens_per_s']:.1f} at the live acceptance (modeled)"
+            )
+    if w.get("engine_note"):
+        lines.append(f"note: {w['engine_note']}")
+    if w.get("retune"):
+        lines.append(f"re-tune: {w['retune']}")
+    return lines
 
 
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as shells report it

@@ -254,6 +254,7 @@ class MeasureSettings:
     repair_rounds: int = (
         2  # a failed throughput check: rounds of re-measuring its verify cells and re-planning before refusing
     )
+    recheck_s: float = 60.0  # the throughput check's time for measuring open verdicts again, over all buckets
 
 
 # The K engines run when a user sets none or copies the docs' example: vLLM's n-gram and draft-model examples

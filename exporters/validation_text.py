@@ -93,7 +93,8 @@ def describe_throughput_row(r: dict) -> str:
         )
         said = (
             f"; {r['verdict']} (predicted [{b_lo:.1f}–{b_hi:.1f}], measured at profile-time speed [{m_lo:.1f}–"
-            f"{m_hi:.1f}] over {r.get('runs', '?')} runs; the plan's margin here {r.get('margin_pct', 0):.1f}%)"
+            f"{m_hi:.1f}] over {r.get('runs', '?')} runs; the plan's margin here {r.get('margin_pct', 0):.1f}%"
+            + (f"; left open: {r['left_open']})" if r.get("left_open") else ")")
         )
     return (
         f"batch {r['batch']}, D={r['draft_len']}: predicted {r['predicted_tokens_per_s']:.0f} tokens/s "

@@ -130,8 +130,9 @@ def _static_instead(ctx: ExportContext, version: str, table_gate: dict) -> str |
 
 def _script(argv: list[str]) -> str:
     return (
-        "#!/usr/bin/env sh\n# vLLM serve command for this plan; paths in it are relative to the bundle folder\n"
-        'cd "$(dirname "$0")/.." || exit 1\nexec ' + " ".join(shlex.quote(a) for a in argv) + "\n"
+        "#!/usr/bin/env sh\n# vLLM serve command for this plan; paths in it are relative to the bundle folder;\n"
+        "# arguments given to this script follow the plan's (e.g. --port 8001)\n"
+        'cd "$(dirname "$0")/.." || exit 1\nexec ' + " ".join(shlex.quote(a) for a in argv) + ' "$@"\n'
     )
 
 

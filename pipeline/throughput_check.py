@@ -15,15 +15,16 @@ recorded), the tolerance where it recorded none.
                       plan's margin: the prediction's own interval holds the measurement, measured as finely as the
                       plan decides
     inconclusive      none of these: the runs are too spread to say
-An open verdict measures the bucket again, up to `MORE_RUNS` times its runs, before it is called inconclusive; an
-inconclusive bucket is neither a pass nor a failure (nothing is repaired or refused on it), and the check that holds one
-has not passed.
+An open verdict measures the bucket again, up to `MORE_RUNS` times its runs and while the check's time for it lasts
+(`MeasureSettings.recheck_s`, over all buckets), before it is called inconclusive; an inconclusive bucket is neither a
+pass nor a failure (nothing is repaired or refused on it), and the check that holds one has not passed.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -340,6 +341,7 @@ def throughput_check(
         return {"checked": False, "why": f"no calibration prompt reaches the plan's context of {plan.ctx} tokens"}
     speed = DeviceSpeed(target, profile, plan.ctx, s.seed)
     rows = []
+    recheck_left_s = s.recheck_s
     for b in plan.buckets:
         B, D = b.batch, b.draft_len
         kept = (keep or {}).get(B)
@@ -366,10 +368,18 @@ def throughput_check(
                     between=between,
                 )
 
+            started = time.perf_counter()
             decoded, ratios = speed.measure(decode, batch=B, draft_len=D)
+            once_s = time.perf_counter() - started
             row = bucket_row(b, decoded, ratios, s.tolerance_pct)
-            while row["verdict"] == "inconclusive" and row["runs"] < MORE_RUNS * s.repeats:  # measure until it can say
+            # measure until it can say, while the runs and the re-measuring time last
+            while row["verdict"] == "inconclusive" and row["runs"] < MORE_RUNS * s.repeats:
+                if once_s > recheck_left_s:
+                    row["left_open"] = f"the check's {s.recheck_s:g} s for measuring open verdicts again ran out"
+                    break
+                started = time.perf_counter()
                 more, more_ratios = speed.measure(decode, batch=B, draft_len=D)
+                recheck_left_s -= time.perf_counter() - started
                 decoded, ratios = merged_decodes(decoded, more), ratios + more_ratios
                 row = bucket_row(b, decoded, ratios, s.tolerance_pct)
         except (torch.OutOfMemoryError, RuntimeError) as e:
@@ -402,7 +412,8 @@ def throughput_check(
             f"a bucket passes when the 95% interval of its runs at profile-time speed lies within {s.tolerance_pct:g}% "
             "of the prediction, or, beyond it, when that interval overlaps the prediction's and is narrower than the "
             "plan's margin at the bucket (inside the noise); it fails when the two intervals are apart beyond the "
-            f"tolerance; otherwise it is measured again (up to {MORE_RUNS}x its runs) and else inconclusive"
+            f"tolerance; otherwise it is measured again (up to {MORE_RUNS}x its runs, within {s.recheck_s:g} s over "
+            "all buckets) and else inconclusive"
         ),
         "speed_scaling": (
             "each timed run's tokens/s times the speed ratio probed on either side of it (the probed step's time "

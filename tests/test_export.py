@@ -685,7 +685,7 @@ def loop_check(monkeypatch, fixed_speed, make_plan):
 
     from specdec_tune.pipeline import throughput_check as validate
 
-    def check(runs: dict[int, list[float]], low_4: float, margin_pct: float) -> tuple[dict, int]:
+    def check(runs: dict[int, list[float]], low_4: float, margin_pct: float, **settings) -> tuple[dict, int]:
         calls = {B: 0 for B in runs}
 
         def decode(t, d, ids, D, *a, batch_size, **k):
@@ -715,7 +715,8 @@ def loop_check(monkeypatch, fixed_speed, make_plan):
             "tokens_per_s": {"value": 360.0, "source": "modeled", "low": low_4, "high": 380.0},
             "rationale": _decided_by(margin_pct),
         }
-        return validate.throughput_check(make_plan([one, four]), profile, validate.MeasureSettings()), calls[4]
+        measure = validate.MeasureSettings(**settings)
+        return validate.throughput_check(make_plan([one, four]), profile, measure), calls[4]
 
     return check
 
@@ -744,6 +745,31 @@ def test_a_check_too_spread_to_judge_is_inconclusive_never_passed(loop_check):
     tp, measured = loop_check(runs, low_4=305.0, margin_pct=15.0)
     assert tp["buckets"][1]["verdict"] == "inside the noise" and tp["passed"] and measured == 1
     assert throughput_text(tp) == "passed"
+
+
+def test_measuring_open_verdicts_again_stops_when_its_time_runs_out(loop_check, monkeypatch):
+    """Each measurement takes 10 s on a clock that only the check reads: 25 s for measuring again allows two more
+    measurements of batch 4 (10 s each, while what is left exceeds one measurement), then the bucket is left open
+    and says why."""
+    import itertools
+    import types
+
+    from specdec_tune.exporters.validation_text import describe_throughput_row
+    from specdec_tune.pipeline import throughput_check as validate
+
+    ticks = itertools.count(step=10.0)  # each measurement reads it twice: 10 s apart
+    monkeypatch.setattr(validate, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    runs = {1: [99.0, 100.0, 101.0], 4: [290.0, 300.0, 310.0]}
+    tp, measured = loop_check(runs, low_4=305.0, margin_pct=1.0, recheck_s=25.0)
+    four = tp["buckets"][1]
+    assert measured == 3 and four["runs"] == 9 and "left_open" not in four  # MORE_RUNS reached first
+    tp, measured = loop_check(runs, low_4=305.0, margin_pct=1.0, recheck_s=15.0)
+    four = tp["buckets"][1]
+    assert measured == 2 and four["verdict"] == "inconclusive" and "15 s" in four["left_open"]
+    assert describe_throughput_row(four).endswith(
+        "left open: the check's 15 s for measuring open verdicts again ran out)"
+    )
+    assert "within 15 s over all buckets" in tp["rule"]
 
 
 def test_a_check_fails_a_bucket_whose_measurement_is_apart_from_its_prediction(loop_check):
