@@ -62,7 +62,8 @@ def scrapes(*texts: str) -> list[sm.Scrape]:
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
-    """The committed vLLM-CPU plan exported configs-only (vLLM serves it with per-batch K 3, 3, 2, 1)."""
+    """The committed vLLM-CPU plan exported configs-only (vLLM serves it with per-batch K 3, 3, 2, 1); the export reads
+    the demo target's config, so the tests that take it are marked demo."""
     out = tmp_path_factory.mktemp("b") / "bundle"
     assert main(["export", "--plan", str(PLAN), "--profile", str(PROFILE), "--out", str(out), "--configs-only"]) == 0
     return out
@@ -155,6 +156,7 @@ def _window(**figures) -> dict:
     return base | figures
 
 
+@pytest.mark.demo
 def test_acceptance_inside_and_drifted_against_the_profiled_interval(bundle):
     """At 4 requests the server runs batch 4's K = 2, where the profile's greedy n-gram record puts vLLM's mean
     acceptance length at 2.15 [2.00-2.28]: a live 2.15 over 400 rounds is inside; a live 1.2 is apart, named with both
@@ -177,6 +179,7 @@ def test_acceptance_inside_and_drifted_against_the_profiled_interval(bundle):
     assert all(b["live_acceptance_tokens_per_s"] < b["planned_tokens_per_s"] for b in t if b["draft_len"])
 
 
+@pytest.mark.demo
 def test_too_few_rounds_are_not_judged(bundle):
     w = _window(
         accepted_tokens=8.0,
@@ -189,6 +192,7 @@ def test_too_few_rounds_are_not_judged(bundle):
     assert r["acceptance"]["verdict"] == "not judged" and "40 rounds" in r["acceptance"]["why"] and r["fresh"]
 
 
+@pytest.mark.demo
 def test_concurrency_above_the_largest_bucket(bundle):
     """Busy scrapes at 16 requests against a largest bucket of 8: drifted, with the bands' shares; the profile holds no
     batch above 8, so the re-tune command profiles larger ones."""
@@ -224,6 +228,7 @@ def test_concurrency_above_the_largest_bucket(bundle):
     assert r["concurrency"]["verdict"] == "not judged"
 
 
+@pytest.mark.demo
 def test_sglang_scrapes_give_tokens_per_forward_and_say_what_sglang_does_not_count(bundle):
     def text(generated: int, verify: int, finished: int) -> str:
         return (
@@ -257,23 +262,27 @@ def _check(bundle: Path, window: str, capsys) -> tuple[int, dict]:
     return code, json.loads(capsys.readouterr().out)["workload"]
 
 
+@pytest.mark.demo
 def test_recorded_calibration_traffic_is_fresh(bundle, capsys):
     code, w = _check(bundle, "calibration", capsys)
     assert code == 0 and w["acceptance"]["verdict"] == "inside" and w["concurrency"]["verdict"] == "inside", w
 
 
+@pytest.mark.demo
 def test_recorded_traffic_of_another_kind_drifts_on_acceptance(bundle, capsys):
     code, w = _check(bundle, "other_text", capsys)
     assert code == 3 and w["acceptance"]["verdict"] == "drifted" and w["concurrency"]["verdict"] == "inside", w
     assert w["drifted"][0].startswith("workload: acceptance ")
 
 
+@pytest.mark.demo
 def test_recorded_traffic_above_the_largest_bucket_drifts_on_concurrency(bundle, capsys):
     code, w = _check(bundle, "concurrency", capsys)
     assert code == 3 and w["concurrency"]["verdict"] == "drifted", w
     assert any(d.startswith("workload: concurrency ") for d in w["drifted"])
 
 
+@pytest.mark.demo
 def test_the_text_report_names_each_drifted_factor(bundle, capsys):
     record = json.loads((ROOT / "bench" / "results" / "workload_drift.json").read_text())
     seconds = next(w["seconds"] for w in record["windows"] if w["window"] == "other_text")
@@ -283,6 +292,7 @@ def test_the_text_report_names_each_drifted_factor(bundle, capsys):
     assert "position 1: accepted in" in out and out.rstrip().endswith("workload stale")
 
 
+@pytest.mark.demo
 @pytest.mark.skipif(not os.environ.get("SPECDEC_TUNE_VLLM_PYTHON"), reason="SPECDEC_TUNE_VLLM_PYTHON names no vLLM")
 def test_the_live_server_run(tmp_path):
     """The bench end to end against a vLLM server it starts from the bundle's serve.sh (a few minutes)."""
@@ -302,6 +312,7 @@ def test_the_live_server_run(tmp_path):
     assert codes == {"calibration": 0, "other_text": 3, "concurrency": 3}
 
 
+@pytest.mark.demo
 def test_serve_sh_passes_the_callers_arguments_after_the_plans(bundle, tmp_path):
     """The live run starts the bundle's own serve.sh with --port: a `vllm` on PATH that prints its argv shows it
     last."""
