@@ -29,6 +29,7 @@ import math
 from pathlib import Path
 
 from specdec_tune import SpecdecError
+from specdec_tune.autotune.cost_model import CostModel
 from specdec_tune.autotune.plan import cost_model_of
 from specdec_tune.autotune.plan_schema import Plan, load_plan
 from specdec_tune.exporters.bundle import read_manifest
@@ -120,7 +121,7 @@ def draft_len_weights(window: dict, schedule: list[tuple[int, int]]) -> dict[int
     return {k: w / total for k, w in sorted(weights.items(), reverse=True)}
 
 
-def acceptance(window: dict, plan: Plan, profile: Profile, k_shares: dict[int, float]) -> dict:
+def acceptance(window: dict, plan: Plan, profile: Profile, cost: CostModel, k_shares: dict[int, float]) -> dict:
     """The live acceptance against the profiled interval at the K the server ran (module docstring), each K weighed
     by the share of the window's rows it served."""
     counts_drafts = window.get("drafts") is not None
@@ -143,16 +144,16 @@ def acceptance(window: dict, plan: Plan, profile: Profile, k_shares: dict[int, f
     per_pos = None
     if counts_drafts:
         live = 1 + window["accepted_tokens"] / rounds
-        bands = {d: profiled_mean_al(profile, plan, d)[:3] for d in k_shares}
+        profiled_at = {d: profiled_mean_al(profile, plan, d) for d in k_shares}
+        bands = {d: figure[:3] for d, figure in profiled_at.items()}
         per_pos = window["accepted_per_position"]
-        rates = profiled_mean_al(profile, plan, k)[3]
+        rates = profiled_at[k][3]
         out["per_position"] = [
             {"position": i + 1, "live": a / rounds, "profiled": rates[i] if i < len(rates) else None}
             for i, a in enumerate(per_pos)
         ]
     else:
         live = window["generated_tokens"] / rounds
-        cost = cost_model_of(profile, plan)
         figures = {d: cost.tokens_per_forward(plan.mechanism, plan.quant, d) for d in k_shares if d}
         bands = {d: (f.value, *f.bounds()) for d, f in figures.items()} | {0: (1.0, 1.0, 1.0)}
     low_live, high_live = live_interval(live, rounds, per_pos, k)
@@ -229,14 +230,13 @@ def concurrency(window: dict, schedule: list[tuple[int, int]]) -> dict:
 # ------------------------------------------------------------------------------------------------------------ the cost
 
 
-def throughput(plan: Plan, schedule: list[tuple[int, int]], accept: dict, conc: dict, profile: Profile) -> dict | None:
+def throughput(plan: Plan, schedule: list[tuple[int, int]], accept: dict, conc: dict, cost: CostModel) -> dict | None:
     """Each bucket's predicted tokens/s, the plan's and under the live acceptance, and their averages over the live
     concurrency (module docstring)."""
     if accept.get("live") is None:
         return None
     live, profiled = accept["live"], accept["profiled"]
     rho = (live - 1) / (profiled - 1) if profiled > 1 else 1.0
-    cost = cost_model_of(profile, plan)
     rows = []
     for b, d in schedule:
         p = cost.predict(b, d, plan.mechanism, plan.quant)
@@ -289,7 +289,8 @@ def workload_check(bundle: Path, window: dict) -> dict:
     engine = window["engine"]
     schedule = served_schedule(manifest, engine)
     conc = concurrency(window, schedule)
-    accept = acceptance(window, plan, profile, draft_len_weights(window, schedule))
+    cost = cost_model_of(profile, plan)
+    accept = acceptance(window, plan, profile, cost, draft_len_weights(window, schedule))
     drifted = [x["text"] for x in (accept, conc) if x.get("verdict") == "drifted"]
     return {
         "bundle": str(bundle),
@@ -297,7 +298,7 @@ def workload_check(bundle: Path, window: dict) -> dict:
         "window": window,
         "acceptance": accept,
         "concurrency": conc,
-        "throughput": throughput(plan, schedule, accept, conc, profile),
+        "throughput": throughput(plan, schedule, accept, conc, cost),
         "drifted": drifted,
         "fresh": not drifted,
         "retune": retune_command(accept, conc, profile),
