@@ -60,7 +60,7 @@ class ProfileSettings:
     dtype: str = "auto"
     device: str = "auto"
     out_dir: Path = Path("artifacts/profile")
-    budget_minutes: float = 6.0
+    budget_minutes: float = 4.0  # acceptance growth, then the decision cells' verify refinement, fill what is left
     seed: int = 0
     force: bool = False
     trust_remote_code: bool = False
@@ -254,7 +254,7 @@ class MeasureSettings:
     repair_rounds: int = (
         2  # a failed throughput check: rounds of re-measuring its verify cells and re-planning before refusing
     )
-    recheck_s: float = 60.0  # the throughput check's time for measuring open verdicts again, over all buckets
+    recheck_s: float = 30.0  # the throughput check's time for measuring open verdicts again, over all buckets
 
 
 # The K engines run when a user sets none or copies the docs' example: vLLM's n-gram and draft-model examples

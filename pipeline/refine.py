@@ -22,7 +22,8 @@ least two.
     budget   a third of what measuring every D of every bucket with as many groups would cost, at the plan's predicted
              tokens/s (in vLLM: an engine per D and group, each costing what the profile's engines cost on average;
              `--refine-budget` sets seconds instead). It is looked at between groups: every contender decodes
-             at least `MIN_GROUPS`, and where the budget is spent the contenders still in stop with as many groups
+             at least `MIN_GROUPS`, and where the next group (priced at the last one's time per contender) would
+             overrun the budget, the contenders still in stop with as many groups
     result   per bucket, among the trials not pruned, the highest expected tokens/s over the model's D, the cost
              model's draws and the measured groups combined (`expected_vs_model`: a group decodes the same prompts for
              every contender, so the ratio pairs them; a few noisy groups move the prediction little), D kept from
@@ -345,16 +346,20 @@ def _measure(
             running.append(_Running(trial, B, D, engine))
         rng = random.Random(s.seed)
         t0 = time.monotonic()
+        group_s_per_trial = 0.0  # the last group's wall time per contender: what the next group will cost
         for group in range(s.groups):
-            if group >= MIN_GROUPS and time.monotonic() - t0 > budget_s:
-                on_line(f"refine: the budget of {budget_s:.0f} s is spent after {group} groups of {s.groups}")
+            next_s = group_s_per_trial * len(running)
+            if group >= MIN_GROUPS and time.monotonic() - t0 + next_s > budget_s:
+                on_line(f"refine: the budget of {budget_s:.0f} s allows {group} groups of {s.groups}")
                 break
+            started = time.monotonic()
             order = running[:]
             rng.shuffle(order)  # every contender decodes the same prompts in this group, in another order each time
             for r, rate in zip(order, groups.rates(group, order)):
                 r.rates.append(rate)
                 r.trial.set_user_attr("rates", r.rates)  # a pruned contender's groups still pair with the others'
                 r.trial.report(statistics.fmean(r.rates), step=len(r.rates))
+            group_s_per_trial = (time.monotonic() - started) / len(order)
             for r in order:
                 if r.trial.should_prune():
                     study.tell(r.trial, state=optuna.trial.TrialState.PRUNED)

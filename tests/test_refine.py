@@ -148,6 +148,48 @@ def test_a_spent_budget_stops_every_contender_after_the_same_groups(searched, tm
     assert groups == {refine_module.MIN_GROUPS}
 
 
+class TickingDecoder(FakeDecoder):
+    """A FakeDecoder whose every call takes one second of a fake clock."""
+
+    def __init__(self, rates: dict[tuple[int, int], float]) -> None:
+        super().__init__(rates, noise=0.0)
+        self.now_s = 0.0
+
+    def __call__(self, model, ids, **kwargs):
+        self.now_s += 1.0
+        return super().__call__(model, ids, **kwargs)
+
+
+def test_a_group_that_would_overrun_the_budget_is_not_started(searched, tmp_path, monkeypatch):
+    plan, profile = searched
+    rates = {(b.batch, D): 50.0 * b.batch + D for b in plan.buckets for D in range(64)}
+    settings = RefineSettings(budget_s=1e9, groups=6, group_prompts=1)  # one call per contender and group
+
+    def run(budget_s: float, folder: Path) -> tuple[TickingDecoder, list[float], object]:
+        decoder = TickingDecoder(rates)
+        _fake(monkeypatch, decoder)
+        monkeypatch.setattr(refine_module.time, "monotonic", lambda: decoder.now_s)
+        folder.mkdir()
+        done_at: list[float] = []  # the clock when each group ended
+        refined = refine(
+            plan,
+            profile,
+            dataclasses.replace(settings, budget_s=budget_s),
+            folder,
+            on_line=lambda line: done_at.append(decoder.now_s) if " done, " in line else None,
+        )
+        return decoder, done_at, refined
+
+    _, unbounded, _ = run(1e9, tmp_path / "unbounded")
+    assert len(unbounded) == settings.groups
+    # a budget that ends halfway through the fourth group: the fourth is not started
+    budget_s = unbounded[2] + (unbounded[3] - unbounded[2]) / 2
+    decoder, done_at, refined = run(budget_s, tmp_path / "bounded")
+    assert len(done_at) == 3 and decoder.now_s <= budget_s
+    groups = {c.groups for b in refined.buckets if b.refinement for c in b.refinement.contenders if c.outcome == "measured"}
+    assert groups == {3}
+
+
 def test_a_projected_plan_or_an_engine_that_does_not_run_here_is_not_refined(searched, monkeypatch):
     from specdec_tune.profiles.vllm_engine import VARIABLE
 
