@@ -767,7 +767,7 @@ def search(
         float,
         typer.Option(
             "--refine-budget",
-            help="Seconds the refinement may decode; 0 = a third of what measuring every D of every bucket costs.",
+            help="Seconds the refinement may decode; 0 = a sixth of what measuring every D of every bucket costs.",
         ),
     ] = REFINE.budget_s,
     refine_storage: Annotated[

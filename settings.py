@@ -60,7 +60,7 @@ class ProfileSettings:
     dtype: str = "auto"
     device: str = "auto"
     out_dir: Path = Path("artifacts/profile")
-    budget_minutes: float = 4.0  # acceptance growth, then the decision cells' verify refinement, fill what is left
+    budget_minutes: float = 3.5  # acceptance growth, then the decision cells' verify refinement, fill what is left
     seed: int = 0
     force: bool = False
     trust_remote_code: bool = False
@@ -269,7 +269,7 @@ class RefineSettings:
     groups: int = 4  # batches of prompts a contender decodes at most (the pruner halves at 2, 4, ...)
     group_prompts: int = 4  # prompts a group decodes at least: at batch B, ceil(group_prompts / B) batches of B
     new_tokens: int = 32
-    budget_s: float = 0.0  # 0: a third of what measuring every D of every bucket would cost
+    budget_s: float = 0.0  # 0: a sixth of what measuring every D of every bucket would cost
     storage: str | None = None  # an Optuna storage URL; default: a journal beside plan.json
     seed: int = 0
 

@@ -19,11 +19,11 @@ order each round, so that the device's drift falls on every contender alike. A s
 (`BucketHalving`) keeps, at groups 2, 4, ..., the better half of a bucket's trials by their mean so far, always at
 least two.
 
-    budget   a third of what measuring every D of every bucket with as many groups would cost, at the plan's predicted
-             tokens/s (in vLLM: an engine per D and group, each costing what the profile's engines cost on average;
-             `--refine-budget` sets seconds instead). It is looked at between groups: every contender decodes
-             at least `MIN_GROUPS`, and where the next group (priced at the last one's time per contender) would
-             overrun the budget, the contenders still in stop with as many groups
+    budget   a sixth (`BUDGET_SHARE`) of what measuring every D of every bucket with as many groups would cost, at
+             the plan's predicted tokens/s (in vLLM: an engine per D and group, each costing what the profile's engines
+             cost on average; `--refine-budget` sets seconds instead). It is looked at between groups: every
+             contender decodes at least `MIN_GROUPS`, and where the next group (priced at the last one's time per
+             contender) would overrun the budget, the contenders still in stop with as many groups
     result   per bucket, among the trials not pruned, the highest expected tokens/s over the model's D, the cost
              model's draws and the measured groups combined (`expected_vs_model`: a group decodes the same prompts for
              every contender, so the ratio pairs them; a few noisy groups move the prediction little), D kept from
@@ -68,6 +68,7 @@ from specdec_tune.profiles.specdec import generate
 from specdec_tune.settings import ENGINE_DEFAULT_DRAFT_LEN, RefineSettings
 
 MIN_GROUPS = 2  # groups every contender decodes whatever the budget
+BUDGET_SHARE = 1 / 6  # of what measuring every D of every bucket would cost: the refinement's default budget
 # The cost model's error on the ratio of two D's tokens/s at one batch, beside its draws' spread: the rms of
 # log(measured ratio / predicted ratio) over the 112 D-pairs of bench/results/decision_quality.json is 0.055, that
 # sweep's own noise included (a point's relative sd about 0.04).
@@ -185,7 +186,7 @@ def refine(
     batches = uncertain(plan)
     cost = cost_model_of(profile, plan)
     max_draft_len = min(profile.workload.max_draft_len, cost.draft_len_limit(plan.mechanism))
-    budget_s = s.budget_s or sweep_cost_s(plan, profile, cost, s, max_draft_len) / 3
+    budget_s = s.budget_s or sweep_cost_s(plan, profile, cost, s, max_draft_len) * BUDGET_SHARE
     summary: dict[str, Any] = {
         "source": LABEL,
         "split": "profile",

@@ -199,6 +199,24 @@ def test_gguf_of_unsupported_architecture_is_refused_before_converting(tmp_path,
     assert cache_root() == tmp_path / "cache"
 
 
+def test_a_conversion_reads_each_gguf_once_and_puts_the_reader_back(tmp_path):
+    import gguf
+
+    from specdec_tune.profiles.models.folders import _gguf_read_once
+
+    write_gguf(tmp_path / "tiny.gguf", "llama")
+    original = gguf.GGUFReader, gguf.get_tensor_name_map
+    with pytest.raises(RuntimeError, match="inside"), _gguf_read_once():
+        first = gguf.GGUFReader(str(tmp_path / "tiny.gguf"))
+        assert gguf.GGUFReader(tmp_path / "." / "tiny.gguf") is first  # one reader per file, however named
+        assert first.fields["general.architecture"].contents() == "llama"
+        arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == "llama")
+        assert gguf.get_tensor_name_map(arch, 2) is gguf.get_tensor_name_map(arch, 2)
+        raise RuntimeError("inside")
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == original  # put back, even after an error
+    assert gguf.GGUFReader(str(tmp_path / "tiny.gguf")) is not gguf.GGUFReader(str(tmp_path / "tiny.gguf"))
+
+
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "empty"])
 def test_unreadable_gguf(tmp_path, damage):
     path = tmp_path / "broken.gguf"

@@ -186,7 +186,9 @@ def test_a_group_that_would_overrun_the_budget_is_not_started(searched, tmp_path
     budget_s = unbounded[2] + (unbounded[3] - unbounded[2]) / 2
     decoder, done_at, refined = run(budget_s, tmp_path / "bounded")
     assert len(done_at) == 3 and decoder.now_s <= budget_s
-    groups = {c.groups for b in refined.buckets if b.refinement for c in b.refinement.contenders if c.outcome == "measured"}
+    groups = {
+        c.groups for b in refined.buckets if b.refinement for c in b.refinement.contenders if c.outcome == "measured"
+    }
     assert groups == {3}
 
 

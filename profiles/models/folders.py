@@ -9,12 +9,15 @@ What a later stage needs of a model (its folder, config, shapes, `architectures`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import hashlib
 import importlib.util
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -130,6 +133,32 @@ def file_digest(path: Path) -> str:
 # ---------------------------------------------------------------------------- GGUF -> safetensors cache
 
 
+@contextlib.contextmanager
+def _gguf_read_once():
+    """Within this block each GGUF file has one `gguf.GGUFReader`, and each (architecture, layer count) one tensor-name
+    map. Reading a GGUF parses all of its metadata (the vocabulary: about 5 s for a 49k-token one on a 2-core CPU),
+    and transformers reads the file for the config, again for the tokenizer and again for the weights, and builds the
+    name map once per module of the model (about 400 for the demo target). Both are read-only: one of each serves."""
+    import gguf
+
+    reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[str, Any] = {}
+
+    def reader(path, mode="r"):
+        if mode != "r":
+            return reader_class(path, mode)
+        key = str(Path(path).resolve())
+        if key not in readers:
+            readers[key] = reader_class(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader_class, name_map
+
+
 def _gguf_architecture(path: Path) -> str:
     import gguf
 
@@ -148,17 +177,18 @@ def _convert_gguf(path: Path) -> Path:
     out = cache_root() / "models" / file_digest(path)[:16]
     if (out / "model.safetensors").is_file() and (out / "config.json").is_file():
         return out
-    arch = _gguf_architecture(path)
-    if not _gguf_convertible(arch):
-        raise SpecdecError(
-            f"GGUF architecture {arch!r} cannot be converted by the installed transformers' GGUF reader",
-            "pass the model as a Hugging Face folder (config.json and *.safetensors) instead",
-        )
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    with _gguf_read_once():
+        arch = _gguf_architecture(path)
+        if not _gguf_convertible(arch):
+            raise SpecdecError(
+                f"GGUF architecture {arch!r} cannot be converted by the installed transformers' GGUF reader",
+                "pass the model as a Hugging Face folder (config.json and *.safetensors) instead",
+            )
+        hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     state = {k: v.contiguous() for k, v in hf.state_dict().items()}
