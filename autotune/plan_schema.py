@@ -132,7 +132,9 @@ class Contender(Record):
     # (pipeline/refine.py `expected_vs_model`, source "fitted")
     expected_vs_model: Figure | None = None
     groups: int = Field(ge=0)
-    outcome: Literal["measured", "pruned", "not measured"]  # not measured: another worker still has it
+    # not measured: the budget left it out (less likely to beat the model's D than those measured), or another
+    # worker still has it
+    outcome: Literal["measured", "pruned", "not measured"]
 
 
 class BucketRefinement(Record):

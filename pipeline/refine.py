@@ -21,9 +21,12 @@ least two.
 
     budget   a sixth (`BUDGET_SHARE`) of what measuring every D of every bucket with as many groups would cost, at
              the plan's predicted tokens/s (in vLLM: an engine per D and group, each costing what the profile's engines
-             cost on average; `--refine-budget` sets seconds instead). It is looked at between groups: every
-             contender decodes at least `MIN_GROUPS`, and where the next group (priced at the last one's time per
-             contender) would overrun the budget, the contenders still in stop with as many groups
+             cost on average; `--refine-budget` sets seconds instead). It bounds what is measured before anything
+             is: the contenders decoded are those whose first `MIN_GROUPS` groups fit it, at every bucket the model's
+             D and the contender likeliest to beat it whatever the price, the others likeliest first (`affordable`;
+             the rest are recorded as not measured). It is looked at again between groups: where the next group
+             (priced at the last one's time per contender) would overrun it, the contenders still in stop with as
+             many groups
     result   per bucket, among the trials not pruned, the highest expected tokens/s over the model's D, the cost
              model's draws and the measured groups combined (`expected_vs_model`: a group decodes the same prompts for
              every contender, so the ratio pairs them; a few noisy groups move the prediction little), D kept from
@@ -175,7 +178,36 @@ def group_rows(batch: int, prompts: int) -> int:
 
 def sweep_cost_s(plan: Plan, profile: Profile, cost: CostModel, s: RefineSettings, max_draft_len: int) -> float:
     """What measuring every D of every bucket with `s.groups` groups would cost, as the profile's backend runs them."""
-    return GROUP_DECODERS[profile.backend].sweep_cost_s(plan, profile, cost, s, max_draft_len)
+    every = [(b.batch, D, "") for b in plan.buckets for D in range(max_draft_len + 1)]
+    return s.groups * GROUP_DECODERS[profile.backend].group_cost_s(plan, profile, cost, s, every)
+
+
+def affordable(
+    plan: Plan, profile: Profile, cost: CostModel, s: RefineSettings, wanted: dict[Key, str], budget_s: float
+) -> list[Key]:
+    """The contenders whose first `MIN_GROUPS` groups fit the budget: at every bucket the model's D and the contender
+    likeliest to beat it (the share of the cost model's draws in which it is faster) whatever the budget, then the
+    others, likeliest first, while their groups' price holds."""
+    price = GROUP_DECODERS[profile.backend].group_cost_s
+    model_d = {b.batch: b.draft_len for b in plan.buckets}
+
+    def chance(key: Key) -> float:
+        B, D, _ = key
+        faster = cost.draws.speedup(B, D, plan.mechanism, plan.quant) > cost.draws.speedup(
+            B, model_d[B], plan.mechanism, plan.quant
+        )
+        return float(faster.mean())
+
+    challengers = sorted((k for k in wanted if k[1] != model_d[k[0]] or k[2]), key=chance, reverse=True)
+    chosen = [k for k in wanted if k[1] == model_d[k[0]] and not k[2]]
+    for B in model_d:
+        first = next((k for k in challengers if k[0] == B), None)
+        if first is not None:
+            chosen.append(first)
+    for k in challengers:
+        if k not in chosen and MIN_GROUPS * price(plan, profile, cost, s, [*chosen, k]) <= budget_s:
+            chosen.append(k)
+    return [k for k in wanted if k in chosen]
 
 
 def refine(
@@ -217,12 +249,13 @@ def refine(
             study.tell(t.number, state=optuna.trial.TrialState.FAIL)
         running = []
     started = {_key(t) for t in running}  # another worker's, on a shared storage
-    todo = [k for k in wanted if k not in done and k not in started]
+    within = affordable(plan, profile, cost, s, wanted, budget_s)
+    todo = [k for k in within if k not in done and k not in started]
     t0 = time.monotonic()
     if todo:
         on_line(
-            f"refine: {len(wanted)} contenders at batch {', '.join(map(str, batches))}, "
-            f"{len(done)} already measured; budget {budget_s:.0f} s"
+            f"refine: {len(wanted)} contenders at batch {', '.join(map(str, batches))}, {len(within)} within the "
+            f"budget of {budget_s:.0f} s (the others less likely to beat the model's D), {len(done)} already measured"
         )
         _measure(plan, profile, s, study, todo, budget_s, on_line)
     spent_s = time.monotonic() - t0
@@ -252,15 +285,13 @@ class _LoopGroups:
         return None
 
     @staticmethod
-    def sweep_cost_s(plan: Plan, profile: Profile, cost: CostModel, s: RefineSettings, max_draft_len: int) -> float:
-        """Every D of every bucket, `s.groups` groups each, at the plan's predicted tokens/s."""
+    def group_cost_s(plan: Plan, profile: Profile, cost: CostModel, s: RefineSettings, keys: list[Key]) -> float:
+        """One group of `keys`, one after another, at the plan's predicted tokens/s."""
         return sum(
-            s.groups
-            * group_rows(b.batch, s.group_prompts)
+            group_rows(B, s.group_prompts)
             * s.new_tokens
-            / cost.predict(b.batch, D, plan.mechanism, plan.quant).tokens_per_s.value
-            for b in plan.buckets
-            for D in range(max_draft_len + 1)
+            / cost.predict(B, D, plan.mechanism, plan.quant).tokens_per_s.value
+            for B, D, _ in keys
         )
 
     def __init__(self, plan: Plan, profile: Profile, s: RefineSettings, todo: list[Key]) -> None:

@@ -18,6 +18,7 @@ contender's figure is its run's steady tokens/s as the cost model predicts it (e
 
 from __future__ import annotations
 
+import collections
 import random
 import tempfile
 from pathlib import Path
@@ -108,9 +109,13 @@ class EngineGroups:
         return None
 
     @staticmethod
-    def sweep_cost_s(plan: Plan, profile: Profile, cost: object, s: RefineSettings, max_draft_len: int) -> float:
-        """Every D an engine of its own in every group, each costing what the profile's engines cost on average."""
-        return s.groups * (max_draft_len + 1) * engine_s(profile)
+    def group_cost_s(
+        plan: Plan, profile: Profile, cost: object, s: RefineSettings, keys: list[tuple[int, int, str]]
+    ) -> float:
+        """One group of `keys`: as many speculative engines as the busiest bucket has contenders, and the plain one
+        where a key runs it, each costing what the profile's engines cost on average."""
+        per_bucket = collections.Counter(B for B, _, engine in keys if not engine)
+        return (max(per_bucket.values(), default=0) + any(engine for *_, engine in keys)) * engine_s(profile)
 
     def __init__(self, plan: Plan, profile: Profile, s: RefineSettings, todo: list[tuple[int, int, str]]) -> None:
         self.plan, self.profile, self.rows = plan, profile, s.group_prompts

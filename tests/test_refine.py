@@ -144,8 +144,42 @@ def test_a_spent_budget_stops_every_contender_after_the_same_groups(searched, tm
     decoder = FakeDecoder({(b.batch, D): 50.0 * b.batch for b in plan.buckets for D in range(64)}, noise=0.0)
     _fake(monkeypatch, decoder)
     refined = refine(plan, profile, RefineSettings(budget_s=1e-9, groups=6), tmp_path, on_line=lambda line: None)
-    groups = {c.groups for b in refined.buckets if b.refinement for c in b.refinement.contenders}
+    groups = {
+        c.groups
+        for b in refined.buckets
+        if b.refinement
+        for c in b.refinement.contenders
+        if c.outcome != "not measured"
+    }
     assert groups == {refine_module.MIN_GROUPS}
+
+
+def test_the_budget_chooses_the_contenders_likeliest_to_beat_the_models_d(searched, tmp_path, monkeypatch):
+    plan, profile = searched
+    cost = cost_model_of(profile, plan)
+    _fake(monkeypatch, FakeDecoder({(b.batch, D): 50.0 * b.batch + D for b in plan.buckets for D in range(64)}))
+
+    def chance(B: int, D: int, model: int) -> float:
+        speedup = cost.draws.speedup
+        return float((speedup(B, D, plan.mechanism, plan.quant) > speedup(B, model, plan.mechanism, plan.quant)).mean())
+
+    # no budget: each bucket decodes its model's D and the likeliest challenger, the rest are recorded unmeasured
+    (tmp_path / "none").mkdir()
+    refined = refine(plan, profile, RefineSettings(budget_s=1e-9), tmp_path / "none", on_line=lambda line: None)
+    left_out = 0
+    for b, model in zip(refined.buckets, plan.buckets):
+        if b.refinement is None:
+            continue
+        measured = {c.draft_len for c in b.refinement.contenders if c.outcome != "not measured"}
+        others = [c.draft_len for c in b.refinement.contenders if c.draft_len != model.draft_len]
+        likeliest = max(others, key=lambda D: chance(b.batch, D, model.draft_len))
+        assert measured == {model.draft_len, likeliest}
+        left_out += len(others) - 1
+    assert left_out > 0
+    # a budget for everything: every contender is decoded
+    (tmp_path / "all").mkdir()
+    refined = refine(plan, profile, RefineSettings(budget_s=1e9), tmp_path / "all", on_line=lambda line: None)
+    assert all(c.outcome != "not measured" for b in refined.buckets if b.refinement for c in b.refinement.contenders)
 
 
 class TickingDecoder(FakeDecoder):
