@@ -832,7 +832,7 @@ def search(
         "D never rises with batch, memory: a longer draft does not fit in memory, refined: expected faster than the "
         "model's D once decoded); vs next D: the runner-up, the choice's expected gain over it and the share of draws "
         "of the profile in which the choice is faster (p), or for a refined bucket the model's D, the expected gain "
-        "(the model and the measured groups together) and the measured one",
+        "(the model and the measured groups together) and, after m, the measured one",
         markup=False,
     )
     console.print(
@@ -922,9 +922,9 @@ def _vs_next_d(b) -> str:
         chosen = next(c for c in r.contenders if c.draft_len == b.draft_len and c.engine == r.chosen_engine)
         if chosen.vs_model is None:
             return f"{r.model_draft_len}: model's D pruned"
-        measured = f"{100 * (chosen.vs_model.value - 1):+.1f}% measured"
+        measured = f"{100 * (chosen.vs_model.value - 1):+.0f}%"
         e = chosen.expected_vs_model
-        gain = f"{100 * (e.value - 1):+.1f}% ({measured})" if e is not None else measured
+        gain = f"{100 * (e.value - 1):+.1f}% (m {measured})" if e is not None else f"{measured} measured"
         return f"{r.model_draft_len}: {gain}"
     d, nxt = b.rationale.decision, (b.rationale.model_extra or {}).get("next_best")
     if d:

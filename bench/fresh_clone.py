@@ -267,6 +267,11 @@ def table(result: dict) -> str:
                 "the plans agree within their stated intervals (each bucket's predicted speedup inside the other's)"
                 if pair["agree"]
                 else "another mechanism"
+                + (
+                    f", the predicted speedups outside each other's intervals at batch {', '.join(apart)}"
+                    if apart
+                    else ", though each bucket's predicted speedup lies inside the other's interval"
+                )
                 if not pair["same_mechanism"]
                 else f"the predicted speedups lie outside each other's intervals at batch {', '.join(apart)}"
             )
