@@ -190,13 +190,11 @@ def affordable(
     others, likeliest first, while their groups' price holds."""
     price = GROUP_DECODERS[profile.backend].group_cost_s
     model_d = {b.batch: b.draft_len for b in plan.buckets}
+    model_draws = {B: cost.draws.speedup(B, D, plan.mechanism, plan.quant) for B, D in model_d.items()}
 
     def chance(key: Key) -> float:
         B, D, _ = key
-        faster = cost.draws.speedup(B, D, plan.mechanism, plan.quant) > cost.draws.speedup(
-            B, model_d[B], plan.mechanism, plan.quant
-        )
-        return float(faster.mean())
+        return float((cost.draws.speedup(B, D, plan.mechanism, plan.quant) > model_draws[B]).mean())
 
     challengers = sorted((k for k in wanted if k[1] != model_d[k[0]] or k[2]), key=chance, reverse=True)
     chosen = [k for k in wanted if k[1] == model_d[k[0]] and not k[2]]
