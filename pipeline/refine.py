@@ -22,11 +22,12 @@ least two.
     budget   a sixth (`BUDGET_SHARE`) of what measuring every D of every bucket with as many groups would cost, at
              the plan's predicted tokens/s (in vLLM: an engine per D and group, each costing what the profile's engines
              cost on average; `--refine-budget` sets seconds instead). It bounds what is measured before anything
-             is: the contenders decoded are those whose first `MIN_GROUPS` groups fit it, at every bucket the model's
-             D and the contender likeliest to beat it whatever the price, the others likeliest first (`affordable`;
-             the rest are recorded as not measured). It is looked at again between groups: where the next group
-             (priced at the last one's time per contender) would overrun it, the contenders still in stop with as
-             many groups
+             is: the contenders decoded are those whose first `MIN_GROUPS` groups fit it (`affordable`): a bucket's
+             model's D and the contender likeliest to beat it as a pair, the pairs in the order of their expected
+             gain, then the measured buckets' other contenders, likeliest first; the rest are recorded as not
+             measured, a bucket no pair of which fits keeps the model's D. It is looked at again between groups: where
+             the next group (priced at the last one's time per contender) would overrun it, the contenders still in
+             stop with as many groups
     result   per bucket, among the trials not pruned, the highest expected tokens/s over the model's D, the cost
              model's draws and the measured groups combined (`expected_vs_model`: a group decodes the same prompts for
              every contender, so the ratio pairs them; a few noisy groups move the prediction little), D kept from
@@ -70,7 +71,7 @@ from specdec_tune.profiles.schema import Profile
 from specdec_tune.profiles.specdec import generate
 from specdec_tune.settings import ENGINE_DEFAULT_DRAFT_LEN, RefineSettings
 
-MIN_GROUPS = 2  # groups every contender decodes whatever the budget
+MIN_GROUPS = 2  # groups every decoded contender decodes: the budget chooses the contenders by their price
 BUDGET_SHARE = 1 / 6  # of what measuring every D of every bucket would cost: the refinement's default budget
 # The cost model's error on the ratio of two D's tokens/s at one batch, beside its draws' spread: the rms of
 # log(measured ratio / predicted ratio) over the 112 D-pairs of bench/results/decision_quality.json is 0.055, that
@@ -185,25 +186,34 @@ def sweep_cost_s(plan: Plan, profile: Profile, cost: CostModel, s: RefineSetting
 def affordable(
     plan: Plan, profile: Profile, cost: CostModel, s: RefineSettings, wanted: dict[Key, str], budget_s: float
 ) -> list[Key]:
-    """The contenders whose first `MIN_GROUPS` groups fit the budget: at every bucket the model's D and the contender
-    likeliest to beat it (the share of the cost model's draws in which it is faster) whatever the budget, then the
-    others, likeliest first, while their groups' price holds."""
+    """The contenders whose first `MIN_GROUPS` groups fit the budget. A bucket is measured as a pair first: its model's
+    D and the contender likeliest to beat it (the share of the cost model's draws in which it is faster), the buckets
+    in the order of what measuring the pair is expected to gain (the mean over the draws of the challenger's excess
+    over the model's D, where it has one), each while the pairs so far fit; then the measured buckets' other
+    contenders, likeliest first, while their groups' price holds. What does not fit is recorded as not measured."""
     price = GROUP_DECODERS[profile.backend].group_cost_s
     model_d = {b.batch: b.draft_len for b in plan.buckets}
     model_draws = {B: cost.draws.speedup(B, D, plan.mechanism, plan.quant) for B, D in model_d.items()}
 
-    def chance(key: Key) -> float:
+    def over_model(key: Key) -> np.ndarray:  # per draw: the contender's speedup over the model's D's
         B, D, _ = key
-        return float((cost.draws.speedup(B, D, plan.mechanism, plan.quant) > model_draws[B]).mean())
+        return cost.draws.speedup(B, D, plan.mechanism, plan.quant) / model_draws[B]
 
-    challengers = sorted((k for k in wanted if k[1] != model_d[k[0]] or k[2]), key=chance, reverse=True)
-    chosen = [k for k in wanted if k[1] == model_d[k[0]] and not k[2]]
-    for B in model_d:
+    chance = {k: float((over_model(k) > 1.0).mean()) for k in wanted}
+    challengers = sorted((k for k in wanted if k[1] != model_d[k[0]] or k[2]), key=chance.__getitem__, reverse=True)
+    pairs = []
+    for B in dict.fromkeys(k[0] for k in wanted):
         first = next((k for k in challengers if k[0] == B), None)
         if first is not None:
-            chosen.append(first)
-    for k in challengers:
-        if k not in chosen and MIN_GROUPS * price(plan, profile, cost, s, [*chosen, k]) <= budget_s:
+            gain = float(np.maximum(over_model(first) - 1.0, 0.0).mean())
+            pairs.append((gain, [k for k in wanted if k[0] == B and k[1] == model_d[B] and not k[2]] + [first]))
+    chosen: list[Key] = []
+    for _, pair in sorted(pairs, key=lambda p: p[0], reverse=True):
+        if MIN_GROUPS * price(plan, profile, cost, s, [*chosen, *pair]) <= budget_s:
+            chosen += pair
+    measured = {k[0] for k in chosen}
+    for k in (k for k in challengers if k[0] in measured and k not in chosen):
+        if MIN_GROUPS * price(plan, profile, cost, s, [*chosen, k]) <= budget_s:
             chosen.append(k)
     return [k for k in wanted if k in chosen]
 

@@ -1,5 +1,5 @@
 """Lossless on the real demo target: greedy speculative output equals plain greedy output, token for
-token, for every drafter, on 16 held-back prompts x 32 new tokens at batch 8 (two batches whose rows finish
+token, for every drafter, on 16 held-back prompts x 20 new tokens at batch 8 (two batches whose rows finish
 at different rounds) and the first 4 of them at batch 1, in fp32.
 
 The learned heads run untrained (a trained head is not committed), and an untrained head accepts almost nothing,
@@ -20,7 +20,7 @@ from specdec_tune.profiles.prompts import encode_prompts
 
 pytestmark = pytest.mark.demo
 
-NUM_PROMPTS, BATCH_1_PROMPTS, MAX_NEW, D = 16, 4, 32, 3
+NUM_PROMPTS, BATCH_1_PROMPTS, MAX_NEW, D = 16, 4, 20, 3
 # draft_model with 2 layers: the cheapest draft still exercises every rollback path. The learned heads run untrained
 # (random=1): losslessness does not depend on their quality, and a trained head is not committed.
 DRAFTER_OPTIONS = {

@@ -219,9 +219,10 @@ def _run_cases(outcomes, *args, cases: list) -> list[str]:
 
 
 def test_every_plan_field_broken_alone_is_refused_in_one_line_or_exports(demo):
-    """Each place of plan.json (of a list, its first item) set, one at a time, to null, to the wrong type and out of
-    range: load_plan (or export's own input checks) refuses it in one line, or it exports. Enumerated, so that every
-    run of a commit gives the same verdict (the random draws above cover combinations)."""
+    """Each place of plan.json (of a list, its first item) set, one at a time, to null, to the wrong type or out of
+    range (the three in turn from place to place): load_plan (or export's own input checks) refuses it in one line, or
+    it exports. Enumerated, so that every run of a commit gives the same verdict (the random draws above cover
+    combinations)."""
     plan = json.loads((demo / "plan" / "plan.json").read_text())
     cases = enumerated.cases(plan)
     outcomes = _run_cases(enumerated.plan_outcomes, plan, str(PROFILE), cases=cases)
@@ -229,7 +230,7 @@ def test_every_plan_field_broken_alone_is_refused_in_one_line_or_exports(demo):
     assert (
         outcomes.count("refused") > len(cases) // 3 and outcomes.count("exported") > len(cases) // 10
     )  # both ends exercised
-    assert len(cases) > 600  # every field: the plan has over 200 places
+    assert len(cases) > 200 and {how for _, how, _ in cases} == {"null", "wrong type", "out of range"}
 
 
 def test_every_profile_field_broken_alone_is_refused_in_one_line_or_searched_and_exported():
@@ -239,8 +240,8 @@ def test_every_profile_field_broken_alone_is_refused_in_one_line_or_searched_and
     cases = enumerated.cases(profile)
     outcomes = _run_cases(enumerated.profile_outcomes, profile, cases=cases)
     assert [o for o in outcomes if o.startswith("crash")] == []
-    assert outcomes.count("refused") > len(cases) // 2 and outcomes.count("exported") > 20
-    assert len(cases) > 500
+    assert outcomes.count("refused") > len(cases) // 2 and outcomes.count("exported") >= 10
+    assert len(cases) > 170 and {how for _, how, _ in cases} == {"null", "wrong type", "out of range"}
 
 
 def test_the_enumeration_reports_a_crash(monkeypatch):

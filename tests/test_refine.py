@@ -10,6 +10,7 @@ import random
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from specdec_tune.autotune.plan import cost_model_of
@@ -139,49 +140,6 @@ def test_a_refinement_resumes_its_study_without_decoding_again(searched, tmp_pat
     assert [b.draft_len for b in again.buckets] == [b.draft_len for b in first.buckets]
 
 
-def test_a_spent_budget_stops_every_contender_after_the_same_groups(searched, tmp_path, monkeypatch):
-    plan, profile = searched
-    decoder = FakeDecoder({(b.batch, D): 50.0 * b.batch for b in plan.buckets for D in range(64)}, noise=0.0)
-    _fake(monkeypatch, decoder)
-    refined = refine(plan, profile, RefineSettings(budget_s=1e-9, groups=6), tmp_path, on_line=lambda line: None)
-    groups = {
-        c.groups
-        for b in refined.buckets
-        if b.refinement
-        for c in b.refinement.contenders
-        if c.outcome != "not measured"
-    }
-    assert groups == {refine_module.MIN_GROUPS}
-
-
-def test_the_budget_chooses_the_contenders_likeliest_to_beat_the_models_d(searched, tmp_path, monkeypatch):
-    plan, profile = searched
-    cost = cost_model_of(profile, plan)
-    _fake(monkeypatch, FakeDecoder({(b.batch, D): 50.0 * b.batch + D for b in plan.buckets for D in range(64)}))
-
-    def chance(B: int, D: int, model: int) -> float:
-        speedup = cost.draws.speedup
-        return float((speedup(B, D, plan.mechanism, plan.quant) > speedup(B, model, plan.mechanism, plan.quant)).mean())
-
-    # no budget: each bucket decodes its model's D and the likeliest challenger, the rest are recorded unmeasured
-    (tmp_path / "none").mkdir()
-    refined = refine(plan, profile, RefineSettings(budget_s=1e-9), tmp_path / "none", on_line=lambda line: None)
-    left_out = 0
-    for b, model in zip(refined.buckets, plan.buckets):
-        if b.refinement is None:
-            continue
-        measured = {c.draft_len for c in b.refinement.contenders if c.outcome != "not measured"}
-        others = [c.draft_len for c in b.refinement.contenders if c.draft_len != model.draft_len]
-        likeliest = max(others, key=lambda D: chance(b.batch, D, model.draft_len))
-        assert measured == {model.draft_len, likeliest}
-        left_out += len(others) - 1
-    assert left_out > 0
-    # a budget for everything: every contender is decoded
-    (tmp_path / "all").mkdir()
-    refined = refine(plan, profile, RefineSettings(budget_s=1e9), tmp_path / "all", on_line=lambda line: None)
-    assert all(c.outcome != "not measured" for b in refined.buckets if b.refinement for c in b.refinement.contenders)
-
-
 class TickingDecoder(FakeDecoder):
     """A FakeDecoder whose every call takes one second of a fake clock."""
 
@@ -194,10 +152,76 @@ class TickingDecoder(FakeDecoder):
         return super().__call__(model, ids, **kwargs)
 
 
+def _one_second_each(monkeypatch) -> None:
+    """Price a group at one second per contender (TickingDecoder's clock with one prompt a group)."""
+    monkeypatch.setattr(refine_module._LoopGroups, "group_cost_s", staticmethod(lambda *a: float(len(a[-1]))))
+
+
+def _measured(refined: Plan) -> dict[int, set[int]]:
+    """{batch: the D's decoded} of each bucket the refinement looked at."""
+    return {
+        b.batch: {c.draft_len for c in b.refinement.contenders if c.outcome != "not measured"}
+        for b in refined.buckets
+        if b.refinement
+    }
+
+
+def test_a_spent_budget_stops_every_contender_after_the_same_groups(searched, tmp_path, monkeypatch):
+    plan, profile = searched
+    decoder = TickingDecoder({(b.batch, D): 50.0 * b.batch for b in plan.buckets for D in range(64)})
+    _fake(monkeypatch, decoder)
+    _one_second_each(monkeypatch)
+    monkeypatch.setattr(refine_module.time, "monotonic", lambda: decoder.now_s)
+    pairs = 2 * len(uncertain(plan))  # the budget fits every bucket's pair for MIN_GROUPS groups, and no more
+    budget_s = refine_module.MIN_GROUPS * pairs + 0.5
+    settings = RefineSettings(budget_s=budget_s, groups=6, group_prompts=1)
+    refined = refine(plan, profile, settings, tmp_path, on_line=lambda line: None)
+    groups = {
+        c.groups
+        for b in refined.buckets
+        if b.refinement
+        for c in b.refinement.contenders
+        if c.outcome != "not measured"
+    }
+    assert groups == {refine_module.MIN_GROUPS}
+
+
+def test_the_budget_chooses_the_pairs_worth_most_then_the_contenders_likeliest_to_win(searched, tmp_path, monkeypatch):
+    plan, profile = searched
+    cost = cost_model_of(profile, plan)
+    _fake(monkeypatch, FakeDecoder({(b.batch, D): 50.0 * b.batch + D for b in plan.buckets for D in range(64)}))
+    _one_second_each(monkeypatch)
+    model = {b.batch: b.draft_len for b in plan.buckets}
+    speedup = lambda B, D: cost.draws.speedup(B, D, plan.mechanism, plan.quant)  # noqa: E731
+    roles = {B: contenders(plan, B, profile.workload.max_draft_len, cost) for B in uncertain(plan)}
+    likeliest = {
+        B: max((D for D in r if D != model[B]), key=lambda D: (speedup(B, D) > speedup(B, model[B])).mean())
+        for B, r in roles.items()
+    }
+    gain = {B: float(np.maximum(speedup(B, D) / speedup(B, model[B]) - 1, 0).mean()) for B, D in likeliest.items()}
+    assert len(roles) >= 2 and len(set(gain.values())) == len(gain)
+
+    def run(budget_s: float, name: str) -> dict[int, set[int]]:
+        (tmp_path / name).mkdir()
+        settings = RefineSettings(budget_s=budget_s, groups=2, group_prompts=1)
+        refined = refine(plan, profile, settings, tmp_path / name, on_line=lambda line: None)
+        measured = {B: D for B, D in _measured(refined).items() if D}
+        assert all(b.draft_len == m.draft_len for b, m in zip(refined.buckets, plan.buckets) if b.batch not in measured)
+        return measured
+
+    assert run(1.0, "none") == {}  # no pair fits: nothing decoded, every bucket keeps the model's D
+    first = max(gain, key=gain.__getitem__)  # one pair fits: the bucket whose measuring is worth the most
+    assert run(2 * 2.0, "one") == {first: {model[first], likeliest[first]}}
+    pairs = {B: {model[B], likeliest[B]} for B in roles}
+    assert run(2 * 2.0 * len(roles), "pairs") == pairs  # every pair, the other contenders not
+    assert run(1e9, "all") == {B: set(r) for B, r in roles.items()}
+
+
 def test_a_group_that_would_overrun_the_budget_is_not_started(searched, tmp_path, monkeypatch):
     plan, profile = searched
     rates = {(b.batch, D): 50.0 * b.batch + D for b in plan.buckets for D in range(64)}
     settings = RefineSettings(budget_s=1e9, groups=6, group_prompts=1)  # one call per contender and group
+    _one_second_each(monkeypatch)
 
     def run(budget_s: float, folder: Path) -> tuple[TickingDecoder, list[float], object]:
         decoder = TickingDecoder(rates)
