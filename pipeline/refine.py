@@ -25,9 +25,11 @@ least two.
              is: the contenders decoded are those whose first `MIN_GROUPS` groups fit it (`affordable`): a bucket's
              model's D and the contender likeliest to beat it as a pair, the pairs in the order of their expected
              gain, then the measured buckets' other contenders, likeliest first; the rest are recorded as not
-             measured, a bucket no pair of which fits keeps the model's D. It is looked at again between groups: where
-             the next group (priced at the last one's time per contender) would overrun it, the contenders still in
-             stop with as many groups
+             measured, a bucket no pair of which fits keeps the model's D. It is looked at again between groups, at
+             the last group's time per contender: after the first, the contenders let in last leave until the rest's
+             remaining `MIN_GROUPS` groups fit (a pair leaves whole; they are recorded pruned, one group's figure
+             without an interval); later, where the next group would overrun it, the contenders still in stop with as
+             many groups
     result   per bucket, among the trials not pruned, the highest expected tokens/s over the model's D, the cost
              model's draws and the measured groups combined (`expected_vs_model`: a group decodes the same prompts for
              every contender, so the ratio pairs them; a few noisy groups move the prediction little), D kept from
@@ -71,7 +73,7 @@ from specdec_tune.profiles.schema import Profile
 from specdec_tune.profiles.specdec import generate
 from specdec_tune.settings import ENGINE_DEFAULT_DRAFT_LEN, RefineSettings
 
-MIN_GROUPS = 2  # groups every decoded contender decodes: the budget chooses the contenders by their price
+MIN_GROUPS = 2  # groups a contender decodes before it is judged: the budget lets in contenders whose groups fit
 BUDGET_SHARE = 1 / 6  # of what measuring every D of every bucket would cost: the refinement's default budget
 # The cost model's error on the ratio of two D's tokens/s at one batch, beside its draws' spread: the rms of
 # log(measured ratio / predicted ratio) over the 112 D-pairs of bench/results/decision_quality.json is 0.055, that
@@ -186,11 +188,12 @@ def sweep_cost_s(plan: Plan, profile: Profile, cost: CostModel, s: RefineSetting
 def affordable(
     plan: Plan, profile: Profile, cost: CostModel, s: RefineSettings, wanted: dict[Key, str], budget_s: float
 ) -> list[Key]:
-    """The contenders whose first `MIN_GROUPS` groups fit the budget. A bucket is measured as a pair first: its model's
-    D and the contender likeliest to beat it (the share of the cost model's draws in which it is faster), the buckets
-    in the order of what measuring the pair is expected to gain (the mean over the draws of the challenger's excess
-    over the model's D, where it has one), each while the pairs so far fit; then the measured buckets' other
-    contenders, likeliest first, while their groups' price holds. What does not fit is recorded as not measured."""
+    """The contenders whose first `MIN_GROUPS` groups fit the budget, in the order they were let in. A bucket is
+    measured as a pair first: its model's D and the contender likeliest to beat it (the share of the cost model's draws
+    in which it is faster), the buckets in the order of what measuring the pair is expected to gain (the mean over the
+    draws of the challenger's excess over the model's D, where it has one), each while the pairs so far fit; then the
+    measured buckets' other contenders, likeliest first, while their groups' price holds. What does not fit is
+    recorded as not measured."""
     price = GROUP_DECODERS[profile.backend].group_cost_s
     model_d = {b.batch: b.draft_len for b in plan.buckets}
     model_draws = {B: cost.draws.speedup(B, D, plan.mechanism, plan.quant) for B, D in model_d.items()}
@@ -215,7 +218,7 @@ def affordable(
     for k in (k for k in challengers if k[0] in measured and k not in chosen):
         if MIN_GROUPS * price(plan, profile, cost, s, [*chosen, k]) <= budget_s:
             chosen.append(k)
-    return [k for k in wanted if k in chosen]
+    return chosen
 
 
 def refine(
@@ -258,14 +261,14 @@ def refine(
         running = []
     started = {_key(t) for t in running}  # another worker's, on a shared storage
     within = affordable(plan, profile, cost, s, wanted, budget_s)
-    todo = [k for k in within if k not in done and k not in started]
+    todo = [k for k in wanted if k in within and k not in done and k not in started]
     t0 = time.monotonic()
     if todo:
         on_line(
             f"refine: {len(wanted)} contenders at batch {', '.join(map(str, batches))}, {len(within)} within the "
             f"budget of {budget_s:.0f} s (the others less likely to beat the model's D), {len(done)} already measured"
         )
-        _measure(plan, profile, s, study, todo, budget_s, on_line)
+        _measure(plan, profile, s, study, todo, within, budget_s, on_line)
     spent_s = time.monotonic() - t0
     finished = {_key(t): t for t in study.get_trials(deepcopy=False, states=kept) if "batch" in t.user_attrs}
     return _refined(plan, cost, wanted, finished, summary | {"storage": storage, "spent_s": spent_s})
@@ -370,11 +373,13 @@ def _measure(
     s: RefineSettings,
     study: optuna.Study,
     todo: list[Key],
+    let_in: list[Key],
     budget_s: float,
     on_line: Callable[[str], None],
 ) -> None:
     """Every contender of `todo` as a trial, interleaved group by group, until each finished, was pruned or the budget
-    ran out (module docstring)."""
+    ran out (module docstring); where the first group says the rest will not fit, those let in last (`let_in`, the
+    budget's order) leave first."""
     with GROUP_DECODERS[profile.backend](plan, profile, s, todo) as groups:
         running = []
         for B, D, engine in todo:
@@ -388,9 +393,18 @@ def _measure(
         t0 = time.monotonic()
         group_s_per_trial = 0.0  # the last group's wall time per contender: what the next group will cost
         for group in range(s.groups):
+            if 0 < group < MIN_GROUPS:  # the price was a prediction: the first group's time says what still fits
+                left_s = budget_s - (time.monotonic() - t0)
+                by_rank = sorted(running, key=lambda r: let_in.index(r.key))
+                for r in _over_budget(by_rank, group_s_per_trial, MIN_GROUPS - group, left_s):
+                    study.tell(r.trial, state=optuna.trial.TrialState.PRUNED)
+                    running.remove(r)
+                    on_line(f"refine: batch {r.batch} {_name(r.key)} left after {len(r.rates)} group(s) for the budget")
             next_s = group_s_per_trial * len(running)
             if group >= MIN_GROUPS and time.monotonic() - t0 + next_s > budget_s:
                 on_line(f"refine: the budget of {budget_s:.0f} s allows {group} groups of {s.groups}")
+                break
+            if not running:
                 break
             started = time.monotonic()
             order = running[:]
@@ -410,8 +424,25 @@ def _measure(
             study.tell(r.trial, statistics.fmean(r.rates))
 
 
+def _over_budget(by_rank: list[_Running], s_per_trial: float, groups: int, left_s: float) -> list[_Running]:
+    """The contenders to leave so that `groups` more groups of the rest fit in `left_s` at `s_per_trial`: the last let
+    in first (`by_rank` in `affordable`'s order), and a bucket's model D with its last challenger (a pair is measured
+    whole)."""
+    kept = by_rank[:]
+    out: list[_Running] = []
+    while kept and groups * s_per_trial * len(kept) > left_s:
+        last = kept.pop()
+        out.append(last)
+        mine = [r for r in kept if r.batch == last.batch]
+        if len(mine) == 1:  # the bucket's model D alone: nothing left to pair with it
+            kept.remove(mine[0])
+            out.append(mine[0])
+    return out
+
+
 def _figure(values: list[float]) -> Figure:
-    low, high = runs_interval(values)
+    """The geometric mean of a contender's groups with its 95% interval (none from a single group)."""
+    low, high = runs_interval(values) if len(values) > 1 else (None, None)
     return Figure(value=statistics.geometric_mean(values), source="measured", low=low, high=high)
 
 
@@ -566,6 +597,10 @@ def _refined(
     return priced(Plan.model_validate(fields), cost)
 
 
+def _interval(f: Figure, spec: str) -> str:
+    return f"[{f.low:{spec}}–{f.high:{spec}}]" if f.low is not None and f.high is not None else "(one group)"
+
+
 def _label(c: Contender) -> str:
     return "the plain engine" if c.engine == PLAIN else f"D={c.draft_len}"
 
@@ -573,12 +608,11 @@ def _label(c: Contender) -> str:
 def _why(model_draft_len: int, best: Contender, rows: list[Contender]) -> str:
     m, e = best.measured_tokens_per_s, best.expected_vs_model
     assert m is not None
-    text = f"{LABEL}: {_label(best)} decoded {m.value:.1f} tok/s [{m.low:.1f}–{m.high:.1f}] over {best.groups} groups"
+    text = f"{LABEL}: {_label(best)} decoded {m.value:.1f} tok/s {_interval(m, '.1f')} over {best.groups} groups"
     if best.vs_model is not None and e is not None:
-        v = best.vs_model
         text += (
-            f", x{v.value:.3f} [{v.low:.3f}–{v.high:.3f}] the model's D={model_draft_len} on the same prompts; "
-            f"expected x{e.value:.3f} [{e.low:.3f}–{e.high:.3f}] with the model's draws"
+            f", x{best.vs_model.value:.3f} {_interval(best.vs_model, '.3f')} the model's D={model_draft_len} on the "
+            f"same prompts; expected x{e.value:.3f} {_interval(e, '.3f')} with the model's draws"
         )
     else:
         text += f"; the model's D={model_draft_len} was pruned"
@@ -622,7 +656,7 @@ def _contender_text(c: Contender, model_draft_len: int) -> str:
         return f"{_label(c)} {c.outcome}"
     text = f"{_label(c)} {m.value:.1f}"
     if c.vs_model is not None and (c.draft_len != model_draft_len or c.engine is not None):
-        text += f" x{c.vs_model.value:.3f} [{c.vs_model.low:.3f}–{c.vs_model.high:.3f}]"
+        text += f" x{c.vs_model.value:.3f} {_interval(c.vs_model, '.3f')}"
         if (e := c.expected_vs_model) is not None:
             text += f" expected x{e.value:.3f}"
     return text + (" (pruned)" if c.outcome == "pruned" else "")

@@ -141,14 +141,14 @@ def test_a_refinement_resumes_its_study_without_decoding_again(searched, tmp_pat
 
 
 class TickingDecoder(FakeDecoder):
-    """A FakeDecoder whose every call takes one second of a fake clock."""
+    """A FakeDecoder whose every decode takes `s_per_decode` of a fake clock (a warm-up, a few tokens, none)."""
 
-    def __init__(self, rates: dict[tuple[int, int], float]) -> None:
+    def __init__(self, rates: dict[tuple[int, int], float], s_per_decode: float = 1.0) -> None:
         super().__init__(rates, noise=0.0)
-        self.now_s = 0.0
+        self.now_s, self.s_per_decode = 0.0, s_per_decode
 
     def __call__(self, model, ids, **kwargs):
-        self.now_s += 1.0
+        self.now_s += self.s_per_decode if kwargs["max_new_tokens"] == RefineSettings.new_tokens else 0.0
         return super().__call__(model, ids, **kwargs)
 
 
@@ -186,11 +186,9 @@ def test_a_spent_budget_stops_every_contender_after_the_same_groups(searched, tm
     assert groups == {refine_module.MIN_GROUPS}
 
 
-def test_the_budget_chooses_the_pairs_worth_most_then_the_contenders_likeliest_to_win(searched, tmp_path, monkeypatch):
-    plan, profile = searched
+def _pairs(plan: Plan, profile) -> tuple[dict, dict, dict, dict]:
+    """Per uncertain bucket: the model's D, its contenders, the likeliest challenger, what measuring the pair gains."""
     cost = cost_model_of(profile, plan)
-    _fake(monkeypatch, FakeDecoder({(b.batch, D): 50.0 * b.batch + D for b in plan.buckets for D in range(64)}))
-    _one_second_each(monkeypatch)
     model = {b.batch: b.draft_len for b in plan.buckets}
     speedup = lambda B, D: cost.draws.speedup(B, D, plan.mechanism, plan.quant)  # noqa: E731
     roles = {B: contenders(plan, B, profile.workload.max_draft_len, cost) for B in uncertain(plan)}
@@ -200,6 +198,14 @@ def test_the_budget_chooses_the_pairs_worth_most_then_the_contenders_likeliest_t
     }
     gain = {B: float(np.maximum(speedup(B, D) / speedup(B, model[B]) - 1, 0).mean()) for B, D in likeliest.items()}
     assert len(roles) >= 2 and len(set(gain.values())) == len(gain)
+    return model, roles, likeliest, gain
+
+
+def test_the_budget_chooses_the_pairs_worth_most_then_the_contenders_likeliest_to_win(searched, tmp_path, monkeypatch):
+    plan, profile = searched
+    _fake(monkeypatch, FakeDecoder({(b.batch, D): 50.0 * b.batch + D for b in plan.buckets for D in range(64)}))
+    _one_second_each(monkeypatch)
+    model, roles, likeliest, gain = _pairs(plan, profile)
 
     def run(budget_s: float, name: str) -> dict[int, set[int]]:
         (tmp_path / name).mkdir()
@@ -215,6 +221,36 @@ def test_the_budget_chooses_the_pairs_worth_most_then_the_contenders_likeliest_t
     pairs = {B: {model[B], likeliest[B]} for B in roles}
     assert run(2 * 2.0 * len(roles), "pairs") == pairs  # every pair, the other contenders not
     assert run(1e9, "all") == {B: set(r) for B, r in roles.items()}
+
+
+def test_groups_slower_than_priced_leave_the_pairs_worth_least_after_the_first(searched, tmp_path, monkeypatch):
+    plan, profile = searched
+    model, roles, likeliest, gain = _pairs(plan, profile)
+    rates = {(b.batch, D): 50.0 * b.batch + D for b in plan.buckets for D in range(64)}
+    decoder = TickingDecoder(rates, s_per_decode=1.3)  # a device slower than at profile time
+    _fake(monkeypatch, decoder)
+    _one_second_each(monkeypatch)
+    monkeypatch.setattr(refine_module.time, "monotonic", lambda: decoder.now_s)
+    budget_s = 2 * 2.0 * len(roles) + 0.5  # every pair's two groups at their price, and nothing else
+    lines: list[str] = []
+    refined = refine(
+        plan, profile, RefineSettings(budget_s=budget_s, groups=2, group_prompts=1), tmp_path, lines.append
+    )
+    assert decoder.now_s <= budget_s
+    by_gain = sorted(roles, key=gain.__getitem__, reverse=True)
+    kept = int((budget_s - 1.3 * 2 * len(roles)) // (1.3 * 2))  # pairs whose second group fits after the first
+    assert 0 < kept < len(roles)
+    for rank, B in enumerate(by_gain):
+        b = next(x for x in refined.buckets if x.batch == B)
+        decoded = {c.draft_len: c for c in b.refinement.contenders if c.outcome != "not measured"}
+        assert set(decoded) == {model[B], likeliest[B]}
+        if rank < kept:
+            assert {c.groups for c in decoded.values()} == {2}
+        else:  # left after one group: not eligible, no interval from one group, the model's D kept
+            assert {(c.groups, c.outcome) for c in decoded.values()} == {(1, "pruned")}
+            assert decoded[likeliest[B]].vs_model.low is None and b.draft_len == model[B]
+            assert any(line.startswith(f"refine: batch {B} ") and "for the budget" in line for line in lines)
+    assert all("(one group)" in line for line in refinement_lines(refined) if "pruned" in line)
 
 
 def test_a_group_that_would_overrun_the_budget_is_not_started(searched, tmp_path, monkeypatch):
