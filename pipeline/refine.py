@@ -266,7 +266,7 @@ def refine(
     if todo:
         on_line(
             f"refine: {len(wanted)} contenders at batch {', '.join(map(str, batches))}, {len(within)} within the "
-            f"budget of {budget_s:.0f} s (the others less likely to beat the model's D), {len(done)} already measured"
+            f"budget of {budget_s:.0f} s (the others expected to gain less), {len(done)} already measured"
         )
         _measure(plan, profile, s, study, todo, within, budget_s, on_line)
     spent_s = time.monotonic() - t0
