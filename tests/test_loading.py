@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import pickle
 import shutil
+import signal
+import time
 
 import pytest
 import torch
@@ -156,6 +159,24 @@ def test_corrupt_safetensors(tiny_hf_dir, tmp_path, keep):
     weights.write_bytes(data[: max(4, int(len(data) * keep))])
     with pytest.raises(SpecdecError, match="cannot read weights"):
         load_model(str(folder), dtype="float32")
+
+
+def test_a_ctrl_c_inside_the_weights_read_is_an_interrupt_not_a_corrupt_file(tiny_hf_dir, tmp_path, monkeypatch):
+    """safetensors' native code turns a Ctrl-C that lands in its callback into its own error, as below."""
+    import safetensors.torch
+
+    def interrupted_read(path):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1.0)  # the handler runs here and raises
+        except KeyboardInterrupt:
+            pass  # swallowed, as the native code does
+        raise TypeError("could not determine the shape of object type 'torch.storage.UntypedStorage'")
+
+    monkeypatch.setattr(safetensors.torch, "load_file", interrupted_read)
+    with pytest.raises(KeyboardInterrupt):
+        load_model(str(copy_of(tiny_hf_dir, tmp_path)), dtype="float32")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler put back
 
 
 def test_weights_missing_a_tensor(tiny_hf_dir, tmp_path):

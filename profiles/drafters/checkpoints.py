@@ -36,7 +36,7 @@ import torch
 from specdec_tune import SpecdecError
 from specdec_tune.profiles.drafters.heads import DraftHead, DraftVocabulary, head_kind, head_kinds
 from specdec_tune.profiles.drafters.speculators_layout import DEFAULT_VERSION, config_json
-from specdec_tune.profiles.models.folders import weights_hash
+from specdec_tune.profiles.models.folders import read_safetensors, weights_hash
 from specdec_tune.profiles.models.llama import ModelConfig
 
 if TYPE_CHECKING:
@@ -88,7 +88,6 @@ def resolve_head(mechanism: str, target: LoadedModel, options) -> tuple[DraftHea
 
 def load_head(folder: Path | str, target: LoadedModel, expect: str | None = None) -> LoadedHead:
     """Load a head from `folder` for `target`, checking it was made for this target's shapes."""
-    from safetensors.torch import load_file
 
     folder = Path(folder)
     config = _read_config(folder)
@@ -110,10 +109,7 @@ def load_head(folder: Path | str, target: LoadedModel, expect: str | None = None
         )
     state: dict[str, torch.Tensor] = {}
     for shard in shards:
-        try:
-            state.update(load_file(str(shard)))
-        except Exception as e:  # safetensors raises its own error types on corrupt headers
-            raise SpecdecError(f"cannot read weights {shard}: {e}", "re-create or re-download the head") from None
+        state.update(read_safetensors(shard, "re-create or re-download the head"))
     kinds = head_kinds()
     others = [(kind, layout) for kind in kinds.values() for layout in kind.layouts]
     if "speculators_model_type" in config:

@@ -16,6 +16,8 @@ import hashlib
 import importlib.util
 import json
 import os
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -266,6 +268,36 @@ def architectures(config: dict, where: str) -> list[str]:
             "give a model folder whose config.json names its model class",
         )
     return [mapped]
+
+
+def read_safetensors(shard: Path, fix: str) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors, or a one-line error naming it (`fix` the remedy). A Ctrl-C that lands while
+    safetensors' native code calls back into Python comes out as that library's own error ("could not determine the
+    shape ..."), which would read as a corrupt file: an interrupt seen during the read is raised as one."""
+    from safetensors.torch import load_file
+
+    seen: list[int] = []
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT) if main else None
+
+    def noted(signum: int, frame: Any) -> None:
+        seen.append(signum)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            raise KeyboardInterrupt
+
+    if main:
+        signal.signal(signal.SIGINT, noted)
+    try:
+        return load_file(str(shard))
+    except Exception as e:  # safetensors raises its own error types on corrupt headers
+        if seen:
+            raise KeyboardInterrupt from None
+        raise SpecdecError(f"cannot read weights {shard}: {e}", fix) from None
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
 
 
 def weights_hash(shards: list[Path]) -> str:

@@ -15,7 +15,14 @@ import torch
 
 from specdec_tune import SpecdecError
 from specdec_tune.profiles.fingerprint import pick_dtype
-from specdec_tune.profiles.models.folders import DEFAULT_TARGET, ModelRef, builtin_covers, model_folder, weights_hash
+from specdec_tune.profiles.models.folders import (
+    DEFAULT_TARGET,
+    ModelRef,
+    builtin_covers,
+    model_folder,
+    read_safetensors,
+    weights_hash,
+)
 from specdec_tune.profiles.models.generic import GenericCausalLM, LogitHead, head_modules
 from specdec_tune.profiles.models.llama import SUPPORTED_ARCHITECTURES, CausalLM, ModelConfig
 from specdec_tune.records import sha256_json
@@ -84,15 +91,11 @@ def load_model(
 def _load_builtin(
     folder: Path, hf_config: dict, shards: list[Path], torch_dtype: torch.dtype, dev: torch.device
 ) -> CausalLM:
-    from safetensors.torch import load_file
-
     config = ModelConfig.from_hf(hf_config)
     state: dict[str, torch.Tensor] = {}
     for shard in shards:
-        try:
-            state.update({_hf_to_local_names(k): v for k, v in load_file(str(shard)).items()})
-        except Exception as e:  # safetensors raises its own error types on corrupt headers
-            raise SpecdecError(f"cannot read weights {shard}: {e}", "re-download or re-convert the model") from None
+        tensors = read_safetensors(shard, "re-download or re-convert the model")
+        state.update({_hf_to_local_names(k): v for k, v in tensors.items()})
     with torch.device("meta"):
         model = CausalLM(config)
     expected = set(model.state_dict())
