@@ -198,17 +198,15 @@ def affordable(
     model_d = {b.batch: b.draft_len for b in plan.buckets}
     model_draws = {B: cost.draws.speedup(B, D, plan.mechanism, plan.quant) for B, D in model_d.items()}
 
-    def over_model(key: Key) -> np.ndarray:  # per draw: the contender's speedup over the model's D's
-        B, D, _ = key
-        return cost.draws.speedup(B, D, plan.mechanism, plan.quant) / model_draws[B]
-
-    chance = {k: float((over_model(k) > 1.0).mean()) for k in wanted}
+    # per contender and draw: its speedup over the model's D's
+    over_model = {k: cost.draws.speedup(k[0], k[1], plan.mechanism, plan.quant) / model_draws[k[0]] for k in wanted}
+    chance = {k: float((ratio > 1.0).mean()) for k, ratio in over_model.items()}
     challengers = sorted((k for k in wanted if k[1] != model_d[k[0]] or k[2]), key=chance.__getitem__, reverse=True)
     pairs = []
     for B in dict.fromkeys(k[0] for k in wanted):
         first = next((k for k in challengers if k[0] == B), None)
         if first is not None:
-            gain = float(np.maximum(over_model(first) - 1.0, 0.0).mean())
+            gain = float(np.maximum(over_model[first] - 1.0, 0.0).mean())
             pairs.append((gain, [k for k in wanted if k[0] == B and k[1] == model_d[B] and not k[2]] + [first]))
     chosen: list[Key] = []
     for _, pair in sorted(pairs, key=lambda p: p[0], reverse=True):

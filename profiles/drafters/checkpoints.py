@@ -88,7 +88,6 @@ def resolve_head(mechanism: str, target: LoadedModel, options) -> tuple[DraftHea
 
 def load_head(folder: Path | str, target: LoadedModel, expect: str | None = None) -> LoadedHead:
     """Load a head from `folder` for `target`, checking it was made for this target's shapes."""
-
     folder = Path(folder)
     config = _read_config(folder)
     if config.get("auto_map"):

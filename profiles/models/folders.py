@@ -277,17 +277,17 @@ def read_safetensors(shard: Path, fix: str) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     seen: list[int] = []
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGINT) if main else None
+    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    watch = previous not in (None, signal.SIG_IGN)  # a handler is set in the main thread only; an ignored one stays
 
     def noted(signum: int, frame: Any) -> None:
         seen.append(signum)
         if callable(previous):
             previous(signum, frame)
-        elif previous != signal.SIG_IGN:
+        else:  # SIG_DFL: end the read as Python's own handler would
             raise KeyboardInterrupt
 
-    if main:
+    if watch:
         signal.signal(signal.SIGINT, noted)
     try:
         return load_file(str(shard))
@@ -296,7 +296,7 @@ def read_safetensors(shard: Path, fix: str) -> dict[str, torch.Tensor]:
             raise KeyboardInterrupt from None
         raise SpecdecError(f"cannot read weights {shard}: {e}", fix) from None
     finally:
-        if main:
+        if watch:
             signal.signal(signal.SIGINT, previous)
 
 
