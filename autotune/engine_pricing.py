@@ -20,7 +20,8 @@ K = 0 band   vLLM's model drafters (SpecDecodeBaseProposer.propose, vllm/v1/spec
              at that batch: measured where the profile timed the drafter apart (this tool's loop), else a D = 1 round
              less a plain one (the engine's rounds: modeled, an upper bound: it holds the second verified token).
 
-Each bucket's tokens/s as run is the prediction with those costs added to its round:
+Each bucket's tokens/s as run is its stated prediction (the cost model's, or a refined bucket's fitted figure) with
+those costs added to its round:
 
     tokens/s as run = tokens/s x round_ms / (round_ms + graph_ms + k0_ms)
 
@@ -95,7 +96,8 @@ def priced(plan: Plan, cost: CostModel) -> Plan:
         k0 = _k0_drafter_ms(cost, plan, b.batch) if forward_at_k0 and b.draft_len == 0 else None
         extra = graph_ms + (k0.value if k0 else 0.0)
         source = weakest("modeled" if graph_ms else "measured", k0.source if k0 else "measured")
-        speedup = _as_run(p.speedup, p.round_ms.value, extra, source)
+        stated = Figure(**b.predicted.speedup.model_dump())  # the model's, or a refined bucket's fitted figure
+        speedup = _as_run(stated, p.round_ms.value, extra, source)
         as_run.append(speedup.value)
         costs = {
             "graph_mode_ms": round(graph_ms, 4),

@@ -34,8 +34,11 @@ least two.
              model's draws and the measured groups combined (`expected_vs_model`: a group decodes the same prompts for
              every contender, so the ratio pairs them; a few noisy groups move the prediction little), D kept from
              rising with batch. Each measured figure's 95% interval is the t-interval over the groups on a log scale
-             (`intervals.runs_interval`). Where the choice is not the model's D, the bucket takes it, its prediction
-             the cost model's at that D, and its rationale says why; the figures are labelled `measured (refinement)`
+             (`intervals.runs_interval`). Where the choice is not the model's D, the bucket takes it and its rationale
+             says why; the figures are labelled `measured (refinement)`. Its prediction is the cost model's at that
+             D, but for its throughput (tokens/s, per-user tokens/s, speedup): those are the model's D's times the
+             choice's expected ratio over it, source "fitted" (`fitted_prediction`), so that a bucket which measured
+             faster than the model's D never states less
 
 The study lives in a journal beside the plan (or any Optuna storage URL: several workers, one per device, may measure
 one study, each taking the (bucket, D) no other has started); a killed run resumes it, a finished trial is never
@@ -61,7 +64,7 @@ from specdec_tune import SpecdecError
 from specdec_tune.autotune.cost_model import CostModel
 from specdec_tune.autotune.engine_pricing import priced
 from specdec_tune.autotune.plan import bucket_memory, cost_model_of, predicted_json
-from specdec_tune.autotune.plan_schema import BucketRefinement, Contender, Figure, Plan, Refinement
+from specdec_tune.autotune.plan_schema import Bucket, BucketRefinement, Contender, Figure, Plan, Refinement
 from specdec_tune.autotune.study import open_storage
 from specdec_tune.pipeline.lossless import plan_drafter
 from specdec_tune.pipeline.refine_engine import PLAIN, EngineGroups
@@ -575,11 +578,14 @@ def _refined(
                 "guideline": "schedule",
             }
         )
+        prediction = predicted_json(cost.predict(b.batch, chosen, plan.mechanism, plan.quant))
+        if best is not None and best.expected_vs_model is not None:
+            prediction |= fitted_prediction(b, best.expected_vs_model)
         buckets.append(
             b.model_dump()
             | {
                 "draft_len": chosen,
-                "predicted": predicted_json(cost.predict(b.batch, chosen, plan.mechanism, plan.quant)),
+                "predicted": prediction,
                 "rationale": why,
                 "flags": [],
                 "refinement": record.model_dump(),
@@ -593,6 +599,29 @@ def _refined(
         "refinement": refinement.model_dump(),
     }
     return priced(Plan.model_validate(fields), cost)
+
+
+THROUGHPUT_FIGURES = ("tokens_per_s", "per_user_tokens_per_s", "speedup")
+
+
+def fitted_prediction(model: Bucket, ratio: Figure) -> dict:
+    """A refined bucket's throughput figures: the model's D's prediction times the chosen contender's expected ratio
+    over it (`expected_vs_model`, the cost model's draws and the measured groups combined), source "fitted". At one
+    batch plain decoding is the same for every D, so tokens/s, per-user tokens/s and speedup all scale by the ratio.
+    The interval multiplies bound by bound (the prediction's where it has one, the ratio's): at least as wide as
+    either, as the two are not independent (the ratio's prior is drawn from the same profile)."""
+    out = {}
+    for name in THROUGHPUT_FIGURES:
+        f = getattr(model.predicted, name)
+        value = f.value * ratio.value
+        low = _or(f.low, f.value) * _or(ratio.low, ratio.value)
+        high = _or(f.high, f.value) * _or(ratio.high, ratio.value)
+        out[name] = {"value": value, "source": "fitted", "low": min(low, value), "high": max(high, value)}
+    return out
+
+
+def _or(bound: float | None, value: float) -> float:
+    return value if bound is None else bound
 
 
 def _interval(f: Figure, spec: str) -> str:

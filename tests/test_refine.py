@@ -128,6 +128,42 @@ def test_the_refinement_takes_the_fastest_contender_and_keeps_d_from_rising(sear
     assert len(lines) == len(batches) and all(re.search(r"D=\d+ [\d.]+ x[\d.]+ \[[\d.]+–[\d.]+\]", x) for x in lines)
 
 
+def test_a_bucket_the_refinement_takes_states_the_models_throughput_fitted_to_what_it_measured(
+    searched, tmp_path, monkeypatch
+):
+    """Where the refinement overrules the model, the bucket's tokens/s, per-user tokens/s and speedup are the model's
+    D's times the expected ratio the refinement measured ("fitted"), not the cost model's figure at the new D (which
+    can read slower than the model's D, even below plain, for a bucket that measured faster); the vLLM schedule's
+    pricing and the throughput check price that same figure."""
+    plan, profile = searched
+    best = {b.batch: b.draft_len for b in plan.buckets}
+    for B in uncertain(plan):  # the truth favours the longest contender (D never rises past the first bucket's)
+        best[B] = max(contenders(plan, B, profile.workload.max_draft_len, cost_model_of(profile, plan)))
+    _fake(monkeypatch, FakeDecoder(_truth(plan, best)))
+    refined = refine(plan, profile, RefineSettings(budget_s=1e9), tmp_path, on_line=lambda line: None)
+    overruled = [(b, m) for b, m in zip(refined.buckets, plan.buckets) if b.draft_len != m.draft_len]
+    assert overruled, "the truth makes the refinement overrule the model somewhere"
+    for b, model in overruled:
+        chosen = next(c for c in b.refinement.contenders if c.draft_len == b.draft_len and c.engine is None)
+        ratio = chosen.expected_vs_model
+        assert ratio.value > 1.0  # it measured faster than the model's D
+        for name in ("tokens_per_s", "per_user_tokens_per_s", "speedup"):
+            fitted, was = getattr(b.predicted, name), getattr(model.predicted, name)
+            assert fitted.source == "fitted" and fitted.value == pytest.approx(was.value * ratio.value)
+            assert fitted.low <= fitted.value <= fitted.high and fitted.value > was.value
+        assert b.predicted.tokens_per_forward.source != "fitted"  # the draft's own figures stay the model's at its D
+    if refined.schedule_pricing is not None:  # on a CPU a table costs nothing: as run is the stated speedup
+        for b in refined.buckets:
+            assert b.engine_costs.speedup_as_run.value == pytest.approx(b.predicted.speedup.value)
+        mean = sum(b.predicted.speedup.value for b in refined.buckets) / len(refined.buckets)
+        assert refined.schedule_pricing.schedule_mean_speedup_as_run == pytest.approx(mean)
+    from specdec_tune.pipeline.throughput_check import bucket_row
+
+    b = overruled[0][0]
+    row = bucket_row(b, {"tokens_per_s": 100.0}, [1.0], tolerance_pct=5.0)
+    assert row["predicted_source"] == "fitted" and row["predicted_tokens_per_s"] == b.predicted.tokens_per_s.value
+
+
 def test_a_refinement_resumes_its_study_without_decoding_again(searched, tmp_path, monkeypatch):
     plan, profile = searched
     decoder = FakeDecoder({(b.batch, D): 50.0 * b.batch + D for b in plan.buckets for D in range(64)})
