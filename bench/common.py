@@ -10,6 +10,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Hashable
 from pathlib import Path
 
 from specdec_tune import SpecdecError
@@ -428,8 +429,44 @@ def _ratio(ratios: list[float]) -> dict:
     return {"value": statistics.geometric_mean(ratios), "low": low, "high": high}
 
 
-def headline(rows: list[dict], runs: dict[tuple[int, str, int], list[float]], plan_mech: str) -> dict:
-    """The plan against every baseline on the runs measured again (HEADLINE), paired round by round."""
+SPEED_CORRECTED = (
+    "each run's tokens/s x f^e, f its device speed factor (probe ms now / probe ms at profile time, the geometric "
+    "mean of the probes before and after it: above 1 the device ran slower) and e the elasticity of tokens/s in f: "
+    "the least-squares slope of log tokens/s on log f over every run, each configuration at each batch about its own "
+    "means, negated and clamped to [0, 1] (a run is partly host work the probe's spell moves less); the ratios then "
+    "as the raw ones, e taken as known"
+)
+
+
+def speed_elasticity(runs: dict[Hashable, list[float]], factors: dict[Hashable, list[float]]) -> float:
+    """e of SPEED_CORRECTED: how much of the probe's slowdown a run's tokens/s shows."""
+    xs, ys = [], []
+    for key, rates in runs.items():
+        log_f, log_r = [math.log(f) for f in factors[key]], [math.log(r) for r in rates]
+        xs += [x - statistics.mean(log_f) for x in log_f]
+        ys += [y - statistics.mean(log_r) for y in log_r]
+    sxx = sum(x * x for x in xs)
+    return min(max(-sum(x * y for x, y in zip(xs, ys)) / sxx, 0.0), 1.0) if sxx else 0.0
+
+
+def headline(
+    rows: list[dict],
+    runs: dict[tuple[int, str, int], list[float]],
+    plan_mech: str,
+    factors: dict[tuple[int, str, int], list[float]] | None = None,
+) -> dict:
+    """The plan against every baseline on the runs measured again (HEADLINE), paired round by round; where each run's
+    device speed factor is known (`factors`, aligned with `runs`), the same figures speed-corrected beside them
+    (SPEED_CORRECTED)."""
+    out = {"method": HEADLINE, "rounds": min(len(v) for v in runs.values()), **_paired(rows, runs, plan_mech)}
+    if factors:
+        e = speed_elasticity(runs, factors)
+        corrected = {k: [r * f**e for r, f in zip(v, factors[k])] for k, v in runs.items()}
+        out["speed_corrected"] = {"method": SPEED_CORRECTED, "elasticity": e, **_paired(rows, corrected, plan_mech)}
+    return out
+
+
+def _paired(rows: list[dict], runs: dict[tuple[int, str, int], list[float]], plan_mech: str) -> dict:
     keys = {r["batch"]: role_keys(r, plan_mech) for r in rows}
     rounds = min(len(v) for v in runs.values())
     buckets = []
@@ -454,8 +491,6 @@ def headline(rows: list[dict], runs: dict[tuple[int, str, int], list[float]], pl
         return statistics.mean(runs[k[role]][i] / runs[k["no_spec"]][i] for k in keys.values())
 
     return {
-        "method": HEADLINE,
-        "rounds": rounds,
         "buckets": buckets,
         "mean_speedup": {role: _ratio([mean_speedup(role, i) for i in range(rounds)]) for role in ("plan", *BASELINES)},
         "plan_vs_mean_speedup": {

@@ -540,6 +540,45 @@ def test_the_benches_prompts_cut_to_the_context_or_whole_where_they_fit():
     assert whole == [(list(range(40)), "d40")]
 
 
+def test_the_headline_corrects_each_run_by_its_device_speed_beside_the_raw_figures():
+    """Planted runs (8 rounds) on a device whose speed moves run by run (a probe factor of sd 15%), each run's tokens/s
+    showing 60% of its factor's slowdown: the fitted elasticity recovers 0.6, the speed-corrected plan / oracle is the
+    planted 0.99 with an interval a fraction of the raw one's, and the scaled bounds judge the corrected figures."""
+    rng = np.random.default_rng(0)
+    r = _result([[1, 1], [2, 1]], "suffix")
+    level = {
+        (1, "suffix", 1): 66.0,
+        (1, "none", 0): 50.0,
+        (1, "suffix", 2): 64.0,
+        (1, "ngram", 2): 66.67,
+        (2, "suffix", 1): 120.0,
+        (2, "none", 0): 100.0,
+        (2, "suffix", 2): 115.0,
+    }
+    factors = {key: list(np.exp(rng.normal(0.0, 0.15, 8))) for key in level}
+    runs = {key: [tps * f**-0.6 * math.exp(rng.normal(0.0, 0.002)) for f in factors[key]] for key, tps in level.items()}
+    h = decision_quality.headline(r["buckets"], runs, "suffix", factors)
+    sc = h["speed_corrected"]
+    assert sc["elasticity"] == pytest.approx(0.6, abs=0.02)
+    raw, fixed = h["buckets"][0]["plan_vs"]["oracle"], sc["buckets"][0]["plan_vs"]["oracle"]
+    assert fixed["value"] == pytest.approx(66 / 66.67, rel=0.005) and fixed["low"] > 0.97
+    assert (fixed["high"] - fixed["low"]) < (raw["high"] - raw["low"]) / 5
+    assert common.speed_elasticity(runs, {k: [1.0] * 8 for k in runs}) == 0.0  # no spread: no correction
+    result = {
+        "buckets": [b | {"scaled": b} for b in r["buckets"]],
+        "fidelity": {"points": 7, "tokens_per_s_median_err_pct": 0.0, "scaled": {"tokens_per_s_median_err_pct": 0.0}},
+        "headline": h,
+        "cost": {"tuning_vs_oracle": 0.2},
+    }
+    assert decision_quality.check_bounds(result, figures="scaled") == []
+    lines = decision_quality.headline_lines(
+        result
+        | {"refinement": None, "refine_skipped": "--no-refine", "targets_stated": decision_quality.TARGETS}
+        | {"cost": {"profile_s": 1.0, "search_s": 1.0, "tuning_vs_oracle": 0.2, "oracle_sweep_s": 10.0}}
+    )
+    assert any(x.startswith("speed-corrected beside them (elasticity 0.60") for x in lines)
+
+
 def test_decision_quality_headline_pairs_every_baseline_round_by_round_and_holds_the_targets():
     """Planted runs measured again (3 rounds, the device 10% slower in round 2 for every configuration alike): the
     paired ratios cancel the slow round; a plan 3% below the best single configuration and 4% below the oracle at
