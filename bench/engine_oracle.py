@@ -113,6 +113,8 @@ def confirm(engine, profile, rows: list[dict], mech: str, pool, args, drafts: di
         engine, profile, sorted({r["batch"] for r in rows}), pool, args.rows, configs, args.confirm, {}, batches_of
     )
     again: dict = {}
+    factors: dict | None = {}  # each engine's device speed factor: its probe against the profile's reference
+    reference_ms = (profile.engine.get("speed_probe") or {}).get("median_ms")
     for (m, D), by_batch in runs.items():
         for B, engine_runs in by_batch.items():
             for run in engine_runs:
@@ -120,7 +122,12 @@ def confirm(engine, profile, rows: list[dict], mech: str, pool, args, drafts: di
                 if "error" in fig:
                     raise SpecdecError(f"{m} D={D} at batch {B}, measured again: {fig['error']}", "run with more rows")
                 again.setdefault(point_key(B, m, D), []).append(fig["measured_tokens_per_s"])
-    return confirmed(rows, again, args.confirm), headline(rows, again, mech) if args.confirm >= 2 else None
+                probe_ms = probe_median_ms([run])
+                if factors is not None and probe_ms and reference_ms:
+                    factors.setdefault(point_key(B, m, D), []).append(probe_ms / reference_ms)
+                else:
+                    factors = None
+    return confirmed(rows, again, args.confirm), headline(rows, again, mech, factors) if args.confirm >= 2 else None
 
 
 def _sweep_settings(

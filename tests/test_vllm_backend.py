@@ -519,6 +519,8 @@ def test_the_engine_oracle_measures_the_plan_and_every_baseline_again_each_in_a_
         "oracle": "ngram D=3",
     }
     assert all(x["low"] <= x["value"] <= x["high"] for x in b2["plan_vs"].values())
+    # each engine's probe against the profile's reference: the speed-corrected figures beside the raw ones
+    assert profile.engine["speed_probe"]["median_ms"] and measured["speed_corrected"]["elasticity"] == 0.0  # no drift
 
 
 def test_the_engine_oracle_scales_each_point_by_the_speed_probe(drifting_profile, tmp_path):
