@@ -26,10 +26,10 @@ least two.
              model's D and the contender likeliest to beat it as a pair, the pairs in the order of their expected
              gain, then the measured buckets' other contenders, likeliest first; the rest are recorded as not
              measured, a bucket no pair of which fits keeps the model's D. It is looked at again between groups, at
-             the last group's time per contender: after the first, the contenders let in last leave until the rest's
-             remaining `MIN_GROUPS` groups fit (a pair leaves whole; they are recorded pruned, one group's figure
-             without an interval); later, where the next group would overrun it, the contenders still in stop with as
-             many groups
+             the last group's time per contender (less its warm-ups, paid once): after the first, the contenders let
+             in last leave until the rest's remaining `MIN_GROUPS` groups fit (a pair leaves whole; they are recorded
+             pruned, one group's figure without an interval); later, where the next group would overrun it, the
+             contenders still in stop with as many groups
     result   per bucket, among the trials not pruned, the highest expected tokens/s over the model's D, the cost
              model's draws and the measured groups combined (`expected_vs_model`: a group decodes the same prompts for
              every contender, so the ratio pairs them; a few noisy groups move the prediction little), D kept from
@@ -318,6 +318,7 @@ class _LoopGroups:
                 "pass --no-refine",
             )
         self.warm: set[Key] = set()
+        self.warmup_s = 0.0  # the warm-ups' seconds so far: paid once per contender, not by a later group
 
     def __enter__(self) -> _LoopGroups:
         return self
@@ -339,16 +340,19 @@ class _LoopGroups:
                 stop_token_ids=(),
             )
             if r.key not in self.warm:
+                started = time.monotonic()
                 generate(self.target.model, ids[: r.batch], **(kwargs | {"max_new_tokens": WARMUP_TOKENS}))
                 self.warm.add(r.key)
+                self.warmup_s += time.monotonic() - started
             outs = [generate(self.target.model, ids[i : i + r.batch], **kwargs) for i in range(0, rows, r.batch)]
             out.append(sum(o.full_batch_tokens for o in outs) / sum(o.full_batch_s for o in outs))
         return out
 
 
 # Per measurement backend, what decodes its groups (a context manager): `rates(group, order)` each contender's tokens/s
-# on the group's prompts; `plain_engine` whether D = 0 runs two ways (a plain engine apart); `unavailable` why it
-# cannot run here, or None; `sweep_cost_s` what measuring every D of every bucket would cost in it
+# on the group's prompts; `warmup_s` the seconds spent so far on what no later group repeats; `plain_engine` whether
+# D = 0 runs two ways (a plain engine apart); `unavailable` why it cannot run here, or None; `group_cost_s` what one
+# group of some contenders costs in it
 GROUP_DECODERS: dict[str, Any] = {"torch": _LoopGroups, "vllm": EngineGroups}
 
 
@@ -407,14 +411,15 @@ def _measure(
                 break
             if not running:
                 break
-            started = time.monotonic()
+            started, warmed_s = time.monotonic(), groups.warmup_s
             order = running[:]
             rng.shuffle(order)  # every contender decodes the same prompts in this group, in another order each time
             for r, rate in zip(order, groups.rates(group, order)):
                 r.rates.append(rate)
                 r.trial.set_user_attr("rates", r.rates)  # a pruned contender's groups still pair with the others'
                 r.trial.report(statistics.fmean(r.rates), step=len(r.rates))
-            group_s_per_trial = (time.monotonic() - started) / len(order)
+            # what the next group costs: this one's time less its warm-ups, which no later group repeats
+            group_s_per_trial = (time.monotonic() - started - (groups.warmup_s - warmed_s)) / len(order)
             for r in order:
                 if r.trial.should_prune():
                     study.tell(r.trial, state=optuna.trial.TrialState.PRUNED)

@@ -99,6 +99,7 @@ class EngineGroups:
     its own until it closes."""
 
     plain_engine = True  # no speculation runs two ways: a K = 0 band of a speculative engine, and the plain engine
+    warmup_s = 0.0  # every group starts its engines afresh: nothing is paid once for later groups
 
     @staticmethod
     def unavailable(profile: Profile) -> str | None:

@@ -177,14 +177,14 @@ def test_a_refinement_resumes_its_study_without_decoding_again(searched, tmp_pat
 
 
 class TickingDecoder(FakeDecoder):
-    """A FakeDecoder whose every decode takes `s_per_decode` of a fake clock (a warm-up, a few tokens, none)."""
+    """A FakeDecoder whose every decode takes `s_per_decode` of a fake clock (a warm-up, a few tokens: `warmup_s`)."""
 
-    def __init__(self, rates: dict[tuple[int, int], float], s_per_decode: float = 1.0) -> None:
+    def __init__(self, rates: dict[tuple[int, int], float], s_per_decode: float = 1.0, warmup_s: float = 0.0) -> None:
         super().__init__(rates, noise=0.0)
-        self.now_s, self.s_per_decode = 0.0, s_per_decode
+        self.now_s, self.s_per_decode, self.warmup_s = 0.0, s_per_decode, warmup_s
 
     def __call__(self, model, ids, **kwargs):
-        self.now_s += self.s_per_decode if kwargs["max_new_tokens"] == RefineSettings.new_tokens else 0.0
+        self.now_s += self.s_per_decode if kwargs["max_new_tokens"] == RefineSettings.new_tokens else self.warmup_s
         return super().__call__(model, ids, **kwargs)
 
 
@@ -287,6 +287,26 @@ def test_groups_slower_than_priced_leave_the_pairs_worth_least_after_the_first(s
             assert decoded[likeliest[B]].vs_model.low is None and b.draft_len == model[B]
             assert any(line.startswith(f"refine: batch {B} ") and "for the budget" in line for line in lines)
     assert all("(one group)" in line for line in refinement_lines(refined) if "pruned" in line)
+
+
+def test_the_first_groups_warm_ups_are_not_charged_to_the_next_group(searched, tmp_path, monkeypatch):
+    """Each contender's first decode warms up (a tenth of a group's second, once): the second group is projected at
+    the first's time less its warm-ups, so every pair whose two groups and warm-ups fit the budget is measured whole
+    (charged with them, the second group of every pair would look 10% dearer than the 0.05 s left over allows)."""
+    plan, profile = searched
+    _, roles, _, _ = _pairs(plan, profile)
+    rates = {(b.batch, D): 50.0 * b.batch + D for b in plan.buckets for D in range(64)}
+    decoder = TickingDecoder(rates, warmup_s=0.1)
+    _fake(monkeypatch, decoder)
+    _one_second_each(monkeypatch)
+    monkeypatch.setattr(refine_module.time, "monotonic", lambda: decoder.now_s)
+    pair_contenders = 2 * len(roles)  # every bucket's pair, two groups of a second and a warm-up each; one more
+    budget_s = 2.1 * pair_contenders + 0.05  # contender's two groups would not fit the price
+    lines: list[str] = []
+    settings = RefineSettings(budget_s=budget_s, groups=2, group_prompts=1)
+    refined = refine(plan, profile, settings, tmp_path, lines.append)
+    assert not any("for the budget" in line for line in lines) and decoder.now_s <= budget_s
+    assert {c.groups for b in refined.buckets if b.refinement for c in b.refinement.contenders if c.groups} == {2}
 
 
 def test_a_group_that_would_overrun_the_budget_is_not_started(searched, tmp_path, monkeypatch):
