@@ -443,8 +443,9 @@ def speed_elasticity(runs: dict[Hashable, list[float]], factors: dict[Hashable, 
     xs, ys = [], []
     for key, rates in runs.items():
         log_f, log_r = [math.log(f) for f in factors[key]], [math.log(r) for r in rates]
-        xs += [x - statistics.mean(log_f) for x in log_f]
-        ys += [y - statistics.mean(log_r) for y in log_r]
+        mean_f, mean_r = statistics.mean(log_f), statistics.mean(log_r)
+        xs += [x - mean_f for x in log_f]
+        ys += [y - mean_r for y in log_r]
     sxx = sum(x * x for x in xs)
     return min(max(-sum(x * y for x, y in zip(xs, ys)) / sxx, 0.0), 1.0) if sxx else 0.0
 

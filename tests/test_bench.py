@@ -540,21 +540,26 @@ def test_the_benches_prompts_cut_to_the_context_or_whole_where_they_fit():
     assert whole == [(list(range(40)), "d40")]
 
 
+# tokens/s per configuration measured again at batches 1 and 2 of `_result([[1, 1], [2, 1]], "suffix")`
+HEADLINE_LEVEL = {
+    (1, "suffix", 1): 67.0,
+    (1, "none", 0): 50.0,
+    (1, "suffix", 2): 66.0,
+    (1, "ngram", 2): 67.0,
+    (2, "suffix", 1): 120.0,
+    (2, "none", 0): 100.0,
+    (2, "suffix", 2): 115.0,
+}
+
+
 def test_the_headline_corrects_each_run_by_its_device_speed_beside_the_raw_figures():
     """Planted runs (8 rounds) on a device whose speed moves run by run (a probe factor of sd 15%), each run's tokens/s
     showing 60% of its factor's slowdown: the fitted elasticity recovers 0.6, the speed-corrected plan / oracle is the
     planted 0.99 with an interval a fraction of the raw one's, and the scaled bounds judge the corrected figures."""
     rng = np.random.default_rng(0)
     r = _result([[1, 1], [2, 1]], "suffix")
-    level = {
-        (1, "suffix", 1): 66.0,
-        (1, "none", 0): 50.0,
-        (1, "suffix", 2): 64.0,
-        (1, "ngram", 2): 66.67,
-        (2, "suffix", 1): 120.0,
-        (2, "none", 0): 100.0,
-        (2, "suffix", 2): 115.0,
-    }
+    # at batch 1 the plan (suffix D=1) 1% under the oracle (n-gram D=2) and above the default K (suffix D=2)
+    level = HEADLINE_LEVEL | {(1, "suffix", 1): 66.0, (1, "suffix", 2): 64.0, (1, "ngram", 2): 66.67}
     factors = {key: list(np.exp(rng.normal(0.0, 0.15, 8))) for key in level}
     runs = {key: [tps * f**-0.6 * math.exp(rng.normal(0.0, 0.002)) for f in factors[key]] for key, tps in level.items()}
     h = decision_quality.headline(r["buckets"], runs, "suffix", factors)
@@ -589,15 +594,7 @@ def test_decision_quality_headline_pairs_every_baseline_round_by_round_and_holds
     def runs(level: dict) -> dict:
         return {key: [tps * f * (1 + 0.001 * i) for i, f in enumerate(drift)] for key, tps in level.items()}
 
-    level = {
-        (1, "suffix", 1): 67.0,
-        (1, "none", 0): 50.0,
-        (1, "suffix", 2): 66.0,
-        (1, "ngram", 2): 67.0,
-        (2, "suffix", 1): 120.0,
-        (2, "none", 0): 100.0,
-        (2, "suffix", 2): 115.0,
-    }
+    level = HEADLINE_LEVEL
     good = decision_quality.headline(r["buckets"], runs(level), "suffix")
     one, two = good["buckets"]
     assert (
