@@ -19,17 +19,18 @@ order each round, so that the device's drift falls on every contender alike. A s
 (`BucketHalving`) keeps, at groups 2, 4, ..., the better half of a bucket's trials by their mean so far, always at
 least two.
 
-    budget   a sixth (`BUDGET_SHARE`) of what measuring every D of every bucket with as many groups would cost, at
-             the plan's predicted tokens/s (in vLLM: an engine per D and group, each costing what the profile's engines
-             cost on average; `--refine-budget` sets seconds instead). It bounds what is measured before anything
-             is: the contenders decoded are those whose first `MIN_GROUPS` groups fit it (`affordable`): a bucket's
-             model's D and the contender likeliest to beat it as a pair, the pairs in the order of their expected
-             gain, then the measured buckets' other contenders, likeliest first; the rest are recorded as not
-             measured, a bucket no pair of which fits keeps the model's D. It is looked at again between groups, at
-             the last group's time per contender (less its warm-ups, paid once): after the first, the contenders let
-             in last leave until the rest's remaining `MIN_GROUPS` groups fit (a pair leaves whole; they are recorded
-             pruned, one group's figure without an interval); later, where the next group would overrun it, the
-             contenders still in stop with as many groups
+    budget   a sixth (`BUDGET_SHARE`) of what measuring every D of every bucket with as many groups would cost, priced
+             in the loop per batch as its prefill and its rounds until the first row is done (the loop stops there) at
+             the predicted round time, each contender's warm-up once (`_LoopGroups.group_cost_s`); in vLLM an engine per
+             D and group, each costing what the profile's engines cost on average; `--refine-budget` sets seconds. It
+             bounds what is measured before anything is: the contenders decoded are those whose first `MIN_GROUPS`
+             groups fit it (`affordable`): a bucket's model's D and the contender likeliest to beat it as a pair, the
+             pairs in the order of their expected gain, then the measured buckets' other contenders, likeliest first;
+             the rest are recorded as not measured, a bucket no pair of which fits keeps the model's D. It is looked at
+             again between groups, at the last group's time per contender (less its warm-ups, paid once): after the
+             first, the contenders let in last leave until the rest's remaining `MIN_GROUPS` groups fit (a pair leaves
+             whole; they are recorded pruned, one group's figure without an interval); later, where the next group would
+             overrun it, the contenders still in stop with as many groups
     result   per bucket, among the trials not pruned, the highest expected tokens/s over the model's D, the cost
              model's draws and the measured groups combined (`expected_vs_model`: a group decodes the same prompts for
              every contender, so the ratio pairs them; a few noisy groups move the prediction little), D kept from
@@ -185,7 +186,13 @@ def group_rows(batch: int, prompts: int) -> int:
 def sweep_cost_s(plan: Plan, profile: Profile, cost: CostModel, s: RefineSettings, max_draft_len: int) -> float:
     """What measuring every D of every bucket with `s.groups` groups would cost, as the profile's backend runs them."""
     every = [(b.batch, D, "") for b in plan.buckets for D in range(max_draft_len + 1)]
-    return s.groups * GROUP_DECODERS[profile.backend].group_cost_s(plan, profile, cost, s, every)
+    return groups_cost_s(plan, profile, cost, s, every, s.groups)
+
+
+def groups_cost_s(plan: Plan, profile: Profile, cost: CostModel, s: RefineSettings, keys: list[Key], n: int) -> float:
+    """`n` groups of `keys` as the profile's backend decodes them, the first with its warm-ups."""
+    price = GROUP_DECODERS[profile.backend].group_cost_s
+    return price(plan, profile, cost, s, keys, first=True) + (n - 1) * price(plan, profile, cost, s, keys)
 
 
 def affordable(
@@ -197,7 +204,6 @@ def affordable(
     draws of the challenger's excess over the model's D, where it has one), each while the pairs so far fit; then the
     measured buckets' other contenders, likeliest first, while their groups' price holds. What does not fit is
     recorded as not measured."""
-    price = GROUP_DECODERS[profile.backend].group_cost_s
     model_d = {b.batch: b.draft_len for b in plan.buckets}
     model_draws = {B: cost.draws.speedup(B, D, plan.mechanism, plan.quant) for B, D in model_d.items()}
 
@@ -213,11 +219,11 @@ def affordable(
             pairs.append((gain, [k for k in wanted if k[0] == B and k[1] == model_d[B] and not k[2]] + [first]))
     chosen: list[Key] = []
     for _, pair in sorted(pairs, key=lambda p: p[0], reverse=True):
-        if MIN_GROUPS * price(plan, profile, cost, s, [*chosen, *pair]) <= budget_s:
+        if groups_cost_s(plan, profile, cost, s, [*chosen, *pair], MIN_GROUPS) <= budget_s:
             chosen += pair
     measured = {k[0] for k in chosen}
     for k in (k for k in challengers if k[0] in measured and k not in chosen):
-        if MIN_GROUPS * price(plan, profile, cost, s, [*chosen, k]) <= budget_s:
+        if groups_cost_s(plan, profile, cost, s, [*chosen, k], MIN_GROUPS) <= budget_s:
             chosen.append(k)
     return chosen
 
@@ -286,6 +292,43 @@ def settings_of(refinement: Refinement, out_dir: Path) -> RefineSettings:
     )
 
 
+def prefill_s(cost: CostModel, batch: int, prompt_tokens: int) -> float:
+    """A prefill of `batch` prompts of `prompt_tokens`, priced on the profile's verify cells: the one-token step at B,
+    plus each row's further tokens at the per-token slope of batch 1's verify line (1 to 1 + D_max tokens). On a
+    2-core CPU this reads within a fifth of the prefills the loop times; the slope at B itself reads up to 1.7x."""
+    one = cost.verify_ms(1, 1).value
+    slope_ms = (cost.verify_ms(1, cost.max_draft_len + 1).value - one) / cost.max_draft_len
+    return (cost.verify_ms(batch, 1).value + batch * (prompt_tokens - 1) * slope_ms) / 1e3
+
+
+def rounds_to_first_done(profile: Profile, cost: CostModel, plan: Plan, batch: int, draft_len: int, n: int) -> float:
+    """Expected rounds a batch of `batch` prompts decodes until its first row has `n` tokens: the mean of the least of
+    B prompts' rounds, drawn from the profile's greedy per-prompt counts for the plan's drafter, each prompt's rounds
+    scaled to `n`. With the r_(k) sorted ascending over N prompts,
+
+        E[min of B draws] = Σ_k r_(k) · (((N − k + 1)/N)^B − ((N − k)/N)^B)
+
+    Without per-prompt counts: n over the predicted tokens per round."""
+    if draft_len == 0:
+        return float(n)
+    record = next(
+        (
+            a
+            for a in profile.acceptance
+            if (a.mechanism, a.quant, a.domain, a.temperature) == (plan.mechanism, plan.quant, "all", 0.0)
+            and a.per_prompt is not None
+            and draft_len <= a.max_draft_len
+        ),
+        None,
+    )
+    if record is None:
+        return n / cost.predict(batch, draft_len, plan.mechanism, plan.quant).tokens_per_forward.value
+    assert record.per_prompt is not None  # selected above
+    rounds = np.sort([row[draft_len] * n / record.new_tokens for row in record.per_prompt.rounds])  # [N]
+    at_least = ((len(rounds) - np.arange(len(rounds) + 1)) / len(rounds)) ** batch  # P(min ≥ r_(k)), k = 1..N+1
+    return float(rounds @ (at_least[:-1] - at_least[1:]))
+
+
 class _LoopGroups:
     """Groups decoded in this tool's loop (the torch backend): each contender's `group_rows(B)` prompts as batches of
     B, one after another in the group's order, after a short warm-up the first time."""
@@ -297,12 +340,22 @@ class _LoopGroups:
         return None
 
     @staticmethod
-    def group_cost_s(plan: Plan, profile: Profile, cost: CostModel, s: RefineSettings, keys: list[Key]) -> float:
-        """One group of `keys`, one after another, at the plan's predicted tokens/s."""
+    def group_cost_s(
+        plan: Plan, profile: Profile, cost: CostModel, s: RefineSettings, keys: list[Key], first: bool = False
+    ) -> float:
+        """One group of `keys`, one after another: each batch's prefill (`prefill_s`) and its rounds until its first
+        row is done (`rounds_to_first_done`; the loop stops there) at the predicted round time; in the `first` group
+        each key's warm-up too (one batch, `WARMUP_TOKENS`)."""
+        prompt_tokens = plan.ctx - s.new_tokens // 2  # context_prompts' cut
+
+        def batch_s(B: int, D: int, new_tokens: int) -> float:
+            round_ms = cost.predict(B, D, plan.mechanism, plan.quant).round_ms.value
+            rounds = rounds_to_first_done(profile, cost, plan, B, D, new_tokens)
+            return prefill_s(cost, B, prompt_tokens) + rounds * round_ms / 1e3
+
         return sum(
-            group_rows(B, s.group_prompts)
-            * s.new_tokens
-            / cost.predict(B, D, plan.mechanism, plan.quant).tokens_per_s.value
+            group_rows(B, s.group_prompts) // B * batch_s(B, D, s.new_tokens)
+            + (batch_s(B, D, WARMUP_TOKENS) if first else 0.0)
             for B, D, _ in keys
         )
 
@@ -338,6 +391,7 @@ class _LoopGroups:
                 temperature=0.0,
                 seed=self.s.seed,
                 stop_token_ids=(),
+                until_first_done=True,  # the tail is not read: only the rounds every row decodes count
             )
             if r.key not in self.warm:
                 started = time.monotonic()

@@ -111,10 +111,16 @@ class EngineGroups:
 
     @staticmethod
     def group_cost_s(
-        plan: Plan, profile: Profile, cost: object, s: RefineSettings, keys: list[tuple[int, int, str]]
+        plan: Plan,
+        profile: Profile,
+        cost: object,
+        s: RefineSettings,
+        keys: list[tuple[int, int, str]],
+        first: bool = False,
     ) -> float:
         """One group of `keys`: as many speculative engines as the busiest bucket has contenders, and the plain one
-        where a key runs it, each costing what the profile's engines cost on average."""
+        where a key runs it, each costing what the profile's engines cost on average (their start included, so the
+        `first` group costs no more)."""
         per_bucket = collections.Counter(B for B, _, engine in keys if not engine)
         return (max(per_bucket.values(), default=0) + any(engine for *_, engine in keys)) * engine_s(profile)
 

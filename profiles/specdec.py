@@ -293,10 +293,13 @@ def generate(
     temperature: float = 0.0,
     seed: int = 0,
     stop_token_ids: Sequence[int] = (),
+    until_first_done: bool = False,
 ) -> GenerationResult:
     """Generate for a batch of prompts with speculative decoding (or plainly, with no drafter / D = 0).
 
-    `num_draft_tokens` is one D for every row, or one per row (the rows then draft ragged, as near their end)."""
+    `num_draft_tokens` is one D for every row, or one per row (the rows then draft ragged, as near their end).
+    `until_first_done`: stop after the round in which a row finishes, the other rows' outputs cut short there: the
+    rounds a full-batch rate reads (`full_batch_s`), without the tail it drops."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise SpecdecError("every prompt needs at least one token", "drop empty prompts")
     row_d = [num_draft_tokens] * len(prompts) if isinstance(num_draft_tokens, int) else list(num_draft_tokens)
@@ -388,6 +391,8 @@ def generate(
         if len(live) == B:
             full_batch_s += time.perf_counter() - t0
             full_batch_tokens += round_tokens
+        if until_first_done and len(keep) < len(live):
+            break
         if len(keep) < len(live):
             rows = torch.tensor(keep, dtype=torch.long, device=device)
             cache.keep_rows(rows)

@@ -653,3 +653,16 @@ def test_fresh_profiles_plans_agree_only_where_each_prediction_is_inside_the_oth
     assert not apart["all_agree"]
     assert [p["agree"] for p in apart["pairs"]] == [True, False, False]
     assert fresh_clone.agreement([a, {"run": 2, "rc": 1}]) is None
+
+
+@pytest.mark.demo
+def test_refine_price_decodes_each_contender_through_the_refinements_own_groups(tmp_path):
+    """--quick: the plan's first bucket, no speculation, the plan's D and D_max, two groups of one prompt each."""
+    r = _run("refine_price.py", tmp_path / "price.json")
+    rows = r["contenders"]
+    assert len({x["batch"] for x in rows}) == 1 and {x["draft_len"] for x in rows} >= {0}
+    assert all(len(x["measured_group_runs_s"]) == r["groups"] - 1 == 1 for x in rows)
+    assert all(x["priced_first_s"] > x["priced_group_s"] > 0 and x["measured_group_s"] > 0 for x in rows)  # warm-ups
+    assert r["total_priced_s"] == pytest.approx(sum(x["priced_first_s"] + x["priced_group_s"] for x in rows))
+    assert r["total_measured_s"] == pytest.approx(sum(x["measured_first_s"] + x["measured_group_s"] for x in rows))
+    assert (tmp_path / "price.md").read_text().startswith("The refinement's price")

@@ -5,6 +5,7 @@ is known (seeded noise), so that each verdict can be checked against the truth."
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import random
 import re
@@ -13,12 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from specdec_tune.autotune.cost_model import CostModel
 from specdec_tune.autotune.plan import cost_model_of
 from specdec_tune.autotune.plan_schema import Plan, load_plan
 from specdec_tune.autotune.search import search
 from specdec_tune.pipeline import refine as refine_module
 from specdec_tune.pipeline.refine import contenders, refine, refinement_lines, skipped, uncertain
-from specdec_tune.profiles.schema import load_profile
+from specdec_tune.profiles.schema import PromptSums, load_profile
 from specdec_tune.records import sha256_file
 from specdec_tune.settings import RefineSettings, SearchSettings
 
@@ -190,7 +192,9 @@ class TickingDecoder(FakeDecoder):
 
 def _one_second_each(monkeypatch) -> None:
     """Price a group at one second per contender (TickingDecoder's clock with one prompt a group)."""
-    monkeypatch.setattr(refine_module._LoopGroups, "group_cost_s", staticmethod(lambda *a: float(len(a[-1]))))
+    monkeypatch.setattr(
+        refine_module._LoopGroups, "group_cost_s", staticmethod(lambda *a, first=False: float(len(a[-1])))
+    )
 
 
 def _measured(refined: Plan) -> dict[int, set[int]]:
@@ -495,3 +499,71 @@ def test_workers_sharing_a_storage_each_decode_the_contenders_no_other_has_start
     assert decoder.calls == calls
     row = next(c for c in again.buckets if c.batch == B).refinement
     assert next(c for c in row.contenders if c.draft_len == other).groups == 2
+
+
+def _with_rounds(profile, mechanism: str, rounds_at: dict[int, list[int]], new_tokens: int):
+    """The profile with its greedy "all" record of `mechanism` holding per-prompt rounds: prompt i needs
+    `rounds_at[D][i]` rounds for `new_tokens` tokens at D (1 token a round at D = 0)."""
+    record = next(
+        a
+        for a in profile.acceptance
+        if (a.mechanism, a.domain, a.temperature, a.quant) == (mechanism, "all", 0.0, "none")
+    )
+    n = len(next(iter(rounds_at.values())))
+    columns = [rounds_at.get(D, [new_tokens] * n) for D in range(record.max_draft_len + 1)]
+    table = [[col[i] for col in columns] for i in range(n)]
+    sums = PromptSums(
+        domains=["writing"] * n,
+        emitted=[[new_tokens] * len(row) for row in table],
+        rounds=table,
+        accepted=[[0] * len(row) for row in table],
+        drafts=[[0] * len(row) for row in table],
+    )
+    planted = record.model_copy(update={"per_prompt": sums, "new_tokens": new_tokens})
+    return profile.model_copy(update={"acceptance": [planted if a is record else a for a in profile.acceptance]})
+
+
+def test_a_batch_is_priced_at_the_rounds_until_its_first_row_is_done():
+    """The loop stops a batch when its first row is done: E[least of B prompts' rounds], drawn with replacement from
+    the profile's per-prompt counts, scaled to the refinement's tokens; checked against enumerating every draw."""
+    profile = load_profile(PROFILE_PATH)
+    plan = type("P", (), {"mechanism": "suffix", "quant": "none"})()
+    rounds = [8, 12, 20, 30, 32]
+    planted = _with_rounds(profile, "suffix", {3: rounds}, new_tokens=32)
+    cost = CostModel(planted, ctx=128)
+    for B in (1, 2, 3):
+        exact = np.mean([min(draw) for draw in itertools.product(rounds, repeat=B)])
+        assert refine_module.rounds_to_first_done(planted, cost, plan, B, 3, 32) == pytest.approx(exact)
+        assert refine_module.rounds_to_first_done(planted, cost, plan, B, 3, 16) == pytest.approx(exact / 2)
+    assert refine_module.rounds_to_first_done(planted, cost, plan, 4, 0, 32) == 32  # plain: a token a round
+    # no per-prompt counts: the tokens over the predicted tokens per round
+    tokens_per_round = cost.predict(2, 3, "suffix").tokens_per_forward.value
+    assert refine_module.rounds_to_first_done(profile, cost, plan, 2, 3, 32) == pytest.approx(32 / tokens_per_round)
+
+
+def test_a_groups_price_holds_its_prefills_and_the_first_group_its_warm_ups(searched):
+    """A group's price is, per batch, the prefill of B prompts cut to the context and the rounds until the first row
+    is done at the predicted round time; the first group adds one warm-up batch per contender (WARMUP_TOKENS)."""
+    plan, profile = searched
+    cost = cost_model_of(profile, plan)
+    s = RefineSettings(group_prompts=4, new_tokens=32)
+    price = refine_module._LoopGroups.group_cost_s
+    B, D = plan.buckets[0].batch, 2
+    prompt = plan.ctx - s.new_tokens // 2
+
+    def batch_s(tokens: int) -> float:
+        round_s = cost.predict(B, D, plan.mechanism, plan.quant).round_ms.value / 1e3
+        rounds = refine_module.rounds_to_first_done(profile, cost, plan, B, D, tokens)
+        return refine_module.prefill_s(cost, B, prompt) + rounds * round_s
+
+    batches = refine_module.group_rows(B, s.group_prompts) // B
+    assert price(plan, profile, cost, s, [(B, D, "")]) == pytest.approx(batches * batch_s(s.new_tokens))
+    warm = price(plan, profile, cost, s, [(B, D, "")], first=True) - price(plan, profile, cost, s, [(B, D, "")])
+    assert warm == pytest.approx(batch_s(refine_module.WARMUP_TOKENS)) and warm > 0
+    # the prefill: batch 1's verify slope per token, for each of B rows, on top of the one-token step at B
+    slope_ms = (cost.verify_ms(1, cost.max_draft_len + 1).value - cost.verify_ms(1, 1).value) / cost.max_draft_len
+    expected_s = (cost.verify_ms(B, 1).value + B * (prompt - 1) * slope_ms) / 1e3
+    assert refine_module.prefill_s(cost, B, prompt) == pytest.approx(expected_s) and expected_s > 0.01
+    # the budget's two groups: the first's warm-ups once, not twice
+    two = refine_module.groups_cost_s(plan, profile, cost, s, [(B, D, "")], 2)
+    assert two == pytest.approx(2 * price(plan, profile, cost, s, [(B, D, "")]) + warm)

@@ -222,6 +222,14 @@ def test_full_batch_rounds_end_when_the_first_row_finishes(target, reference):
     # rows 0, 1 emit 4 tokens a round and finish after 16 rounds; rows 2, 3 emit 1 a round meanwhile
     assert out.full_batch_tokens == 2 * 64 + 2 * 16
     assert 0 < out.full_batch_s < out.total_s
+    # until_first_done: the same full-batch rounds, and no tail (rows 2, 3 are cut short at 16 tokens)
+    cut = generate(
+        target, PROMPTS, drafter=HalfWrong(reference, False, 32), num_draft_tokens=3, max_new_tokens=64,
+        until_first_done=True,
+    )  # fmt: skip
+    assert cut.full_batch_tokens == out.full_batch_tokens and cut.target_forwards == 16 < out.target_forwards
+    assert [len(t) for t in cut.tokens] == [64, 64, 16, 16]
+    assert cut.tokens[2] == out.tokens[2][:16] and cut.tokens[0] == out.tokens[0]
     plain = generate(target, PROMPTS, max_new_tokens=64)
     assert plain.full_batch_tokens == 4 * 64 and plain.full_batch_s <= plain.total_s
 
