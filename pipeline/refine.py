@@ -272,7 +272,7 @@ def refine(
     t0 = time.monotonic()
     if todo:
         on_line(
-            f"refine: {len(wanted)} contenders at batch {', '.join(map(str, batches))}, {len(within)} within the "
+            f"refine: {len(wanted)} contenders at batch {', '.join(map(str, batches))}; {len(within)} within the "
             f"budget of {budget_s:.0f} s (the others expected to gain less), {len(done)} already measured"
         )
         _measure(plan, profile, s, study, todo, within, budget_s, on_line)
