@@ -73,6 +73,7 @@ from specdec_tune.pipeline.throughput_check import WARMUP_TOKENS, another_device
 from specdec_tune.profiles.calibration import load_calibration
 from specdec_tune.profiles.intervals import runs_interval
 from specdec_tune.profiles.models.loading import load_model
+from specdec_tune.profiles.prompts import cut_length
 from specdec_tune.profiles.schema import Profile
 from specdec_tune.profiles.specdec import generate
 from specdec_tune.settings import ENGINE_DEFAULT_DRAFT_LEN, RefineSettings
@@ -294,8 +295,9 @@ def settings_of(refinement: Refinement, out_dir: Path) -> RefineSettings:
 
 def prefill_s(cost: CostModel, batch: int, prompt_tokens: int) -> float:
     """A prefill of `batch` prompts of `prompt_tokens`, priced on the profile's verify cells: the one-token step at B,
-    plus each row's further tokens at the per-token slope of batch 1's verify line (1 to 1 + D_max tokens). On a
-    2-core CPU this reads within a fifth of the prefills the loop times; the slope at B itself reads up to 1.7x."""
+    plus each row's further tokens at the per-token slope of batch 1's verify line (1 to 1 + D_max tokens). Batch 1's
+    slope, as the slope at B itself overstated the loop's timed prefills at batch 8 on a 2-core CPU (measured once;
+    `bench/refine_price.py` times the whole price against the loop)."""
     one = cost.verify_ms(1, 1).value
     slope_ms = (cost.verify_ms(1, cost.max_draft_len + 1).value - one) / cost.max_draft_len
     return (cost.verify_ms(batch, 1).value + batch * (prompt_tokens - 1) * slope_ms) / 1e3
@@ -346,7 +348,7 @@ class _LoopGroups:
         """One group of `keys`, one after another: each batch's prefill (`prefill_s`) and its rounds until its first
         row is done (`rounds_to_first_done`; the loop stops there) at the predicted round time; in the `first` group
         each key's warm-up too (one batch, `WARMUP_TOKENS`)."""
-        prompt_tokens = plan.ctx - s.new_tokens // 2  # context_prompts' cut
+        prompt_tokens = cut_length(plan.ctx, s.new_tokens)  # the pool's prompts (context_prompts)
 
         def batch_s(B: int, D: int, new_tokens: int) -> float:
             round_ms = cost.predict(B, D, plan.mechanism, plan.quant).round_ms.value

@@ -77,6 +77,12 @@ def prompts_by_domain(
     return list(zip(ids, [p.domain for p in chosen.prompts]))
 
 
+def cut_length(ctx: int, new_tokens: int) -> int:
+    """Tokens a prompt keeps when cut to context `ctx` for a decode of `new_tokens` (`cut_to_context`): the KV cache
+    then averages `ctx` over the decode."""
+    return max(1, ctx - new_tokens // 2)
+
+
 def cut_to_context(
     prompts: list[tuple[list[int], str]], ctx: int, new_tokens: int, whole: bool = False
 ) -> list[tuple[list[int], str]]:
@@ -84,7 +90,7 @@ def cut_to_context(
     (`whole`) only those between half that length and all of it, as they are. A cut drops text a lookup drafter would
     copy from (the document an extraction prompt asks about), while the profile measures acceptance on whole prompts;
     whole prompts keep that, at a KV cache a little shorter than `ctx`."""
-    length = max(1, ctx - new_tokens // 2)
+    length = cut_length(ctx, new_tokens)
     if whole:
         return [(ids, domain) for ids, domain in prompts if length // 2 <= len(ids) <= length]
     return [(ids[-length:], domain) for ids, domain in prompts if len(ids) >= length]
