@@ -3,7 +3,8 @@
 vLLM pins versions that clash with this tool's, so it usually lives in a virtualenv of its own, named by
 SPECDEC_TUNE_VLLM_PYTHON; where `vllm` imports in this interpreter, this interpreter runs it. Either way each
 engine runs in a process of its own (`vllm_runner.py`): vLLM starts one engine per process, and a crash or an
-out-of-memory in one configuration must not take the profile down with it.
+out-of-memory in one configuration must not take the profile down with it. The processes are forked from one that
+imported vLLM once (`vllm_runner.py --serve`, kept for the life of a VllmEngine), so an engine does not pay the import.
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
 import tempfile
+import weakref
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
@@ -80,6 +84,8 @@ class VllmEngine:
 
     def __init__(self, python: str, version: str) -> None:
         self.python, self.version = python, version
+        self._server: subprocess.Popen | None = None  # vllm_runner.py --serve, started by the first run
+        self._pending = b""  # what the server wrote past its last line read
 
     @classmethod
     def locate(cls) -> VllmEngine:
@@ -111,26 +117,66 @@ class VllmEngine:
         """The runner's result; a run that crashes or outlives `timeout_s` gives `ok: false` with the reason. `cwd`:
         where relative paths in the job resolve (a bundle's folder)."""
         with tempfile.TemporaryDirectory(prefix="specdec-vllm-") as tmp:
-            job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
+            job_path, result_path, log_path = Path(tmp) / "job.json", Path(tmp) / "result.json", Path(tmp) / "log"
             job_path.write_text(json.dumps(job))
-            env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-            env["VLLM_CPU_KVCACHE_SPACE"] = str(CPU_KV_CACHE_GIB)  # the pool the profile's memory record assumes
-            try:
-                done = subprocess.run(
-                    [self.python, str(RUNNER), str(job_path), str(result_path)],
-                    capture_output=True,
-                    text=True,
-                    timeout=timeout_s,
-                    env=env,
-                    cwd=cwd or tmp,
-                )
-            except subprocess.TimeoutExpired:
+            ask = {"job": str(job_path), "result": str(result_path), "cwd": str(cwd or tmp), "log": str(log_path)}
+            status = self._forked(ask, timeout_s)
+            if status is None:
                 return {"ok": False, "error": f"the engine ran past {timeout_s:.0f} s", "runs": []}
             if result_path.is_file():
                 return json.loads(result_path.read_text())
-            tail = [line for line in done.stderr.strip().splitlines() if line.strip()]
+            lines = log_path.read_text(errors="replace").splitlines() if log_path.is_file() else []
+            tail = [line for line in lines if line.strip()]
             return {
                 "ok": False,
                 "runs": [],
-                "error": f"the engine process died (exit {done.returncode}): {tail[-1] if tail else 'no output'}"[:600],
+                "error": f"the engine process died (exit {status}): {tail[-1] if tail else 'no output'}"[:600],
             }
+
+    def _forked(self, ask: dict, timeout_s: float) -> int | None:
+        """Run one job in a process forked by the server (started, or started again where it died); its exit status,
+        None where it outlived `timeout_s` (it is killed)."""
+        if self._server is None or self._server.poll() is not None:
+            env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(CPU_KV_CACHE_GIB)  # the pool the profile's memory record assumes
+            self._server_log = tempfile.TemporaryFile()  # the server's own output: its import's error, if any
+            self._server = subprocess.Popen(
+                [self.python, str(RUNNER), "--serve"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._server_log,
+                env=env,
+            )
+            self._pending = b""
+            weakref.finalize(self, self._server.kill)
+        server = self._server
+        assert server.stdin is not None  # piped above
+        try:
+            server.stdin.write((json.dumps(ask) + "\n").encode())
+            server.stdin.flush()
+            pid = json.loads(self._line(None) or b"")["pid"]
+        except (OSError, ValueError, KeyError):  # the server died (its import failed): its output says why
+            server.kill()
+            self._server_log.seek(0)
+            Path(ask["log"]).write_bytes(self._server_log.read())
+            return 1
+        line = self._line(timeout_s)
+        if line is None:
+            os.kill(pid, signal.SIGKILL)
+            self._line(None)
+            return None
+        return int(json.loads(line)["exit"])
+
+    def _line(self, timeout_s: float | None) -> bytes | None:
+        """The server's next line (b"" at its end), None where none came within `timeout_s`."""
+        assert self._server is not None and self._server.stdout is not None
+        fd = self._server.stdout.fileno()
+        while b"\n" not in self._pending:
+            if not select.select([fd], [], [], timeout_s)[0]:
+                return None
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return b""
+            self._pending += chunk
+        line, self._pending = self._pending.split(b"\n", 1)
+        return line

@@ -1,28 +1,37 @@
 """`specdec-tune profile --engine vllm`: the profile measured inside vLLM, the engine the bundle is for.
 
-Units, each measured by PASSES (3) engines, each started fresh in a process of its own and logged when it finishes (a
-killed profile resumes without repeating them):
+Units, each measured by engines started fresh in a process of their own, each engine logged when it finishes (a killed
+profile resumes without repeating them): the plain unit by PLAIN_ENGINES (3), a speculative unit by UNIT_ENGINES (1):
   plain     vLLM without speculation: T_round(B, 0) at every batch and context bucket
   (m, D)    mechanism m at draft length D: T_round(B, D) at every batch and context bucket, and greedy acceptance at D
             from vLLM's own counters (per request and verify step: drafted and accepted)
-  D_max     the unit at each mechanism's longest draft also measures acceptance: in its first pass on up to 7 profiling
+  D_max     the unit at each mechanism's longest draft also measures acceptance: in its engine on up to 7 profiling
             prompts per domain (every MT-Bench category's), and at every temperature > 0 on the first
-            `prompts_per_domain` of each; in its second pass on every other profiling prompt of each domain whose tokens
-            per forward at D_max is still wider than ±`acceptance_half_width` (95%), as far as the time allows. Its
-            counters are the profile's acceptance records; the other units' are the checks of the derived figures
-            (derived vs direct, as the torch backend's loop records them)
+            `prompts_per_domain` of each; then, while the budget lasts, in an engine that only decodes, on every other
+            profiling prompt of each domain whose tokens per forward at D_max is still wider than
+            ±`acceptance_half_width` (95%), as far as the time allows. Its counters are the profile's acceptance
+            records; the other units' are the checks of the derived figures (derived vs direct, as the torch backend's
+            loop records them)
 Order: plain; each mechanism at D_max; each at D = 1 (these run whatever the budget: without both ends of every curve
 there is no plan); then, while the budget lasts, the midpoint of each gap in D whose ends differ by more than the
 tolerance and the noise at some (B, ctx), as the torch backend bisects its verify curve.
 
-Interleaving: a shared machine's speed drifts by 20% within minutes, and a unit timed in one slow spell would read as a
-costlier mechanism. So each unit's timing is split over PASSES engines, and the units take turns: every pass runs every
-unit of its group once, in an order shuffled per pass (the first pass in the order above, so that a refusal is known
-before its mechanism's other units start), and a cell's steps are pooled over the passes. A spell then lands on a few
-steps of every unit instead of on all of one.
+Engines per unit: on a 2-core CPU an engine costs about 10 s before its first timed step (starting it, the speed
+probe's first samples, a warm-up; importing vLLM, another 10 s, is paid once, as the engines are forked from one process
+that imported it: profiles/vllm_engine.py), about as much as its timing runs, and the draft model's D_max unit decodes
+for minutes more to measure acceptance. Timing every unit in three engines cost the demo pair's profile about 750 s,
+half of what a sweep of every D in engines of its own costs (about 1,540 s), where the tuning as a whole (profile,
+search, measured refinement) is to cost at most a third of it. So the speculative units are timed in one engine each,
+and the plain unit, the one every speedup is relative to and the cheapest, in three: its engines give the
+between-engine term and the speed's elasticity (below) that every unit's rounds are corrected and widened by. Where the
+model then cannot separate two draft lengths, the search's measured refinement decodes them (pipeline/refine.py).
+
+Interleaving: a shared machine's speed drifts by 20% within minutes. The plain unit's engines are spread among the
+others (`schedule`), so that they sample the spells the speculative units ran in; each speculative unit's spell is
+corrected by its own speed probe (below).
 
 A timed round is one LLMEngine.step() with B requests decoding, none prefilling and none finished: a timing run starts
-B real calibration texts laid end to end and cut to the context bucket, and decodes 32 tokens each per pass with EOS
+B real calibration texts laid end to end and cut to the context bucket, and decodes 32 tokens each per engine with EOS
 ignored, so the batch stays full. (Not fewer: a lookup drafter that accepts well spends 16 tokens in 6 full rounds, all
 of them the heavy drafting right after the prefill; at B = 8 on a 2-core CPU, 16 tokens read an n-gram round at D = 7
 7-15% above plain where 64 read it 3% above.) (A lookup drafter's round costs what its rows propose: on long
@@ -32,27 +41,27 @@ then fitted non-decreasing in D, batch and context (weighted isotonic regression
 more requests or a longer context never make a round cheaper), a cell moved beyond its interval becoming `fitted`.
 
 Speed: every engine times a fixed piece of work of the target's shape around and within each run (vllm_runner.Probe).
-Interleaving spreads a spell over the units, but with three passes a unit can still land all of them in a fast spell
-and another unit all in a slow one (on this 2-core machine the probe moved 25% within one profile). So each pass's steps
-are brought to the profile's reference speed before they are pooled:
+A unit timed in one engine lands in whatever spell that engine met (on this 2-core machine the probe moved 25% within
+one profile). So each engine's steps are brought to the profile's reference speed before they are pooled:
 
     step at reference = step · (probe_ref / probe_pass)^e
 
-probe_pass is the median of the pass's probe samples, probe_ref the median of every sample of the profile, and e the
-elasticity of a step's time in the probe's: the least-squares slope of log step ms on log probe ms over every cell, each
-cell about its own means (its passes ran in different spells), clamped to [0, 1] (a step is partly host work that the
-probe's spell moves less). A round point keeps the steps' raw median beside (`raw_median_ms`); `engine.speed_probe`
-keeps probe_ref and e, and a later run's probe against them says how much slower or faster the machine runs than the
-profile's reference (the engine benches and the export's engine check give their errors at reference speed beside
-the raw ones).
+probe_pass is the median of the engine's probe samples, probe_ref the median of every sample of the profile, and e the
+elasticity of a step's time in the probe's: the least-squares slope of log step ms on log probe ms over every cell
+timed by several engines (the plain unit's), each cell about its own means (its engines ran in different spells),
+clamped to [0, 1] (a step is partly host work that the probe's spell moves less). A round point keeps the steps' raw
+median beside (`raw_median_ms`); `engine.speed_probe` keeps probe_ref and e, and a later run's probe against them says
+how much slower or faster the machine runs than the profile's reference (the engine benches and the export's engine
+check give their errors at reference speed beside the raw ones).
 
 Engines: two engines of one configuration, started one after the other, differ by more than their steps' noise (a
-process's own luck: where its memory and threads land; on this 2-core CPU about 2% sd at reference speed, while the
+process's own luck: where its memory and threads land; on this 2-core CPU 2-6% sd at reference speed, while the
 median of one engine's 30 steps holds about ±2%). Steps of one engine are not independent of each other, so the
 median's interval over the pooled steps would claim a precision that a new set of engines does not reproduce. The
-profile estimates that term from its own passes (`between_engines_sd`: over every cell, the variance of the passes'
-log medians less their own squared standard errors) and adds 1.96·sd/√(engines) to each cell's interval, on the log
-scale, as an independent error (`engine.between_engines`). With three engines a unit, that term is about ±2.3%.
+profile estimates that term from the plain unit's engines (`between_engines_sd`: over every cell timed by several
+engines, the variance of the engines' log medians less their own squared standard errors) and adds 1.96·sd/√(engines)
+to each cell's interval, on the log scale, as an independent error (`engine.between_engines`): about ±2.3% for the plain
+unit's three engines at 2% sd, ±4% for a speculative unit's one.
 
 A mechanism the engine will not start is recorded in `engine.mechanisms` with vLLM's reason, a unit that crashes or runs
 out of memory part-way records its remaining cells infeasible with the engine's message; the profile goes on with the
@@ -97,11 +106,26 @@ from specdec_tune.settings import ProfileSettings
 from specdec_tune.vllm_spelling import VLLM, speculative_config
 
 UNIT_TIMEOUT_S = 1800.0  # one engine: start-up, every timing run and the acceptance runs
-PASSES = 3  # engines per unit, interleaved with the other units' (module docstring)
-TIMING_TOKENS = 32  # per request of a timing run, per pass: over the passes the batch stays full for tens of rounds
-EXTRA_ACCEPTANCE_S = 120.0  # engine seconds the second pass may spend on more acceptance prompts past the budget
+PLAIN_ENGINES = 3  # engines of the plain unit, spread among the others': the between-engine term and the speed's fit
+UNIT_ENGINES = 1  # engines of a speculative unit: its rounds' intervals hold the between-engine term for one
+TIMING_TOKENS = 32  # per request of a timing run, per engine: the batch stays full for tens of rounds
+EXTRA_ACCEPTANCE_S = 120.0  # engine seconds the acceptance engine may spend on more prompts past the budget
 ACCEPTANCE_PROMPTS_PER_DOMAIN = 7  # at D_max: every MT-Bench category's profiling prompts, as many of the others
 WARMUP_TOKENS = 4  # a short run before the timed ones: the engine's first steps allocate and build
+
+
+def engines_of(key: tuple[str, int]) -> int:
+    """How many timed engines measure a unit (module docstring, "Engines per unit")."""
+    return PLAIN_ENGINES if key[1] == 0 else UNIT_ENGINES
+
+
+def schedule(keys: list[tuple[str, int]]) -> list[tuple[tuple[str, int], int]]:
+    """Every timed engine of the units `keys`, (unit, its engine's index), in the order they run: the units' first
+    engines in the order of `keys` (a refusal is known before its mechanism's other units start), a unit's further
+    engines spread evenly among them (engine p of a unit of n at (p + the unit's place / len(keys)) / n of the way, a
+    first engine before a later one at the same place)."""
+    jobs = [(key, p) for key in keys for p in range(engines_of(key))]
+    return sorted(jobs, key=lambda job: ((job[1] + keys.index(job[0]) / len(keys)) / engines_of(job[0]), job[1]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,9 +273,10 @@ class VllmProfiler(ProfileRun):
         accept: dict[str, tuple[float, list]],
         target: Path,
         drafts: dict[str, Path],
+        timed: bool = True,
     ) -> dict:
-        """One engine of a unit: every (B, ctx) cell timed once, in an order shuffled per pass, then the acceptance runs
-        `accept` (run name: temperature and prompts)."""
+        """One engine of a unit: every (B, ctx) cell timed once, in an order shuffled per engine (where `timed`), then
+        the acceptance runs `accept` (run name: temperature and prompts)."""
         m = self.mechanisms.get(mechanism)
         config = None
         if draft_len:
@@ -265,7 +290,7 @@ class VllmProfiler(ProfileRun):
             )
         cells = [(B, ctx) for ctx in self.s.ctx_buckets for B in self.s.batch_buckets]
         random.Random(f"{self.s.seed}/{mechanism}/{draft_len}/{pass_index}").shuffle(cells)
-        runs = [
+        timing = [
             {
                 "name": "warmup",
                 "prompts": self.timing_rows[self.s.ctx_buckets[0]][:1],
@@ -274,7 +299,7 @@ class VllmProfiler(ProfileRun):
                 "ignore_eos": True,
             }
         ]
-        runs += [
+        timing += [
             {
                 "name": f"time/{B}/{ctx}",
                 "prompts": self.timing_rows[ctx][:B],
@@ -284,6 +309,7 @@ class VllmProfiler(ProfileRun):
             }
             for B, ctx in cells
         ]
+        runs = timing if timed else []
         runs += [
             {
                 "name": name,
@@ -307,19 +333,19 @@ class VllmProfiler(ProfileRun):
         }
 
     def _accept_runs(
-        self, mechanism: str, draft_len: int, pass_index: int, first: dict | None, budget: Budget
+        self, mechanism: str, draft_len: int, first: dict | None, budget: Budget
     ) -> dict[str, tuple[float, list]]:
-        """What a unit's pass measures of acceptance (module docstring); `first`: the unit's first pass, for the
-        second's."""
+        """What a unit's engine measures of acceptance (module docstring): its first engine's runs where `first` is
+        None; else, given that engine's summary, the D_max unit's runs on more prompts."""
         if not draft_len:
             return {}
         at_max = draft_len == self.mechanisms[mechanism].max_draft_len
-        if pass_index == 0:
+        if first is None:
             runs = {"accept/0.0": (0.0, self.acceptance_prompts if at_max else self.check_prompts)}
             return runs | (
                 {f"accept/{t}": (t, self.sampled_prompts) for t in self.s.temperatures if t > 0} if at_max else {}
             )
-        if pass_index > 1 or not at_max or not first or not first["ok"] or self.s.acceptance_half_width <= 0:
+        if not at_max or not first["ok"] or self.s.acceptance_half_width <= 0:
             return {}
         counters = [counters_of(r, draft_len) for r in first["accept"].get("0.0", [])]
         domains = [self.prompt_domain[i] for i in first["accept_ids"].get("0.0", [])]
@@ -346,34 +372,38 @@ class VllmProfiler(ProfileRun):
     def _units(
         self, log: MeasurementLog, keys: list[tuple[str, int]], budget: Budget, work: list, required: bool
     ) -> dict[tuple[str, int], dict]:
-        """Each unit of `keys` measured by PASSES engines, the units interleaved (module docstring), each pass's summary
-        logged; a unit the engine refused in its first pass is not started again. `required`: whatever the budget (what
-        that will cost is said once the first engine has run, where it is more than the budget has left)."""
-        passes: dict[tuple[str, int], list[dict]] = {k: [] for k in keys}
-        total = PASSES * len(keys)
-        for p in range(PASSES):
-            order = list(keys)
-            if p:
-                random.Random(f"{self.s.seed}/pass/{p}").shuffle(order)
-            for key in order:
-                done, top = passes[key], passes.get((key[0], self.mechanisms[key[0]].max_draft_len) if key[1] else key)
-                if len(done) < p or (
-                    top and not top[0]["ok"]
-                ):  # a refused mechanism is not started again (nor at another D)
-                    continue
-                if not (required or budget.allows(f"engine unit {key[0]} D={key[1]} pass {p + 1}")):
-                    continue
-                done.append(self._unit(log, *key, p, done[0] if done else None, budget, work))
-                finished = sum(map(len, passes.values()))
-                self._tick(
-                    "engine units",
-                    finished,
-                    total,
-                    f"{key[0]} D={key[1]} pass {p + 1}: {done[-1]['engine_s'] or 0:.0f} s",
-                )
-                if required and finished == 1:
-                    self._say_required_cost(done[-1]["engine_s"], total - 1, budget)
-        return {k: merged(v) for k, v in passes.items() if v}
+        """Each unit of `keys` measured by its engines (`engines_of`), in `schedule`'s order, each engine's summary
+        logged; a unit the engine refused in its first engine is not started again, nor its mechanism at another D.
+        Then, where the budget allows, each mechanism's D_max unit decodes more acceptance prompts in an engine of its
+        own (`_accept_runs`). `required`: whatever the budget (what that will cost is said once the first engine has
+        run, where it is more than the budget has left)."""
+        engines: dict[tuple[str, int], list[dict]] = {k: [] for k in keys}
+        order = schedule(keys)
+        for key, p in order:
+            done, top = engines[key], engines.get((key[0], self.mechanisms[key[0]].max_draft_len) if key[1] else key)
+            if len(done) < p or (top and not top[0]["ok"]):  # a refused mechanism is not started again
+                continue
+            if not (required or budget.allows(f"engine unit {key[0]} D={key[1]} engine {p + 1}")):
+                continue
+            done.append(self._unit(log, *key, p, budget, work))
+            finished = sum(map(len, engines.values()))
+            self._tick(
+                "engine units",
+                finished,
+                len(order),
+                f"{key[0]} D={key[1]} engine {p + 1}: {done[-1]['engine_s'] or 0:.0f} s",
+            )
+            if required and finished == 1:
+                self._say_required_cost(done[-1]["engine_s"], len(order) - 1, budget)
+        for (name, D), done in engines.items():
+            if not D or D != self.mechanisms[name].max_draft_len or not done or not done[0]["ok"]:
+                continue
+            logged = f"vllm/{name}/{D}/{len(done)}" in log
+            if (logged or self._accept_runs(name, D, done[0], budget)) and budget.allows(
+                f"more acceptance prompts for {name} at D={D}"
+            ):
+                done.append(self._unit(log, name, D, len(done), budget, work, more_after=done[0]))
+        return {k: merged(v) for k, v in engines.items() if v}
 
     def _say_required_cost(self, engine_s: float | None, engines_left: int, budget: Budget) -> None:
         """The required units run whatever the budget: where they will run past it, say so before they do."""
@@ -382,8 +412,8 @@ class VllmProfiler(ProfileRun):
         needed_s = engine_s * engines_left
         if needed_s > budget.left_s():
             self.progress.note(
-                f"the required engine units (plain decoding and every mechanism at D = 1 and its longest draft, "
-                f"{PASSES} engines each) need {engines_left} more engines, about {needed_s / 60:.1f} min at "
+                "the required engine units (plain decoding and every mechanism at D = 1 and its longest draft) "
+                f"need {engines_left} more engines, about {needed_s / 60:.1f} min at "
                 f"{engine_s:.0f} s an engine: past the {self.s.budget_minutes:g}-minute budget "
                 f"({budget.left_s() / 60:.1f} min left); they run to the end, the optional units are skipped"
             )
@@ -394,11 +424,13 @@ class VllmProfiler(ProfileRun):
         mechanism: str,
         draft_len: int,
         pass_index: int,
-        first: dict | None,
         budget: Budget,
         work: list,
+        more_after: dict | None = None,
     ) -> dict:
-        """One engine run, summarised and logged (what the profile needs of it, not the raw steps)."""
+        """One engine run, summarised and logged (what the profile needs of it, not the raw steps): a timed engine, the
+        unit's first also measuring acceptance; or, given the unit's first engine's summary `more_after`, an engine
+        that only decodes more acceptance prompts."""
 
         def measure():
             if not work:
@@ -406,8 +438,9 @@ class VllmProfiler(ProfileRun):
                     self._model_dir((self.s.out_dir / "engine-models").resolve())
                 )  # each engine runs in a folder of its own
             t0 = time.monotonic()
-            accept = self._accept_runs(mechanism, draft_len, pass_index, first, budget)
-            raw = self.engine.run(self._job(mechanism, draft_len, pass_index, accept, *work[0]), UNIT_TIMEOUT_S)
+            accept = self._accept_runs(mechanism, draft_len, more_after, budget) if more_after or not pass_index else {}
+            job = self._job(mechanism, draft_len, pass_index, accept, *work[0], timed=more_after is None)
+            raw = self.engine.run(job, UNIT_TIMEOUT_S)
             return summarise(
                 raw, {name.split("/")[1]: [q.id for q in prompts] for name, (_, prompts) in accept.items()}
             ) | {"engine_s": time.monotonic() - t0}
@@ -429,7 +462,8 @@ class VllmProfiler(ProfileRun):
         )
         self.progress.note(
             f"engine units: {len(first)} required (plain, and each mechanism at its longest draft and at D = 1), "
-            f"{PASSES} engines each; more where the curve in D bends, while the budget lasts"
+            f"the plain one in {PLAIN_ENGINES} engines, the others in {UNIT_ENGINES}; more where the curve in D bends, "
+            "while the budget lasts"
         )
         units = self._units(
             log, first, budget, work, required=True
@@ -503,7 +537,7 @@ class VllmProfiler(ProfileRun):
                 "max_num_seqs": self.max_num_seqs,
                 "max_model_len": self.max_model_len,
                 "mechanisms": self.supported,
-                "passes": PASSES,
+                "engines_per_unit": {"plain": PLAIN_ENGINES, "speculative": UNIT_ENGINES},
                 "speed_probe": speed,
                 "between_engines": between,
                 "units": {
@@ -529,15 +563,15 @@ class VllmProfiler(ProfileRun):
         if speed:
             notes.append(
                 "engine rounds brought to the reference speed "
-                f"(the speed probe's median, {speed['median_ms']:.1f} ms): each pass's "
-                f"steps x (reference / the pass's probe)^{speed['elasticity']:.2f}, "
-                "the elasticity fitted over every cell; "
+                f"(the speed probe's median, {speed['median_ms']:.1f} ms): each engine's "
+                f"steps x (reference / the engine's probe)^{speed['elasticity']:.2f}, "
+                "the elasticity fitted over the cells timed by several engines; "
                 "each round keeps its raw median beside (raw_median_ms)"
             )
         if between["sd"] is not None:
             notes.append(
                 f"engines of one unit differed by {between['sd']:.1%} "
-                "(sd at reference speed, estimated from the passes) beyond their "
+                "(sd at reference speed, estimated from the plain unit's engines) beyond their "
                 f"steps' own noise, over {between['cells']} cells; "
                 "each round's interval holds that term (engine.between_engines)"
             )

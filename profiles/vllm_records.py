@@ -1,5 +1,5 @@
 """From the vLLM profile's engine runs to the profile's records: what a run's steps keep (`summarise`), a unit's
-passes pooled (`merged`), steps brought to the reference speed, the between-engine term, the drafting slope, the round
+engines pooled (`merged`), steps brought to the reference speed, the between-engine term, the drafting slope, the round
 points fitted monotone, and acceptance counters from vLLM's per-step lists. profiles/vllm_profile.py's docstring gives
 the method; these are its pure parts, also read by the export's engine check."""
 
@@ -129,9 +129,9 @@ def at_reference(cell: dict, speed: dict | None) -> list[float]:
 
 
 def between_engines_sd(cells: list[tuple[list[float], list[int]]]) -> dict:
-    """The sd of log step time between the engines (passes) of one unit beyond their steps' own noise, pooled over
+    """The sd of log step time between the engines of one unit beyond their steps' own noise, pooled over
     every cell timed by at least two engines (intervals.between_group_sd; profiles/vllm_profile.py docstring,
-    "Engines"). `cells`: each cell's steps (at reference speed) and the pass each came from."""
+    "Engines"). `cells`: each cell's steps (at reference speed) and the engine each came from."""
     groups = []
     for samples, passes in cells:
         by_pass: dict[int, list[float]] = {}
@@ -143,8 +143,8 @@ def between_engines_sd(cells: list[tuple[list[float], list[int]]]) -> dict:
         "sd": sd,
         "cells": used,
         "what": "sd of ln(step ms) between the engines of one unit beyond their steps' noise, estimated "
-        "from the profile's passes at reference speed; each round's 95% interval is widened by 1.96·sd/√(its engines) "
-        "on the log scale",
+        "from the units timed by several engines, at reference speed; each round's 95% interval is widened by "
+        "1.96·sd/√(its engines) on the log scale",
     }
 
 
@@ -158,7 +158,7 @@ def with_engines(tm: Timing, between: dict, engines: int) -> Timing:
 
 def speed_elasticity(cells: list[tuple[list[float], list[float | None]]]) -> float:
     """d log(step ms) / d log(probe ms): the least-squares slope over every cell's steps, each cell about its own means
-    (one slope, an offset per cell), clamped to [0, 1]; 0 where no cell's passes differ in speed."""
+    (one slope, an offset per cell), clamped to [0, 1]; 0 where no cell's engines differ in speed."""
     sxy = sxx = 0.0
     for step_ms, probe_ms in cells:
         pairs = [(np.log(ms), np.log(pr)) for ms, pr in zip(step_ms, probe_ms) if pr and ms > 0]
@@ -249,9 +249,9 @@ def summarise(raw: dict, accept_ids: dict[str, list[str]]) -> dict:
 
 
 def merged(passes: list[dict]) -> dict:
-    """A unit's passes as one: each cell's steps pooled (tokens per round over all of them), the acceptance runs in the
-    order they ran; not ok where the first pass was not (a later pass's failure marks the unit's cells as
-    `failed_cells`)."""
+    """A unit's engines (`passes`, in the order they ran) as one: each cell's steps pooled (tokens per round over all of
+    them), the acceptance runs in the order they ran; not ok where the first engine was not (a later one's failure
+    marks the unit's cells as `failed_cells`)."""
     out = {
         "ok": passes[0]["ok"],
         "error": next((p["error"] for p in passes if p["error"]), None),

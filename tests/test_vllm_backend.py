@@ -19,7 +19,7 @@ from specdec_tune.pipeline.engine_check import engine_refusal, engine_throughput
 from specdec_tune.pipeline.refine import skipped as refine_skipped
 from specdec_tune.profiles.timing import Timing
 from specdec_tune.profiles.vllm_engine import VllmEngine
-from specdec_tune.profiles.vllm_profile import PASSES, TIMING_TOKENS, VllmProfiler
+from specdec_tune.profiles.vllm_profile import PLAIN_ENGINES, TIMING_TOKENS, UNIT_ENGINES, VllmProfiler, schedule
 from specdec_tune.profiles.vllm_records import between_engines_sd, counters_of, with_engines
 from specdec_tune.settings import MeasureSettings, ProfileSettings
 
@@ -157,7 +157,7 @@ def test_killed_profile_resumes_without_repeating_finished_engines(fake_profile,
 
     done, redone = [unit(j) for j in first.jobs[:3]], [unit(j) for j in again.jobs]
     assert [m for m, _ in done] == [None, "ngram", "draft_model"]
-    assert redone.count((None, None)) == PASSES - 1  # plain's first engine is not run again, its other passes are
+    assert redone.count((None, None)) == PLAIN_ENGINES - 1  # plain's first engine is not run again, its others are
     assert sorted(done + redone, key=str) == sorted(
         (unit(j) for j in fake_profile[1].jobs), key=str
     )  # nothing twice, nothing left out
@@ -177,18 +177,36 @@ def test_a_relative_out_dir_reaches_the_engine_as_a_full_path(tmp_path, monkeypa
     assert all(Path(j["model_dir"]).is_absolute() for j in engine.jobs) and profile.rounds
 
 
-def test_units_take_turns_and_pool_their_passes(fake_profile):
+def test_the_plain_units_engines_are_spread_among_the_others_and_pooled(fake_profile):
+    keys = [("none", 0), ("ngram", 4), ("draft_model", 4), ("ngram", 1), ("draft_model", 1)]
+    assert schedule(keys) == [
+        (("none", 0), 0),
+        (("ngram", 4), 0),
+        (("none", 0), 1),
+        (("draft_model", 4), 0),
+        (("ngram", 1), 0),
+        (("none", 0), 2),
+        (("draft_model", 1), 0),
+    ]  # every unit's first engine in the order given, plain's others a third and two thirds of the way
     profile, engine = fake_profile
     plain = [i for i, j in enumerate(engine.jobs) if j["speculative_config"] is None]
-    assert (
-        len(plain) == PASSES and plain[0] == 0 and plain[1] > len(plain)
-    )  # interleaved with the other units, not back to back
+    assert len(plain) == PLAIN_ENGINES and plain[0] == 0 and all(b - a > 1 for a, b in zip(plain, plain[1:]))
     cell = next(r for r in profile.rounds if (r.mechanism, r.batch) == ("none", 2))
-    per_pass = sum(1 for j in engine.jobs[:1] for run in j["runs"] if run["name"] == "time/2/64") * (TIMING_TOKENS - 2)
-    assert cell.repeats >= PASSES * per_pass  # every pass's steady steps pooled into the cell
-    assert profile.engine["passes"] == PASSES and all(
-        len(u["init_s"]) == PASSES for k, u in profile.engine["units"].items() if u["ok"]
-    )
+    first = engine.jobs[0]["runs"]
+    per_engine = sum(1 for run in first if run["name"] == "time/2/64") * (TIMING_TOKENS - 2)
+    assert cell.repeats >= PLAIN_ENGINES * per_engine  # every engine's steady steps pooled into the cell
+    timed = {  # engines that timed a cell, per unit: the acceptance engine of a D_max unit times none
+        (m, D): sum(
+            1
+            for j in engine.jobs
+            if (j["speculative_config"] or {}).get("method") == m
+            and (j["speculative_config"] or {}).get("num_speculative_tokens") == D
+            and any(run["name"].startswith("time/") for run in j["runs"])
+        )
+        for m, D in (("ngram", 4), ("ngram", 1), ("draft_model", 1))
+    }
+    assert set(timed.values()) == {UNIT_ENGINES}
+    assert profile.engine["engines_per_unit"] == {"plain": PLAIN_ENGINES, "speculative": UNIT_ENGINES}
 
 
 def test_a_run_that_dies_part_way_leaves_its_cells_infeasible(tmp_path):
@@ -281,7 +299,7 @@ def test_engines_that_differ_beyond_their_steps_widen_every_round(fake_profile, 
     true_sd = float(np.std(np.log(LUCK), ddof=1))
     assert (
         lucky.engine["between_engines"]["sd"] == pytest.approx(true_sd, rel=0.6)
-        and lucky.engine["between_engines"]["cells"] >= 8
+        and lucky.engine["between_engines"]["cells"] == 3  # the plain unit's: one engine times the others
     )
     assert steady.engine["between_engines"]["sd"] < 0.25 * true_sd
     assert any("beyond their steps' own noise" in n for n in lucky.notes)
@@ -289,8 +307,10 @@ def test_engines_that_differ_beyond_their_steps_widen_every_round(fake_profile, 
     def half_width(r):  # on the log scale, the wider side
         return max(np.log(r.median_ms / r.ci_low_ms), np.log(r.ci_high_ms / r.median_ms))
 
-    term = 1.96 * lucky.engine["between_engines"]["sd"] / np.sqrt(PASSES)
+    term = 1.96 * lucky.engine["between_engines"]["sd"] / np.sqrt(PLAIN_ENGINES)
     assert all(half_width(r) >= term * 0.999 for r in lucky.rounds if r.median_ms)
+    one = 1.96 * lucky.engine["between_engines"]["sd"] / np.sqrt(UNIT_ENGINES)  # a unit timed in one engine
+    assert all(half_width(r) >= one * 0.999 for r in lucky.rounds if r.median_ms and r.mechanism != "none")
     assert np.median([half_width(r) for r in lucky.rounds if r.median_ms]) > 1.5 * np.median(
         [half_width(r) for r in steady.rounds if r.median_ms]
     )
@@ -623,3 +643,36 @@ def test_a_vllm_plan_is_refined_in_per_batch_table_engines_and_the_plain_engine(
         )
         if b.batch == plan.buckets[0].batch:  # the first bucket may take any contender
             assert (r.chosen_draft_len, r.chosen_engine) == (best.draft_len, best.engine)
+
+
+STUB_VLLM = Path(__file__).parent / "data" / "stub_vllm"  # a stand-in vllm package: the runner's calls, nothing more
+
+
+def test_each_engine_runs_in_a_process_forked_from_one_import_and_fails_alone(tmp_path, monkeypatch):
+    """The runner imports vLLM once and forks a process per engine: every job's engine in a process of its own, one
+    import for all of them; an engine that crashes or outlives its time fails alone and the next job runs."""
+    python = tmp_path / "python"  # the vLLM interpreter: this one, with the stand-in on its path
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={STUB_VLLM} exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    log = tmp_path / "vllm.log"
+    monkeypatch.setenv("STUB_VLLM_LOG", str(log))
+    engine = VllmEngine(str(python), "0.32.0")
+
+    def job(*prompts):
+        return {
+            "model_dir": str(tmp_path),
+            "max_num_seqs": 2,
+            "runs": [{"name": "r", "prompts": list(prompts), "max_tokens": 3}],
+        }
+
+    done = engine.run(job([1, 2], [3]), 60)
+    assert done["ok"] and [len(r["output_ids"]) for r in done["runs"][0]["requests"]] == [3, 3]
+    crashed = engine.run(job([13]), 60)  # the stand-in's engine exits 3 on this prompt
+    assert not crashed["ok"] and "exit 3" in crashed["error"]
+    started = time.monotonic()
+    stuck = engine.run(job([7]), 2)  # and sleeps a minute on this one
+    assert not stuck["ok"] and "ran past 2 s" in stuck["error"] and time.monotonic() - started < 30
+    assert engine.run(job([5]), 60)["ok"]
+    lines = log.read_text().splitlines()
+    engines = [line for line in lines if line.startswith("engine ")]
+    assert lines.count("import") == 1 and len(set(engines)) == len(engines) == 4

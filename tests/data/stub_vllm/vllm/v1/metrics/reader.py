@@ -1,0 +1,6 @@
+class Counter:
+    pass
+
+
+class Vector:
+    pass
