@@ -22,15 +22,16 @@ least two.
     budget   a sixth (`BUDGET_SHARE`) of what measuring every D of every bucket with as many groups would cost, priced
              in the loop per batch as its prefill and its rounds until the first row is done (the loop stops there) at
              the predicted round time, each contender's warm-up once (`_LoopGroups.group_cost_s`); in vLLM an engine per
-             D and group, each costing what the profile's engines cost on average; `--refine-budget` sets seconds. It
-             bounds what is measured before anything is: the contenders decoded are those whose first `MIN_GROUPS`
-             groups fit it (`affordable`): a bucket's model's D and the contender likeliest to beat it as a pair, the
-             pairs in the order of their expected gain, then the measured buckets' other contenders, likeliest first;
-             the rest are recorded as not measured, a bucket no pair of which fits keeps the model's D. It is looked at
-             again between groups, at the last group's time per contender (less its warm-ups, paid once): after the
-             first, the contenders let in last leave until the rest's remaining `MIN_GROUPS` groups fit (a pair leaves
-             whole; they are recorded pruned, one group's figure without an interval); later, where the next group would
-             overrun it, the contenders still in stop with as many groups
+             D and group, each costing what the profile's engines of its mechanism (or the plain ones) cost on
+             average, less the acceptance prompts they decoded (`refine_engine.engine_s`); `--refine-budget` sets
+             seconds. It bounds what is measured before anything is: the contenders decoded are those whose first
+             `MIN_GROUPS` groups fit it (`affordable`): a bucket's model's D and the contender likeliest to beat it as
+             a pair, the pairs in the order of their expected gain, then the measured buckets' other contenders,
+             likeliest first; the rest are recorded as not measured, a bucket no pair of which fits keeps the model's
+             D. It is looked at again between groups, at the last group's time per contender (less its warm-ups,
+             paid once): after the first, the contenders let in last leave until the rest's remaining `MIN_GROUPS`
+             groups fit (a pair leaves whole; they are recorded pruned, one group's figure without an interval);
+             later, where the next group would overrun it, the contenders still in stop with as many groups
     result   per bucket, among the trials not pruned, the highest expected tokens/s over the model's D, the cost
              model's draws and the measured groups combined (`expected_vs_model`: a group decodes the same prompts for
              every contender, so the ratio pairs them; a few noisy groups move the prediction little), D kept from

@@ -74,11 +74,21 @@ def table_config(
     return config
 
 
-def engine_s(profile: Profile) -> float:
-    """What one engine cost the profile on average: its engine seconds over the engines it started (start-up, model
-    load and runs)."""
-    started = sum(len(u.get("init_s") or ()) for u in profile.engine.get("units", {}).values())
-    return profile.phase_s.get("engine units", 0.0) / max(1, started)
+def engine_s(profile: Profile, mechanism: str) -> tuple[float, float]:
+    """What one engine of the refinement costs, (a speculative engine of `mechanism`, the plain engine), from the
+    profile's engines of those units: their seconds (start-up, model load, timed steps) less the acceptance prompts
+    they decoded (a refinement engine decodes none), over the engines started. A profile that recorded no seconds per
+    unit prices both at its engine seconds over all the engines it started."""
+    units = profile.engine.get("units", {})
+
+    def per_engine(name: str) -> float | None:
+        timed = [u for key, u in units.items() if key.split("/")[0] == name and u["ok"] and u.get("engine_s")]
+        started = sum(len(u["init_s"]) for u in timed)
+        return sum(u["engine_s"] - u["accept_s"] for u in timed) / started if started else None
+
+    started = sum(len(u.get("init_s") or ()) for u in units.values())
+    overall = profile.phase_s.get("engine units", 0.0) / max(1, started)
+    return per_engine(mechanism) or overall, per_engine("none") or overall
 
 
 def deal(order: list[Any]) -> list[dict[int, Any]]:
@@ -119,10 +129,10 @@ class EngineGroups:
         first: bool = False,
     ) -> float:
         """One group of `keys`: as many speculative engines as the busiest bucket has contenders, and the plain one
-        where a key runs it, each costing what the profile's engines cost on average (their start included, so the
-        `first` group costs no more)."""
+        where a key runs it, each priced by `engine_s` (its start included, so the `first` group costs no more)."""
         per_bucket = collections.Counter(B for B, _, engine in keys if not engine)
-        return (max(per_bucket.values(), default=0) + any(engine for *_, engine in keys)) * engine_s(profile)
+        speculative_s, plain_s = engine_s(profile, plan.mechanism)
+        return max(per_bucket.values(), default=0) * speculative_s + any(engine for *_, engine in keys) * plain_s
 
     def __init__(self, plan: Plan, profile: Profile, s: RefineSettings, todo: list[tuple[int, int, str]]) -> None:
         self.plan, self.profile, self.rows = plan, profile, s.group_prompts

@@ -541,7 +541,13 @@ class VllmProfiler(ProfileRun):
                 "speed_probe": speed,
                 "between_engines": between,
                 "units": {
-                    f"{name}/{D}": {"ok": u["ok"], "init_s": u["init_s"], "error": u["error"]}
+                    f"{name}/{D}": {
+                        "ok": u["ok"],
+                        "init_s": u["init_s"],
+                        "error": u["error"],
+                        "engine_s": u["engine_s"],  # all its engines, start-up to exit
+                        "accept_s": round(sum(u["accept_s"].values()), 1),  # of which decoding acceptance prompts
+                    }
                     for (name, D), u in units.items()
                 },
             },

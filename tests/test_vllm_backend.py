@@ -17,6 +17,7 @@ from specdec_tune.autotune.cost_model import CostModel
 from specdec_tune.exporters.validation_text import describe_row
 from specdec_tune.pipeline.engine_check import engine_refusal, engine_throughput
 from specdec_tune.pipeline.refine import skipped as refine_skipped
+from specdec_tune.pipeline.refine_engine import engine_s
 from specdec_tune.profiles.timing import Timing
 from specdec_tune.profiles.vllm_engine import VllmEngine
 from specdec_tune.profiles.vllm_profile import PLAIN_ENGINES, TIMING_TOKENS, UNIT_ENGINES, VllmProfiler, schedule
@@ -646,6 +647,25 @@ def test_a_vllm_plan_is_refined_in_per_batch_table_engines_and_the_plain_engine(
 
 
 STUB_VLLM = Path(__file__).parent / "data" / "stub_vllm"  # a stand-in vllm package: the runner's calls, nothing more
+
+
+def test_the_refinement_prices_an_engine_by_the_profiles_engines_less_their_acceptance_prompts(fake_profile):
+    profile, _ = fake_profile
+    assert all({"engine_s", "accept_s"} <= set(u) for u in profile.engine["units"].values())
+    units = {
+        "none/0": {"ok": True, "init_s": [5.0, 5.0, 5.0], "error": None, "engine_s": 90.0, "accept_s": 0.0},
+        "ngram/4": {"ok": True, "init_s": [5.0, 5.0], "error": None, "engine_s": 100.0, "accept_s": 50.0},
+        "ngram/1": {"ok": True, "init_s": [5.0], "error": None, "engine_s": 40.0, "accept_s": 10.0},
+        "suffix/4": {"ok": False, "init_s": [None], "error": SUFFIX_REFUSAL, "engine_s": 1.0, "accept_s": 0.0},
+    }
+    priced = profile.model_copy(
+        update={"engine": profile.engine | {"units": units}, "phase_s": {"engine units": 231.0}}
+    )
+    assert engine_s(priced, "ngram") == pytest.approx((80.0 / 3, 30.0))  # (100 - 50 + 40 - 10) s over 3 engines
+    assert engine_s(priced, "draft_model")[0] == pytest.approx(231.0 / 7)  # no unit of its own: every engine's mean
+    unpriced = {k: {"ok": u["ok"], "init_s": u["init_s"], "error": u["error"]} for k, u in units.items()}
+    older = priced.model_copy(update={"engine": profile.engine | {"units": unpriced}})
+    assert engine_s(older, "ngram") == pytest.approx((33.0, 33.0))  # recorded before seconds per unit: 231 s / 7
 
 
 def test_each_engine_runs_in_a_process_forked_from_one_import_and_fails_alone(tmp_path, monkeypatch):
