@@ -9,6 +9,7 @@ imported vLLM once (`vllm_runner.py --serve`, kept for the life of a VllmEngine)
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -162,7 +163,8 @@ class VllmEngine:
             return 1
         line = self._line(timeout_s)
         if line is None:
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # it may have ended since
+                os.kill(pid, signal.SIGKILL)
             self._line(None)
             return None
         return int(json.loads(line)["exit"])
