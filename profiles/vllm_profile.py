@@ -398,11 +398,10 @@ class VllmProfiler(ProfileRun):
         for (name, D), done in engines.items():
             if not D or D != self.mechanisms[name].max_draft_len or not done or not done[0]["ok"]:
                 continue
-            logged = f"vllm/{name}/{D}/{len(done)}" in log
-            if (logged or self._accept_runs(name, D, done[0], budget)) and budget.allows(
-                f"more acceptance prompts for {name} at D={D}"
-            ):
-                done.append(self._unit(log, name, D, len(done), budget, work, more_after=done[0]))
+            logged = f"vllm/{name}/{D}/{len(done)}" in log  # its prompts were chosen by the run that measured it
+            more = {} if logged else self._accept_runs(name, D, done[0], budget)
+            if (logged or more) and budget.allows(f"more acceptance prompts for {name} at D={D}"):
+                done.append(self._unit(log, name, D, len(done), budget, work, more_prompts=more))
         return {k: merged(v) for k, v in engines.items() if v}
 
     def _say_required_cost(self, engine_s: float | None, engines_left: int, budget: Budget) -> None:
@@ -426,11 +425,11 @@ class VllmProfiler(ProfileRun):
         pass_index: int,
         budget: Budget,
         work: list,
-        more_after: dict | None = None,
+        more_prompts: dict[str, tuple[float, list]] | None = None,
     ) -> dict:
         """One engine run, summarised and logged (what the profile needs of it, not the raw steps): a timed engine, the
-        unit's first also measuring acceptance; or, given the unit's first engine's summary `more_after`, an engine
-        that only decodes more acceptance prompts."""
+        unit's first also measuring acceptance; or, given `more_prompts` (`_accept_runs` after the unit's first
+        engine), an engine that only decodes those acceptance prompts."""
 
         def measure():
             if not work:
@@ -438,8 +437,11 @@ class VllmProfiler(ProfileRun):
                     self._model_dir((self.s.out_dir / "engine-models").resolve())
                 )  # each engine runs in a folder of its own
             t0 = time.monotonic()
-            accept = self._accept_runs(mechanism, draft_len, more_after, budget) if more_after or not pass_index else {}
-            job = self._job(mechanism, draft_len, pass_index, accept, *work[0], timed=more_after is None)
+            if more_prompts is not None:
+                accept = more_prompts
+            else:
+                accept = self._accept_runs(mechanism, draft_len, None, budget) if not pass_index else {}
+            job = self._job(mechanism, draft_len, pass_index, accept, *work[0], timed=more_prompts is None)
             raw = self.engine.run(job, UNIT_TIMEOUT_S)
             return summarise(
                 raw, {name.split("/")[1]: [q.id for q in prompts] for name, (_, prompts) in accept.items()}

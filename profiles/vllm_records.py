@@ -248,25 +248,25 @@ def summarise(raw: dict, accept_ids: dict[str, list[str]]) -> dict:
     return out
 
 
-def merged(passes: list[dict]) -> dict:
-    """A unit's engines (`passes`, in the order they ran) as one: each cell's steps pooled (tokens per round over all of
+def merged(engines: list[dict]) -> dict:
+    """A unit's engines (in the order they ran) as one: each cell's steps pooled (tokens per round over all of
     them), the acceptance runs in the order they ran; not ok where the first engine was not (a later one's failure
     marks the unit's cells as `failed_cells`)."""
     out = {
-        "ok": passes[0]["ok"],
-        "error": next((p["error"] for p in passes if p["error"]), None),
-        "init_s": [p["init_s"] for p in passes],
-        "passes": len(passes),
+        "ok": engines[0]["ok"],
+        "error": next((p["error"] for p in engines if p["error"]), None),
+        "init_s": [p["init_s"] for p in engines],
+        "passes": len(engines),
         "cells": {},
         "accept": {},
         "accept_ids": {},
         "accept_s": {},
-        "probe_ms": [ms for p in passes for ms in p.get("probe_ms", [])],  # a unit logged before probes has none
-        "engine_s": None if any(p.get("engine_s") is None for p in passes) else sum(p["engine_s"] for p in passes),
+        "probe_ms": [ms for p in engines for ms in p.get("probe_ms", [])],  # a unit logged before probes has none
+        "engine_s": None if any(p.get("engine_s") is None for p in engines) else sum(p["engine_s"] for p in engines),
     }
-    if any(p.get("failed_cells") for p in passes):
+    if any(p.get("failed_cells") for p in engines):
         out["failed_cells"] = True
-    for index, p in enumerate(passes):
+    for index, p in enumerate(engines):
         pass_probe_ms = float(np.median(p["probe_ms"])) if p.get("probe_ms") else None  # the pass's speed
         for key, cell in p["cells"].items():
             into = out["cells"].setdefault(
