@@ -751,8 +751,8 @@ def search(
         float,
         typer.Option(
             "--tie-tolerance",
-            help="Expected loss (a share, e.g. 0.005) up to which a shorter draft is taken over the bucket's best; 0: "
-            "every expected difference decides.",
+            help="Expected loss (a share, e.g. 0.005) up to which a shorter draft is taken over the bucket's best, "
+            "and a drafter listed earlier in the profile over the best drafter; 0: every expected difference decides.",
         ),
     ] = SEARCH.tie_tolerance,
     refine: Annotated[
@@ -965,10 +965,16 @@ def _plan_findings(plan: Plan) -> list[str]:
         if moe and moe["why_speculation_loses"]:
             lines.append(f"batch {b.batch}: {moe['text']}")
     lines += [disagreement_line(row) for row in (plan.per_domain or {}).get("disagreeing_buckets", [])]
-    untied = plan.study.untied_schedule
-    if untied and [D for _, D in untied] != [d for _, d in plan.schedule]:
+    untied, other = plan.study.untied_schedule, plan.study.untied_drafter
+    if other:
         lines.append(
-            f"without the shorter-draft tolerance (every expected difference deciding) {plan.mechanism} would take D = "
+            f"{plan.mechanism} is taken over {other['mechanism']}, whose best schedule is expected within the "
+            f"{plan.study.tie_tolerance:.1%} tie tolerance of it: the drafter listed first in the profile is preferred"
+        )
+    if untied and (other or [D for _, D in untied] != [d for _, d in plan.schedule]):
+        lines.append(
+            f"without the ties (every expected difference deciding) {(other or {}).get('mechanism', plan.mechanism)} "
+            "would take D = "
             f"{', '.join(str(D) for _, D in untied)} at batch {', '.join(str(B) for B, _ in untied)}: "
             f"{plan.study.untied_gain_pct:+.1f}% expected mean speedup"
         )

@@ -272,7 +272,8 @@ class Study(Record):
     best_value: float | None = None
     gap_pct: float | None = None
     gap_to_strict_optimum_pct: float | None = None
-    # the speedup objective: every predicted difference deciding
+    # the speedup objective: every predicted difference deciding (the drafter a drafter tie passed over, if one did)
+    untied_drafter: dict[str, str] | None = None
     untied_schedule: list[tuple[int, int]] | None = None
     untied_gain_pct: float | None = None
 

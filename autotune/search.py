@@ -119,8 +119,10 @@ def search(profile: Profile, profile_hash: str, settings: SearchSettings) -> Pla
         chosen = sampled
         if (
             settings.objective == "speedup"
-        ):  # the sampled drafter and policy, with D per bucket exact (the buckets decompose)
-            chosen = space.fill(sampled.mechanism, sampled.quant, sampled.tile_policy, sampled.max_batch)
+        ):  # the sampled drafter and policy, with D per bucket exact (the buckets decompose); a drafter listed earlier
+            # within the tie tolerance of it taken instead (Space.preferred)
+            best_drafter = space.fill(sampled.mechanism, sampled.quant, sampled.tile_policy, sampled.max_batch)
+            chosen = space.preferred(best_drafter)
         value = space.score(chosen)
         summary |= {
             "best_sampled_value": space.score(sampled),
@@ -130,9 +132,11 @@ def search(profile: Profile, profile_hash: str, settings: SearchSettings) -> Pla
         }
         if (
             settings.objective == "speedup"
-        ):  # the same drafter with every predicted difference deciding: what the ties gave up
+        ):  # the drafter the ties passed over, if any, with every predicted difference deciding: what the ties gave up
             with space.strictly():
-                untied = space.fill(chosen.mechanism, chosen.quant, chosen.tile_policy, chosen.max_batch)
+                untied = space.fill(best_drafter.mechanism, best_drafter.quant, chosen.tile_policy, chosen.max_batch)
+            if (untied.mechanism, untied.quant) != (chosen.mechanism, chosen.quant):
+                summary["untied_drafter"] = {"mechanism": untied.mechanism, "quant": untied.quant}
             summary["untied_schedule"] = [[B, D] for B, D in zip(space.served(chosen.max_batch), untied.schedule)]
             summary["untied_gain_pct"] = 100 * (space.strict_score(untied) / space.strict_score(chosen) - 1)
     # the default study lives beside plan.json: recorded relative to it, so that the plan does not depend on where it

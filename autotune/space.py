@@ -30,6 +30,11 @@ tolerance (default 1%): the cheaper draft wastes less verify work where the serv
 calibration set, and that is worth a loss this small, not more. A draft length that misses a floor the best meets is
 never preferred over it. The plan reports, per bucket, the expected gain over the runner-up and the share of draws in
 which the choice beats it, and what the tolerance cost against the strict optimum (every expected difference deciding).
+Between drafters likewise (the speedup objective, `preferred`): where a drafter listed earlier in the profile (its
+`--drafter` order; by default n-gram, then suffix, then the draft model) has a best schedule whose expected mean speedup
+is within the tie tolerance of the best drafter's, the earlier one is taken: two drafters that close are a toss-up that
+the profile's noise decides run by run, and the earlier one is the user's preference (by default the one no serving
+engine needs another package for: vLLM's suffix decoding needs Arctic Inference).
 
 Batch buckets the profile could not run (the one-token verify step out of memory, or never timed, at the
 plan's context) are not in the space; the plan's notes name them.
@@ -111,6 +116,9 @@ class Space:
                 "no mechanism was profiled with the requested weight formats", "add --quant none or profile the formats"
             )
         self.tie_tolerance = settings.tie_tolerance
+        listed = [d.name for d in profile.drafters] + self.mechanisms
+        # the drafters in the order a tie between them is settled (`preferred`)
+        self.listed = sorted(self.pairs, key=lambda mq: (listed.index(mq[0]), settings.quant_formats.index(mq[1])))
         self.strict = False  # True: no ties at all (the strict optimum)
         self.group = attention_group(profile)
         self.tile_rows = settings.tile_rows or attention_tile_rows(profile)
@@ -255,6 +263,18 @@ class Space:
         assert value > -math.inf, "D = 0 is always allowed"
         return Candidate(m, q, policy, cap, schedule)
 
+    def preferred(self, c: Candidate) -> Candidate:
+        """The speedup objective's drafter tie (module docstring): the first listed drafter whose best schedule at c's
+        policy and cap scores within the tie tolerance of c's score; c where none does (and always when strict)."""
+        if self.strict or self.s.objective != "speedup":
+            return c
+        top = self.score(c)
+        for m, q in self.listed:
+            other = c if (m, q) == (c.mechanism, c.quant) else self.fill(m, q, c.tile_policy, c.max_batch)
+            if self.score(other) >= top - self.tie_tolerance * abs(top):
+                return other
+        return c
+
     def bucket_best(self, B: int, m: str, q: str, policy: str = "free") -> tuple[float, int]:
         """(score, D) of the strictly best allowed draft length at one bucket (the shorter of equal ones)."""
         key = (B, m, q, policy)
@@ -315,7 +335,7 @@ class Space:
     def exhaustive(self) -> tuple[Candidate, float]:
         if self.s.objective == "speedup":
             cands = [self.fill(m, q, policy, self.buckets[-1]) for m, q in self.pairs for policy in self.policies]
-            best = max(cands, key=self.rank)
+            best = self.preferred(max(cands, key=self.rank))
             return best, self.score(best)
         values = {op: self.cap_value(self.cost.predict(op[3], op[4], op[0], op[1])) for op in self.operating_points()}
         top = max(values.values())

@@ -184,17 +184,16 @@ def interleaved_runs(points: list[tuple], repeats: int, seed: int) -> list[tuple
 
 def untied_measured(plan: dict, points: list[dict], rows: list[dict]) -> list[dict]:
     """The search's schedule with every expected difference deciding (no shorter-draft tolerance; the plan's
-    `study.untied_schedule`),
+    `study.untied_schedule`, in the drafter a drafter tie passed over where one did),
     measured on the sweep where it swept that D (raw tokens/s and the share of the bucket's oracle), else None."""
-    by = {
-        (p["batch"], p["draft_len"]): p["measured_tokens_per_s"]
-        for p in points
-        if p["mechanism"] in (plan["mechanism"], NO_SPEC)
-    }
+    mechanism = (plan["study"].get("untied_drafter") or {}).get("mechanism", plan["mechanism"])
+    swept = [p for p in points if p["mechanism"] in (mechanism, NO_SPEC)]
+    by = {(p["batch"], p["draft_len"]): p["measured_tokens_per_s"] for p in swept}
     oracle = {r["batch"]: r["tokens_per_s"]["oracle"] for r in rows}
     return [
         {
             "batch": B,
+            "mechanism": mechanism,
             "draft_len": D,
             "measured_tokens_per_s": by.get((B, D)),
             "vs_oracle": by[(B, D)] / oracle[B] if (B, D) in by else None,
@@ -529,7 +528,7 @@ def table(result: dict) -> str:
             [
                 "without the shorter-draft tolerance (the same search with every expected difference deciding): "
                 + "; ".join(
-                    f"batch {u['batch']} {config_name(result['mechanism'], u['draft_len'])} "
+                    f"batch {u['batch']} {config_name(u.get('mechanism', result['mechanism']), u['draft_len'])} "
                     + (f"{100 * u['vs_oracle']:.1f}% of the oracle" if u["vs_oracle"] is not None else "not swept")
                     for u in untied
                 )

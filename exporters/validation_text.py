@@ -46,12 +46,17 @@ def throughput_text(tp: dict) -> str:
 
 
 def tolerance_forgone(plan) -> dict | None:
-    """What the shorter-draft tolerance gave up in the plan: the schedule every expected difference would decide and
-    its expected gain in mean speedup (None where the tolerance changed nothing)."""
-    untied = plan.study.untied_schedule
-    if not untied or [D for _, D in untied] == [D for _, D in plan.schedule]:
+    """What the tie tolerance (a shorter draft, a drafter listed first) gave up in the plan: the drafter and schedule
+    every expected difference would decide and its expected gain in mean speedup (None where the tolerance changed
+    nothing)."""
+    untied, other = plan.study.untied_schedule, plan.study.untied_drafter
+    if not untied or not other and [D for _, D in untied] == [D for _, D in plan.schedule]:
         return None
-    return {"schedule": [list(bd) for bd in untied], "expected_gain_pct": plan.study.untied_gain_pct}
+    return {
+        "mechanism": (other or {}).get("mechanism", plan.mechanism),
+        "schedule": [list(bd) for bd in untied],
+        "expected_gain_pct": plan.study.untied_gain_pct,
+    }
 
 
 def summary_line(v: dict, where: str = "") -> str:
@@ -71,11 +76,13 @@ def summary_line(v: dict, where: str = "") -> str:
         throughput += f" at the device's current speed ({drift:.1f}% from profile time)"
     forgone = v.get("tolerance_forgone")
     tie = (
-        f"the shorter-draft tolerance gives up {forgone['expected_gain_pct']:+.1f}% expected mean speedup (D = "
+        f"the tie tolerance gives up {forgone['expected_gain_pct']:+.1f}% expected mean speedup ("
+        + (f"{forgone['mechanism']} " if forgone.get("mechanism") else "")
+        + "D = "
         + ", ".join(str(D) for _, D in forgone["schedule"])
         + " without it)"
         if forgone
-        else "no expected gain given up to the shorter-draft tolerance"
+        else "no expected gain given up to the tie tolerance"
     )
     return f"validated: configs ok; {speculates}; lossless {v['lossless']}; {throughput}; {tie}"
 

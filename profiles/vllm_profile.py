@@ -7,8 +7,8 @@ profile resumes without repeating them): the plain unit by PLAIN_ENGINES (3), a 
             from vLLM's own counters (per request and verify step: drafted and accepted)
   D_max     the unit at each mechanism's longest draft also measures acceptance: in its engine on up to 7 profiling
             prompts per domain (every MT-Bench category's), and at every temperature > 0 on the first
-            `prompts_per_domain` of each; then, while the budget lasts, in an engine that only decodes, on every other
-            profiling prompt of each domain whose tokens per forward at D_max is still wider than
+            `sampled_prompts_per_domain` of each; then, while the budget lasts, in an engine that only decodes, on
+            every other profiling prompt of each domain whose tokens per forward at D_max is still wider than
             ±`acceptance_half_width` (95%), as far as the time allows. Its counters are the profile's acceptance
             records; the other units' are the checks of the derived figures (derived vs direct, as the torch backend's
             loop records them)
@@ -200,7 +200,11 @@ class VllmProfiler(ProfileRun):
             for i, p in enumerate(self.acceptance_prompts)
             if sum(q.domain == p.domain for q in self.acceptance_prompts[:i]) < settings.prompts_per_domain
         ]
-        self.sampled_prompts = self.check_prompts
+        self.sampled_prompts = [
+            p
+            for i, p in enumerate(self.check_prompts)
+            if sum(q.domain == p.domain for q in self.check_prompts[:i]) < settings.sampled_prompts_per_domain
+        ]
         self.timing_rows = {ctx: self._timing_rows(ctx) for ctx in settings.ctx_buckets}
         longest = max(
             [len(self.encoded[p.id]) + settings.new_tokens for p in fitting]

@@ -464,6 +464,22 @@ def test_acceptance_grows_where_its_interval_is_wide(fake_profile, tmp_path):
     assert not any(run["name"] == "accept/0.0/more" for j in fixed.jobs for run in j["runs"])
 
 
+def test_sampled_acceptance_decodes_the_settings_prompts_per_domain(tmp_path):
+    engine = FakeVllm()
+    _profile(tmp_path, engine, drafters=("ngram",), prompts_per_domain=2, sampled_prompts_per_domain=1)
+    [checked] = [
+        r
+        for j in engine.jobs
+        for r in j["runs"]
+        if r["name"] == "accept/0.0"
+        and j["speculative_config"]
+        and j["speculative_config"]["num_speculative_tokens"] == 1
+    ]
+    [sampled] = [r for j in engine.jobs for r in j["runs"] if r["name"] == "accept/0.7"]
+    domains = len(checked["prompts"]) // 2
+    assert domains > 1 and len(sampled["prompts"]) == domains  # one per domain, not the check's two
+
+
 def test_the_engine_oracle_interleaves_its_configurations(fake_profile, tmp_path):
     sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
     from engine_oracle import PLAN, interleaved
