@@ -25,13 +25,14 @@ least two.
              D and group, each costing what the profile's engines of its mechanism (or the plain ones) cost on
              average, less the acceptance prompts they decoded (`refine_engine.engine_s`); `--refine-budget` sets
              seconds. It bounds what is measured before anything is: the contenders decoded are those whose first
-             `MIN_GROUPS` groups fit it (`affordable`): a bucket's model's D and the contender likeliest to beat it as
-             a pair, the pairs in the order of their expected gain, then the measured buckets' other contenders,
-             likeliest first; the rest are recorded as not measured, a bucket no pair of which fits keeps the model's
-             D. It is looked at again between groups, at the last group's time per contender (less its warm-ups,
-             paid once): after the first, the contenders let in last leave until the rest's remaining `MIN_GROUPS`
-             groups fit (a pair leaves whole; they are recorded pruned, one group's figure without an interval);
-             later, where the next group would overrun it, the contenders still in stop with as many groups
+             `MIN_GROUPS` groups fit it (`affordable`): a bucket's model's D and the engine's default K (else the
+             contender likeliest to beat it) as a pair, the pairs in the order of their expected gain, then the
+             measured buckets' other contenders, likeliest first; the rest are recorded as not measured, a bucket no
+             pair of which fits keeps the model's D. It is looked at again between groups, at the last group's time
+             per contender (less its warm-ups, paid once): after the first, the contenders let in last leave until
+             the rest's remaining `MIN_GROUPS` groups fit (a pair leaves whole; they are recorded pruned, one group's
+             figure without an interval); later, where the next group would overrun it, the contenders still in stop
+             with as many groups
     result   per bucket, among the trials not pruned, the highest expected tokens/s over the model's D, the cost
              model's draws and the measured groups combined (`expected_vs_model`: a group decodes the same prompts for
              every contender, so the ratio pairs them; a few noisy groups move the prediction little), D kept from
@@ -127,8 +128,7 @@ def contenders(plan: Plan, batch: int, max_draft_len: int, cost: CostModel) -> d
     if isinstance(tie, dict) and "with_draft_len" in tie:
         roles.setdefault(int(tie["with_draft_len"]), "passed over by the tie tolerance")
     roles.setdefault(plan.single_draft_len.draft_len, "the best single D")
-    default = min(ENGINE_DEFAULT_DRAFT_LEN.get(plan.mechanism, 3), max_draft_len)
-    roles.setdefault(default, "the engine's default K")
+    roles.setdefault(engine_default(plan, max_draft_len), "the engine's default K")
     if float((cost.draws.speedup(batch, bucket.draft_len, plan.mechanism, plan.quant) <= 1).mean()) >= NO_SPEC_CHANCE:
         roles.setdefault(0, "no speculation")
     return {D: why for D, why in roles.items() if D <= max_draft_len}
@@ -197,22 +197,33 @@ def groups_cost_s(plan: Plan, profile: Profile, cost: CostModel, s: RefineSettin
     return price(plan, profile, cost, s, keys, first=True) + (n - 1) * price(plan, profile, cost, s, keys)
 
 
+def engine_default(plan: Plan, max_draft_len: int) -> int:
+    """The engine's default K for the plan's mechanism (`ENGINE_DEFAULT_DRAFT_LEN`), capped at the profile's D_max."""
+    return min(ENGINE_DEFAULT_DRAFT_LEN.get(plan.mechanism, 3), max_draft_len)
+
+
 def affordable(
     plan: Plan, profile: Profile, cost: CostModel, s: RefineSettings, wanted: dict[Key, str], budget_s: float
 ) -> list[Key]:
     """The contenders whose first `MIN_GROUPS` groups fit the budget, in the order they were let in. A bucket is
-    measured as a pair first: its model's D and the contender likeliest to beat it (the share of the cost model's draws
-    in which it is faster), the buckets in the order of what measuring the pair is expected to gain (the mean over the
-    draws of the challenger's excess over the model's D, where it has one), each while the pairs so far fit; then the
-    measured buckets' other contenders, likeliest first, while their groups' price holds. What does not fit is
-    recorded as not measured."""
+    measured as a pair first: its model's D and a challenger, the engine's default K where it is a contender (what the
+    user runs without the plan: a bucket the budget measures at all is never left unmeasured against it), else the
+    contender likeliest to beat the model's D (the share of the cost model's draws in which it is faster); the buckets
+    in the order of what measuring the pair is expected to gain (the mean over the draws of the challenger's excess over
+    the model's D, where it has one), each while the pairs so far fit; then the measured buckets' other contenders,
+    likeliest first, while their groups' price holds. What does not fit is recorded as not measured."""
     model_d = {b.batch: b.draft_len for b in plan.buckets}
     model_draws = {B: cost.draws.speedup(B, D, plan.mechanism, plan.quant) for B, D in model_d.items()}
+    default = engine_default(plan, min(profile.workload.max_draft_len, cost.draft_len_limit(plan.mechanism)))
 
     # per contender and draw: its speedup over the model's D's
     over_model = {k: cost.draws.speedup(k[0], k[1], plan.mechanism, plan.quant) / model_draws[k[0]] for k in wanted}
     chance = {k: float((ratio > 1.0).mean()) for k, ratio in over_model.items()}
-    challengers = sorted((k for k in wanted if k[1] != model_d[k[0]] or k[2]), key=chance.__getitem__, reverse=True)
+    challengers = sorted(
+        (k for k in wanted if k[1] != model_d[k[0]] or k[2]),
+        key=lambda k: (k[1] == default and not k[2], chance[k]),
+        reverse=True,
+    )
     pairs = []
     for B in dict.fromkeys(k[0] for k in wanted):
         first = next((k for k in challengers if k[0] == B), None)

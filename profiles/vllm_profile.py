@@ -1,7 +1,7 @@
 """`specdec-tune profile --engine vllm`: the profile measured inside vLLM, the engine the bundle is for.
 
 Units, each measured by engines started fresh in a process of their own, each engine logged when it finishes (a killed
-profile resumes without repeating them): the plain unit by PLAIN_ENGINES (3), a speculative unit by UNIT_ENGINES (1):
+profile resumes without repeating them): the plain unit by PLAIN_ENGINES (2), a speculative unit by UNIT_ENGINES (1):
   plain     vLLM without speculation: T_round(B, 0) at every batch and context bucket
   (m, D)    mechanism m at draft length D: T_round(B, D) at every batch and context bucket, and greedy acceptance at D
             from vLLM's own counters (per request and verify step: drafted and accepted)
@@ -22,9 +22,11 @@ that imported it: profiles/vllm_engine.py), about as much as its timing runs, an
 for minutes more to measure acceptance. Timing every unit in three engines cost the demo pair's profile about 750 s,
 half of what a sweep of every D in engines of its own costs (about 1,540 s), where the tuning as a whole (profile,
 search, measured refinement) is to cost at most a third of it. So the speculative units are timed in one engine each,
-and the plain unit, the one every speedup is relative to and the cheapest, in three: its engines give the
-between-engine term and the speed's elasticity (below) that every unit's rounds are corrected and widened by. Where the
-model then cannot separate two draft lengths, the search's measured refinement decodes them (pipeline/refine.py).
+and the plain unit, the one every speedup is relative to and the cheapest, in two (three made the demo pair's profile
+0.24 of that sweep on its own): its engines give the between-engine term and the speed's elasticity (below) that every
+unit's rounds are corrected and widened by, the elasticity fitted on their steps and the probe samples between them,
+the term pooled over every cell they timed. Where the model then cannot separate two draft lengths, the search's
+measured refinement decodes them (pipeline/refine.py).
 
 Interleaving: a shared machine's speed drifts by 20% within minutes. The plain unit's engines are spread among the
 others (`schedule`), so that they sample the spells the speculative units ran in; each speculative unit's spell is
@@ -60,8 +62,8 @@ median of one engine's 30 steps holds about ±2%). Steps of one engine are not i
 median's interval over the pooled steps would claim a precision that a new set of engines does not reproduce. The
 profile estimates that term from the plain unit's engines (`between_engines_sd`: over every cell timed by several
 engines, the variance of the engines' log medians less their own squared standard errors) and adds 1.96·sd/√(engines)
-to each cell's interval, on the log scale, as an independent error (`engine.between_engines`): about ±2.3% for the plain
-unit's three engines at 2% sd, ±4% for a speculative unit's one.
+to each cell's interval, on the log scale, as an independent error (`engine.between_engines`): about ±2.8% for the plain
+unit's two engines at 2% sd, ±4% for a speculative unit's one.
 
 A mechanism the engine will not start is recorded in `engine.mechanisms` with vLLM's reason, a unit that crashes or runs
 out of memory part-way records its remaining cells infeasible with the engine's message; the profile goes on with the
@@ -106,7 +108,7 @@ from specdec_tune.settings import ProfileSettings
 from specdec_tune.vllm_spelling import VLLM, speculative_config
 
 UNIT_TIMEOUT_S = 1800.0  # one engine: start-up, every timing run and the acceptance runs
-PLAIN_ENGINES = 3  # engines of the plain unit, spread among the others': the between-engine term and the speed's fit
+PLAIN_ENGINES = 2  # engines of the plain unit, spread among the others': the between-engine term and the speed's fit
 UNIT_ENGINES = 1  # engines of a speculative unit: its rounds' intervals hold the between-engine term for one
 TIMING_TOKENS = 32  # per request of a timing run, per engine: the batch stays full for tens of rounds
 EXTRA_ACCEPTANCE_S = 120.0  # engine seconds the acceptance engine may spend on more prompts past the budget

@@ -227,15 +227,19 @@ def test_a_spent_budget_stops_every_contender_after_the_same_groups(searched, tm
 
 
 def _pairs(plan: Plan, profile) -> tuple[dict, dict, dict, dict]:
-    """Per uncertain bucket: the model's D, its contenders, the likeliest challenger, what measuring the pair gains."""
+    """Per uncertain bucket: the model's D, its contenders, its challenger (the engine's default K where it contends,
+    else the likeliest to beat the model's D), what measuring the pair gains."""
     cost = cost_model_of(profile, plan)
     model = {b.batch: b.draft_len for b in plan.buckets}
     speedup = lambda B, D: cost.draws.speedup(B, D, plan.mechanism, plan.quant)  # noqa: E731
     roles = {B: contenders(plan, B, profile.workload.max_draft_len, cost) for B in uncertain(plan)}
-    likeliest = {
+    default = refine_module.engine_default(plan, profile.workload.max_draft_len)
+    by_chance = {
         B: max((D for D in r if D != model[B]), key=lambda D: (speedup(B, D) > speedup(B, model[B])).mean())
         for B, r in roles.items()
     }
+    likeliest = {B: default if default in r and default != model[B] else by_chance[B] for B, r in roles.items()}
+    assert likeliest != by_chance  # the default is not where the draws alone would look first: the rule decides
     gain = {B: float(np.maximum(speedup(B, D) / speedup(B, model[B]) - 1, 0).mean()) for B, D in likeliest.items()}
     assert len(roles) >= 2 and len(set(gain.values())) == len(gain)
     return model, roles, likeliest, gain
