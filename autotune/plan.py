@@ -35,15 +35,16 @@ from specdec_tune.profiles.schema import Profile
 from specdec_tune.records import sha256_json
 
 
-def cost_model_of(profile: Profile, plan: Plan) -> CostModel:
+def cost_model_of(profile: Profile, plan: Plan, mix: dict[str, float] | None = None) -> CostModel:
     """The cost model a plan's figures came from (its device projection, mix, context and memory budget): for what the
-    plan did not choose (an engine's deviation, the KV capacity it should get)."""
+    plan did not choose (an engine's deviation, the KV capacity it should get). `mix`: another domain mix than the
+    plan's (the prompts a measurement decoded)."""
     settings = plan.search_settings
     device = settings.device
     return CostModel(
         project(profile, get_device_spec(device)) if device else profile,
         ctx=plan.ctx,
-        mix=plan.mix,
+        mix=mix or plan.mix,
         memory_fraction=settings.memory_fraction,
         tensor_parallel=settings.tensor_parallel or None,
     )

@@ -141,6 +141,8 @@ class BucketRefinement(Record):
     model_draft_len: int = Field(ge=0)  # the cost model's choice
     chosen_draft_len: int = Field(ge=0)  # the fastest contender measured to the end (the model's where none was)
     chosen_engine: Literal["plain"] | None = None  # vLLM's plain engine took the bucket (its D is 0)
+    # the domain shares of the prompts the groups decoded; their ratios carried to the plan's mix (pipeline/refine.py)
+    decoded_mix: dict[str, float] | None = None
     contenders: list[Contender] = Field(min_length=1)
 
 

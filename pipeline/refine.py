@@ -10,8 +10,8 @@ tie tolerance. At each uncertain bucket B the contenders are, in the plan's mech
 
 each decoded end to end in the profile's own engine (this tool's loop, `_LoopGroups`; vLLM, pipeline/refine_engine.py,
 where no speculation is two contenders: a K = 0 band of a speculative engine and the plain engine) on the profiling
-split of the profile's calibration prompts (the traffic it decided on; never the held-back split the lossless gate
-reads), cut to the plan's context. One Optuna study holds one trial per (bucket, D, engine). A trial measures in
+split of the profile's calibration prompts (the prompts it decided on, those long enough for the plan's context, cut
+to it; never the held-back split the lossless gate reads). One Optuna study holds one trial per (bucket, D, engine). A trial measures in
 groups: one group is `group_rows(B)` prompts (whole batches of B, at least `group_prompts`) decoding `new_tokens`, its
 tokens/s counted over the rounds in which every row of a batch still decodes (what the cost model predicts), and the
 trial reports the mean of its groups after each. The trials of a bucket run interleaved, group by group in a shuffled
@@ -35,8 +35,9 @@ least two.
              with as many groups
     result   per bucket, among the trials not pruned, the highest expected tokens/s over the model's D, the cost
              model's draws and the measured groups combined (`expected_vs_model`: a group decodes the same prompts for
-             every contender, so the ratio pairs them; a few noisy groups move the prediction little), D kept from
-             rising with batch. Each measured figure's 95% interval is the t-interval over the groups on a log scale
+             every contender, so the ratio pairs them; a few noisy groups move the prediction little), each measured
+             ratio first carried from the domains the groups decoded to the plan's mix by the cost model
+             (`_to_plan_mix`; the bucket records the decoded mix), D kept from rising with batch. Each measured figure's 95% interval is the t-interval over the groups on a log scale
              (`intervals.runs_interval`). Where the choice is not the model's D, the bucket takes it and its rationale
              says why; the figures are labelled `measured (refinement)`. Its prediction is the cost model's at that
              D, but for its throughput (tokens/s, per-user tokens/s, speedup): those are the model's D's times the
@@ -51,6 +52,7 @@ from the same study.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import random
@@ -64,14 +66,14 @@ import numpy as np
 import optuna
 
 from specdec_tune import SpecdecError
-from specdec_tune.autotune.cost_model import CostModel
+from specdec_tune.autotune.cost_model import CostModel, normalise_mix
 from specdec_tune.autotune.engine_pricing import priced
 from specdec_tune.autotune.plan import bucket_memory, cost_model_of, predicted_json
 from specdec_tune.autotune.plan_schema import Bucket, BucketRefinement, Contender, Figure, Plan, Refinement
 from specdec_tune.autotune.study import open_storage
 from specdec_tune.pipeline.lossless import plan_drafter
 from specdec_tune.pipeline.refine_engine import PLAIN, EngineGroups
-from specdec_tune.pipeline.throughput_check import WARMUP_TOKENS, another_device, context_prompts
+from specdec_tune.pipeline.throughput_check import WARMUP_TOKENS, another_device, context_prompts_by_domain
 from specdec_tune.profiles.calibration import load_calibration
 from specdec_tune.profiles.intervals import runs_interval
 from specdec_tune.profiles.models.loading import load_model
@@ -174,6 +176,7 @@ class _Running:
     draft_len: int
     engine: str
     rates: list[float] = dataclasses.field(default_factory=list)
+    domains: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # of the prompts decoded
 
     @property
     def key(self) -> Key:
@@ -291,7 +294,7 @@ def refine(
         _measure(plan, profile, s, study, todo, within, budget_s, on_line)
     spent_s = time.monotonic() - t0
     finished = {_key(t): t for t in study.get_trials(deepcopy=False, states=kept) if "batch" in t.user_attrs}
-    return _refined(plan, cost, wanted, finished, summary | {"storage": storage, "spent_s": spent_s})
+    return _refined(plan, profile, cost, wanted, finished, summary | {"storage": storage, "spent_s": spent_s})
 
 
 def settings_of(refinement: Refinement, out_dir: Path) -> RefineSettings:
@@ -378,7 +381,10 @@ class _LoopGroups:
         self.drafter = plan_drafter(plan, profile, self.target)
         self.s = s
         spec = profile.workload.calibration
-        self.pool = context_prompts(self.target, plan.ctx, s.new_tokens, max(k[1] for k in todo), "profile", spec)
+        prompts = context_prompts_by_domain(
+            self.target, plan.ctx, s.new_tokens, max(k[1] for k in todo), "profile", spec=spec
+        )
+        self.pool, self.domains = [ids for ids, _ in prompts], [domain for _, domain in prompts]
         if not self.pool:
             raise SpecdecError(
                 f"no prompt of the profiling split of {spec} reaches the plan's context of {plan.ctx} tokens",
@@ -393,11 +399,18 @@ class _LoopGroups:
     def __exit__(self, *exc: object) -> None:
         pass
 
+    def _turn(self, group: int, batch: int) -> list[int]:
+        """The pool's prompts (indices) a contender at `batch` decodes in `group`."""
+        rows = group_rows(batch, self.s.group_prompts)
+        return [(group * rows + i) % len(self.pool) for i in range(rows)]
+
+    def decoded_domains(self, group: int, batch: int) -> list[str]:
+        return [self.domains[i] for i in self._turn(group, batch)]
+
     def rates(self, group: int, order: list[_Running]) -> list[float]:
         out = []
         for r in order:
-            rows = group_rows(r.batch, self.s.group_prompts)
-            ids = [self.pool[(group * rows + i) % len(self.pool)] for i in range(rows)]
+            ids = [self.pool[i] for i in self._turn(group, r.batch)]
             kwargs: dict[str, Any] = dict(
                 drafter=self.drafter if r.draft_len else None,
                 num_draft_tokens=r.draft_len,
@@ -412,7 +425,7 @@ class _LoopGroups:
                 generate(self.target.model, ids[: r.batch], **(kwargs | {"max_new_tokens": WARMUP_TOKENS}))
                 self.warm.add(r.key)
                 self.warmup_s += time.monotonic() - started
-            outs = [generate(self.target.model, ids[i : i + r.batch], **kwargs) for i in range(0, rows, r.batch)]
+            outs = [generate(self.target.model, ids[i : i + r.batch], **kwargs) for i in range(0, len(ids), r.batch)]
             out.append(sum(o.full_batch_tokens for o in outs) / sum(o.full_batch_s for o in outs))
         return out
 
@@ -484,7 +497,9 @@ def _measure(
             rng.shuffle(order)  # every contender decodes the same prompts in this group, in another order each time
             for r, rate in zip(order, groups.rates(group, order)):
                 r.rates.append(rate)
+                r.domains.update(groups.decoded_domains(group, r.batch))
                 r.trial.set_user_attr("rates", r.rates)  # a pruned contender's groups still pair with the others'
+                r.trial.set_user_attr("domains", dict(r.domains))
                 r.trial.report(statistics.fmean(r.rates), step=len(r.rates))
             # what the next group costs: this one's time less its warm-ups, which no later group repeats
             group_s_per_trial = (time.monotonic() - started - (groups.warmup_s - warmed_s)) / len(order)
@@ -584,8 +599,40 @@ def expected_vs_model(
     return out
 
 
+def _log_ratios(cost: CostModel, plan: Plan, b: Bucket, keys: list[Key]) -> dict[Hashable, np.ndarray]:
+    """Per contender, the cost model's draws of log(its tokens/s over the model's D's) at bucket `b`."""
+    model = np.log(cost.draws.speedup(b.batch, b.draft_len, plan.mechanism, plan.quant))
+    return {k: np.log(cost.draws.speedup(b.batch, k[1], plan.mechanism, plan.quant)) - model for k in keys}
+
+
+def _to_plan_mix(
+    profile: Profile,
+    plan: Plan,
+    b: Bucket,
+    keys: list[Key],
+    prior: dict[Hashable, np.ndarray],
+    decoded: dict[str, int],
+) -> dict[Hashable, float]:
+    """Per contender, what carries a log ratio measured on the groups' prompts to the plan's traffic: the cost model's
+    mean log ratio for the plan's mix less that for the mix of domains the groups decoded (`decoded`, prompt counts).
+    The groups decode the profiling prompts long enough for the plan's context, mostly HumanEval and extraction, which
+    accept far more than the plan's mix: read as they are, a longer draft measures better than the plan's traffic would
+    see it. Zero where the groups' domains are the plan's mix or the profile has no acceptance for one of them."""
+    plan_mix = plan.mix or {d: 1 / len(profile.workload.domains) for d in profile.workload.domains}
+    total = sum(decoded.values())
+    shares = {d: n / total for d, n in decoded.items()} if total else {}
+    if not shares or all(abs(shares.get(d, 0.0) - w) < 1e-9 for d, w in plan_mix.items()):
+        return {k: 0.0 for k in keys}
+    try:
+        there = _log_ratios(cost_model_of(profile, plan, mix=normalise_mix(profile, shares)), plan, b, keys)
+    except SpecdecError:
+        return {k: 0.0 for k in keys}
+    return {k: float(prior[k].mean() - there[k].mean()) for k in keys}
+
+
 def _refined(
     plan: Plan,
+    profile: Profile,
     cost: CostModel,
     wanted: dict[Key, str],
     finished: dict[Key, optuna.trial.FrozenTrial],
@@ -606,13 +653,14 @@ def _refined(
         mine: Key = (b.batch, b.draft_len, "")
         reference = _rates(finished.get(mine))
         expected: dict[Hashable, Figure] = {}
+        decoded = dict(finished[mine].user_attrs.get("domains") or {}) if reference else {}
         if reference:  # the model's D decoded: every other contender pairs with it group by group
-            draws = cost.draws
-            model = np.log(draws.speedup(b.batch, b.draft_len, plan.mechanism, plan.quant))
             others = [k for k in keys if k != mine]
+            prior = _log_ratios(cost, plan, b, others)
+            shift = _to_plan_mix(profile, plan, b, others, prior, decoded)
             expected = expected_vs_model(
-                {k: np.log(draws.speedup(b.batch, k[1], plan.mechanism, plan.quant)) - model for k in others},
-                {k: [math.log(r / m) for r, m in zip(_rates(finished.get(k)), reference)] for k in others},
+                prior,
+                {k: [math.log(r / m) + shift[k] for r, m in zip(_rates(finished.get(k)), reference)] for k in others},
             ) | {mine: Figure(value=1.0, source="measured", low=1.0, high=1.0)}
         rows = [
             _contender(
@@ -637,6 +685,7 @@ def _refined(
             model_draft_len=b.draft_len,
             chosen_draft_len=chosen,
             chosen_engine=best.engine if best else None,
+            decoded_mix={d: n / sum(decoded.values()) for d, n in decoded.items()} or None,
             contenders=rows,
         )
         if chosen == b.draft_len and record.chosen_engine is None:

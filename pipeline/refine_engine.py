@@ -141,7 +141,7 @@ class EngineGroups:
         spec = profile.workload.calibration
         needed = max(self.rows, *(k[0] for k in todo))
         prompts, _ = decoded_prompts(profile, plan.ctx, max(k[1] for k in todo), needed, "profile", spec)
-        self.pool = [ids for ids, _ in prompts]
+        self.pool, self.domains = [ids for ids, _ in prompts], [domain for _, domain in prompts]
         if len(self.pool) < needed:
             raise SpecdecError(
                 f"{len(self.pool)} prompts of the profiling split of {spec} reach the plan's context of {plan.ctx} "
@@ -156,6 +156,12 @@ class EngineGroups:
 
     def __exit__(self, *exc: object) -> None:
         self._tmp.cleanup()
+
+    def decoded_domains(self, group: int, batch: int) -> list[str]:
+        """The domains of the prompts a bucket of `batch` decodes in `group`: the pool turned by the group, read as
+        engine_check.run_buckets reads it."""
+        turn = group * self.rows
+        return [self.domains[(turn + i) % len(self.pool)] for i in range(batch * max(2, -(-self.rows // batch)))]
 
     def rates(self, group: int, order: list[Any]) -> list[float]:
         """Each contender's steady tokens/s in this group, in `order`'s order."""

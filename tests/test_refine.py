@@ -50,11 +50,13 @@ class FakeDecoder:
         return type("Out", (), {"full_batch_tokens": tokens, "full_batch_s": tokens / rate})()
 
 
-def _fake(monkeypatch, decoder: FakeDecoder) -> None:
+def _fake(monkeypatch, decoder: FakeDecoder, domain: str = "unlabelled") -> None:
+    """The loop's groups decode with `decoder`, four prompts of `domain` (by default one the profile has no acceptance
+    for: the measured ratios are read as they are)."""
     target = type("Target", (), {"model": None})()
     monkeypatch.setattr(refine_module, "load_model", lambda *a, **k: target)
     monkeypatch.setattr(refine_module, "plan_drafter", lambda *a: object())
-    monkeypatch.setattr(refine_module, "context_prompts", lambda *a: [[1, 2, 3]] * 4)
+    monkeypatch.setattr(refine_module, "context_prompts_by_domain", lambda *a, **k: [([1, 2, 3], domain)] * 4)
     monkeypatch.setattr(refine_module, "generate", decoder)
 
 
@@ -372,6 +374,45 @@ def test_search_without_refine_writes_the_models_plan(tmp_path):
     assert dataclasses.asdict(RefineSettings())["budget_s"] == 0  # the default budget is derived, not fixed
 
 
+def test_ratios_measured_on_the_groups_prompts_are_carried_to_the_plans_mix(searched, tmp_path, monkeypatch):
+    """The groups decode the profiling prompts long enough for the plan's context (here HumanEval alone, which accepts
+    far more than the plan's equal mix): each measured ratio is moved by the cost model's difference between the two
+    mixes before it is weighed against the model, and the bucket records the mix it decoded."""
+    plan, profile = searched
+    best = {b.batch: b.draft_len for b in plan.buckets}
+    for B in uncertain(plan):
+        best[B] = max(contenders(plan, B, profile.workload.max_draft_len, cost_model_of(profile, plan)))
+    runs = {}
+    for domain in ("unlabelled", "humaneval"):
+        _fake(monkeypatch, FakeDecoder(_truth(plan, best)), domain=domain)  # the same seeded rates in both runs
+        (tmp_path / domain).mkdir()
+        runs[domain] = refine(plan, profile, RefineSettings(budget_s=1e9), tmp_path / domain, on_line=lambda _: None)
+    here, there = cost_model_of(profile, plan), cost_model_of(profile, plan, mix={"humaneval": 1.0})
+
+    def log_ratio(cost, B: int, D: int, model: int) -> float:
+        draws = cost.draws
+        return float(
+            np.log(draws.speedup(B, D, plan.mechanism, "none") / draws.speedup(B, model, plan.mechanism, "none")).mean()
+        )
+
+    moved = 0
+    for raw, carried, model in zip(runs["unlabelled"].buckets, runs["humaneval"].buckets, plan.buckets):
+        if not carried.refinement:
+            continue
+        assert carried.refinement.decoded_mix == {"humaneval": 1.0}
+        for a, c in zip(raw.refinement.contenders, carried.refinement.contenders):
+            if c.expected_vs_model is None or c.draft_len == model.draft_len:
+                continue
+            assert c.vs_model == a.vs_model  # the raw measured ratio stays as measured
+            shift = log_ratio(here, model.batch, c.draft_len, model.draft_len) - log_ratio(
+                there, model.batch, c.draft_len, model.draft_len
+            )
+            if abs(shift) > 1e-3:
+                moved += 1
+                assert np.sign(c.expected_vs_model.value - a.expected_vs_model.value) == np.sign(shift)
+    assert moved
+
+
 def test_the_refinement_decodes_the_profiles_own_prompts_or_says_why_not(searched, tmp_path, monkeypatch):
     plan, profile = searched
     user = tmp_path / "traffic.jsonl"
@@ -385,7 +426,9 @@ def test_the_refinement_decodes_the_profiles_own_prompts_or_says_why_not(searche
     best = {b.batch: b.draft_len for b in plan.buckets}
     _fake(monkeypatch, FakeDecoder(_truth(plan, best)))
     specs = []
-    monkeypatch.setattr(refine_module, "context_prompts", lambda *a: specs.append(a[-1]) or [[1, 2, 3]] * 4)
+    monkeypatch.setattr(
+        refine_module, "context_prompts_by_domain", lambda *a, spec: specs.append(spec) or [([1, 2, 3], "chat")] * 4
+    )
     refine(plan, mine, RefineSettings(groups=2), tmp_path, on_line=lambda line: None)
     assert specs == [str(user)]
 
