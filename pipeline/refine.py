@@ -10,14 +10,14 @@ tie tolerance. At each uncertain bucket B the contenders are, in the plan's mech
 
 each decoded end to end in the profile's own engine (this tool's loop, `_LoopGroups`; vLLM, pipeline/refine_engine.py,
 where no speculation is two contenders: a K = 0 band of a speculative engine and the plain engine) on the profiling
-split of the profile's calibration prompts (the prompts it decided on, those long enough for the plan's context, cut
-to it; never the held-back split the lossless gate reads). One Optuna study holds one trial per (bucket, D, engine). A trial measures in
-groups: one group is `group_rows(B)` prompts (whole batches of B, at least `group_prompts`) decoding `new_tokens`, its
-tokens/s counted over the rounds in which every row of a batch still decodes (what the cost model predicts), and the
-trial reports the mean of its groups after each. The trials of a bucket run interleaved, group by group in a shuffled
-order each round, so that the device's drift falls on every contender alike. A successive-halving pruner
-(`BucketHalving`) keeps, at groups 2, 4, ..., the better half of a bucket's trials by their mean so far, always at
-least two.
+split of the profile's calibration prompts (the prompts it decided on, those long enough for the plan's context, cut to
+it; never the held-back split the lossless gate reads). One Optuna study holds one trial per (bucket, D, engine). A
+trial measures in groups: one group is `group_rows(B)` prompts (whole batches of B, at least `group_prompts`) decoding
+`new_tokens`, its tokens/s counted over the rounds in which every row of a batch still decodes (what the cost model
+predicts), and the trial reports the mean of its groups after each. The trials of a bucket run interleaved, group by
+group in a shuffled order each round, so that the device's drift falls on every contender alike. A successive-halving
+pruner (`BucketHalving`) keeps, at groups 2, 4, ..., the better half of a bucket's trials by their mean so far, always
+at least two.
 
     budget   a sixth (`BUDGET_SHARE`) of what measuring every D of every bucket with as many groups would cost, priced
              in the loop per batch as its prefill and its rounds until the first row is done (the loop stops there) at
@@ -33,16 +33,16 @@ least two.
              the rest's remaining `MIN_GROUPS` groups fit (a pair leaves whole; they are recorded pruned, one group's
              figure without an interval); later, where the next group would overrun it, the contenders still in stop
              with as many groups
-    result   per bucket, among the trials not pruned, the highest expected tokens/s over the model's D, the cost
-             model's draws and the measured groups combined (`expected_vs_model`: a group decodes the same prompts for
-             every contender, so the ratio pairs them; a few noisy groups move the prediction little), each measured
-             ratio first carried from the domains the groups decoded to the plan's mix by the cost model
-             (`_to_plan_mix`; the bucket records the decoded mix), D kept from rising with batch. Each measured figure's 95% interval is the t-interval over the groups on a log scale
-             (`intervals.runs_interval`). Where the choice is not the model's D, the bucket takes it and its rationale
-             says why; the figures are labelled `measured (refinement)`. Its prediction is the cost model's at that
-             D, but for its throughput (tokens/s, per-user tokens/s, speedup): those are the model's D's times the
-             choice's expected ratio over it, source "fitted" (`fitted_prediction`), so that a bucket which measured
-             faster than the model's D never states less
+    result   per bucket, among the trials not pruned, the highest expected tokens/s over the model's D, the cost model's
+             draws and the measured groups combined (`expected_vs_model`: a group decodes the same prompts for every
+             contender, so the ratio pairs them; a few noisy groups move the prediction little), each measured ratio
+             first carried from the domains the groups decoded to the plan's mix by the cost model (`_to_plan_mix`; the
+             bucket records the decoded mix), D kept from rising with batch. Each measured figure's 95% interval is the
+             t-interval over the groups on a log scale (`intervals.runs_interval`). Where the choice is not the model's
+             D, the bucket takes it and its rationale says why; the figures are labelled `measured (refinement)`. Its
+             prediction is the cost model's at that D, but for its throughput (tokens/s, per-user tokens/s, speedup):
+             those are the model's D's times the choice's expected ratio over it, source "fitted" (`fitted_prediction`),
+             so that a bucket which measured faster than the model's D never states less
 
 The study lives in a journal beside the plan (or any Optuna storage URL: several workers, one per device, may measure
 one study, each taking the (bucket, D) no other has started); a killed run resumes it, a finished trial is never
