@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from specdec_tune import SpecdecError
+
 
 def _no_fields(options: dict) -> dict:
     return {}
@@ -36,18 +38,30 @@ class Vllm:
     v2_runner: bool = False
 
 
+def number_option(o: dict, key: str, default: float, kind: type = int) -> float:
+    """A drafter's numeric option as `kind`, `default` where it has none; a value that is not one is refused."""
+    value = o.get(key, default)
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise SpecdecError(
+            f"drafter option {key}={value!r} is not a {kind.__name__}",
+            "fix the drafter's options in profile.json, or profile again",
+        ) from None
+
+
 def _ngram(o: dict) -> dict:
     return {
-        "prompt_lookup_min": int(o.get("prompt_lookup_min", 5)),
-        "prompt_lookup_max": int(o.get("prompt_lookup_max", 5)),
+        "prompt_lookup_min": number_option(o, "prompt_lookup_min", 5),
+        "prompt_lookup_max": number_option(o, "prompt_lookup_max", 5),
     }
 
 
 def _suffix(o: dict) -> dict:
     return {
-        "suffix_decoding_max_tree_depth": int(o.get("max_tree_depth", 24)),
-        "suffix_decoding_max_spec_factor": float(o.get("max_spec_factor", 1.0)),
-        "suffix_decoding_min_token_prob": float(o.get("min_token_prob", 0.1)),
+        "suffix_decoding_max_tree_depth": number_option(o, "max_tree_depth", 24),
+        "suffix_decoding_max_spec_factor": number_option(o, "max_spec_factor", 1.0, float),
+        "suffix_decoding_min_token_prob": number_option(o, "min_token_prob", 0.1, float),
     }
 
 

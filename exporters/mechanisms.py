@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from specdec_tune import SpecdecError
 from specdec_tune.exporters.sglang_heads import DFLASH_LAYOUT, DSPARK_LAYOUT, EAGLE3_LAYOUT, SglangHeadLayout
-from specdec_tune.vllm_spelling import VLLM, Vllm
+from specdec_tune.vllm_spelling import VLLM, Vllm, number_option
 
 
 def _no_fields(options: dict) -> dict:
@@ -104,7 +104,7 @@ class ExportMechanism:
 
 def _ngram_trtllm(o: dict) -> dict:
     return {
-        "max_matching_ngram_size": int(o.get("prompt_lookup_max", 5)),
+        "max_matching_ngram_size": number_option(o, "prompt_lookup_max", 5),
         "is_keep_all": True,
         "is_use_oldest": True,
         "is_public_pool": True,

@@ -190,10 +190,19 @@ def test_decision_quality_measures_the_untied_schedule_where_it_was_swept():
     r = _result([[1, 1], [2, 1]], "ngram")
     plan = {"mechanism": "ngram", "study": {"untied_schedule": [[1, 2], [2, 3]]}}
     one, two = decision_quality.untied_measured(plan, r["sweep"], r["buckets"])
-    assert one == {"batch": 1, "draft_len": 2, "measured_tokens_per_s": 70.0, "vs_oracle": pytest.approx(1.0)}
+    assert one == {
+        "batch": 1,
+        "mechanism": "ngram",
+        "draft_len": 2,
+        "measured_tokens_per_s": 70.0,
+        "vs_oracle": pytest.approx(1.0),
+    }
     assert (
         two["draft_len"] == 3 and two["measured_tokens_per_s"] is None and two["vs_oracle"] is None
     )  # D = 3 was not swept
+    plan["study"]["untied_drafter"] = {"mechanism": "suffix", "quant": "none"}  # a drafter tie: the one passed over
+    again = decision_quality.untied_measured(plan, r["sweep"], r["buckets"])
+    assert [(u["mechanism"], u["measured_tokens_per_s"]) for u in again] == [("suffix", 65.0), ("suffix", None)]
 
 
 def test_decision_quality_states_the_sweeps_own_noise_around_plan_over_oracle():
