@@ -71,6 +71,7 @@ rest."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import random
 import time
@@ -119,6 +120,12 @@ WARMUP_TOKENS = 4  # a short run before the timed ones: the engine's first steps
 def engines_of(key: tuple[str, int]) -> int:
     """How many timed engines measure a unit (module docstring, "Engines per unit")."""
     return PLAIN_ENGINES if key[1] == 0 else UNIT_ENGINES
+
+
+def first_per_domain(prompts: list, k: int) -> list:
+    """The first `k` prompts of each domain, in their order."""
+    seen: collections.Counter = collections.Counter()
+    return [p for p in prompts if (seen.update([p.domain]) or seen[p.domain]) <= k]
 
 
 def schedule(keys: list[tuple[str, int]]) -> list[tuple[tuple[str, int], int]]:
@@ -192,21 +199,9 @@ class VllmProfiler(ProfileRun):
         )
         self.fitting = fitting = [p for p in self.pool if p.id in self.encoded]
         self.prompt_domain = {p.id: p.domain for p in fitting}
-        self.acceptance_prompts = [
-            p
-            for i, p in enumerate(fitting)
-            if sum(q.domain == p.domain for q in fitting[:i]) < ACCEPTANCE_PROMPTS_PER_DOMAIN
-        ]
-        self.check_prompts = [
-            p
-            for i, p in enumerate(self.acceptance_prompts)
-            if sum(q.domain == p.domain for q in self.acceptance_prompts[:i]) < settings.prompts_per_domain
-        ]
-        self.sampled_prompts = [
-            p
-            for i, p in enumerate(self.check_prompts)
-            if sum(q.domain == p.domain for q in self.check_prompts[:i]) < settings.sampled_prompts_per_domain
-        ]
+        self.acceptance_prompts = first_per_domain(fitting, ACCEPTANCE_PROMPTS_PER_DOMAIN)
+        self.check_prompts = first_per_domain(self.acceptance_prompts, settings.prompts_per_domain)
+        self.sampled_prompts = first_per_domain(self.check_prompts, settings.sampled_prompts_per_domain)
         self.timing_rows = {ctx: self._timing_rows(ctx) for ctx in settings.ctx_buckets}
         longest = max(
             [len(self.encoded[p.id]) + settings.new_tokens for p in fitting]
