@@ -179,6 +179,26 @@ def interleaved_runs(points: list[tuple], repeats: int, seed: int) -> list[tuple
     return order
 
 
+CONFIRM_ROWS = (
+    "each run measured again decodes whole batches of the bucket's size: at least --rows prompts, and enough for about "
+    "{run_s:g} s at the bucket's swept no-speculation tokens/s (the held-back prompts taken again in order where more "
+    "are needed: acceptance is per prompt, so a repeated batch accepts as it did, and only the timing is sampled "
+    "again). A large batch's run over the sweep's few prompts lasts a second or two, and on a shared machine so short "
+    "a run varies by 15% run to run"
+)
+
+
+def run_rows(batch: int, rows: int, no_spec_tokens_per_s: float, new_tokens: int, run_s: float) -> int:
+    """Prompts one re-measured run decodes at `batch` (CONFIRM_ROWS)."""
+    wanted = max(rows, batch, math.ceil(run_s * no_spec_tokens_per_s / new_tokens))
+    return batch * math.ceil(wanted / batch)
+
+
+def cycled(pool: list, n: int) -> list:
+    """The first `n` of `pool` taken again and again."""
+    return [pool[i % len(pool)] for i in range(n)]
+
+
 # ---------------------------------------------------------------------------- decisions and fidelity (pure: no model)
 
 
@@ -291,18 +311,19 @@ def run(args) -> dict:
     measured_before = {(p["batch"], p["mechanism"], p["draft_len"]): p for p in reused["sweep"]} if reused else {}
     drafters: dict = {}
 
-    def measure(B: int, m: str, q: str, D: int) -> tuple[float, float, float]:
-        """One timed run (after a short warm-up): (tokens/s, its speed-scaled tokens/s, tokens per forward)."""
+    def measure(B: int, m: str, q: str, D: int, rows: int = 0) -> tuple[float, float, float]:
+        """One timed run (after a short warm-up) over `rows` prompts (default: the sweep's): (tokens/s, its
+        speed-scaled tokens/s, tokens per forward)."""
         if m != NO_SPEC and m not in drafters:
             drafters[m] = profile_drafter(profile, m, q, target)
-        rows = max(B, args.rows)  # small batches decode several batches, so that AL is not one prompt's
+        rows = rows or max(B, args.rows)  # small batches decode several batches, so that AL is not one prompt's
 
         def decode(between) -> dict:
             with counter.active():  # the decodes' forwards only: the speed probes between the runs are not the sweep's
                 return measure_decode(
                     target,
                     drafters.get(m),
-                    pool[:rows],
+                    cycled(pool, rows),
                     D,
                     args.new_tokens,
                     1,
@@ -373,9 +394,13 @@ def run(args) -> dict:
     again_log: list[dict] = []  # each run measured again, with the device's speed probed before and after it
     factors: dict[tuple[int, str, int], list[float]] | None = {}  # each run's speed factor (None: one was not probed)
     quants = {m: v["quant"] for m, v in mechanisms.items()}
+    again_rows = {
+        r["batch"]: run_rows(r["batch"], args.rows, r["tokens_per_s"]["no_spec"], args.new_tokens, args.confirm_run_s)
+        for r in summary["buckets"]
+    }
     for B, m, q, D in interleaved_runs(headline_points(summary["buckets"], mech, quants), args.confirm, args.seed + 1):
         runs = again.setdefault(point_key(B, m, D), [])
-        runs.append(measure(B, m, q, D)[0])
+        runs.append(measure(B, m, q, D, again_rows[B])[0])
         probes = speed.last_probes or [None]
         if factors is not None and None not in (probes[0], probes[-1]):
             factors.setdefault(point_key(B, m, D), []).append(math.sqrt(probes[0] * probes[-1]))
@@ -431,6 +456,9 @@ def run(args) -> dict:
         "untied": untied_measured(plan, points, summary["buckets"]),
         "sweep": points,
         "confirmation": confirmed(summary["buckets"], again, args.confirm) if args.confirm else None,
+        "confirm_rows": {"per_batch": again_rows, "method": CONFIRM_ROWS.format(run_s=args.confirm_run_s)}
+        if args.confirm
+        else None,
         "headline": headline(summary["buckets"], again, mech, factors) | {"runs": again_log}
         if args.confirm >= 2
         else None,
@@ -654,6 +682,13 @@ def main(argv: list[str] | None = None) -> int:
         "(0: none); plan / oracle on them beside the sweep's",
     )
     ap.add_argument(
+        "--confirm-run-s",
+        type=float,
+        default=8.0,
+        help="each run measured again lasts about this long (whole batches, at the swept no-speculation speed; "
+        "0: as many prompts as the sweep's runs)",
+    )
+    ap.add_argument(
         "--prompts",
         choices=sorted(PROMPTS),
         default=None,
@@ -703,6 +738,7 @@ def main(argv: list[str] | None = None) -> int:
             2,
             min(args.confirm, 1),
         )
+        args.confirm_run_s = 0.0
         args.max_mechanisms = min(args.max_mechanisms, 2)
     result = run_and_write(run, args)
     if result is None:

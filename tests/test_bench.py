@@ -128,6 +128,19 @@ def test_decision_quality_sweeps_every_profiled_mechanism_once_per_d():
     assert order[: len(first)] != order[len(first) : 2 * len(first)]  # shuffled afresh each round
 
 
+def test_decision_quality_measures_again_in_runs_of_about_the_same_length_at_every_batch():
+    # whole batches, at least --rows prompts, and enough to last the run length at the bucket's no-spec speed
+    rows = {
+        B: decision_quality.run_rows(B, 8, tps, 32, 8.0) for B, tps in ((1, 25.0), (2, 50.0), (4, 90.0), (8, 135.0))
+    }
+    assert rows == {1: 8, 2: 14, 4: 24, 8: 40}
+    assert all(n % B == 0 for B, n in rows.items())
+    seconds = [n * 32 / tps for n, tps in zip(rows.values(), (25.0, 50.0, 90.0, 135.0))]
+    assert max(seconds) / min(seconds) < 1.25  # was 8 prompts at each batch: 10.2 s at batch 1, 1.9 s at batch 8
+    assert decision_quality.run_rows(8, 8, 135.0, 32, 0.0) == 8  # 0: the sweep's own rows
+    assert decision_quality.cycled([[1], [2], [3]], 7) == [[1], [2], [3], [1], [2], [3], [1]]
+
+
 def _point(B: int, mech: str, D: int, tps: float, predicted: float | None = None, ratio: float = 1.0) -> dict:
     return {
         "batch": B,
