@@ -590,7 +590,13 @@ def headline_lines(result: dict) -> list[str]:
     )
     lines = [
         f"headline: the plan ({refined}) against what a user runs without the tool, all measured again in "
-        f"{h['rounds']} interleaved rounds on held-back prompts; plan / X with its 95% interval",
+        f"{h['rounds']} interleaved rounds on held-back prompts"
+        + (
+            f" (prompts per run by batch: {', '.join(f'{B}: {n}' for B, n in rows['per_batch'].items())})"
+            if (rows := result.get("confirm_rows"))
+            else ""
+        )
+        + "; plan / X with its 95% interval",
         "| batch | plan | plan tok/s | / no spec | / engine default | / best single | / oracle |",
         "|---|---|---|---|---|---|---|",
     ]
