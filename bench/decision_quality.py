@@ -38,6 +38,7 @@ from pathlib import Path
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.cost_model import CostModel
 from specdec_tune.pipeline.lossless import profile_drafter
+from specdec_tune.pipeline.refine import group_rows
 from specdec_tune.pipeline.throughput_check import (
     DeviceSpeed,
     at_profile_speed_tokens_per_s,
@@ -190,8 +191,7 @@ CONFIRM_ROWS = (
 
 def run_rows(batch: int, rows: int, no_spec_tokens_per_s: float, new_tokens: int, run_s: float) -> int:
     """Prompts one re-measured run decodes at `batch` (CONFIRM_ROWS)."""
-    wanted = max(rows, batch, math.ceil(run_s * no_spec_tokens_per_s / new_tokens))
-    return batch * math.ceil(wanted / batch)
+    return group_rows(batch, max(rows, math.ceil(run_s * no_spec_tokens_per_s / new_tokens)))
 
 
 def cycled(pool: list, n: int) -> list:
@@ -588,15 +588,13 @@ def headline_lines(result: dict) -> list[str]:
         if result.get("refinement")
         else f"not refined ({result.get('refine_skipped')})"
     )
+    rows = result.get("confirm_rows")
+    per_run = (
+        f" (prompts per run by batch: {', '.join(f'{B}: {n}' for B, n in rows['per_batch'].items())})" if rows else ""
+    )
     lines = [
         f"headline: the plan ({refined}) against what a user runs without the tool, all measured again in "
-        f"{h['rounds']} interleaved rounds on held-back prompts"
-        + (
-            f" (prompts per run by batch: {', '.join(f'{B}: {n}' for B, n in rows['per_batch'].items())})"
-            if (rows := result.get("confirm_rows"))
-            else ""
-        )
-        + "; plan / X with its 95% interval",
+        f"{h['rounds']} interleaved rounds on held-back prompts{per_run}; plan / X with its 95% interval",
         "| batch | plan | plan tok/s | / no spec | / engine default | / best single | / oracle |",
         "|---|---|---|---|---|---|---|",
     ]

@@ -124,8 +124,13 @@ def engines_of(key: tuple[str, int]) -> int:
 
 def first_per_domain(prompts: list, k: int) -> list:
     """The first `k` prompts of each domain, in their order."""
-    seen: collections.Counter = collections.Counter()
-    return [p for p in prompts if (seen.update([p.domain]) or seen[p.domain]) <= k]
+    taken: collections.Counter = collections.Counter()
+    out = []
+    for p in prompts:
+        if taken[p.domain] < k:
+            taken[p.domain] += 1
+            out.append(p)
+    return out
 
 
 def schedule(keys: list[tuple[str, int]]) -> list[tuple[tuple[str, int], int]]:
