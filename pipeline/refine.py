@@ -26,11 +26,11 @@ at least two.
              average, less the acceptance prompts they decoded (`refine_engine.engine_s`); `--refine-budget` sets
              seconds. It bounds what is measured before anything is: the contenders decoded are those whose first
              `MIN_GROUPS` groups fit it (`affordable`): a bucket's model's D and the engine's default K (else the
-             contender likeliest to beat it) as a pair, no speculation with them where the draws give it a real
-             chance (`NO_SPEC_FIRST`), the pairs in the order of their expected gain, then the
-             measured buckets' other contenders, likeliest first; the rest are recorded as not measured, a bucket no
-             pair of which fits keeps the model's D. It is looked at again between groups, at the last group's time
-             per contender (less its warm-ups, paid once): after the first, the contenders let in last leave until
+             contender likeliest to beat it) as a pair, no speculation with them where the draws give it a real chance
+             (`NO_SPEC_FIRST`; in its place where the three do not fit), the pairs in the order of their expected gain,
+             then the measured buckets' other contenders, likeliest first; the rest are recorded as not measured, a
+             bucket no pair of which fits keeps the model's D. It is looked at again between groups, at the last group's
+             time per contender (less its warm-ups, paid once): after the first, the contenders let in last leave until
              the rest's remaining `MIN_GROUPS` groups fit (a pair leaves whole; they are recorded pruned, one group's
              figure without an interval); later, where the next group would overrun it, the contenders still in stop
              with as many groups
@@ -212,15 +212,16 @@ def affordable(
     plan: Plan, profile: Profile, cost: CostModel, s: RefineSettings, wanted: dict[Key, str], budget_s: float
 ) -> list[Key]:
     """The contenders whose first `MIN_GROUPS` groups fit the budget, in the order they were let in. A bucket is
-    measured as a pair first: its model's D and a challenger, the engine's default K where it is a contender (what the
-    user runs without the plan: a bucket the budget measures at all is never left unmeasured against it), else the
-    contender likeliest to beat the model's D (the share of the cost model's draws in which it is faster), and no
-    speculation (as the backend runs it in the plan's engine: in vLLM a K = 0 band) where it beats the model's D in at
-    least `NO_SPEC_FIRST` of the draws (where speculation may lose, the bucket is not left to choose between two
-    draft lengths); the buckets in the order of what measuring the pair is expected to gain (the largest mean over the
-    draws of a challenger's excess over the model's D), each while the pairs so far fit; then the measured buckets'
-    other contenders, likeliest first, while their groups' price holds.
-    What does not fit is recorded as not measured."""
+    measured as a pair first: its model's D and a challenger, the engine's default K where it is a contender (what
+    the user runs without the plan), else
+    the contender likeliest to beat the model's D (the share of the cost model's draws in which it is faster), and
+    no speculation (as the backend runs it in the plan's engine: in vLLM a K = 0 band) where it beats the model's D
+    in at least `NO_SPEC_FIRST` of the draws (where speculation may lose, the bucket is not left to choose between
+    two draft lengths; where the three do not fit, no speculation is the challenger: whether to speculate comes
+    before which K, and the default K may follow with the other contenders); the buckets in the order of what
+    measuring the pair is expected to gain (the largest mean over the draws of a challenger's excess over the
+    model's D), each while the pairs so far fit; then the measured buckets' other contenders, likeliest first, while
+    their groups' price holds. What does not fit is recorded as not measured."""
     model_d = {b.batch: b.draft_len for b in plan.buckets}
     model_draws = {B: cost.draws.speedup(B, D, plan.mechanism, plan.quant) for B, D in model_d.items()}
     default = engine_default(plan, min(profile.workload.max_draft_len, cost.draft_len_limit(plan.mechanism)))
@@ -233,19 +234,24 @@ def affordable(
         key=lambda k: (k[1] == default and not k[2], chance[k]),
         reverse=True,
     )
-    pairs = []
+    units = []  # per bucket: (expected gain, its ways to be measured first, each tried where the one before won't fit)
     for B in dict.fromkeys(k[0] for k in wanted):
         first = next((k for k in challengers if k[0] == B), None)
         if first is None:
             continue
+        model_key = [k for k in wanted if k[0] == B and k[1] == model_d[B] and not k[2]]
         plain: Key = (B, 0, "")
-        joined = [first] + [plain] * (plain in challengers and plain != first and chance[plain] >= NO_SPEC_FIRST)
-        gain = max(float(np.maximum(over_model[k] - 1.0, 0.0).mean()) for k in joined)
-        pairs.append((gain, [k for k in wanted if k[0] == B and k[1] == model_d[B] and not k[2]] + joined))
+        ways = [[first]]
+        if plain in challengers and plain != first and chance[plain] >= NO_SPEC_FIRST:
+            ways = [[first, plain], [plain]]
+        gain = max(float(np.maximum(over_model[k] - 1.0, 0.0).mean()) for k in ways[0])
+        units.append((gain, [model_key + way for way in ways]))
     chosen: list[Key] = []
-    for _, pair in sorted(pairs, key=lambda p: p[0], reverse=True):
-        if groups_cost_s(plan, profile, cost, s, [*chosen, *pair], MIN_GROUPS) <= budget_s:
-            chosen += pair
+    for _, ways in sorted(units, key=lambda u: u[0], reverse=True):
+        way = next(
+            (w for w in ways if groups_cost_s(plan, profile, cost, s, [*chosen, *w], MIN_GROUPS) <= budget_s), []
+        )
+        chosen += way
     measured = {k[0] for k in chosen}
     for k in (k for k in challengers if k[0] in measured and k not in chosen):
         if groups_cost_s(plan, profile, cost, s, [*chosen, k], MIN_GROUPS) <= budget_s:

@@ -270,10 +270,11 @@ def test_the_budget_chooses_the_pairs_worth_most_then_the_contenders_likeliest_t
 
 
 def test_no_speculation_joins_the_first_pair_where_the_draws_give_it_a_real_chance(searched, monkeypatch):
-    """Where speculation may lose (no speculation beats the model's D in at least NO_SPEC_FIRST of the draws), a bucket
-    is first measured as model D, challenger and D = 0 together: left to the pair, the bucket could only choose between
-    two draft lengths. The demo's draws never give D = 0 that chance (nor make it a contender): it is let in at every
-    speculating bucket, and the threshold moved to where the draws reach it."""
+    """Where speculation may lose (no speculation beats the model's D in at least NO_SPEC_FIRST of the draws), a
+    bucket is first measured as model D, challenger and D = 0 together: left to the pair, the bucket could only
+    choose between two draft lengths; where the three do not fit, D = 0 is the challenger. The demo's draws never
+    give D = 0 that chance (nor make it a contender): it is let in at every speculating bucket, and the threshold
+    moved to where the draws reach it."""
     plan, profile = searched
     cost = cost_model_of(profile, plan)
     model, roles, likeliest, _ = _pairs(plan, profile)
@@ -295,6 +296,10 @@ def test_no_speculation_joins_the_first_pair_where_the_draws_give_it_a_real_chan
     assert first(max(chance.values()) + 0.01, pairs_s) == pairs
     with_no_spec = {B: pairs[B] | ({0} if B in no_spec else set()) for B in roles}
     assert first(min(chance.values()), pairs_s + 2.0 * len(no_spec)) == with_no_spec
+    # room for one pair only: the bucket worth the most is measured against no speculation, the three do not fit
+    ei = lambda B, D: float(np.maximum(speedup(B, D) / speedup(B, model[B]) - 1, 0).mean())  # noqa: E731
+    top = max(no_spec, key=lambda B: max(ei(B, likeliest[B]), ei(B, 0)))
+    assert first(min(chance.values()), 2.0 * 2) == {B: {model[B], 0} if B == top else set() for B in roles}
 
 
 def test_groups_slower_than_priced_leave_the_pairs_worth_least_after_the_first(searched, tmp_path, monkeypatch):
