@@ -213,15 +213,14 @@ def affordable(
 ) -> list[Key]:
     """The contenders whose first `MIN_GROUPS` groups fit the budget, in the order they were let in. A bucket is
     measured as a pair first: its model's D and a challenger, the engine's default K where it is a contender (what
-    the user runs without the plan), else
-    the contender likeliest to beat the model's D (the share of the cost model's draws in which it is faster), and
-    no speculation (as the backend runs it in the plan's engine: in vLLM a K = 0 band) where it beats the model's D
-    in at least `NO_SPEC_FIRST` of the draws (where speculation may lose, the bucket is not left to choose between
-    two draft lengths; where the three do not fit, no speculation is the challenger: whether to speculate comes
-    before which K, and the default K may follow with the other contenders); the buckets in the order of what
-    measuring the pair is expected to gain (the largest mean over the draws of a challenger's excess over the
-    model's D), each while the pairs so far fit; then the measured buckets' other contenders, likeliest first, while
-    their groups' price holds. What does not fit is recorded as not measured."""
+    the user runs without the plan), else the contender likeliest to beat the model's D (the share of the cost
+    model's draws in which it is faster), and no speculation (as the backend runs it in the plan's engine: in vLLM a
+    K = 0 band) where it beats the model's D in at least `NO_SPEC_FIRST` of the draws (where speculation may lose,
+    the bucket is not left to choose between two draft lengths; where the three do not fit, no speculation is the
+    challenger: whether to speculate comes before which K, and the default K may follow with the other contenders);
+    the buckets in the order of what measuring the pair is expected to gain (the largest mean over the draws of a
+    challenger's excess over the model's D), each while the pairs so far fit; then the measured buckets' other
+    contenders, likeliest first, while their groups' price holds. What does not fit is recorded as not measured."""
     model_d = {b.batch: b.draft_len for b in plan.buckets}
     model_draws = {B: cost.draws.speedup(B, D, plan.mechanism, plan.quant) for B, D in model_d.items()}
     default = engine_default(plan, min(profile.workload.max_draft_len, cost.draft_len_limit(plan.mechanism)))
@@ -591,7 +590,7 @@ def expected_vs_model(
     the mixture over those draws: its expected ratio E[exp(mu)], 95% interval the mixture's 2.5% and 97.5% points,
     source "fitted" (the model fitted to what was measured). Where the groups leave v^2 wide (two groups: df = 1) the
     draws that make them noisy give way to the model; where they are many and consistent they decide. On simulated
-    buckets it covers 91-94% of truths at 2-4 groups, typically narrower than the model alone (a plug-in v^2 with
+    buckets it covers 90-95% of truths at 2-4 groups, typically narrower than the model alone (a plug-in v^2 with
     1.96 covered 70-85%; Student's t on the posterior sd 95%, up to four times as wide as the model at two groups).
     With no groups, the model alone (1.96). `paired` holds each D's paired log-ratios (the model's D itself excluded:
     its ratio is 1)."""
