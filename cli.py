@@ -942,7 +942,8 @@ def _print_plan_table(plan: Plan) -> None:
 
 
 def _plan_findings(plan: Plan) -> list[str]:
-    """One line per excluded bucket, per tie taken, per flagged bucket and per bucket the mix's domains disagree on."""
+    """One line per excluded bucket, per tie taken, per flagged bucket and per bucket the mix's domains disagree on;
+    what the ties gave up, and the drafter against the best other one."""
     from specdec_tune.autotune.plan import disagreement_line
 
     lines = [f"not planned: {row.why}" for row in plan.excluded_buckets]
@@ -977,6 +978,17 @@ def _plan_findings(plan: Plan) -> list[str]:
             "would take D = "
             f"{', '.join(str(D) for _, D in untied)} at batch {', '.join(str(B) for B, _ in untied)}: "
             f"{plan.study.untied_gain_pct:+.1f}% expected mean speedup"
+        )
+    drafters = plan.study.drafter_decision
+    if drafters:
+        r = drafters.runner_up_vs_choice
+        assert r.low is not None and r.high is not None  # quantiles of the draws
+        lines.append(
+            f"drafter: {plan.mechanism} over {drafters.runner_up} (at its best schedule, D = "
+            f"{', '.join(str(D) for _, D in drafters.runner_up_schedule)}), expected at {r.value:.3f}x "
+            f"{plan.mechanism}'s mean speedup (modeled, 95% {r.low:.3f}-{r.high:.3f}); {plan.mechanism} is faster "
+            f"in {drafters.p_beats_runner_up:.0%} of the draws"
+            + (": the profile cannot separate them, another profile may take either" if r.low <= 1 <= r.high else "")
         )
     return lines
 

@@ -24,6 +24,8 @@ import datetime
 import math
 from typing import overload
 
+import numpy as np
+
 from specdec_tune import __version__
 from specdec_tune.autotune.cost_model import SOURCES, CostModel, Figure, Prediction, weakest
 from specdec_tune.autotune.engine_pricing import priced
@@ -295,6 +297,33 @@ def decision(space: Space, c: Candidate, B: int, D: int, runner_up: int | None) 
         "expected_gain_pct": 100 * (mine / theirs - 1) if theirs else 0.0,
         "p_beats_runner_up": space.beats(B, D, runner_up, c.mechanism, c.quant),
         "draws": len(space.cost.draws.models),
+    }
+
+
+def drafter_decision(space: Space, c: Candidate) -> dict | None:
+    """The plan's drafter against the best other one, each at its best schedule at c's policy and cap, as the search
+    scored them: expected mean speedups, per draw the runner-up's over the choice's (its mean and 2.5-97.5% points,
+    modeled) and the share of draws in which the choice is faster (None where c's drafter is the only one)."""
+    runner = space.drafter_runner_up(c)
+    if runner is None:
+        return None
+    mine, theirs = space.schedule_draws(c), space.schedule_draws(runner)  # [draws] each
+    ratio = theirs / mine
+    low, high = np.quantile(ratio, [0.025, 0.975])
+    return {
+        "expected_speedup": float(mine.mean()),
+        "runner_up": runner.mechanism,
+        "runner_up_quant": runner.quant,
+        "runner_up_schedule": [[B, D] for B, D in zip(space.served(c.max_batch), runner.schedule)],
+        "runner_up_expected_speedup": float(theirs.mean()),
+        "runner_up_vs_choice": {
+            "value": float(ratio.mean()),
+            "source": "modeled",
+            "low": float(low),
+            "high": float(high),
+        },
+        "p_beats_runner_up": float(np.mean(mine > theirs) + 0.5 * np.mean(mine == theirs)),
+        "draws": len(ratio),
     }
 
 

@@ -85,6 +85,20 @@ class Decision(Record):
     draws: int = Field(ge=1)
 
 
+class DrafterDecision(Record):
+    """The plan's drafter against the best other one (autotune/plan.py `drafter_decision`), as the search scored them,
+    before any measured refinement."""
+
+    expected_speedup: float = Field(ge=0)  # the choice's mean speedup over the buckets, its mean over the draws
+    runner_up: str
+    runner_up_quant: str
+    runner_up_schedule: list[tuple[int, int]]
+    runner_up_expected_speedup: float = Field(ge=0)
+    runner_up_vs_choice: Figure  # per draw, the runner-up's mean speedup over the choice's: mean, 2.5-97.5% points
+    p_beats_runner_up: float = Field(ge=0, le=1)  # the share of draws in which the choice is faster
+    draws: int = Field(ge=1)
+
+
 class Rationale(BaseModel):
     model_config = ConfigDict(frozen=True, extra="allow")  # the figures behind the decision, for people
     text: str = Field(min_length=1)
@@ -278,6 +292,7 @@ class Study(Record):
     untied_drafter: dict[str, str] | None = None
     untied_schedule: list[tuple[int, int]] | None = None
     untied_gain_pct: float | None = None
+    drafter_decision: DrafterDecision | None = None  # the speedup objective with more than one drafter
 
 
 class RecordedSearchSettings(Record):

@@ -22,7 +22,7 @@ import dataclasses
 from specdec_tune import SpecdecError
 from specdec_tune.autotune.cost_model import CostModel, normalise_mix
 from specdec_tune.autotune.hardware import get_device_spec
-from specdec_tune.autotune.plan import build_plan
+from specdec_tune.autotune.plan import build_plan, drafter_decision
 from specdec_tune.autotune.plan_schema import Plan
 from specdec_tune.autotune.projection import project
 from specdec_tune.autotune.space import Candidate, Space
@@ -139,6 +139,7 @@ def search(profile: Profile, profile_hash: str, settings: SearchSettings) -> Pla
                 summary["untied_drafter"] = {"mechanism": untied.mechanism, "quant": untied.quant}
             summary["untied_schedule"] = [[B, D] for B, D in zip(space.served(chosen.max_batch), untied.schedule)]
             summary["untied_gain_pct"] = 100 * (space.strict_score(untied) / space.strict_score(chosen) - 1)
+            summary["drafter_decision"] = drafter_decision(space, chosen)
     # the default study lives beside plan.json: recorded relative to it, so that the plan does not depend on where it
     # was written
     recorded_storage = settings.storage or f"journal:{STUDY_FILE} (beside plan.json)"

@@ -275,6 +275,20 @@ class Space:
                 return other
         return c
 
+    def schedule_draws(self, c: Candidate) -> np.ndarray:
+        """Each draw's mean speedup over c's served buckets (the speedup objective draw by draw, floors aside)."""
+        served = self.served(c.max_batch)
+        return np.mean(
+            [self.cost.draws.speedup(B, D, c.mechanism, c.quant) for B, D in zip(served, c.schedule)], axis=0
+        )  # [draws]
+
+    def drafter_runner_up(self, c: Candidate) -> Candidate | None:
+        """The best other drafter's best schedule at c's policy and cap (None where c's is the only drafter)."""
+        others = [
+            self.fill(m, q, c.tile_policy, c.max_batch) for m, q in self.listed if (m, q) != (c.mechanism, c.quant)
+        ]
+        return max(others, key=self.rank) if others else None
+
     def bucket_best(self, B: int, m: str, q: str, policy: str = "free") -> tuple[float, int]:
         """(score, D) of the strictly best allowed draft length at one bucket (the shorter of equal ones)."""
         key = (B, m, q, policy)

@@ -110,9 +110,13 @@ def schedule(plan_path: Path) -> dict | None:
             }
         )
     refinement = plan.get("refinement") or {}
+    drafters = (plan.get("study") or {}).get("drafter_decision") or {}
     return {
         "mechanism": plan.get("mechanism"),
         "quant": plan.get("quant"),
+        "drafter_runner_up": {k: drafters.get(k) for k in ("runner_up", "runner_up_vs_choice", "p_beats_runner_up")}
+        if drafters
+        else None,
         "buckets": buckets,
         "refinement": {k: refinement.get(k) for k in ("uncertain_batches", "trials", "pruned", "budget_s", "spent_s")},
     }
@@ -208,10 +212,19 @@ def summary(runs: list[dict]) -> dict:
     return out
 
 
+def states_the_other_drafter(plan: dict, other: dict) -> bool:
+    """Whether `plan` names `other`'s drafter as its runner-up with the interval of their expected mean speedups' ratio
+    reaching 1.0: the profile could not separate the two."""
+    runner = plan.get("drafter_runner_up") or {}
+    ratio = runner.get("runner_up_vs_choice") or {}
+    return runner.get("runner_up") == other.get("mechanism") and ratio.get("low", 2.0) <= 1.0 <= ratio.get("high", 0.0)
+
+
 def agreement(runs: list[dict]) -> dict | None:
     """Whether the fresh profiles' plans agree within their stated intervals: for every pair of runs that wrote a plan,
     at every batch bucket, each plan's predicted speedup lies inside the other's 95% interval (their D may differ where
-    both predict the same speedup within the noise). None with fewer than two plans."""
+    both predict the same speedup within the noise), and the drafter is the same or each plan states the other's as
+    its runner-up inside the noise (`states_the_other_drafter`). None with fewer than two plans."""
     plans = [(r["run"], r["plan"]) for r in runs if r.get("plan") and r["plan"].get("buckets")]
     pairs = []
     for i, (run_a, a) in enumerate(plans):
@@ -228,12 +241,14 @@ def agreement(runs: list[dict]) -> dict | None:
                     {"batch": x["batch"], "draft_len": [x["draft_len"], y["draft_len"]], "within_intervals": inside}
                 )
             same = a.get("mechanism") == b.get("mechanism")
+            inseparable = not same and states_the_other_drafter(a, b) and states_the_other_drafter(b, a)
             pairs.append(
                 {
                     "runs": [run_a, run_b],
                     "same_mechanism": same,
+                    "drafters_inseparable": inseparable,
                     "buckets": buckets,
-                    "agree": same and all(x["within_intervals"] for x in buckets),
+                    "agree": (same or inseparable) and all(x["within_intervals"] for x in buckets),
                 }
             )
     return {"pairs": pairs, "all_agree": all(p["agree"] for p in pairs)} if pairs else None
@@ -264,7 +279,12 @@ def table(result: dict) -> str:
         lines.append(
             f"\nruns {pair['runs'][0]} and {pair['runs'][1]}: "
             + (
-                "the plans agree within their stated intervals (each bucket's predicted speedup inside the other's)"
+                "the plans agree within their stated intervals (each bucket's predicted speedup inside the other's"
+                + (
+                    "; each plan names the other's drafter as its runner-up, their ratio's interval reaching 1.0)"
+                    if pair.get("drafters_inseparable")
+                    else ")"
+                )
                 if pair["agree"]
                 else "another mechanism"
                 + (

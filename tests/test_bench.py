@@ -677,6 +677,40 @@ def test_fresh_profiles_plans_agree_only_where_each_prediction_is_inside_the_oth
     assert fresh_clone.agreement([a, {"run": 2, "rc": 1}]) is None
 
 
+def test_fresh_profiles_plans_of_two_drafters_agree_only_where_each_states_the_other_inside_its_noise():
+    """Two plans that took different drafters agree where each names the other's as its runner-up with their ratio's
+    interval reaching 1.0 (the profile could not separate them), and not where either separates them or names
+    another."""
+    import fresh_clone
+
+    def run(index: int, mechanism: str, runner_up: str, low: float, high: float) -> dict:
+        buckets = [{"batch": 1, "draft_len": 5, "speedup": {"value": 1.25, "low": 1.17, "high": 1.34}}]
+        ratio = {"value": (low + high) / 2, "low": low, "high": high, "source": "modeled"}
+        return {
+            "run": index,
+            "plan": {
+                "mechanism": mechanism,
+                "buckets": buckets,
+                "drafter_runner_up": {"runner_up": runner_up, "runner_up_vs_choice": ratio, "p_beats_runner_up": 0.6},
+            },
+        }
+
+    ngram, suffix = run(1, "ngram", "suffix", 0.98, 1.03), run(2, "suffix", "ngram", 0.97, 1.02)
+    pair = fresh_clone.agreement([ngram, suffix])["pairs"][0]
+    assert pair["agree"] and pair["drafters_inseparable"] and not pair["same_mechanism"]
+    shown = {
+        "commit": "0" * 12,
+        "machine": {"cpu_model": "cpu", "cores": 2},
+        "runs": [],
+        "plans_agree": {"pairs": [pair]},
+    }
+    assert "names the other's drafter as its runner-up" in fresh_clone.table(shown)
+    separated = run(2, "suffix", "ngram", 0.90, 0.99)  # suffix's profile puts n-gram measurably below it
+    assert not fresh_clone.agreement([ngram, separated])["all_agree"]
+    another = run(2, "suffix", "draft_model", 0.97, 1.02)
+    assert not fresh_clone.agreement([ngram, another])["all_agree"]
+
+
 @pytest.mark.demo
 def test_refine_price_decodes_each_contender_through_the_refinements_own_groups(tmp_path):
     """--quick: the plan's first bucket, no speculation, the plan's D and D_max, two groups of one prompt each."""

@@ -432,6 +432,35 @@ def test_of_two_drafters_within_the_tolerance_the_one_listed_first_is_taken(prof
     assert listed.mechanism == "suffix" and listed.study.untied_drafter is None
 
 
+def test_the_plan_states_its_drafter_against_the_best_other_with_the_share_of_draws_it_wins(v2, tmp_path):
+    """With intervals (version 2) the demo profile's suffix is expected about 1% above n-gram: the plan names n-gram,
+    at its best schedule, as the runner-up drafter, their ratio over the same draws with an interval reaching 1.0 (the
+    profile cannot separate them), and search prints it; a plan of one drafter states none."""
+    plan = search(v2, "h", SearchSettings(trials=60, out_dir=tmp_path / "default"))
+    d = plan.study.drafter_decision
+    assert plan.mechanism == "suffix" and d is not None and d.runner_up == "ngram" and d.runner_up_quant == "none"
+    space = Space(CostModel(v2), SearchSettings(out_dir=tmp_path))
+    chosen = Candidate("suffix", "none", plan.tile.policy, plan.max_batch, tuple(D for _, D in plan.schedule))
+    runner = space.fill("ngram", "none", plan.tile.policy, plan.max_batch)
+    assert [D for _, D in d.runner_up_schedule] == list(runner.schedule)
+    mine, theirs = space.schedule_draws(chosen), space.schedule_draws(runner)
+    assert d.expected_speedup == pytest.approx(mine.mean()) and d.runner_up_expected_speedup == pytest.approx(
+        theirs.mean()
+    )
+    assert d.draws == len(mine) and d.p_beats_runner_up == pytest.approx(float(np.mean(mine > theirs)))
+    r = d.runner_up_vs_choice
+    assert r.source == "modeled" and r.low < r.value < 1.0 < r.high
+    assert r.value == pytest.approx(float(np.mean(theirs / mine)))
+    assert 0.5 < d.p_beats_runner_up < 0.9  # ahead in expectation, short of certain
+    line = next(x for x in _plan_findings(plan) if x.startswith("drafter: suffix over ngram"))
+    assert f"{r.value:.3f}x" in line and line.endswith(
+        "the profile cannot separate them, another profile may take either"
+    )
+
+    alone = search(v2, "h", SearchSettings(mechanisms=("suffix",), trials=40, out_dir=tmp_path / "alone"))
+    assert alone.study.drafter_decision is None and not any(x.startswith("drafter:") for x in _plan_findings(alone))
+
+
 def test_a_profile_without_intervals_decides_on_its_point_predictions(profile):
     """Version 1 has no intervals: every draw is the point prediction, the expected speedup is the predicted one and the
     choice beats a slower runner-up in every draw."""
