@@ -32,7 +32,7 @@ from specdec_tune.autotune.engine_pricing import priced
 from specdec_tune.autotune.hardware import get_device_spec
 from specdec_tune.autotune.plan_schema import PLAN_SCHEMA_VERSION, PREDICTED_FIGURES, Plan, plan_record
 from specdec_tune.autotune.projection import project
-from specdec_tune.autotune.space import Candidate, Space
+from specdec_tune.autotune.space import Candidate, Space, share_faster
 from specdec_tune.profiles.schema import Profile
 from specdec_tune.records import sha256_json
 
@@ -322,7 +322,7 @@ def drafter_decision(space: Space, c: Candidate) -> dict | None:
             "low": float(low),
             "high": float(high),
         },
-        "p_beats_runner_up": float(np.mean(mine > theirs) + 0.5 * np.mean(mine == theirs)),
+        "p_beats_runner_up": share_faster(mine, theirs),
         "draws": len(ratio),
     }
 

@@ -66,6 +66,11 @@ class Candidate:
     schedule: tuple[int, ...]  # D per batch bucket up to the cap, in bucket order
 
 
+def share_faster(a: np.ndarray, b: np.ndarray) -> float:
+    """The share of paired draws in which a beats b (ties count half)."""
+    return float(np.mean(a > b) + 0.5 * np.mean(a == b))
+
+
 def attention_group(profile) -> int:
     """G, query heads per KV head, from the target's projection shapes in the linear micro-curve."""
     shapes = {p.layer: (p.in_features, p.out_features) for p in profile.micro if p.kind == "linear"}
@@ -310,8 +315,7 @@ class Space:
 
     def beats(self, B: int, D: int, other: int, m: str, q: str) -> float:
         """The share of the draws in which D's speedup beats `other`'s at one bucket (ties count half)."""
-        a, b = self.cost.draws.speedup(B, D, m, q), self.cost.draws.speedup(B, other, m, q)
-        return float(np.mean(a > b) + 0.5 * np.mean(a == b))
+        return share_faster(self.cost.draws.speedup(B, D, m, q), self.cost.draws.speedup(B, other, m, q))
 
     def bucket_value(self, B: int, D: int, m: str, q: str, policy: str = "free") -> float:
         """The bucket's expected score, flattened to the best where D is a shorter draft within the tie tolerance of
